@@ -1,0 +1,65 @@
+# kvlab: every target does its own set-up. On a fresh machine with Python 3.11, pip,
+# node and apt, `make book` and `make test` are all you need (see README).
+
+PYTHON      ?= python3
+VENV        ?= .venv
+# The CPU torch wheel this project is tested with. On a GPU box keep the box's CUDA
+# build instead:  make test TORCH_SPEC= VENV_FLAGS=--system-site-packages
+TORCH_SPEC  ?= torch==2.13.0
+VENV_FLAGS  ?=
+BIN         := $(VENV)/bin
+STAMP       := $(VENV)/.kvlab-installed
+BUILD_DIR   := _build
+HTML_DIR    := $(BUILD_DIR)/html
+# Kernels, Chromium and Voila write into $HOME: give them a throw-away one.
+RUN_HOME    := $(CURDIR)/$(BUILD_DIR)/home
+SUDO        := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+APT_PACKAGES := chromium libibverbs1
+
+.PHONY: help venv system-deps book test test-fast dashboard labs bench bench-gpu clean
+
+help:
+	@echo "make book       build the book (HTML in $(HTML_DIR)/index.html)"
+	@echo "make test       the whole suite: unit, property, CLI, notebooks, browser"
+	@echo "make dashboard  serve the live dashboard with Voila on 127.0.0.1"
+	@echo "make labs       write student copies of the labs (answers blanked) to labs/"
+	@echo "make bench      CPU microbenchmarks into results/<machine>/"
+	@echo "make bench-gpu  the GPU sweeps (on a CUDA box, under 10 minutes)"
+
+$(STAMP): requirements.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	@if [ -n "$(TORCH_SPEC)" ]; then $(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"; fi
+	$(BIN)/python -m pip install --quiet -r requirements.txt
+	@touch $@
+
+venv: $(STAMP)
+
+system-deps:
+	@missing=""; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	ldconfig -p | grep -q 'libibverbs.so.1 ' || missing="$$missing libibverbs1"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+book: $(STAMP)
+	@mkdir -p $(RUN_HOME)
+	HOME=$(RUN_HOME) KVLAB_BOOK_BUILD=1 $(BIN)/jupyter-book build . \
+	  --warningiserror --nitpick --keep-going
+	@echo
+	@echo "The book is built: $(CURDIR)/$(HTML_DIR)/index.html"
+	@echo "Serve it with: $(BIN)/python -m http.server --bind 127.0.0.1 8000 --directory $(HTML_DIR)"
+
+test: $(STAMP) system-deps book
+	@mkdir -p $(RUN_HOME)
+	HOME=$(RUN_HOME) $(BIN)/python -m pytest
+
+# The suite without the book build and the browser.
+test-fast: $(STAMP)
+	@mkdir -p $(RUN_HOME)
+	HOME=$(RUN_HOME) $(BIN)/python -m pytest -m "not browser and not notebook"
+
+clean:
+	rm -rf $(BUILD_DIR) labs

@@ -1,0 +1,94 @@
+"""Sphinx glue that keeps the built book offline and light.
+
+- BokehJS is copied once per site from the installed bokeh (so its version always
+  matches the Python side) and loaded only on pages that embed a bokeh figure.
+- MathJax 3 comes from the npm registry once per build folder (`npm pack`), so math
+  renders without a CDN.
+- Sphinx 7.4 emits sphinx-thebe's inline script twice ("Identifier 'THEBE_JS_URL' has
+  already been declared"); duplicates are dropped per page.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from pathlib import Path
+
+MATHJAX_VERSION = "3.2.2"
+BOKEH_FILES = ("bokeh.min.js", "bokeh-widgets.min.js")
+
+
+def _vendor_dir(app) -> Path:
+    return Path(app.outdir).parent / "vendor"
+
+
+def _copy_bokeh(static: Path) -> list[str]:
+    import bokeh
+
+    source = Path(bokeh.__file__).parent / "server" / "static" / "js"
+    names = []
+    for name in BOKEH_FILES:
+        target = static / "kvlab-vendor" / name.replace(".min.js", f"-{bokeh.__version__}.min.js")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if not target.exists():
+            shutil.copyfile(source / name, target)
+        names.append(f"kvlab-vendor/{target.name}")
+    return names
+
+
+def _fetch_mathjax(static: Path) -> None:
+    target = static / "mathjax"
+    if (target / "tex-chtml.js").exists():
+        return
+    keep = ("package/es5/tex-chtml.js", "package/es5/output/chtml/fonts/woff-v2/",
+            "package/es5/input/tex/extensions/", "package/es5/ui/", "package/es5/a11y/")
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            out = subprocess.run(
+                ["npm", "pack", f"mathjax@{MATHJAX_VERSION}", "--silent", "--pack-destination", tmp],
+                check=True, capture_output=True, text=True, timeout=300,
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise RuntimeError(
+                f"kvlab book: could not fetch MathJax {MATHJAX_VERSION} with npm ({exc}); "
+                "install Node.js/npm or place MathJax's es5 folder in "
+                f"{target}"
+            ) from exc
+        tarball = Path(tmp) / out.stdout.strip().splitlines()[-1]
+        with tarfile.open(tarball) as tar:
+            members = [m for m in tar.getmembers() if m.name.startswith(keep)]
+            tar.extractall(tmp, members=members, filter="data")
+        shutil.copytree(Path(tmp) / "package" / "es5", target, dirs_exist_ok=True)
+
+
+def _builder_inited(app) -> None:
+    if app.builder.format != "html":
+        return
+    static = _vendor_dir(app)
+    app.env.kvlab_bokeh_js = _copy_bokeh(static)
+    _fetch_mathjax(static)
+    app.config.html_static_path.append(str(static))
+
+
+def _page_context(app, pagename, templatename, context, doctree) -> None:
+    body = context.get("body", "")
+    if "Bokeh.embed" in body or "BokehJS" in body:
+        for name in getattr(app.env, "kvlab_bokeh_js", ()):
+            app.add_js_file(name, priority=400)
+    scripts = context.get("script_files")
+    if scripts:
+        seen, unique = set(), []
+        for script in scripts:
+            key = (str(getattr(script, "filename", script) or ""), getattr(script, "attributes", {}).get("body", ""))
+            if key not in seen:
+                seen.add(key)
+                unique.append(script)
+        context["script_files"] = unique
+
+
+def setup(app):
+    app.connect("builder-inited", _builder_inited)
+    app.connect("html-page-context", _page_context, priority=900)
+    app.config.mathjax_path = "mathjax/tex-chtml.js"
+    return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

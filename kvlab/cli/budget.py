@@ -1,0 +1,75 @@
+"""`kvlab budget`: the ledger of one decode step, as a table or JSON.
+
+The JSON keys are a contract other scripts use (see README): weight_bytes,
+kv_bytes_per_token, kv_read_bytes, step_bytes, step_time_s, tokens_per_s,
+tokens_per_s_per_sequence, kv_cache_bytes, fits, max_batch, bound, arithmetic_intensity.
+"""
+from __future__ import annotations
+
+from .args import count, number, print_json
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "budget",
+        help="bytes, FLOPs, time and memory fit of one decode step",
+        description="The ledger of one decode step: weights streamed once for the batch, "
+        "plus every sequence's KV history, against the device's bandwidth and FLOP/s.",
+    )
+    p.add_argument("--model", required=True, help="catalogue name (see 'kvlab models') or a config.json path")
+    p.add_argument("--hardware", default="h100-sxm", help="device name (see 'kvlab hardware'); default h100-sxm")
+    p.add_argument("--bandwidth", type=number, metavar="BYTES_PER_S", help="memory bandwidth in bytes/s, instead of the device's peak")
+    p.add_argument("--batch", type=count, default=1, help="sequences decoded together (default 1)")
+    p.add_argument("--context", type=count, default=4096, help="tokens of KV history per sequence (default 4096; 4k works)")
+    p.add_argument("--weight-dtype", default="fp16", help="fp32, bf16, fp16, fp8, int8, int4, or with a group: int4-g128")
+    p.add_argument("--kv-dtype", default="fp16", help="dtype of the KV cache (same names)")
+    p.add_argument("--efficiency", type=number, default=1.0, help="fraction of peak bandwidth/FLOP/s reached (default 1.0, the ceiling)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..cost import memory_fit, decode_step
+
+    kwargs = dict(batch=args.batch, context=args.context, weight_dtype=args.weight_dtype, kv_dtype=args.kv_dtype)
+    step = decode_step(args.model, args.hardware, bandwidth_bytes_per_s=args.bandwidth, efficiency=args.efficiency, **kwargs)
+    fit = memory_fit(args.model, args.hardware, **kwargs)
+    result = {**step.to_dict(), "max_context": fit.to_dict()["max_context"]}
+    if args.json:
+        print_json(result)
+    else:
+        print(render(result))
+    return 0
+
+
+def render(r: dict) -> str:
+    """The ledger as a short readable report."""
+    from ..fmt import rate, seconds, si
+
+    total = r["step_bytes"]
+
+    def share(x):
+        return f"{100 * x / total:5.1f}%"
+
+    fit = "fits" if r["fits"] else "does NOT fit"
+    max_ctx = "unbounded (sliding window)" if r["max_context"] is None else f"{int(r['max_context']):,} tokens"
+    lines = [
+        f"kvlab budget: {r['model']} on {r['hardware']}, bandwidth {si(r['bandwidth_bytes_per_s'], 'B/s')}"
+        f" x efficiency {r['efficiency']:g}",
+        f"batch {int(r['batch']):,}, context {int(r['context']):,} tokens, weights {r['weight_dtype']}, KV {r['kv_dtype']}",
+        "",
+        "bytes moved by one decode step",
+        f"  weights read       {si(r['weight_read_bytes'], 'B'):>10}  {share(r['weight_read_bytes'])}",
+        f"  KV history read    {si(r['kv_read_bytes'], 'B'):>10}  {share(r['kv_read_bytes'])}"
+        f"   ({si(r['kv_bytes_per_token'], 'B')} per token)",
+        f"  KV written         {si(r['kv_write_bytes'], 'B'):>10}  {share(r['kv_write_bytes'])}",
+        f"  total              {si(total, 'B'):>10}",
+        "",
+        f"time per step (TPOT) {seconds(r['step_time_s']):>10}  {r['bound']}-bound"
+        f" (intensity {r['arithmetic_intensity']:.3g} FLOP/B, ridge {r['ridge_flops_per_byte']:.3g})",
+        f"throughput           {rate(r['tokens_per_s']):>10}  tokens/s in aggregate,"
+        f" {rate(r['tokens_per_s_per_sequence'])} per sequence",
+        f"memory               {si(r['memory_needed_bytes'], 'B'):>10}  of {si(r['capacity_bytes'], 'B')}: {fit};"
+        f" max batch at this context {int(r['max_batch']):,}, max context at this batch {max_ctx}",
+    ]
+    return "\n".join(lines)

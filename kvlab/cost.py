@@ -1,0 +1,295 @@
+"""The ledger: bytes, FLOPs and time of one decode step, of a prefill, and memory fit.
+
+Every numeric argument (batch, context, bandwidth, efficiency...) may be a numpy array;
+they broadcast, so a whole slider grid is one call. The rule the book teaches is in
+`decode_step`: each step streams the weights once for the whole batch plus the KV
+history of every sequence, and takes the longer of moving those bytes and doing the
+FLOPs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from .dtypes import DType, parse_dtype
+from .errors import KvlabError, check_number
+from .hardware import Device, get_device
+from .models import ModelSpec, expected_experts_touched, get_model
+
+#: Upper bounds beyond which an input is a typo rather than a configuration.
+MAX_BATCH = 1_000_000
+MAX_CONTEXT_TOKENS = 100_000_000
+MAX_BANDWIDTH_BYTES_PER_S = 1e15  # 1 PB/s: 200x an H200
+MAX_FLOPS_PER_S = 1e18
+MAX_CAPACITY_BYTES = 1e14
+
+
+def _out(x):
+    """numpy scalar -> Python float, arrays unchanged."""
+    return x.item() if isinstance(x, np.ndarray) and x.ndim == 0 else x
+
+
+@dataclass(frozen=True)
+class Result:
+    """Base for ledger results: `to_dict()` gives JSON-ready values."""
+
+    def to_dict(self) -> dict:
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, np.ndarray):
+                value = value.tolist()
+            elif isinstance(value, (np.floating, np.integer, np.bool_)):
+                value = value.item()
+            if isinstance(value, float) and not np.isfinite(value):
+                value = None  # JSON has no infinity: null means "unbounded"
+            out[f.name] = value
+        return out
+
+
+# ------------------------------------------------------------------ per-model terms
+
+def weight_bytes(model: ModelSpec | str, weight_dtype: str | DType = "fp16") -> float:
+    """Bytes the weights occupy in memory (all parameters, scales included)."""
+    m = get_model(model)
+    return m.params.total * parse_dtype(weight_dtype).bytes_per_element
+
+
+def kv_bytes_per_token(model: ModelSpec | str, kv_dtype: str | DType = "fp16") -> float:
+    """Bytes of K/V cached per token over all layers: 2 x layers x kv_heads x head_dim x
+    bytes per element (MLA: (kv_lora_rank + qk_rope_head_dim) x layers x bytes)."""
+    m = get_model(model)
+    return m.kv_elements_per_token * parse_dtype(kv_dtype).bytes_per_element
+
+
+def weight_read_bytes(model: ModelSpec | str, batch=1, weight_dtype: str | DType = "fp16"):
+    """Weight bytes one forward pass over `batch` tokens streams from memory.
+
+    Dense models stream every matrix once, whatever the batch (the embedding table is
+    only gathered, so it is left out). MoE models stream the shared parts plus the
+    experts the batch's tokens touch, which grows with the batch until all are read.
+    """
+    m = get_model(model)
+    p = m.params
+    elements = p.streamed_dense
+    if m.is_moe:
+        touched = expected_experts_touched(m.num_experts, m.experts_per_token, batch)
+        elements = elements + p.moe_layers * touched * p.expert
+    return _out(np.asarray(elements, dtype=float) * parse_dtype(weight_dtype).bytes_per_element)
+
+
+# ------------------------------------------------------------------------- decode
+
+@dataclass(frozen=True)
+class DecodeStep(Result):
+    """One decode step of `batch` sequences, each with `context` tokens of KV history."""
+
+    model: str
+    hardware: str
+    weight_dtype: str
+    kv_dtype: str
+    batch: object
+    context: object
+    bandwidth_bytes_per_s: object
+    efficiency: object
+    weight_bytes: float  # weights in memory
+    weight_read_bytes: object  # weights streamed by this step
+    kv_bytes_per_token: float
+    kv_read_bytes: object  # batch x attended context x KV/token
+    kv_write_bytes: object  # the new token's K/V for every sequence
+    step_bytes: object
+    flops: object
+    arithmetic_intensity: object  # FLOPs per byte moved
+    ridge_flops_per_byte: object  # roofline knee: peak FLOP/s / bandwidth in use
+    memory_time_s: object
+    compute_time_s: object
+    step_time_s: object
+    bound: object  # "memory" or "compute"
+    tokens_per_s: object  # aggregate over the batch
+    tokens_per_s_per_sequence: object
+    kv_cache_bytes: object  # KV held in memory for the batch
+    memory_needed_bytes: object
+    capacity_bytes: float
+    fits: object
+    max_batch: object  # largest batch whose KV fits beside the weights at this context
+
+
+def decode_step(
+    model: ModelSpec | str,
+    hardware: Device | str,
+    batch=1,
+    context=4096,
+    weight_dtype: str | DType = "fp16",
+    kv_dtype: str | DType = "fp16",
+    bandwidth_bytes_per_s=None,
+    efficiency=1.0,
+    capacity_bytes=None,
+) -> DecodeStep:
+    """The ledger of one decode step. Array arguments broadcast against each other.
+
+    `bandwidth_bytes_per_s` overrides the device's peak (to budget with a measured
+    figure); `efficiency` scales both bandwidth and FLOP/s (1.0 = the physical ceiling,
+    0.6-0.85 is what real kernels reach).
+    """
+    m, dev = get_model(model), get_device(hardware)
+    wdt, kdt = parse_dtype(weight_dtype), parse_dtype(kv_dtype)
+    batch = check_number("batch", batch, minimum=1, allow_equal_min=True, maximum=MAX_BATCH, integer=True)
+    context = check_number("context", context, minimum=0, allow_equal_min=True, maximum=MAX_CONTEXT_TOKENS, integer=True)
+    bandwidth = dev.memory_bandwidth_bytes_per_s if bandwidth_bytes_per_s is None else bandwidth_bytes_per_s
+    bandwidth = check_number("bandwidth (bytes/s)", bandwidth, maximum=MAX_BANDWIDTH_BYTES_PER_S)
+    efficiency = check_number("efficiency", efficiency, maximum=1.0)
+    capacity = dev.capacity_bytes if capacity_bytes is None else check_number(
+        "capacity (bytes)", capacity_bytes, maximum=MAX_CAPACITY_BYTES)
+
+    b = np.asarray(batch, dtype=float)
+    attended = np.asarray(m.effective_context(np.asarray(context, dtype=float)), dtype=float)
+    w_total = weight_bytes(m, wdt)
+    w_read = np.asarray(weight_read_bytes(m, b, wdt), dtype=float)
+    kv_tok = kv_bytes_per_token(m, kdt)
+    kv_read = b * attended * kv_tok
+    kv_write = b * kv_tok
+    step_bytes = w_read + kv_read + kv_write
+
+    p = m.params
+    flops = b * (2.0 * p.active_per_token(m.experts_per_token) + m.attention_flops_per_cached_token * attended)
+    peak = dev.peak_flops_per_s(wdt.compute)
+    memory_time = step_bytes / (np.asarray(bandwidth) * efficiency)
+    compute_time = flops / (peak * np.asarray(efficiency))
+    step_time = np.maximum(memory_time, compute_time)
+    bound = np.where(compute_time > memory_time, "compute", "memory")
+
+    kv_cache = b * attended * kv_tok
+    needed = w_total + kv_cache
+    per_seq_kv = np.maximum(attended, 1.0) * kv_tok
+    max_batch = np.floor(np.maximum(capacity - w_total, 0.0) / per_seq_kv)
+    return DecodeStep(
+        model=m.name, hardware=dev.name, weight_dtype=wdt.name, kv_dtype=kdt.name,
+        batch=batch, context=context, bandwidth_bytes_per_s=_out(np.asarray(bandwidth)),
+        efficiency=efficiency,
+        weight_bytes=w_total,
+        weight_read_bytes=_out(w_read),
+        kv_bytes_per_token=kv_tok,
+        kv_read_bytes=_out(kv_read),
+        kv_write_bytes=_out(kv_write),
+        step_bytes=_out(step_bytes),
+        flops=_out(flops),
+        arithmetic_intensity=_out(flops / step_bytes),
+        ridge_flops_per_byte=_out(peak / np.asarray(bandwidth, dtype=float)),
+        memory_time_s=_out(memory_time),
+        compute_time_s=_out(compute_time),
+        step_time_s=_out(step_time),
+        bound=bound.item() if bound.ndim == 0 else bound,
+        tokens_per_s=_out(b / step_time),
+        tokens_per_s_per_sequence=_out(1.0 / step_time),
+        kv_cache_bytes=_out(kv_cache),
+        memory_needed_bytes=_out(needed),
+        capacity_bytes=capacity,
+        fits=_out(needed <= capacity),
+        max_batch=_out(max_batch.astype(np.int64)),
+    )
+
+
+# ------------------------------------------------------------------------ prefill
+
+@dataclass(frozen=True)
+class Prefill(Result):
+    """Prefill of `prompt_tokens` per sequence, of which `cached_tokens` hit a prefix cache."""
+
+    batch: object
+    prompt_tokens: object
+    cached_tokens: object
+    computed_tokens: object
+    flops: object
+    bytes_moved: object
+    compute_time_s: object
+    memory_time_s: object
+    time_s: object
+    bound: object
+    ttft_s: object  # prefill time; queueing and KV fetch are added by tiers/sim
+
+
+def prefill(
+    model: ModelSpec | str,
+    hardware: Device | str,
+    prompt_tokens,
+    cached_tokens=0,
+    batch=1,
+    weight_dtype: str | DType = "fp16",
+    kv_dtype: str | DType = "fp16",
+    efficiency=1.0,
+    flops_per_s=None,
+) -> Prefill:
+    """FLOPs and time to prefill the uncached part of a prompt (causal attention included).
+
+    Query i of the n computed tokens attends to the c cached tokens and the i before it,
+    so attention costs n*c + n(n+1)/2 query-key pairs. A prefix hit removes both the
+    linear and most of the quadratic work; that is all a hit saves.
+    """
+    m, dev = get_model(model), get_device(hardware)
+    wdt, kdt = parse_dtype(weight_dtype), parse_dtype(kv_dtype)
+    prompt = check_number("prompt_tokens", prompt_tokens, minimum=1, allow_equal_min=True, maximum=MAX_CONTEXT_TOKENS, integer=True)
+    cached = check_number("cached_tokens", cached_tokens, minimum=0, allow_equal_min=True, maximum=MAX_CONTEXT_TOKENS, integer=True)
+    batch = check_number("batch", batch, minimum=1, allow_equal_min=True, maximum=MAX_BATCH, integer=True)
+    efficiency = check_number("efficiency", efficiency, maximum=1.0)
+    p_arr, c_arr, b = (np.asarray(x, dtype=float) for x in (prompt, cached, batch))
+    if np.any(c_arr > p_arr):
+        raise KvlabError("cached_tokens cannot exceed prompt_tokens")
+    n = p_arr - c_arr
+    pairs = n * c_arr + n * (n + 1) / 2
+    p = m.params
+    flops = b * (2.0 * p.active_per_token(m.experts_per_token) * n + m.attention_flops_per_cached_token * pairs)
+    kv_tok = kv_bytes_per_token(m, kdt)
+    bytes_moved = weight_read_bytes(m, b * np.maximum(n, 1), wdt) + b * (c_arr + n) * kv_tok
+    peak = dev.peak_flops_per_s(wdt.compute) if flops_per_s is None else check_number(
+        "flops_per_s", flops_per_s, maximum=MAX_FLOPS_PER_S)
+    compute_time = np.where(n > 0, flops / (np.asarray(peak) * efficiency), 0.0)
+    memory_time = np.where(n > 0, bytes_moved / (dev.memory_bandwidth_bytes_per_s * efficiency), 0.0)
+    time_s = np.maximum(compute_time, memory_time)
+    bound = np.where(compute_time >= memory_time, "compute", "memory")
+    return Prefill(
+        batch=batch, prompt_tokens=prompt, cached_tokens=cached, computed_tokens=_out(n),
+        flops=_out(flops), bytes_moved=_out(np.asarray(bytes_moved)),
+        compute_time_s=_out(compute_time), memory_time_s=_out(memory_time),
+        time_s=_out(time_s), bound=bound.item() if bound.ndim == 0 else bound,
+        ttft_s=_out(time_s),
+    )
+
+
+# --------------------------------------------------------------------- memory fit
+
+@dataclass(frozen=True)
+class MemoryFit(Result):
+    """Weights + KV against device memory."""
+
+    weight_bytes: float
+    kv_cache_bytes: object
+    needed_bytes: object
+    capacity_bytes: float
+    fits: object
+    max_batch: object  # at the given context
+    max_context: object  # at the given batch (None/inf: a sliding window caps the KV)
+
+
+def memory_fit(
+    model: ModelSpec | str,
+    hardware: Device | str,
+    batch=1,
+    context=4096,
+    weight_dtype: str | DType = "fp16",
+    kv_dtype: str | DType = "fp16",
+    capacity_bytes=None,
+) -> MemoryFit:
+    """Does weights + batch x context of KV fit; the largest batch and the longest context that do."""
+    step = decode_step(model, hardware, batch, context, weight_dtype, kv_dtype, capacity_bytes=capacity_bytes)
+    m = get_model(model)
+    room = np.maximum(step.capacity_bytes - step.weight_bytes, 0.0)
+    max_context = np.floor(room / (np.asarray(step.batch, dtype=float) * step.kv_bytes_per_token))
+    if m.sliding_window:
+        window_fits = np.asarray(step.batch) * m.sliding_window * step.kv_bytes_per_token <= room
+        max_context = np.where(window_fits, np.inf, max_context)
+    return MemoryFit(
+        weight_bytes=step.weight_bytes, kv_cache_bytes=step.kv_cache_bytes,
+        needed_bytes=step.memory_needed_bytes, capacity_bytes=step.capacity_bytes,
+        fits=step.fits, max_batch=step.max_batch, max_context=_out(max_context),
+    )

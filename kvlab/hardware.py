@@ -1,0 +1,128 @@
+"""Devices (GPUs) and tiers (memories and links) from the package catalogue.
+
+Everything is converted to SI bytes, bytes/s and FLOP/s here, once: links are sold in
+bits or transfers per second, and a bits-vs-bytes slip is the commonest bug of this
+domain's calculators. `Tier.derivation` keeps the conversion readable.
+"""
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+
+from .errors import KvlabError, unknown_name
+
+GB = 1e9
+TFLOPS = 1e12
+
+
+@dataclass(frozen=True)
+class Device:
+    """An accelerator: memory capacity and bandwidth, dense peak FLOP/s."""
+
+    name: str
+    display_name: str
+    memory_type: str
+    capacity_bytes: float
+    memory_bandwidth_bytes_per_s: float
+    bf16_flops_per_s: float
+    fp8_flops_per_s: float | None  # None: no fp8 tensor cores
+    source: str
+
+    def peak_flops_per_s(self, compute: str = "bf16") -> float:
+        """Dense peak for 'bf16' or 'fp8' matmuls; fp8 falls back to bf16 where absent."""
+        if compute == "fp8" and self.fp8_flops_per_s:
+            return self.fp8_flops_per_s
+        return self.bf16_flops_per_s
+
+    def ridge_flops_per_byte(self, compute: str = "bf16") -> float:
+        """Arithmetic intensity where the roofline turns from memory- to compute-bound."""
+        return self.peak_flops_per_s(compute) / self.memory_bandwidth_bytes_per_s
+
+
+@dataclass(frozen=True)
+class Tier:
+    """A place bytes come from: a memory (HBM, GDDR, DDR) or a link (PCIe, NVLink, NIC)."""
+
+    name: str
+    kind: str  # "memory" or "link"
+    bandwidth_bytes_per_s: float  # peak, per direction
+    derivation: str  # how the sold figure became bytes/s
+    example: str
+    source: str
+
+
+def _tier_bandwidth(name: str, entry: dict) -> tuple[float, str]:
+    """Convert the figure a tier is sold by into bytes/s, with the arithmetic spelled out."""
+    if "bandwidth_gb_per_s" in entry:
+        gbps = entry["bandwidth_gb_per_s"]
+        return gbps * GB, f"{gbps:g} GB/s"
+    if "gigabits_per_s" in entry:
+        gbit = entry["gigabits_per_s"]
+        return gbit * 1e9 / 8, f"{gbit:g} Gb/s / 8 bits per byte = {gbit / 8:g} GB/s"
+    if "gigatransfers_per_s" in entry:
+        gt, lanes, (num, den) = entry["gigatransfers_per_s"], entry["lanes"], entry["encoding"]
+        value = gt * 1e9 * lanes * num / den / 8
+        return value, (
+            f"{gt:g} GT/s x {lanes} lanes x {num}/{den} encoding / 8 bits = {value / GB:.1f} GB/s"
+        )
+    if "mega_transfers_per_s" in entry:
+        mt, ch, bits = entry["mega_transfers_per_s"], entry["channels"], entry["bus_bits"]
+        value = mt * 1e6 * ch * bits / 8
+        return value, f"{mt:g} MT/s x {ch} channels x {bits} bits / 8 = {value / GB:.1f} GB/s"
+    raise KvlabError(f"hardware catalogue: tier {name!r} gives no bandwidth")
+
+
+@lru_cache(maxsize=1)
+def _catalogue() -> tuple[dict[str, Device], dict[str, Tier]]:
+    text = resources.files("kvlab").joinpath("data/hardware.toml").read_text()
+    raw = tomllib.loads(text)
+    devices = {
+        name: Device(
+            name=name,
+            display_name=e["display_name"],
+            memory_type=e["memory_type"],
+            capacity_bytes=e["capacity_gb"] * GB,
+            memory_bandwidth_bytes_per_s=e["memory_bandwidth_gb_per_s"] * GB,
+            bf16_flops_per_s=e["bf16_tflops"] * TFLOPS,
+            fp8_flops_per_s=e["fp8_tflops"] * TFLOPS if "fp8_tflops" in e else None,
+            source=e["source"],
+        )
+        for name, e in raw["devices"].items()
+    }
+    tiers = {}
+    for name, e in raw["tiers"].items():
+        bandwidth, derivation = _tier_bandwidth(name, e)
+        tiers[name] = Tier(name, e["kind"], bandwidth, derivation, e["example"], e["source"])
+    return devices, tiers
+
+
+def devices() -> dict[str, Device]:
+    """All catalogued devices by name."""
+    return dict(_catalogue()[0])
+
+
+def tiers() -> dict[str, Tier]:
+    """All catalogued memory and link tiers by name, fastest first."""
+    return dict(sorted(_catalogue()[1].items(), key=lambda kv: -kv[1].bandwidth_bytes_per_s))
+
+
+def get_device(name: str | Device) -> Device:
+    """A device by catalogue name; unknown names raise with the valid list."""
+    if isinstance(name, Device):
+        return name
+    found = _catalogue()[0].get(str(name).lower())
+    if found is None:
+        raise unknown_name("hardware", name, _catalogue()[0])
+    return found
+
+
+def get_tier(name: str | Tier) -> Tier:
+    """A memory or link tier by catalogue name; unknown names raise with the valid list."""
+    if isinstance(name, Tier):
+        return name
+    found = _catalogue()[1].get(str(name).lower())
+    if found is None:
+        raise unknown_name("tier", name, _catalogue()[1])
+    return found
