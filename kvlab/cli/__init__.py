@@ -15,6 +15,7 @@ from ..errors import KvlabError
 COMMANDS = (
     "kvlab.cli.catalog",
     "kvlab.cli.budget",
+    "kvlab.cli.bench",
 )
 
 EXIT_USAGE = 2

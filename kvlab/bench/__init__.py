@@ -1,0 +1,1 @@
+"""Microbenchmarks that hold the ledger against the machine. Results: results/<machine>/."""

@@ -1,0 +1,102 @@
+"""Benchmark results as JSON under results/<machine>/<kind>.json, with the environment.
+
+Every result file carries the environment it was measured in (device name, torch version,
+CPU, measured peak) so the book can plot any machine's results next to the ledger.
+Writes are atomic (temporary file + rename): an interrupted run never leaves half a file.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+RESULTS_DIR_ENV = "KVLAB_RESULTS_DIR"
+
+
+def results_dir() -> Path:
+    """results/ at the repository root, or $KVLAB_RESULTS_DIR."""
+    if os.environ.get(RESULTS_DIR_ENV):
+        return Path(os.environ[RESULTS_DIR_ENV])
+    return Path(__file__).resolve().parents[2] / "results"
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def device_name(device: str = "cpu") -> str:
+    """'NVIDIA H200' for CUDA devices, the CPU model otherwise."""
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.get_device_name(torch.device(device))
+    return cpu_name()
+
+
+def machine_slug(device: str = "cpu") -> str:
+    """A folder name for this machine: 'nvidia-h200', 'cpu-amd-epyc-7b13-2c'."""
+    name = device_name(device)
+    if not device.startswith("cuda"):
+        name = f"cpu {name} {os.cpu_count()}c"
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    return re.sub(r"-(r|tm|cpu-@.*|processor)(?=-|$)", "", slug)[:60]
+
+
+def environment(device: str = "cpu") -> dict:
+    """What a result was measured on."""
+    env = {
+        "device": device,
+        "device_name": device_name(device),
+        "cpu": cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    try:
+        import torch
+
+        env["torch"] = torch.__version__
+        env["torch_threads"] = torch.get_num_threads()
+        if device.startswith("cuda"):
+            env["cuda"] = torch.version.cuda
+    except ImportError:
+        env["torch"] = None
+    return env
+
+
+def write_result(kind: str, payload: dict, device: str = "cpu", machine: str | None = None) -> Path:
+    """Write results/<machine>/<kind>.json atomically and return its path."""
+    folder = results_dir() / (machine or machine_slug(device))
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / f"{kind}.json"
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{kind}.", suffix=".partial.json")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(payload, handle, indent=1, allow_nan=False)
+            handle.write("\n")
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def load_results(kind: str) -> dict[str, dict]:
+    """Every recorded results/<machine>/<kind>.json, by machine folder name."""
+    found = {}
+    root = results_dir()
+    if root.is_dir():
+        for path in sorted(root.glob(f"*/{kind}.json")):
+            found[path.parent.name] = json.loads(path.read_text())
+    return found

@@ -1,0 +1,17 @@
+"""`kvlab bench BENCHMARK ...`: microbenchmarks. Each module in BENCH_COMMANDS registers one
+benchmark on the `bench` sub-parser; torch is imported only when a benchmark runs."""
+from __future__ import annotations
+
+import importlib
+
+BENCH_COMMANDS: tuple[str, ...] = ()
+
+
+def register(sub) -> None:
+    from . import Parser
+
+    p = sub.add_parser("bench", help="microbenchmarks: results as JSON under results/<machine>/")
+    bench = p.add_subparsers(dest="benchmark", metavar="BENCHMARK", parser_class=Parser)
+    bench.required = True
+    for name in BENCH_COMMANDS:
+        importlib.import_module(name).register(bench)
