@@ -16,6 +16,8 @@ COMMANDS = (
     "kvlab.cli.catalog",
     "kvlab.cli.budget",
     "kvlab.cli.bench",
+    "kvlab.cli.trace",
+    "kvlab.cli.prefix",
 )
 
 EXIT_USAGE = 2
