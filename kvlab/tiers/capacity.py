@@ -1,0 +1,119 @@
+"""How fat the KV gets against device capacity, where overflow starts, what spilling costs.
+
+KV grows with batch x context; once weights + KV pass the device's capacity the overflow
+must live in a lower tier. Spilled KV is still read every decode step, so tokens/s falls
+to the speed of the slower path; capping the batch instead keeps everything in HBM.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import cost
+from ..cost import Result, _out
+from ..dtypes import DType
+from ..hardware import Device, Tier
+from ..models import ModelSpec
+from .decode import tiered_decode_step
+from .placement import Placement
+
+
+@dataclass(frozen=True)
+class KVFootprint(Result):
+    """Weights + batch x context of KV against the device's memory."""
+
+    model: str
+    hardware: str
+    batch: object
+    context: object
+    kv_bytes_per_token: float
+    kv_bytes_per_request: object  # one sequence's KV at this context
+    kv_cache_bytes: object  # the whole batch's KV
+    weight_bytes: float
+    capacity_bytes: float
+    kv_room_bytes: float  # capacity left for KV once the weights are in
+    fits: object
+    overflow_bytes: object  # KV that does not fit beside the weights
+    overflow_fraction: object  # overflow / KV (1.0 when not even the weights fit)
+    max_batch: object  # at this context
+    max_context: object  # at this batch (inf: a sliding window caps the KV)
+
+
+def kv_footprint(
+    model: ModelSpec | str,
+    hardware: Device | str,
+    batch=1,
+    context=4096,
+    weight_dtype: str | DType = "fp16",
+    kv_dtype: str | DType = "fp16",
+    capacity_bytes=None,
+) -> KVFootprint:
+    """KV bytes for batch x context, and how much of it overflows the device."""
+    step = cost.decode_step(model, hardware, batch, context, weight_dtype, kv_dtype, capacity_bytes=capacity_bytes)
+    fit = cost.memory_fit(model, hardware, batch, context, weight_dtype, kv_dtype, capacity_bytes)
+    kv = np.asarray(step.kv_cache_bytes, dtype=float)
+    room = max(step.capacity_bytes - step.weight_bytes, 0.0)
+    overflow = np.maximum(kv - room, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        fraction = np.where(kv > 0, overflow / np.where(kv > 0, kv, 1.0), 0.0)
+    if room == 0.0:
+        fraction = np.ones_like(fraction)
+    per_request = kv / np.asarray(step.batch, dtype=float)
+    return KVFootprint(
+        model=step.model, hardware=step.hardware, batch=step.batch, context=step.context,
+        kv_bytes_per_token=step.kv_bytes_per_token, kv_bytes_per_request=_out(per_request),
+        kv_cache_bytes=step.kv_cache_bytes, weight_bytes=step.weight_bytes,
+        capacity_bytes=step.capacity_bytes, kv_room_bytes=room, fits=step.fits,
+        overflow_bytes=_out(overflow), overflow_fraction=_out(fraction),
+        max_batch=fit.max_batch, max_context=fit.max_context,
+    )
+
+
+@dataclass(frozen=True)
+class SpillCost(Result):
+    """Decode with the overflow spilled to a lower tier, against capping the batch."""
+
+    placement: str
+    batch: object
+    context: object
+    fits: object
+    overflow_fraction: object
+    tokens_per_s_spilled: object  # the batch runs, overflow read from the tier each step
+    tokens_per_s_unlimited: object  # as if HBM were big enough (the ledger's figure)
+    capped_batch: object  # the largest batch that fits (0: not one sequence)
+    tokens_per_s_capped: object  # run only the batch that fits, all in HBM
+    step_time_s: object  # of the spilled configuration
+
+
+def spill_cost(
+    model: ModelSpec | str,
+    hardware: Device | str,
+    batch=1,
+    context=4096,
+    tier: Placement | Tier | str = "host-pcie5",
+    weight_dtype: str | DType = "fp16",
+    kv_dtype: str | DType = "fp16",
+    efficiency=1.0,
+    tier_efficiency=1.0,
+    capacity_bytes=None,
+    overlap=False,
+) -> SpillCost:
+    """Tokens/s when the KV that overflows HBM is read from `tier` every step.
+
+    The overflow share of every sequence's KV is read over the tier (KV of all running
+    sequences is touched every step, so which blocks spill does not matter).
+    """
+    fp = kv_footprint(model, hardware, batch, context, weight_dtype, kv_dtype, capacity_bytes)
+    spilled = tiered_decode_step(model, hardware, batch, context, tier, fp.overflow_fraction, weight_dtype,
+                                 kv_dtype, efficiency, tier_efficiency, overlap=overlap)
+    capped = np.minimum(np.asarray(fp.batch), np.asarray(fp.max_batch))
+    capped_step = cost.decode_step(model, hardware, np.maximum(capped, 1), context, weight_dtype, kv_dtype,
+                                   efficiency=efficiency)
+    capped_tps = np.where(capped >= 1, np.asarray(capped_step.tokens_per_s, dtype=float), 0.0)
+    return SpillCost(
+        placement=spilled.placement, batch=fp.batch, context=fp.context, fits=fp.fits,
+        overflow_fraction=fp.overflow_fraction, tokens_per_s_spilled=spilled.tokens_per_s,
+        tokens_per_s_unlimited=spilled.hbm_tokens_per_s, capped_batch=_out(capped.astype(np.int64)),
+        tokens_per_s_capped=_out(capped_tps), step_time_s=spilled.step_time_s,
+    )
