@@ -23,6 +23,10 @@ MAX_CONTEXT_TOKENS = 100_000_000
 MAX_BANDWIDTH_BYTES_PER_S = 1e15  # 1 PB/s: 200x an H200
 MAX_FLOPS_PER_S = 1e18
 MAX_CAPACITY_BYTES = 1e14
+#: Attention without FlashAttention writes the score matrix S and the probabilities P to
+#: memory and reads both back: 4 passes over heads x query-key pairs, fp16 elements.
+NAIVE_ATTENTION_PASSES = 4
+SCORE_BYTES = 2
 
 
 def _out(x):
@@ -219,12 +223,16 @@ def prefill(
     kv_dtype: str | DType = "fp16",
     efficiency=1.0,
     flops_per_s=None,
+    bandwidth_bytes_per_s=None,
+    flash_attention: bool = True,
 ) -> Prefill:
     """FLOPs and time to prefill the uncached part of a prompt (causal attention included).
 
     Query i of the n computed tokens attends to the c cached tokens and the i before it,
     so attention costs n*c + n(n+1)/2 query-key pairs. A prefix hit removes both the
-    linear and most of the quadratic work; that is all a hit saves.
+    linear and most of the quadratic work; that is all a hit saves. Without FlashAttention
+    (`flash_attention=False`) the score matrices also make round trips through memory,
+    which FlashAttention keeps on chip: same FLOPs, fewer bytes.
     """
     m, dev = get_model(model), get_device(hardware)
     wdt, kdt = parse_dtype(weight_dtype), parse_dtype(kv_dtype)
@@ -234,17 +242,23 @@ def prefill(
     efficiency = check_number("efficiency", efficiency, maximum=1.0)
     p_arr, c_arr, b = (np.asarray(x, dtype=float) for x in (prompt, cached, batch))
     if np.any(c_arr > p_arr):
-        raise KvlabError("cached_tokens cannot exceed prompt_tokens")
+        bad = int(np.max(c_arr - p_arr))
+        raise KvlabError(f"cached_tokens cannot exceed prompt_tokens (by {bad:,} tokens here); "
+                         "a prefix hit covers at most the whole prompt")
     n = p_arr - c_arr
     pairs = n * c_arr + n * (n + 1) / 2
     p = m.params
     flops = b * (2.0 * p.active_per_token(m.experts_per_token) * n + m.attention_flops_per_cached_token * pairs)
     kv_tok = kv_bytes_per_token(m, kdt)
     bytes_moved = weight_read_bytes(m, b * np.maximum(n, 1), wdt) + b * (c_arr + n) * kv_tok
+    if not flash_attention:
+        bytes_moved = bytes_moved + b * (m.num_heads * m.num_layers) * pairs * NAIVE_ATTENTION_PASSES * SCORE_BYTES
     peak = dev.peak_flops_per_s(wdt.compute) if flops_per_s is None else check_number(
         "flops_per_s", flops_per_s, maximum=MAX_FLOPS_PER_S)
     compute_time = np.where(n > 0, flops / (np.asarray(peak) * efficiency), 0.0)
-    memory_time = np.where(n > 0, bytes_moved / (dev.memory_bandwidth_bytes_per_s * efficiency), 0.0)
+    bandwidth = dev.memory_bandwidth_bytes_per_s if bandwidth_bytes_per_s is None else check_number(
+        "bandwidth (bytes/s)", bandwidth_bytes_per_s, maximum=MAX_BANDWIDTH_BYTES_PER_S)
+    memory_time = np.where(n > 0, bytes_moved / (np.asarray(bandwidth) * efficiency), 0.0)
     time_s = np.maximum(compute_time, memory_time)
     bound = np.where(compute_time >= memory_time, "compute", "memory")
     return Prefill(
@@ -293,3 +307,18 @@ def memory_fit(
         needed_bytes=step.memory_needed_bytes, capacity_bytes=step.capacity_bytes,
         fits=step.fits, max_batch=step.max_batch, max_context=_out(max_context),
     )
+
+
+def batch_knee(step: DecodeStep) -> int:
+    """Index, in a decode step computed over a grid of batches, of the knee.
+
+    The knee is the first batch at which KV history reads reach the weight reads (from
+    there on the step costs at least twice the weights and throughput is within 2x of its
+    ceiling, while TPOT keeps growing), or at which compute takes over; the last index if
+    neither happens on the grid.
+    """
+    kv = np.atleast_1d(step.kv_read_bytes)
+    weights = np.broadcast_to(step.weight_read_bytes, kv.shape)
+    bound = np.broadcast_to(step.bound, kv.shape)
+    past = np.flatnonzero((kv >= weights) | (bound == "compute"))
+    return int(past[0]) if past.size else kv.size - 1

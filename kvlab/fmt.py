@@ -1,11 +1,15 @@
 """Human-readable quantities for tables, readouts and prose (SI prefixes: 1 GB = 1e9 B).
 
-The same functions format the CLI's tables, the static panels' readouts (the browser
-test compares them) and the numbers glued into the book, so each appears one way.
+The same rules format the CLI's tables, the numbers glued into the book, and, mirrored in
+`kvlab/viz/js/kvlab.js`, the static panels' readouts; the browser test checks that both
+sides print the same text. Rounding is half away from zero on the exact binary value
+(what JavaScript's toFixed does), and magnitudes are found with IEEE multiply/divide
+only, so Python and JavaScript agree digit for digit.
 """
 from __future__ import annotations
 
 import math
+from decimal import ROUND_HALF_UP, Decimal
 
 _SI = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 
@@ -16,34 +20,62 @@ def si(value: float, unit: str, digits: int = 3) -> str:
         return "unbounded" if value is not None and value > 0 else "n/a"
     for scale, prefix in _SI:
         if abs(value) >= scale:
-            return f"{_sig(value / scale, digits)} {prefix}{unit}"
-    return f"{_sig(value, digits)} {unit}"
+            return f"{sig(value / scale, digits)} {prefix}{unit}"
+    return f"{sig(value, digits)} {unit}"
 
 
 def gib(value: float) -> str:
     """Binary gibibytes, for where the article states GiB (16 GiB of KV)."""
-    return f"{_sig(value / 2**30, 3)} GiB"
+    return f"{sig(value / 2**30, 3)} GiB"
 
 
 def seconds(value: float, digits: int = 3) -> str:
     """0.00727 -> '7.27 ms'."""
     if value is None or not math.isfinite(value):
         return "n/a"
+    if value == 0:
+        return "0 s"
     for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
         if abs(value) >= scale:
-            return f"{_sig(value / scale, digits)} {unit}"
-    return f"{_sig(value / 1e-9, digits)} ns"
+            return f"{sig(value / scale, digits)} {unit}"
+    return f"{sig(value / 1e-9, digits)} ns"
 
 
 def rate(value: float, digits: int = 4) -> str:
-    """Tokens per second with a thousands separator: 137.6, 12,345."""
-    if value >= 10 ** (digits - 1):
-        return f"{value:,.0f}"
-    return _sig(value, digits)
+    """Tokens per second: 4 significant digits, whole numbers past 1,000 (137.6, 12,346)."""
+    if value is None or not math.isfinite(value):
+        return "n/a"
+    return sig(value, digits)
 
 
-def _sig(x: float, digits: int) -> str:
-    if x == 0:
-        return "0"
-    decimals = max(digits - 1 - int(math.floor(math.log10(abs(x)))), 0)
-    return f"{x:,.{decimals}f}"
+def percent(fraction: float, digits: int = 3) -> str:
+    """0.953 -> '95.3%'."""
+    return f"{sig(100 * fraction, digits)}%"
+
+
+def sig(x: float, digits: int) -> str:
+    """`digits` significant digits (never fewer than the integer part), with separators."""
+    return fixed(x, decimals_for(x, digits))
+
+
+def decimals_for(x: float, digits: int) -> int:
+    """Decimals that leave `digits` significant digits; magnitude found by IEEE ops only."""
+    a = abs(x)
+    if a == 0 or not math.isfinite(a):
+        return 0
+    exponent = 0
+    while a >= 10:
+        a /= 10
+        exponent += 1
+    while a < 1:
+        a *= 10
+        exponent -= 1
+    return max(digits - 1 - exponent, 0)
+
+
+def fixed(x: float, decimals: int) -> str:
+    """Fixed-point with thousands separators, rounding half away from zero."""
+    q = Decimal(x).quantize(Decimal(1).scaleb(-decimals), rounding=ROUND_HALF_UP)
+    if q == 0:
+        q = abs(q)  # no "-0.00"
+    return f"{q:,f}"

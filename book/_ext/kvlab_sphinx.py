@@ -4,6 +4,7 @@
   matches the Python side) and loaded only on pages that embed a bokeh figure.
 - MathJax 3 comes from the npm registry once per build folder (`npm pack`), so math
   renders without a CDN.
+- Notebooks are re-executed on every build, even when their text did not change.
 - Sphinx 7.4 emits sphinx-thebe's inline script twice ("Identifier 'THEBE_JS_URL' has
   already been declared"); duplicates are dropped per page.
 """
@@ -87,8 +88,15 @@ def _page_context(app, pagename, templatename, context, doctree) -> None:
         context["script_files"] = unique
 
 
+def _always_reexecute(app, env, added, changed, removed):
+    """Re-read (and so re-execute) every notebook on every build: their numbers come from
+    kvlab, whose code Sphinx does not watch, so a cached page could show stale figures."""
+    return [doc for doc in env.found_docs if str(env.doc2path(doc)).endswith(".ipynb")]
+
+
 def setup(app):
     app.connect("builder-inited", _builder_inited)
+    app.connect("env-get-outdated", _always_reexecute)
     app.connect("html-page-context", _page_context, priority=900)
     app.config.mathjax_path = "mathjax/tex-chtml.js"
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

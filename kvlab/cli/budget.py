@@ -23,23 +23,36 @@ def register(sub) -> None:
     p.add_argument("--context", type=count, default=4096, help="tokens of KV history per sequence (default 4096; 4k works)")
     p.add_argument("--weight-dtype", default="fp16", help="fp32, bf16, fp16, fp8, int8, int4, or with a group: int4-g128")
     p.add_argument("--kv-dtype", default="fp16", help="dtype of the KV cache (same names)")
+    p.add_argument("--cached", type=count, default=0, metavar="TOKENS",
+                   help="prompt tokens served by a prefix-cache hit, for the TTFT of one request (default 0)")
     p.add_argument("--efficiency", type=number, default=1.0, help="fraction of peak bandwidth/FLOP/s reached (default 1.0, the ceiling)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from ..cost import memory_fit, decode_step
-
-    kwargs = dict(batch=args.batch, context=args.context, weight_dtype=args.weight_dtype, kv_dtype=args.kv_dtype)
-    step = decode_step(args.model, args.hardware, bandwidth_bytes_per_s=args.bandwidth, efficiency=args.efficiency, **kwargs)
-    fit = memory_fit(args.model, args.hardware, **kwargs)
-    result = {**step.to_dict(), "max_context": fit.to_dict()["max_context"]}
+    result = budget(args.model, args.hardware, args.batch, args.context, args.weight_dtype, args.kv_dtype,
+                    args.efficiency, args.bandwidth, args.cached)
     if args.json:
         print_json(result)
     else:
         print(render(result))
     return 0
+
+
+def budget(model, hardware, batch, context, weight_dtype="fp16", kv_dtype="fp16", efficiency=1.0,
+           bandwidth=None, cached=0) -> dict:
+    """The `kvlab budget --json` object: the decode-step ledger, memory fit, and the TTFT of
+    one request whose prompt is `context` tokens, `cached` of them served by a prefix hit."""
+    from ..cost import decode_step, memory_fit, prefill
+
+    kwargs = dict(weight_dtype=weight_dtype, kv_dtype=kv_dtype)
+    step = decode_step(model, hardware, batch, context, bandwidth_bytes_per_s=bandwidth, efficiency=efficiency, **kwargs)
+    fit = memory_fit(model, hardware, batch, context, **kwargs)
+    first = prefill(model, hardware, max(context, 1), cached_tokens=cached, efficiency=efficiency,
+                    bandwidth_bytes_per_s=bandwidth, **kwargs)
+    return {**step.to_dict(), "max_context": fit.to_dict()["max_context"], "cached_tokens": first.cached_tokens,
+            "ttft_s": first.ttft_s, "prefill_flops": first.flops, "prefill_bound": first.bound}
 
 
 def render(r: dict) -> str:
@@ -69,6 +82,8 @@ def render(r: dict) -> str:
         f" (intensity {r['arithmetic_intensity']:.3g} FLOP/B, ridge {r['ridge_flops_per_byte']:.3g})",
         f"throughput           {rate(r['tokens_per_s']):>10}  tokens/s in aggregate,"
         f" {rate(r['tokens_per_s_per_sequence'])} per sequence",
+        f"first token (TTFT)   {seconds(r['ttft_s']):>10}  prefill of a {int(r['context']):,}-token prompt,"
+        f" {int(r['cached_tokens']):,} of them from the prefix cache ({r['prefill_bound']}-bound)",
         f"memory               {si(r['memory_needed_bytes'], 'B'):>10}  of {si(r['capacity_bytes'], 'B')}: {fit};"
         f" max batch at this context {int(r['max_batch']):,}, max context at this batch {max_ctx}",
     ]

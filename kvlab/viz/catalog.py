@@ -1,0 +1,20 @@
+"""Every static panel the book embeds, by key: the browser test rebuilds each one here to
+compare what the page shows with what kvlab computes for the same settings."""
+from __future__ import annotations
+
+from typing import Callable
+
+from .panel import Panel
+
+
+def panels() -> dict[str, Callable[[], Panel]]:
+    from . import hits, ledger, roofline
+
+    return {
+        "hits": hits.hit_panel,
+        "ledger": ledger.ledger_panel,
+        "knee": ledger.batch_panel,
+        "context": ledger.context_panel,
+        "roofline": roofline.roofline_panel,
+        "quantization": roofline.quantization_panel,
+    }

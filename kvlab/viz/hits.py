@@ -1,0 +1,118 @@
+"""Chapter 1 panel: what a prefix/KV-cache hit saves (prefill compute) and what it does
+not (the bytes every decode step moves)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import cost
+from ..hardware import devices
+from ..models import models
+from . import style
+from .controls import HIT_GRID, batch_control, context_control, hardware_control, hit_control, model_control
+from .panel import Panel
+from .terms import ledger_terms
+
+HIT_READOUT = (
+    ("cached_tokens", "Prompt tokens served by the cache", "count"),
+    ("ttft_s", "Time to first token (TTFT)", "seconds"),
+    ("ttft_miss_s", "TTFT with no hit", "seconds"),
+    ("prefill_flops_saved", "Prefill FLOPs the hit skipped", "percent"),
+    ("step_bytes", "Bytes each decode step still moves", "bytes"),
+    ("step_time_s", "Time per output token (TPOT)", "seconds"),
+    ("tokens_per_s", "Tokens/s, whole batch", "rate"),
+)
+
+
+def cached_tokens(hit: float, prompt_tokens: int) -> int:
+    """Tokens of a prompt that a hit fraction serves from the prefix cache. Even a full hit
+    computes the last prompt token, whose logits give the first output token."""
+    return int(min(math.floor(hit * prompt_tokens), prompt_tokens - 1))
+
+
+def hit_panel() -> Panel:
+    """TTFT and TPOT against the prefix-cache hit fraction."""
+    hits = np.array(HIT_GRID)
+
+    def compute(state):
+        prompt, batch = state["context"], state["batch"]
+        model, hw = state["model"], state["hardware"]
+        cached = np.minimum(np.floor(hits * prompt), prompt - 1)
+        curve = cost.prefill(model, hw, prompt, cached_tokens=cached)
+        miss = cost.prefill(model, hw, prompt)
+        here = cost.prefill(model, hw, prompt, cached_tokens=cached_tokens(state["hit"], prompt))
+        step = cost.decode_step(model, hw, batch, prompt)
+        tpot = np.full(hits.shape, step.step_time_s)
+        return {
+            "sources": {
+                "curve": {"hit": (100 * hits).tolist(), "ttft_s": np.asarray(curve.ttft_s).tolist(), "tpot_s": tpot.tolist()},
+                "here": {"hit": [100 * state["hit"]], "ttft_s": [here.ttft_s], "tpot_s": [step.step_time_s]},
+                "work": _work_sources(miss.flops, here.flops, step.weight_read_bytes, step.kv_read_bytes),
+            },
+            "values": {"cached_tokens": here.cached_tokens, "ttft_s": here.ttft_s, "ttft_miss_s": miss.ttft_s,
+                       "prefill_flops_saved": 1.0 - here.flops / miss.flops, "step_bytes": step.step_bytes,
+                       "step_time_s": step.step_time_s, "tokens_per_s": step.tokens_per_s},
+        }
+
+    def figures(src):
+        from bokeh.layouts import column, row
+
+        fig = style.new_figure("A hit moves TTFT, not TPOT", "prefix-cache hit (% of the prompt)", "seconds",
+                               y_axis_type="log", height=300)
+        a = fig.line("hit", "ttft_s", source=src["curve"], color=style.VERMILION, width=2.5,
+                     legend_label="time to first token")
+        b = fig.line("hit", "tpot_s", source=src["curve"], color=style.BLUE, width=2.5, line_dash="dashed",
+                     legend_label="time per output token")
+        fig.scatter("hit", "ttft_s", source=src["here"], size=10, color=style.VERMILION)
+        fig.scatter("hit", "tpot_s", source=src["here"], size=10, color=style.BLUE)
+        fig.yaxis.formatter = style.seconds_ticks()
+        fig.legend.location = "bottom_left"
+        style.hover(fig, [("hit", "@hit{0}%"), ("TTFT", "@ttft_s{0.000000} s"), ("TPOT", "@tpot_s{0.000000} s")],
+                    [a, b], mode="vline")
+        flops = style.new_figure("Prefill FLOPs", "", "FLOPs", width=330, height=260,
+                                 x_range=["computed", "skipped"], y_range=style.from_zero())
+        flops.vbar(x="kind", top="flops", width=0.6, color="color", source=src["work"])
+        flops.yaxis.formatter = style.si_ticks("FLOP")
+        moved = style.new_figure("Bytes per decode step", "", "bytes", width=330, height=260,
+                                 x_range=["weights", "KV history"], y_range=style.from_zero())
+        moved.vbar(x="part", top="bytes", width=0.6, color="part_color", source=src["work"])
+        moved.yaxis.formatter = style.si_ticks("B")
+        return column(fig, row(flops, moved))
+
+    js = """
+const hits = %s;
+const base = {model: s.model, hardware: s.hardware, weight_dtype: "fp16", kv_dtype: "fp16"};
+const prompt = s.context;
+const curve = hits.map((h) => K.prefill(T, Object.assign({}, base, {prompt_tokens: prompt, cached_tokens: Math.min(Math.floor(h * prompt), prompt - 1)})));
+const miss = K.prefill(T, Object.assign({}, base, {prompt_tokens: prompt}));
+const cached = Math.min(Math.floor(s.hit * prompt), prompt - 1);
+const here = K.prefill(T, Object.assign({}, base, {prompt_tokens: prompt, cached_tokens: cached}));
+const step = K.step(T, Object.assign({}, base, {batch: s.batch, context: prompt}));
+return {
+  sources: {
+    curve: {hit: hits.map((h) => 100 * h), ttft_s: curve.map((r) => r.ttft_s), tpot_s: hits.map(() => step.step_time_s)},
+    here: {hit: [100 * s.hit], ttft_s: [here.ttft_s], tpot_s: [step.step_time_s]},
+    work: {kind: ["computed", "skipped"], flops: [here.flops, miss.flops - here.flops], color: ["%s", "%s"],
+           part: ["weights", "KV history"], bytes: [step.weight_read_bytes, step.kv_read_bytes],
+           part_color: ["%s", "%s"]},
+  },
+  values: {cached_tokens: cached, ttft_s: here.ttft_s, ttft_miss_s: miss.ttft_s,
+           prefill_flops_saved: 1.0 - here.flops / miss.flops, step_bytes: step.step_bytes,
+           step_time_s: step.step_time_s, tokens_per_s: step.tokens_per_s},
+};""" % (list(HIT_GRID), style.VERMILION, style.GREY, style.WEIGHTS, style.KV_READ)
+
+    controls = (model_control(), hardware_control(), context_control(8192, "Prompt (tokens)"), hit_control(),
+                batch_control())
+
+    def budget(state):
+        return {"model": state["model"], "hardware": state["hardware"], "batch": state["batch"],
+                "context": state["context"], "cached": cached_tokens(state["hit"], state["context"])}
+
+    return Panel("hits", controls, compute, figures, js, ledger_terms(models(), devices()), HIT_READOUT, budget)
+
+
+def _work_sources(miss_flops, here_flops, weight_bytes, kv_bytes) -> dict:
+    return {"kind": ["computed", "skipped"], "flops": [here_flops, miss_flops - here_flops],
+            "color": [style.VERMILION, style.GREY], "part": ["weights", "KV history"],
+            "bytes": [weight_bytes, kv_bytes], "part_color": [style.WEIGHTS, style.KV_READ]}

@@ -1,0 +1,169 @@
+// kvlab's browser side: formatting and the ledger, mirrored from kvlab/fmt.py and
+// kvlab/cost.py so that static panels can recombine terms Python computed at build time.
+// Every operation follows the Python order of operations; the browser test checks that
+// each readout equals `kvlab budget --json` for the same settings.
+window.KVLAB = window.KVLAB || (function () {
+  "use strict";
+
+  // ---------------------------------------------------------------- kvlab.fmt
+  function decimalsFor(x, digits) {
+    let a = Math.abs(x);
+    if (a === 0 || !isFinite(a)) return 0;
+    let exponent = 0;
+    while (a >= 10) { a /= 10; exponent += 1; }
+    while (a < 1) { a *= 10; exponent -= 1; }
+    return Math.max(digits - 1 - exponent, 0);
+  }
+  function fixed(x, decimals) {
+    // toFixed rounds half away from zero on the exact binary value, like Python's
+    // Decimal(x).quantize(ROUND_HALF_UP); past 1e21 it turns exponential, and every such
+    // double is a whole number, which BigInt prints exactly.
+    let text = Math.abs(x) >= 1e21 ? BigInt(Math.abs(x)).toString() + (decimals ? "." + "0".repeat(decimals) : "")
+                                   : Math.abs(x).toFixed(decimals);
+    const parts = text.split(".");
+    parts[0] = parts[0].replace(/\B(?=(\d{3})+(?!\d))/g, ",");
+    text = parts.join(".");
+    return (x < 0 && /[1-9]/.test(text)) ? "-" + text : text;
+  }
+  function sig(x, digits) { return fixed(x, decimalsFor(x, digits)); }
+  const SI = [[1e15, "P"], [1e12, "T"], [1e9, "G"], [1e6, "M"], [1e3, "k"]];
+  function si(value, unit, digits) {
+    digits = digits || 3;
+    if (value === null || value === undefined || !isFinite(value)) {
+      return (value !== null && value > 0) ? "unbounded" : "n/a";
+    }
+    for (const [scale, prefix] of SI) {
+      if (Math.abs(value) >= scale) return sig(value / scale, digits) + " " + prefix + unit;
+    }
+    return sig(value, digits) + " " + unit;
+  }
+  function seconds(value, digits) {
+    digits = digits || 3;
+    if (value === null || !isFinite(value)) return "n/a";
+    if (value === 0) return "0 s";
+    for (const [scale, unit] of [[1.0, "s"], [1e-3, "ms"], [1e-6, "µs"]]) {
+      if (Math.abs(value) >= scale) return sig(value / scale, digits) + " " + unit;
+    }
+    return sig(value / 1e-9, digits) + " ns";
+  }
+  function rate(value, digits) {
+    if (value === null || !isFinite(value)) return "n/a";
+    return sig(value, digits || 4);
+  }
+  function percent(fraction, digits) { return sig(100 * fraction, digits || 3) + "%"; }
+
+  // One formatter per readout kind (kvlab/viz/panel.py FORMATS holds the Python side).
+  const FORMATS = {
+    bytes: (v) => si(v, "B"),
+    bytes_per_s: (v) => si(v, "B/s"),
+    flops: (v) => si(v, "FLOP"),
+    flops_per_s: (v) => si(v, "FLOP/s"),
+    seconds: (v) => seconds(v),
+    rate: (v) => rate(v),
+    percent: (v) => percent(v),
+    count: (v) => fixed(v, 0),
+    ratio: (v) => sig(v, 3) + "×",
+    intensity: (v) => sig(v, 3) + " FLOP/B",
+    yesno: (v) => (v ? "yes" : "no"),
+    text: (v) => String(v),
+  };
+  function escape(text) {
+    return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;").replace(/"/g, "&quot;");
+  }
+  function readoutHtml(spec, values) {
+    let html = '<dl class="kvlab-readout">';
+    for (const [key, label, kind] of spec) {
+      const v = values[key];
+      const raw = (typeof v === "number") ? v.toPrecision(17) : String(v);
+      html += '<div><dt>' + escape(label) + '</dt><dd data-key="' + key + '" data-value="' +
+        escape(raw) + '">' + escape(FORMATS[kind](v)) + '</dd></div>';
+    }
+    return html + '</dl>';
+  }
+
+  // ---------------------------------------------------------------- kvlab.cost
+  function weightReadElements(m, batchTokens) {
+    let elements = m.streamed_dense;
+    if (m.num_experts > 0) {
+      const touched = m.num_experts * (1.0 - Math.pow(1.0 - m.experts_per_token / m.num_experts, batchTokens));
+      elements = elements + m.moe_layers * touched * m.expert;
+    }
+    return elements;
+  }
+  function peakFlops(d, dt) {
+    return (dt.compute === "fp8" && d.fp8_flops_per_s) ? d.fp8_flops_per_s : d.bf16_flops_per_s;
+  }
+  // Mirrors kvlab.cost.decode_step for scalar inputs.
+  function step(T, s) {
+    const m = T.models[s.model], d = T.devices[s.hardware];
+    const wdt = T.dtypes[s.weight_dtype], kdt = T.dtypes[s.kv_dtype];
+    const b = s.batch, eff = (s.efficiency === undefined) ? 1.0 : s.efficiency;
+    const bandwidth = s.bandwidth || d.memory_bandwidth_bytes_per_s;
+    const attended = m.sliding_window ? Math.min(s.context, m.sliding_window) : s.context;
+    const weight_bytes = m.total_params * wdt.bytes_per_element;
+    const weight_read_bytes = weightReadElements(m, b) * wdt.bytes_per_element;
+    const kv_bytes_per_token = m.kv_elements_per_token * kdt.bytes_per_element;
+    const kv_read_bytes = b * attended * kv_bytes_per_token;
+    const kv_write_bytes = b * kv_bytes_per_token;
+    const step_bytes = weight_read_bytes + kv_read_bytes + kv_write_bytes;
+    const flops = b * (2.0 * m.active_params + m.attention_flops_per_cached_token * attended);
+    const peak = peakFlops(d, wdt);
+    const memory_time_s = step_bytes / (bandwidth * eff);
+    const compute_time_s = flops / (peak * eff);
+    const step_time_s = Math.max(memory_time_s, compute_time_s);
+    const kv_cache_bytes = b * attended * kv_bytes_per_token;
+    const memory_needed_bytes = weight_bytes + kv_cache_bytes;
+    const per_seq_kv = Math.max(attended, 1.0) * kv_bytes_per_token;
+    return {
+      batch: b, context: s.context, weight_bytes, weight_read_bytes, kv_bytes_per_token,
+      kv_read_bytes, kv_write_bytes, step_bytes, flops,
+      arithmetic_intensity: flops / step_bytes, ridge_flops_per_byte: peak / bandwidth,
+      memory_time_s, compute_time_s, step_time_s,
+      bound: compute_time_s > memory_time_s ? "compute" : "memory",
+      tokens_per_s: b / step_time_s, tokens_per_s_per_sequence: 1.0 / step_time_s,
+      kv_cache_bytes, memory_needed_bytes, capacity_bytes: d.capacity_bytes,
+      fits: memory_needed_bytes <= d.capacity_bytes,
+      max_batch: Math.floor(Math.max(d.capacity_bytes - weight_bytes, 0.0) / per_seq_kv),
+    };
+  }
+  // Mirrors kvlab.cost.prefill for scalar inputs.
+  function prefill(T, s) {
+    const m = T.models[s.model], d = T.devices[s.hardware];
+    const wdt = T.dtypes[s.weight_dtype], kdt = T.dtypes[s.kv_dtype];
+    const b = s.batch || 1, eff = (s.efficiency === undefined) ? 1.0 : s.efficiency;
+    const bandwidth = s.bandwidth || d.memory_bandwidth_bytes_per_s;
+    const p = s.prompt_tokens, c = s.cached_tokens || 0;
+    const n = p - c;
+    const pairs = n * c + n * (n + 1) / 2;
+    const flops = b * (2.0 * m.active_params * n + m.attention_flops_per_cached_token * pairs);
+    const kv_tok = m.kv_elements_per_token * kdt.bytes_per_element;
+    let bytes_moved = weightReadElements(m, b * Math.max(n, 1)) * wdt.bytes_per_element + b * (c + n) * kv_tok;
+    if (s.flash_attention === false) bytes_moved = bytes_moved + b * m.heads_x_layers * pairs * 4 * 2;
+    const compute_time_s = n > 0 ? flops / (peakFlops(d, wdt) * eff) : 0.0;
+    const memory_time_s = n > 0 ? bytes_moved / (bandwidth * eff) : 0.0;
+    const time_s = Math.max(compute_time_s, memory_time_s);
+    return { computed_tokens: n, flops, bytes_moved, compute_time_s, memory_time_s, time_s,
+             ttft_s: time_s, bound: compute_time_s >= memory_time_s ? "compute" : "memory" };
+  }
+
+  // ------------------------------------------------------------ panel plumbing
+  // Read every control into a state object: selects give their value, sliders index
+  // into the grid of values Python gave them.
+  function state(controls, grids) {
+    const out = {};
+    for (const [key, widget] of Object.entries(controls)) {
+      out[key] = (key in grids) ? grids[key][Math.round(widget.value)] : widget.value;
+    }
+    return out;
+  }
+  function apply(result, sources, readout, spec) {
+    for (const [name, data] of Object.entries(result.sources || {})) {
+      sources[name].data = data;
+    }
+    if (readout) readout.text = readoutHtml(spec, result.values);
+    window.KVLAB.updates = (window.KVLAB.updates || 0) + 1;  // tests wait on this
+  }
+
+  return { decimalsFor, fixed, sig, si, seconds, rate, percent, FORMATS, readoutHtml,
+           weightReadElements, step, prefill, state, apply };
+})();

@@ -1,0 +1,237 @@
+"""Chapter 2 panels: the bandwidth ledger, the batch knee, context, quantization.
+
+Each factory returns a `Panel`: `compute` asks kvlab.cost (any value), `js` recombines
+the build-time terms through KVLAB.step (grid values), `figures` draws from the sources.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import cost
+from ..hardware import devices
+from ..models import models
+from . import style
+from .controls import (
+    BATCH_GRID, CONTEXT_GRID, batch_control, context_control, dtype_control, efficiency_control,
+    hardware_control, ledger_state, model_control,
+)
+from .panel import Panel
+from .terms import ledger_terms
+
+STEP_READOUT = (
+    ("weight_read_bytes", "Weights read", "bytes"),
+    ("kv_read_bytes", "KV history read", "bytes"),
+    ("step_bytes", "Bytes per step", "bytes"),
+    ("step_time_s", "Time per step (TPOT)", "seconds"),
+    ("tokens_per_s", "Tokens/s, whole batch", "rate"),
+    ("tokens_per_s_per_sequence", "Tokens/s, each sequence", "rate"),
+    ("bound", "Bound by", "text"),
+    ("arithmetic_intensity", "Arithmetic intensity", "intensity"),
+    ("kv_cache_bytes", "KV cache held", "bytes"),
+    ("fits", "Fits in memory", "yesno"),
+    ("max_batch", "Largest batch that fits", "count"),
+)
+
+
+def _terms() -> dict:
+    return ledger_terms(models(), devices())
+
+
+def _budget(state: dict) -> dict:
+    keys = ("model", "hardware", "batch", "context", "weight_dtype", "kv_dtype", "efficiency")
+    return {k: state[k] for k in keys if k in state}
+
+
+def _step(state: dict, **override):
+    return cost.decode_step(state["model"], state["hardware"], **ledger_state(state, **override))
+
+
+# ------------------------------------------------------------------ the ledger
+def ledger_panel() -> Panel:
+    """Bytes one decode step moves (weights vs KV) and the time it takes."""
+
+    def compute(state):
+        s = _step(state)
+        return {"sources": _ledger_sources(s.weight_read_bytes, s.kv_read_bytes, s.kv_write_bytes,
+                                           s.memory_time_s, s.compute_time_s),
+                "values": s.to_dict()}
+
+    def figures(src):
+        from bokeh.layouts import column
+
+        fig = style.new_figure("Bytes one decode step moves", "bytes per step", "", height=170,
+                               y_range=["per step"], x_range=style.from_zero())
+        renderers = fig.hbar_stack(["weights", "kv_read", "kv_write"], y="y", height=0.6, source=src["bytes"],
+                                   color=[style.WEIGHTS, style.KV_READ, style.KV_WRITE],
+                                   legend_label=["weights", "KV history read", "KV written"])
+        fig.xaxis.formatter = style.si_ticks("B")
+        fig.legend.orientation = "horizontal"
+        fig.add_layout(fig.legend[0], "above")
+        style.hover(fig, [("weights", "@weights{0.000a}B"), ("KV read", "@kv_read{0.000a}B"),
+                          ("KV written", "@kv_write{0.000a}B")], renderers)
+        times = style.new_figure("Time per step: moving bytes vs doing FLOPs", "seconds", "", height=170,
+                                 y_range=["compute", "memory"], x_range=style.from_zero())
+        times.hbar(y="kind", right="seconds", height=0.6, color="color", source=src["time"])
+        times.xaxis.formatter = style.seconds_ticks()
+        style.hover(times, [("", "@kind"), ("time", "@label")])
+        return column(fig, times)
+
+    js = """
+const r = K.step(T, s);
+return {sources: ledgerSources(K, r), values: r};
+function ledgerSources(K, r) {
+  return {
+    bytes: {y: ["per step"], weights: [r.weight_read_bytes], kv_read: [r.kv_read_bytes], kv_write: [r.kv_write_bytes]},
+    time: {kind: ["memory", "compute"], seconds: [r.memory_time_s, r.compute_time_s],
+           color: ["%s", "%s"], label: [K.seconds(r.memory_time_s), K.seconds(r.compute_time_s)]},
+  };
+}""" % (style.BLUE, style.GREY)
+    controls = (model_control(), hardware_control(), batch_control(), context_control(),
+                dtype_control("weight_dtype", "Weights"), dtype_control("kv_dtype", "KV cache"), efficiency_control())
+    return Panel("ledger", controls, compute, figures, js, _terms(), STEP_READOUT, _budget)
+
+
+def _ledger_sources(weights, kv_read, kv_write, memory_s, compute_s) -> dict:
+    from ..fmt import seconds
+
+    return {
+        "bytes": {"y": ["per step"], "weights": [weights], "kv_read": [kv_read], "kv_write": [kv_write]},
+        "time": {"kind": ["memory", "compute"], "seconds": [memory_s, compute_s],
+                 "color": [style.BLUE, style.GREY], "label": [seconds(memory_s), seconds(compute_s)]},
+    }
+
+
+# ----------------------------------------------------------------- the knee
+KNEE_READOUT = (
+    ("knee_batch", "Knee: batch where KV reads match weights", "count"),
+    ("knee_tokens_per_s", "Tokens/s at the knee", "rate"),
+    ("knee_tpot_s", "TPOT at the knee", "seconds"),
+    ("batch1_tokens_per_s", "Tokens/s at batch 1", "rate"),
+    ("max_tokens_per_s", "Tokens/s at the largest batch shown", "rate"),
+    ("max_batch", "Largest batch that fits", "count"),
+)
+
+
+def batch_panel() -> Panel:
+    """Throughput and TPOT against batch: where amortising the weights stops paying."""
+    grid = np.array(BATCH_GRID, dtype=float)
+
+    def compute(state):
+        s = _step({**state, "batch": grid})
+        k = cost.batch_knee(s)
+        return {
+            "sources": {
+                "curve": {"batch": grid.tolist(), "tokens_per_s": s.tokens_per_s.tolist(),
+                          "per_sequence": s.tokens_per_s_per_sequence.tolist(),
+                          "tpot_s": s.step_time_s.tolist(), "fits": [bool(f) for f in s.fits]},
+                "knee": {"batch": [grid[k]], "tokens_per_s": [s.tokens_per_s[k]], "tpot_s": [s.step_time_s[k]]},
+            },
+            "values": {"knee_batch": float(grid[k]), "knee_tokens_per_s": float(s.tokens_per_s[k]),
+                       "knee_tpot_s": float(s.step_time_s[k]), "batch1_tokens_per_s": float(s.tokens_per_s[0]),
+                       "max_tokens_per_s": float(s.tokens_per_s[-1]), "max_batch": int(np.ravel(s.max_batch)[0])},
+        }
+
+    def figures(src):
+        from bokeh.layouts import column
+
+        tps = style.new_figure("Throughput against batch", "batch (sequences)", "tokens per second",
+                               x_axis_type="log", y_axis_type="log")
+        a = tps.line("batch", "tokens_per_s", source=src["curve"], color=style.BLUE, width=2.5,
+                     legend_label="whole batch")
+        b = tps.line("batch", "per_sequence", source=src["curve"], color=style.ORANGE, width=2.5, line_dash="dashed",
+                     legend_label="each sequence")
+        tps.scatter("batch", "tokens_per_s", source=src["knee"], size=11, color=style.VERMILION, legend_label="knee")
+        tps.xaxis.formatter = style.count_ticks()
+        tps.yaxis.formatter = style.count_ticks()
+        tps.legend.location = "top_left"
+        style.hover(tps, [("batch", "@batch{0,0}"), ("tokens/s (batch)", "@tokens_per_s{0,0.0}"),
+                          ("tokens/s (each)", "@per_sequence{0,0.0}")], [a, b], mode="vline")
+        tpot = style.new_figure("Time per output token against batch", "batch (sequences)", "TPOT",
+                                x_axis_type="log", height=240, x_range=tps.x_range)
+        c = tpot.line("batch", "tpot_s", source=src["curve"], color=style.GREEN, width=2.5)
+        tpot.scatter("batch", "tpot_s", source=src["knee"], size=11, color=style.VERMILION)
+        tpot.xaxis.formatter = style.count_ticks()
+        tpot.yaxis.formatter = style.seconds_ticks()
+        style.hover(tpot, [("batch", "@batch{0,0}"), ("TPOT", "@tpot_s{0.000000} s")], [c], mode="vline")
+        return column(tps, tpot)
+
+    js = """
+const batches = %s;
+const steps = batches.map((b) => K.step(T, Object.assign({}, s, {batch: b})));
+let k = steps.findIndex((r) => r.kv_read_bytes >= r.weight_read_bytes || r.bound === "compute");
+if (k < 0) k = steps.length - 1;
+return {
+  sources: {
+    curve: {batch: batches, tokens_per_s: steps.map((r) => r.tokens_per_s),
+            per_sequence: steps.map((r) => r.tokens_per_s_per_sequence),
+            tpot_s: steps.map((r) => r.step_time_s), fits: steps.map((r) => r.fits)},
+    knee: {batch: [batches[k]], tokens_per_s: [steps[k].tokens_per_s], tpot_s: [steps[k].step_time_s]},
+  },
+  values: {knee_batch: batches[k], knee_tokens_per_s: steps[k].tokens_per_s, knee_tpot_s: steps[k].step_time_s,
+           batch1_tokens_per_s: steps[0].tokens_per_s, max_tokens_per_s: steps[steps.length - 1].tokens_per_s,
+           max_batch: steps[0].max_batch},
+};""" % list(BATCH_GRID)
+    controls = (model_control(), hardware_control(), context_control(),
+                dtype_control("weight_dtype", "Weights"), dtype_control("kv_dtype", "KV cache"), efficiency_control())
+    return Panel("knee", controls, compute, figures, js, _terms(), KNEE_READOUT)
+
+
+# ---------------------------------------------------------------- context
+CONTEXT_READOUT = (
+    ("at_4k", "Tokens/s per sequence at 4K", "rate"),
+    ("at_32k", "Tokens/s per sequence at 32K", "rate"),
+    ("slowdown", "4K is faster than 32K by", "ratio"),
+    ("kv_equals_weights_context", "Context where KV reads equal weights", "count"),
+)
+
+
+def context_panel() -> Panel:
+    """Per-sequence speed against context: KV reads catch up with the weights."""
+    grid = np.array(CONTEXT_GRID, dtype=float)
+
+    def compute(state):
+        s = _step({**state, "context": grid})
+        four, thirty_two = CONTEXT_GRID.index(4096), CONTEXT_GRID.index(32768)
+        crossover = s.weight_read_bytes / (state["batch"] * s.kv_bytes_per_token)
+        return {
+            "sources": {"curve": {"context": grid.tolist(), "per_sequence": s.tokens_per_s_per_sequence.tolist(),
+                                  "weights": np.broadcast_to(s.weight_read_bytes, grid.shape).tolist(),
+                                  "kv_read": s.kv_read_bytes.tolist()}},
+            "values": {"at_4k": float(s.tokens_per_s_per_sequence[four]),
+                       "at_32k": float(s.tokens_per_s_per_sequence[thirty_two]),
+                       "slowdown": float(s.tokens_per_s_per_sequence[four] / s.tokens_per_s_per_sequence[thirty_two]),
+                       "kv_equals_weights_context": float(np.floor(crossover))},
+        }
+
+    def figures(src):
+        from bokeh.layouts import column
+
+        speed = style.new_figure("Decode speed against context", "context (tokens)", "tokens per second, each sequence",
+                                 x_axis_type="log")
+        line = speed.line("context", "per_sequence", source=src["curve"], color=style.BLUE, width=2.5)
+        speed.xaxis.formatter = style.count_ticks()
+        style.hover(speed, [("context", "@context{0,0}"), ("tokens/s", "@per_sequence{0,0.0}")], [line], mode="vline")
+        split = style.new_figure("Bytes per step: weights vs KV history", "context (tokens)", "bytes per step",
+                                 x_axis_type="log", y_axis_type="log", height=240, x_range=speed.x_range)
+        split.line("context", "weights", source=src["curve"], color=style.WEIGHTS, width=2.5, legend_label="weights")
+        split.line("context", "kv_read", source=src["curve"], color=style.KV_READ, width=2.5, legend_label="KV history")
+        split.xaxis.formatter = style.count_ticks()
+        split.yaxis.formatter = style.si_ticks("B")
+        split.legend.location = "top_left"
+        return column(speed, split)
+
+    js = """
+const contexts = %s;
+const steps = contexts.map((c) => K.step(T, Object.assign({}, s, {context: c})));
+const four = contexts.indexOf(4096), tt = contexts.indexOf(32768);
+const w = steps[0].weight_read_bytes;
+return {
+  sources: {curve: {context: contexts, per_sequence: steps.map((r) => r.tokens_per_s_per_sequence),
+                    weights: contexts.map(() => w), kv_read: steps.map((r) => r.kv_read_bytes)}},
+  values: {at_4k: steps[four].tokens_per_s_per_sequence, at_32k: steps[tt].tokens_per_s_per_sequence,
+           slowdown: steps[four].tokens_per_s_per_sequence / steps[tt].tokens_per_s_per_sequence,
+           kv_equals_weights_context: Math.floor(w / (s.batch * steps[0].kv_bytes_per_token))},
+};""" % list(CONTEXT_GRID)
+    controls = (model_control(), hardware_control(), batch_control(),
+                dtype_control("weight_dtype", "Weights"), dtype_control("kv_dtype", "KV cache"), efficiency_control())
+    return Panel("context", controls, compute, figures, js, _terms(), CONTEXT_READOUT)

@@ -1,0 +1,281 @@
+"""A panel: controls + figures + a readout, with a static face and a live face.
+
+A panel is described once: its controls (with the grid of values the static page offers),
+a Python `compute(state)` that asks kvlab for everything the figures and readout show,
+a JavaScript twin of that function for the static page (it may only look up or combine
+`terms` that kvlab computed at build time), and a figure builder that draws from named
+ColumnDataSources. The static face embeds the default state computed in Python and lets
+the JS recompute on change; the live face calls `compute` on every change for any value.
+"""
+from __future__ import annotations
+
+import html
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Callable
+
+from .. import fmt
+
+BOOK_BUILD_ENV = "KVLAB_BOOK_BUILD"
+
+#: Readout formatters by kind; kvlab/viz/js/kvlab.js FORMATS is the browser twin.
+FORMATS: dict[str, Callable] = {
+    "bytes": lambda v: fmt.si(v, "B"),
+    "bytes_per_s": lambda v: fmt.si(v, "B/s"),
+    "flops": lambda v: fmt.si(v, "FLOP"),
+    "flops_per_s": lambda v: fmt.si(v, "FLOP/s"),
+    "seconds": fmt.seconds,
+    "rate": fmt.rate,
+    "percent": fmt.percent,
+    "count": lambda v: fmt.fixed(v, 0),
+    "ratio": lambda v: f"{fmt.sig(v, 3)}×",
+    "intensity": lambda v: f"{fmt.sig(v, 3)} FLOP/B",
+    "yesno": lambda v: "yes" if v else "no",
+    "text": str,
+}
+
+
+def kvlab_js() -> str:
+    """The browser library (formatting + the ledger's scalar twin)."""
+    return resources.files("kvlab.viz").joinpath("js/kvlab.js").read_text()
+
+
+def readout_html(spec, values: dict) -> str:
+    """The readout as a definition list; each value carries its exact number for tests."""
+    parts = ['<dl class="kvlab-readout">']
+    for key, label, kind in spec:
+        value = values[key]
+        raw = repr(float(value)) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+        if isinstance(value, bool):
+            raw = "true" if value else "false"
+        parts.append(
+            f'<div><dt>{html.escape(label)}</dt><dd data-key="{key}" data-value="{html.escape(raw)}">'
+            f"{html.escape(FORMATS[kind](value))}</dd></div>"
+        )
+    parts.append("</dl>")
+    return "".join(parts)
+
+
+@dataclass(frozen=True)
+class Control:
+    """One input of a panel. Static pages offer `options`; live widgets may offer a range."""
+
+    key: str  # state key; for ledger panels the `kvlab budget` option it stands for
+    label: str
+    options: tuple  # select: the values; slider: the grid of values the static page offers
+    default: object
+    kind: str = "select"  # "select" or "slider"
+    option_labels: tuple | None = None  # display names for a select's values
+    unit: str = ""  # appended to a slider's displayed value
+    live_range: tuple | None = None  # (low, high): the live widget takes any value between
+    log: bool = False
+    integer: bool = True
+
+    def label_of(self, value) -> str:
+        if self.option_labels:
+            return dict(zip(self.options, self.option_labels)).get(value, str(value))
+        if isinstance(value, float) and not value.is_integer():
+            return f"{fmt.sig(value, 3)}{self.unit}"
+        return f"{fmt.fixed(value, 0) if isinstance(value, (int, float)) else value}{self.unit}"
+
+
+@dataclass
+class Panel:
+    """Controls + figures + readout; see the module docstring."""
+
+    key: str  # unique on its page; prefixes every bokeh model name
+    controls: tuple[Control, ...]
+    compute: Callable[[dict], dict]  # state -> {"sources": {name: columns}, "values": {...}}
+    figures: Callable[[dict], object]  # {name: ColumnDataSource} -> a bokeh layout
+    js: str  # body of function(K, T, s) returning the same structure as compute
+    terms: dict = field(default_factory=dict)  # build-time numbers the JS may combine
+    readout: tuple = ()  # (key, label, format kind)
+    budget_keys: Callable[[dict], dict] | None = None  # state -> kvlab budget kwargs (tests)
+
+    @property
+    def default_state(self) -> dict:
+        return {c.key: c.default for c in self.controls}
+
+    def values(self, **state) -> dict:
+        """The readout values for the default state (overridden by `state`)."""
+        return self.compute({**self.default_state, **state})["values"]
+
+    def glue(self, prefix: str | None = None, **state) -> dict:
+        """Glue every readout value, formatted as the readout shows it, for the prose:
+        `{glue:text}`<prefix>_<key>``. Returns the raw values."""
+        from myst_nb import glue
+
+        values = self.values(**state)
+        for key, _label, kind in self.readout:
+            glue(f"{prefix or self.key}_{key}", FORMATS[kind](values[key]), display=False)
+        return values
+
+    # ------------------------------------------------------------------ static
+    def static_html(self) -> str:
+        """Bokeh components for the built book: the default state drawn by Python."""
+        from bokeh.embed import components
+        from bokeh.layouts import column, row
+        from bokeh.models import (
+            ColumnDataSource, CustomJS, CustomJSTickFormatter, Div, InlineStyleSheet, Select, Slider,
+        )
+
+        result = self.compute(self.default_state)
+        sources = {name: ColumnDataSource(data=data, name=f"{self.key}.{name}") for name, data in result["sources"].items()}
+        widgets, grids = {}, {}
+        for c in self.controls:
+            name = f"{self.key}.{c.key}"
+            if c.kind == "slider":
+                grids[c.key] = list(c.options)
+                labels = [c.label_of(v) for v in c.options]
+                widgets[c.key] = Slider(
+                    start=0, end=len(c.options) - 1, step=1, value=c.options.index(c.default), title=c.label,
+                    name=name, width=175,
+                    format=CustomJSTickFormatter(code=f"return {json.dumps(labels)}[Math.round(tick)];"),
+                )
+            else:
+                options = [(str(v), c.label_of(v)) for v in c.options]
+                widgets[c.key] = Select(title=c.label, value=str(c.default), options=options, name=name, width=175)
+        readout = Div(text=readout_html(self.readout, result["values"]), name=f"{self.key}.readout", width=280,
+                      stylesheets=[InlineStyleSheet(css=CSS)])
+        callback = CustomJS(
+            args=dict(controls=widgets, grids=grids, terms=self.terms, sources=sources, readout=readout,
+                      spec=[list(r) for r in self.readout]),
+            code="const K = window.KVLAB;\nconst s = K.state(controls, grids);\n"
+                 f"const r = (function (K, T, s) {{\n{self.js}\n}})(K, terms, s);\n"
+                 "K.apply(r, sources, readout, spec);",
+        )
+        for c in self.controls:
+            widgets[c.key].js_on_change("value", callback)
+        controls = list(widgets.values())
+        half = (len(controls) + 1) // 2
+        layout = column(row(column(*controls[:half]), column(*controls[half:]), readout), self.figures(sources))
+        script, div = components(layout)
+        meta = {c.key: {"options": list(c.options), "kind": c.kind} for c in self.controls}
+        return (
+            f'<div class="kvlab-panel" data-panel="{self.key}" data-controls="{html.escape(json.dumps(meta))}">'
+            f"<script>{kvlab_js()}</script>{div}{script}</div>"
+        )
+
+    # -------------------------------------------------------------------- live
+    def live(self):
+        """ipywidgets controls driving the same figures from the Python ledger."""
+        import ipywidgets as w
+        from bokeh.models import ColumnDataSource
+
+        _ensure_live_resources()
+        state = self.default_state
+        result = self.compute(state)
+        sources = {name: ColumnDataSource(data=data) for name, data in result["sources"].items()}
+        readout = w.HTML(readout_html(self.readout, result["values"]))
+        widgets = {c.key: _live_widget(c) for c in self.controls}
+
+        def update(_change=None):
+            current = {k: _live_value(c, widgets[k].value) for k, c in zip(widgets, self.controls)}
+            try:
+                out = self.compute(current)
+            except ValueError as exc:  # KvlabError: say it in the readout, keep the figure
+                readout.value = f'<p class="kvlab-error">{html.escape(str(exc))}</p>'
+                return
+            for name, data in out["sources"].items():
+                sources[name].data = data
+            readout.value = readout_html(self.readout, out["values"])
+
+        for widget in widgets.values():
+            widget.observe(update, "value")
+        from jupyter_bokeh import BokehModel
+
+        controls = w.VBox(list(widgets.values()), layout=w.Layout(min_width="320px"))
+        return w.HBox([w.VBox([controls, readout]), BokehModel(self.figures(sources))])
+
+
+def _live_widget(c: Control):
+    import ipywidgets as w
+
+    style = {"description_width": "110px"}
+    layout = w.Layout(width="320px")
+    if c.kind == "select":
+        options = [(c.label_of(v), v) for v in c.options]
+        return w.Dropdown(options=options, value=c.default, description=c.label, style=style, layout=layout)
+    if c.live_range and c.log:
+        low, high = (math.log2(v) for v in c.live_range)
+        return w.FloatLogSlider(value=c.default, base=2, min=low, max=high, step=0.01, description=c.label,
+                                readout_format=".0f" if c.integer else ".3g", style=style, layout=layout)
+    if c.live_range:
+        cls = w.IntSlider if c.integer else w.FloatSlider
+        return cls(value=c.default, min=c.live_range[0], max=c.live_range[1], description=c.label, style=style,
+                   layout=layout)
+    return w.SelectionSlider(options=[(c.label_of(v), v) for v in c.options], value=c.default,
+                             description=c.label, style=style, layout=layout)
+
+
+def _live_value(c: Control, value):
+    return int(round(value)) if c.kind == "slider" and c.integer and isinstance(value, float) else value
+
+
+_LIVE_READY = False
+
+
+def _ensure_live_resources() -> None:
+    """Load BokehJS (inline: no CDN) and kvlab.js into the notebook page once."""
+    global _LIVE_READY
+    if _LIVE_READY:
+        return
+    from bokeh.io import output_notebook
+    from bokeh.resources import INLINE
+    from IPython.display import HTML, Javascript, display
+
+    output_notebook(INLINE, hide_banner=True)
+    display(Javascript(kvlab_js()))
+    display(HTML(f"<style>{CSS}</style>"))
+    _LIVE_READY = True
+
+
+CSS = """
+.kvlab-readout { display: grid; grid-template-columns: minmax(0, 1fr) max-content; gap: 2px 12px; margin: 8px 0;
+  font-size: 13px; }
+.kvlab-readout > div { display: contents; }
+.kvlab-readout dt { color: #555; font-weight: normal; }
+.kvlab-readout dd { margin: 0; font-variant-numeric: tabular-nums; font-weight: 600; }
+.kvlab-error { color: #D55E00; }
+"""
+
+
+class StaticHTML:
+    """An HTML fragment for the built book (myst-nb renders `text/html`)."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def _repr_html_(self) -> str:
+        return self.text
+
+
+def static_figure_html(layout) -> str:
+    """A figure without controls, for the built book."""
+    from bokeh.embed import components
+
+    script, div = components(layout)
+    return f"<script>{kvlab_js()}</script>{div}{script}"
+
+
+def is_book_build() -> bool:
+    return os.environ.get(BOOK_BUILD_ENV) == "1"
+
+
+def show(obj) -> None:
+    """Display a Panel or a bokeh layout: static while building the book, live otherwise."""
+    from IPython.display import display
+
+    if isinstance(obj, Panel):
+        display(StaticHTML(obj.static_html()) if is_book_build() else obj.live())
+        return
+    if is_book_build():
+        display(StaticHTML(static_figure_html(obj)))
+    else:
+        from jupyter_bokeh import BokehModel
+
+        _ensure_live_resources()
+        display(BokehModel(obj))

@@ -1,0 +1,209 @@
+"""The built book in a real browser: every page clean and offline, every static panel's
+readout equal to what kvlab computes (`kvlab budget --json` for ledger quantities)."""
+from __future__ import annotations
+
+import io
+import json
+import math
+import re
+from contextlib import redirect_stdout
+
+import pytest
+
+from browser import CHROMIUM_ARGS, ROOT, SHOTS, chromium_path, ensure_site, page_panels, serve, site_pages
+
+pytestmark = pytest.mark.browser
+
+CLI_FLAGS = {"model": "--model", "hardware": "--hardware", "batch": "--batch", "context": "--context",
+             "weight_dtype": "--weight-dtype", "kv_dtype": "--kv-dtype", "efficiency": "--efficiency",
+             "cached": "--cached", "bandwidth": "--bandwidth"}
+
+
+def pytest_generate_tests(metafunc):
+    if "page" in metafunc.fixturenames or "panel" in metafunc.fixturenames:
+        ensure_site()
+    if "page" in metafunc.fixturenames:
+        metafunc.parametrize("page", site_pages())
+    if "panel" in metafunc.fixturenames:
+        metafunc.parametrize("panel", page_panels(), ids=lambda p: f"{p[0]}#{p[1]}")
+
+
+@pytest.fixture(scope="module")
+def base_url():
+    with serve(ensure_site()) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+def open_page(browser, url):
+    """Open a page and record everything that went wrong while it loaded."""
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    problems, transferred = [], {"bytes": 0}
+    page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+    page.on("requestfailed", lambda r: problems.append(f"failed request: {r.url} ({r.failure})"))
+
+    def on_response(response):
+        if not response.url.startswith(url.split("/", 3)[0] + "//" + url.split("/")[2]):
+            problems.append(f"request left the site: {response.url}")
+        elif response.status >= 400:
+            problems.append(f"HTTP {response.status}: {response.url}")
+
+    page.on("response", on_response)
+    page.goto(url)
+    page.wait_for_load_state("networkidle")
+    return page, problems
+
+
+def test_toc_pages_were_built():
+    expected = {"book/intro.html"} | {
+        f"{m}.html" for m in re.findall(r"file:\s*(\S+)", (ROOT / "_toc.yml").read_text())
+    }
+    assert expected <= set(site_pages())
+    assert page_panels(), "the book embeds no static panel"
+
+
+def test_page_is_clean(browser, base_url, page):
+    tab, problems = open_page(browser, f"{base_url}/{page}")
+    if "kvlab-panel" in tab.content():
+        tab.wait_for_function("window.Bokeh && Bokeh.documents.length > 0", timeout=15000)
+        tab.wait_for_timeout(300)  # let BokehJS finish rendering before the screenshot
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    tab.screenshot(path=str(SHOTS / (page.replace("/", "__") + ".png")), full_page=True)
+    tab.close()
+    assert problems == []
+
+
+# ------------------------------------------------------------------ panels
+READ_PANEL = """([key]) => {
+  const find = (n) => { for (const d of Bokeh.documents) { const m = d.get_model_by_name(n); if (m) return m; } };
+  const root = document.querySelector(`.kvlab-panel[data-panel="${key}"]`);
+  const meta = JSON.parse(root.dataset.controls);
+  const state = {};
+  for (const [k, c] of Object.entries(meta)) {
+    const v = find(`${key}.${k}`).value;
+    state[k] = c.kind === "slider" ? c.options[Math.round(v)] : v;
+  }
+  return {meta, state, readout: find(`${key}.readout`).text, updates: window.KVLAB.updates || 0};
+}"""
+
+SET_CONTROL = """([name, value]) => {
+  for (const d of Bokeh.documents) { const m = d.get_model_by_name(name); if (m) { m.value = value; return true; } }
+  return false;
+}"""
+
+
+def parse_readout(html: str) -> dict[str, tuple[str, str]]:
+    return {k: (raw, text) for k, raw, text in
+            re.findall(r'<dd data-key="([\w]+)" data-value="([^"]*)">([^<]*)</dd>', html)}
+
+
+def budget_json(kwargs: dict) -> dict:
+    from kvlab.cli import main
+
+    argv = ["budget", "--json"]
+    for key, value in kwargs.items():
+        argv += [CLI_FLAGS[key], str(value)]
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main(argv) == 0
+    return json.loads(out.getvalue())
+
+
+def check_readout(panel_key: str, state: dict, readout_html: str) -> None:
+    """The page's readout equals kvlab: the CLI for ledger keys, the panel's Python twin else."""
+    import html as html_lib
+
+    from kvlab.viz.catalog import panels
+    from kvlab.viz.panel import FORMATS
+
+    panel = panels()[panel_key]()
+    expected = panel.compute(state)["values"]
+    cli = budget_json(panel.budget_keys(state)) if panel.budget_keys else {}
+    shown = parse_readout(readout_html)
+    assert set(shown) == {k for k, _, _ in panel.readout}
+    for key, _label, kind in panel.readout:
+        raw, text = shown[key]
+        want = cli[key] if key in cli else expected[key]
+        if isinstance(want, str):
+            assert raw == want, (key, state)
+        elif isinstance(want, bool):
+            assert raw == str(want).lower(), (key, state)
+        else:
+            assert math.isclose(float(raw), float(want), rel_tol=1e-9, abs_tol=1e-12), (key, raw, want, state)
+        assert html_lib.unescape(text) == FORMATS[kind](want), (key, text, want, state)
+
+
+def other_values(meta: dict, current) -> list:
+    """Two values other than the current one: grid ends/middle for sliders (as indices)."""
+    options = meta["options"]
+    if meta["kind"] == "slider":
+        here = options.index(current)
+        return [i for i in dict.fromkeys([0, len(options) - 1, len(options) // 2]) if i != here][:2]
+    return [str(o) for o in options if str(o) != str(current)][:2]
+
+
+def test_panel_readouts_match_kvlab(browser, base_url, panel):
+    page_path, key = panel
+    tab, problems = open_page(browser, f"{base_url}/{page_path}")
+    tab.wait_for_function("window.Bokeh && Bokeh.documents.length > 0 && window.KVLAB")
+    first = tab.evaluate(READ_PANEL, [key])
+    check_readout(key, first["state"], first["readout"])  # as built, before any change
+    for control, meta in first["meta"].items():
+        for value in other_values(meta, first["state"][control]):
+            before = tab.evaluate(READ_PANEL, [key])["updates"]
+            assert tab.evaluate(SET_CONTROL, [f"{key}.{control}", value])
+            tab.wait_for_function(f"(window.KVLAB.updates || 0) > {before}", timeout=5000)
+            now = tab.evaluate(READ_PANEL, [key])
+            check_readout(key, now["state"], now["readout"])
+    tab.close()
+    assert problems == []
+
+
+def test_dragging_a_slider_with_the_mouse_updates_the_readout(browser, base_url):
+    page_path, key = next(p for p in page_panels() if p[1] == "ledger")
+    tab, problems = open_page(browser, f"{base_url}/{page_path}")
+    tab.wait_for_function("window.Bokeh && Bokeh.documents.length > 0 && window.KVLAB")
+    before = tab.evaluate(READ_PANEL, [key])
+    handle = tab.locator(".bk-Slider .noUi-handle").first
+    handle.scroll_into_view_if_needed()
+    box = handle.bounding_box()
+    tab.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    tab.mouse.down()
+    tab.mouse.move(box["x"] + 120, box["y"] + box["height"] / 2, steps=8)
+    tab.mouse.up()
+    tab.wait_for_function(f"(window.KVLAB.updates || 0) > {before['updates']}", timeout=5000)
+    after = tab.evaluate(READ_PANEL, [key])
+    assert after["readout"] != before["readout"]
+    check_readout(key, after["state"], after["readout"])
+    tab.close()
+    assert problems == []
+
+
+def test_browser_formatting_matches_python(browser, base_url):
+    """kvlab.js formats numbers digit for digit like kvlab.fmt (readouts depend on it)."""
+    import numpy as np
+
+    from kvlab import fmt
+
+    rng = np.random.default_rng(7)
+    values = np.concatenate([10 ** rng.uniform(-10, 16, 400), -10 ** rng.uniform(-3, 6, 50),
+                             [0.0, 1.0, 999.5, 999.95, 1000.0, 0.125, 2.5, 1.125e9, 9.995e-4, 1e21]]).tolist()
+    page_path = next(p for p, _ in page_panels())
+    tab, problems = open_page(browser, f"{base_url}/{page_path}")
+    tab.wait_for_function("window.KVLAB")
+    got = tab.evaluate("""(vs) => vs.map((v) => [KVLAB.si(v, "B"), KVLAB.seconds(Math.abs(v)), KVLAB.rate(v),
+                                                 KVLAB.sig(v, 3), KVLAB.percent(v / 1e9)])""", values)
+    want = [[fmt.si(v, "B"), fmt.seconds(abs(v)), fmt.rate(v), fmt.sig(v, 3), fmt.percent(v / 1e9)] for v in values]
+    mismatches = [(v, g, w) for v, g, w in zip(values, got, want) if g != w]
+    assert mismatches == []
+    tab.close()
