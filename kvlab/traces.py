@@ -13,6 +13,7 @@ book uses a generated stand-in (`kvlab.traces_gen`), always labelled as generate
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -190,6 +191,7 @@ def _read_cached(path: Path, name: str | None) -> Trace:
     return _LOADED[key]
 
 
+@functools.lru_cache(maxsize=8)
 def _generated(text: str) -> Trace:
     """`generated[:PRESET][:SEED]` -> a generated trace (kvlab.traces_gen), labelled as such."""
     from .traces_gen import PRESETS, generate_trace
@@ -237,9 +239,8 @@ def trace_or_generated(name: str = "conversation", seed: int = 0) -> Trace:
     """
     if find_trace(name) is not None:
         return load_trace(name)
-    from .traces_gen import PRESETS, generate_trace
-
-    return generate_trace(name if name in PRESETS else "conversation", seed=seed)
+    preset = {"conversation": "conversation", "synthetic": "shared-prefix"}[name]
+    return _generated(f"{GENERATED}:{preset}:{seed}")
 
 
 # --------------------------------------------------------------------- statistics

@@ -187,22 +187,24 @@ class BlockPrefixCache:
         hash_ids, need = self._room(hash_ids)
         if need > 0:
             self._evict_counted(need, set(hash_ids))
-        where, buckets, keys = self._blocks, self._buckets, self._keys
-        aware = self.policy == "length-aware"
+        where, buckets, keys, push = self._blocks, self._buckets, self._keys, heapq.heappush
+        depth_rank = self.policy == "length-aware"
         new = 0
         for depth in range(len(hash_ids) - 1, -1, -1):
             h = hash_ids[depth]
             key = where.get(h)
             if key is None:
-                key = (1 << 20) | (_DEPTH_MASK - depth) if aware else 1 << 20
+                key = _ONE_USE
                 new += 1
             else:
                 del buckets[key][h]
-                key = ((key >> 20) + 1) << 20 | (_DEPTH_MASK - depth) if aware else key + (1 << 20)
+                key = (key | _DEPTH_MASK) + 1  # one more use, depth bits cleared
+            if depth_rank:
+                key |= _DEPTH_MASK - depth
             bucket = buckets.get(key)
             if bucket is None:
                 bucket = buckets[key] = OrderedDict()
-                heapq.heappush(keys, key)
+                push(keys, key)
             bucket[h] = None
             where[h] = key
         self.inserted_blocks += new
@@ -210,26 +212,35 @@ class BlockPrefixCache:
     def _evict_counted(self, need: int, pinned: set):
         where, buckets, keys = self._blocks, self._buckets, self._keys
         victims, skipped = [], []
-        while len(victims) < need:
+        while need:
             bucket = buckets.get(keys[0])
             if not bucket:
                 top = heapq.heappop(keys)
                 if bucket is not None:
                     del buckets[top]
                 continue
-            victim = next((h for h in bucket if h not in pinned), None)
-            if victim is None:  # only this request's blocks at this rank: look one rank up
-                skipped.append(heapq.heappop(keys))
-                continue
-            del bucket[victim]
-            del where[victim]
-            victims.append(victim)
+            held, pop = [], bucket.popitem
+            while need and bucket:
+                h = pop(False)[0]
+                if h in pinned:
+                    held.append(h)
+                else:
+                    del where[h]
+                    victims.append(h)
+                    need -= 1
+            if held:  # blocks of the request being cached stay, in their order
+                for h in reversed(held):
+                    bucket[h] = None
+                    bucket.move_to_end(h, last=False)
+                if need:  # only pinned blocks left at this rank: look one rank up
+                    skipped.append(heapq.heappop(keys))
         for key in skipped:
             heapq.heappush(keys, key)
         self._evicted(victims)
 
 
 _DEPTH_MASK = (1 << 20) - 1  # depth < 2**20 blocks = 512M tokens per prompt
+_ONE_USE = 1 << 20
 
 
 # ---------------------------------------------------------------------- replay
