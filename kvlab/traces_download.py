@@ -137,6 +137,9 @@ def download_trace(name: str, dest_dir: str | Path | None = None, base_url: str 
         if got != expected:
             raise KvlabError(f"checksum mismatch for {filename} from {url}: expected sha256 {expected}, got {got} "
                              f"({done:,} bytes); nothing was written")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes the file private; a trace is ordinary data
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

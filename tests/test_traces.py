@@ -260,6 +260,7 @@ def test_download_verifies_and_writes_atomically(tmp_path, server, monkeypatch, 
     dest = tmp_path / "dest"
     got = traces_download.download_trace("synthetic", dest, base_url=url)
     assert got.fetched and got.bytes == len(body) and Path(got.path).read_bytes() == body
+    assert Path(got.path).stat().st_mode & 0o044  # readable like any data file, not private to a temp
     assert "downloading synthetic_trace.jsonl" in capsys.readouterr().err
     again = traces_download.download_trace("synthetic", dest, base_url=url)
     assert not again.fetched
