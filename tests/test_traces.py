@@ -5,6 +5,7 @@ import hashlib
 import http.server
 import json
 import math
+import os
 import subprocess
 import sys
 import threading
@@ -260,7 +261,9 @@ def test_download_verifies_and_writes_atomically(tmp_path, server, monkeypatch, 
     dest = tmp_path / "dest"
     got = traces_download.download_trace("synthetic", dest, base_url=url)
     assert got.fetched and got.bytes == len(body) and Path(got.path).read_bytes() == body
-    assert Path(got.path).stat().st_mode & 0o044  # readable like any data file, not private to a temp
+    umask = os.umask(0)
+    os.umask(umask)
+    assert Path(got.path).stat().st_mode & 0o777 == 0o666 & ~umask  # an ordinary file, not mkstemp's 0600
     assert "downloading synthetic_trace.jsonl" in capsys.readouterr().err
     again = traces_download.download_trace("synthetic", dest, base_url=url)
     assert not again.fetched
