@@ -61,5 +61,24 @@ test-fast: $(STAMP)
 	@mkdir -p $(RUN_HOME)
 	HOME=$(RUN_HOME) $(BIN)/python -m pytest -m "not browser and not notebook"
 
+dashboard: $(STAMP)
+	@mkdir -p $(RUN_HOME)
+	HOME=$(RUN_HOME) $(BIN)/python -m kvlab.viz.serve --port $${PORT:-8866}
+
+labs: $(STAMP)
+	$(BIN)/python -m kvlab.labs notebooks labs
+	@echo "Student copies (answers blanked) are in $(CURDIR)/labs/"
+
+# CPU microbenchmarks into results/<machine>/ (memory, transfer, recompute-vs-fetch, decode).
+# Where flock exists, heavy runs on a shared machine queue behind /tmp/kvlab-cpu.lock.
+CPU_LOCK    := $(shell command -v flock >/dev/null 2>&1 && echo flock /tmp/kvlab-cpu.lock)
+bench: $(STAMP)
+	$(CPU_LOCK) $(BIN)/python -m kvlab bench all --device cpu
+
+# On a CUDA box with only python3 + numpy + torch: no venv, no installs, under 10 minutes;
+# results land in results/<gpu>/ (commit them).
+bench-gpu:
+	PYTHONPATH=$(CURDIR) $(PYTHON) -m kvlab bench gpu-suite
+
 clean:
 	rm -rf $(BUILD_DIR) labs

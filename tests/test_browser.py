@@ -104,7 +104,7 @@ SET_CONTROL = """([name, value]) => {
 
 def parse_readout(html: str) -> dict[str, tuple[str, str]]:
     return {k: (raw, text) for k, raw, text in
-            re.findall(r'<dd data-key="([\w]+)" data-value="([^"]*)">([^<]*)</dd>', html)}
+            re.findall(r'<td data-key="([\w]+)" data-value="([^"]*)">([^<]*)</td>', html)}
 
 
 def budget_json(kwargs: dict) -> dict:

@@ -18,6 +18,7 @@ COMMANDS = (
     "kvlab.cli.bench",
     "kvlab.cli.trace",
     "kvlab.cli.prefix",
+    "kvlab.cli.diagnose",
 )
 
 EXIT_USAGE = 2

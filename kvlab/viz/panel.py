@@ -44,18 +44,18 @@ def kvlab_js() -> str:
 
 
 def readout_html(spec, values: dict) -> str:
-    """The readout as a definition list; each value carries its exact number for tests."""
-    parts = ['<dl class="kvlab-readout">']
+    """The readout as a two-column table; each value carries its exact number for tests."""
+    parts = ['<table class="kvlab-readout">']
     for key, label, kind in spec:
         value = values[key]
         raw = repr(float(value)) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
         if isinstance(value, bool):
             raw = "true" if value else "false"
         parts.append(
-            f'<div><dt>{html.escape(label)}</dt><dd data-key="{key}" data-value="{html.escape(raw)}">'
-            f"{html.escape(FORMATS[kind](value))}</dd></div>"
+            f'<tr><th>{html.escape(label)}</th><td data-key="{key}" data-value="{html.escape(raw)}">'
+            f"{html.escape(FORMATS[kind](value))}</td></tr>"
         )
-    parts.append("</dl>")
+    parts.append("</table>")
     return "".join(parts)
 
 
@@ -122,6 +122,8 @@ class Panel:
             ColumnDataSource, CustomJS, CustomJSTickFormatter, Div, InlineStyleSheet, Select, Slider,
         )
 
+        if not self.js:
+            raise ValueError(f"panel {self.key!r} is live only (it has no JavaScript twin)")
         result = self.compute(self.default_state)
         sources = {name: ColumnDataSource(data=data, name=f"{self.key}.{name}") for name, data in result["sources"].items()}
         widgets, grids = {}, {}
@@ -169,7 +171,7 @@ class Panel:
         state = self.default_state
         result = self.compute(state)
         sources = {name: ColumnDataSource(data=data) for name, data in result["sources"].items()}
-        readout = w.HTML(readout_html(self.readout, result["values"]))
+        readout = w.HTML(readout_html(self.readout, result["values"]), layout=w.Layout(width="380px"))
         widgets = {c.key: _live_widget(c) for c in self.controls}
 
         def update(_change=None):
@@ -187,15 +189,15 @@ class Panel:
             widget.observe(update, "value")
         from jupyter_bokeh import BokehModel
 
-        controls = w.VBox(list(widgets.values()), layout=w.Layout(min_width="320px"))
-        return w.HBox([w.VBox([controls, readout]), BokehModel(self.figures(sources))])
+        controls = w.VBox(list(widgets.values()), layout=w.Layout(min_width="370px"))
+        return w.VBox([w.HBox([controls, readout]), BokehModel(self.figures(sources))])
 
 
 def _live_widget(c: Control):
     import ipywidgets as w
 
-    style = {"description_width": "110px"}
-    layout = w.Layout(width="320px")
+    style = {"description_width": "150px"}
+    layout = w.Layout(width="360px")
     if c.kind == "select":
         options = [(c.label_of(v), v) for v in c.options]
         return w.Dropdown(options=options, value=c.default, description=c.label, style=style, layout=layout)
@@ -234,11 +236,10 @@ def _ensure_live_resources() -> None:
 
 
 CSS = """
-.kvlab-readout { display: grid; grid-template-columns: minmax(0, 1fr) max-content; gap: 2px 12px; margin: 8px 0;
-  font-size: 13px; }
-.kvlab-readout > div { display: contents; }
-.kvlab-readout dt { color: #555; font-weight: normal; }
-.kvlab-readout dd { margin: 0; font-variant-numeric: tabular-nums; font-weight: 600; }
+.kvlab-readout { border-collapse: collapse; margin: 6px 0; font-size: 13px; line-height: 1.35; }
+.kvlab-readout th { color: #555; font-weight: normal; text-align: left; padding: 1px 12px 1px 0; vertical-align: top; }
+.kvlab-readout td { font-variant-numeric: tabular-nums; font-weight: 600; text-align: right; white-space: nowrap;
+  padding: 1px 0; }
 .kvlab-error { color: #D55E00; }
 """
 

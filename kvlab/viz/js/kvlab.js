@@ -71,14 +71,14 @@ window.KVLAB = window.KVLAB || (function () {
     return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;").replace(/"/g, "&quot;");
   }
   function readoutHtml(spec, values) {
-    let html = '<dl class="kvlab-readout">';
+    let html = '<table class="kvlab-readout">';
     for (const [key, label, kind] of spec) {
       const v = values[key];
       const raw = (typeof v === "number") ? v.toPrecision(17) : String(v);
-      html += '<div><dt>' + escape(label) + '</dt><dd data-key="' + key + '" data-value="' +
-        escape(raw) + '">' + escape(FORMATS[kind](v)) + '</dd></div>';
+      html += '<tr><th>' + escape(label) + '</th><td data-key="' + key + '" data-value="' +
+        escape(raw) + '">' + escape(FORMATS[kind](v)) + '</td></tr>';
     }
-    return html + '</dl>';
+    return html + '</table>';
   }
 
   // ---------------------------------------------------------------- kvlab.cost

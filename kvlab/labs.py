@@ -1,0 +1,189 @@
+"""Teaching labs: exercises whose answers kvlab checks, and student copies of the notebooks.
+
+In a chapter notebook an exercise is one code cell:
+
+    answer = 2e12 / cost.weight_bytes("article-7b")  # ANSWER
+    labs.check("ch1.ceiling", answer)
+
+The repository keeps the reference answer (a worked computation, nbval-tested); `make
+labs` writes student copies in which every `# ANSWER` line becomes `answer = ...`. A
+check within tolerance passes; a wrong or missing answer gets a hint naming the quantity
+to recheck. The expected values come from kvlab, never from a typed number.
+"""
+from __future__ import annotations
+
+import math
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from .errors import KvlabError, unknown_name
+
+ANSWER_MARK = "# ANSWER"
+BLANK = "answer = ...  # your answer here"
+
+
+@dataclass(frozen=True)
+class Exercise:
+    key: str
+    unit: str
+    expected: Callable[[], float]  # computed by kvlab
+    hint: str  # the quantity to recheck
+    rel_tol: float = 0.02
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    key: str
+    passed: bool
+    message: str
+
+    def _repr_html_(self) -> str:
+        colour = "#009E73" if self.passed else "#D55E00"
+        mark = "✔" if self.passed else "✘"
+        return f'<p class="kvlab-check" style="color:{colour}"><b>{mark}</b> {self.message}</p>'
+
+    def __repr__(self) -> str:
+        return ("PASS " if self.passed else "FAIL ") + self.message
+
+
+def _exercises() -> dict[str, Exercise]:
+    from . import cost
+    from .viz.hits import cached_tokens
+
+    def ceiling():
+        return 2e12 / cost.weight_bytes("article-7b", "fp16")
+
+    def ttft_ratio():
+        miss = cost.prefill("llama-3.1-8b", "h100-sxm", 8192)
+        hit = cost.prefill("llama-3.1-8b", "h100-sxm", 8192, cached_tokens=cached_tokens(0.9, 8192))
+        return miss.ttft_s / hit.ttft_s
+
+    def tpot_ms():
+        return 1e3 * cost.decode_step("llama-3.1-8b", "h100-sxm", 1, 8192).step_time_s
+
+    def kv_token():
+        return cost.kv_bytes_per_token("llama-2-7b", "fp16")
+
+    def kv_equals_weights():
+        s = cost.decode_step("qwen2.5-7b", "h100-sxm", 1, 8192)
+        return s.weight_read_bytes / (8192 * s.kv_bytes_per_token)
+
+    def int4_speedup():
+        fp16 = cost.decode_step("article-7b", "h100-sxm", 8, 16384)
+        int4 = cost.decode_step("article-7b", "h100-sxm", 8, 16384, weight_dtype="int4")
+        return int4.tokens_per_s / fp16.tokens_per_s
+
+    items = [
+        Exercise("ch1.ceiling", "tokens/s", ceiling,
+                 "the weight bytes (parameters x 2 bytes in fp16) and the bandwidth in bytes per second"),
+        Exercise("ch1.ttft_ratio", "x", ttft_ratio,
+                 "the prefill FLOPs of the uncached tokens, including causal attention over the cached prefix"),
+        Exercise("ch1.tpot_ms", "ms", tpot_ms,
+                 "the bytes one decode step moves (weights + KV history); the hit rate does not enter TPOT"),
+        Exercise("ch2.kv_per_token", "bytes", kv_token,
+                 "the KV heads: Llama 2 7B uses full multi-head attention (32 KV heads), 2 bytes per element"),
+        Exercise("ch2.kv_equals_weights_batch", "sequences", kv_equals_weights,
+                 "the weight bytes streamed per step and the KV bytes per token (Qwen2.5 7B has 4 KV heads)"),
+        Exercise("ch2.int4_speedup", "x", int4_speedup,
+                 "which term dominates the bytes at 16K x 8: int4 shrinks only the weights"),
+    ]
+    return {e.key: e for e in items}
+
+
+def exercises() -> dict[str, Exercise]:
+    return _exercises()
+
+
+def check(key: str, answer) -> CheckResult:
+    """Check an answer; returns a result that notebooks display (never raises on a wrong one)."""
+    ex = _exercises().get(key)
+    if ex is None:
+        raise unknown_name("exercise", key, _exercises())
+    if answer is Ellipsis or answer is None:
+        return CheckResult(key, False, f"{key}: not answered yet. Replace `...` with your answer in {ex.unit}. "
+                                       f"Hint: work from {ex.hint}.")
+    try:
+        value = float(answer)
+    except (TypeError, ValueError):
+        return CheckResult(key, False, f"{key}: expected a number in {ex.unit}, got {answer!r}.")
+    expected = ex.expected()
+    if math.isfinite(value) and math.isclose(value, expected, rel_tol=ex.rel_tol):
+        return CheckResult(key, True, f"{key}: correct ({value:,.4g} {ex.unit}).")
+    off = (value - expected) / expected if math.isfinite(value) else math.inf
+    direction = "high" if off > 0 else "low"
+    return CheckResult(key, False, f"{key}: {value:,.4g} {ex.unit} is {abs(off):.0%} too {direction}. "
+                                   f"Recheck {ex.hint}.")
+
+
+# ------------------------------------------------------------------ student copies
+_ANSWER_START = re.compile(r"^(?P<indent>\s*)answer\s*=")
+
+
+def blank_answers(source: str) -> str:
+    """Replace every `answer = ...` statement that ends with `# ANSWER` (it may span lines)
+    with a blank for the student."""
+    out, block = [], None
+    for line in source.splitlines(keepends=True):
+        start = _ANSWER_START.match(line)
+        if block is None and start:
+            block = (start["indent"], [])
+        if block is None:
+            out.append(line)
+            continue
+        block[1].append(line)
+        if ANSWER_MARK in line:
+            out.append(block[0] + BLANK + ("\n" if line.endswith("\n") else ""))
+            block = None
+    if block is not None:  # an `answer =` without the mark: leave it as written
+        out.extend(block[1])
+    return "".join(out)
+
+
+def write_student_copies(notebooks: list[Path], out_dir: Path) -> list[Path]:
+    """Write copies of the notebooks with answers blanked and outputs cleared."""
+    import nbformat
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for path in notebooks:
+        nb = nbformat.read(path, as_version=4)
+        blanked = 0
+        for cell in nb.cells:
+            if cell.cell_type == "code":
+                new = blank_answers(cell.source)
+                blanked += new != cell.source
+                cell.source = new
+                cell.outputs, cell.execution_count = [], None
+        if not blanked:
+            continue
+        target = out_dir / path.name
+        tmp = target.with_suffix(".partial.ipynb")
+        nbformat.write(nb, tmp)
+        tmp.replace(target)
+        written.append(target)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m kvlab.labs [NOTEBOOK_DIR] [OUT_DIR]`: write the student copies."""
+    argv = sys.argv[1:] if argv is None else argv
+    src = Path(argv[0]) if argv else Path("notebooks")
+    out = Path(argv[1]) if len(argv) > 1 else Path("labs")
+    if not src.is_dir():
+        raise SystemExit(f"kvlab labs: error: {src} is not a folder of notebooks")
+    written = write_student_copies(sorted(src.glob("[0-9]*.ipynb")), out)
+    for path in written:
+        print(f"wrote {path}")
+    if not written:
+        raise SystemExit("kvlab labs: error: no notebook holds an exercise (`# ANSWER` lines)")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KvlabError as exc:
+        sys.exit(f"kvlab labs: error: {exc}")

@@ -1,0 +1,62 @@
+"""Teaching labs: reference answers pass, blanked student copies fail with their hint."""
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from kvlab import labs
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
+
+
+def test_every_exercise_checks_its_own_answer():
+    for key, ex in labs.exercises().items():
+        assert labs.check(key, ex.expected()).passed
+        assert labs.check(key, ex.expected() * 1.01).passed  # within tolerance
+
+
+def test_wrong_missing_and_nonsense_answers_get_hints():
+    ex = labs.exercises()["ch1.ceiling"]
+    wrong = labs.check("ch1.ceiling", ex.expected() * 0.5)
+    assert not wrong.passed and "too low" in wrong.message and "weight bytes" in wrong.message
+    blank = labs.check("ch1.ceiling", ...)
+    assert not blank.passed and "not answered yet" in blank.message and "Hint" in blank.message
+    assert not labs.check("ch1.ceiling", "lots").passed
+    assert not labs.check("ch1.ceiling", float("nan")).passed
+    with pytest.raises(ValueError, match="ch1.ceiling"):
+        labs.check("ch1.ceilin", 1)
+
+
+def test_blanking_keeps_indentation_and_only_touches_answer_lines():
+    src = "x = 1\n    answer = 2 * x  # ANSWER\nanswer_key = 3\n"
+    assert labs.blank_answers(src) == "x = 1\n    answer = ...  # your answer here\nanswer_key = 3\n"
+    multi = "answer = (a\n          / b)  # ANSWER\ncheck()\n"
+    assert labs.blank_answers(multi) == "answer = ...  # your answer here\ncheck()\n"
+
+
+def test_every_chapter_notebook_with_a_lab_is_complete():
+    keys = set()
+    for path in NOTEBOOKS:
+        text = "".join(c.source for c in nbformat.read(path, as_version=4).cells)
+        keys |= {k for k in labs.exercises() if f'labs.check("{k}"' in text}
+    assert keys == set(labs.exercises())  # each exercise appears in a chapter
+
+
+@pytest.mark.notebook
+def test_student_copies_fail_with_hints(tmp_path):
+    from nbclient import NotebookClient
+
+    written = labs.write_student_copies(NOTEBOOKS, tmp_path)
+    assert written
+    for path in written:
+        nb = nbformat.read(path, as_version=4)
+        assert "# ANSWER" not in "".join(c.source for c in nb.cells)
+        NotebookClient(nb, timeout=300, kernel_name="python3",
+                       resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
+        checks = [o for c in nb.cells if "labs.check" in c.source for o in c.outputs
+                  if "text/plain" in o.get("data", {})]
+        assert checks, path
+        for output in checks:
+            text = output["data"]["text/plain"]
+            assert text.startswith("FAIL") and "Hint" in text, text
