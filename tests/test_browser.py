@@ -61,6 +61,9 @@ def open_page(browser, url):
     page.on("response", on_response)
     page.goto(url)
     page.wait_for_load_state("networkidle")
+    if page.url != url:  # a redirect page (index.html): requests it started were cancelled
+        page.wait_for_load_state("networkidle")
+        problems[:] = [p for p in problems if "net::ERR_ABORTED" not in p]
     return page, problems
 
 
