@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import importlib
 
-BENCH_COMMANDS: tuple[str, ...] = ()
+BENCH_COMMANDS: tuple[str, ...] = (
+    "kvlab.cli.bench_kv_transfer",
+)
 
 
 def register(sub) -> None:

@@ -1,0 +1,126 @@
+"""Real KV transfer between a "prefill" and a "decode" process, and its recorded results.
+
+`run_benchmark([TransferConfig(...)])` spawns the two processes per engine, moves KV
+blocks of 4 KiB..512 MiB (contiguous and paged), and returns one JSON-ready dict with
+medians and spread per case, checksums from both sides and the environment;
+`save_results` merges it into results/<machine>/kv_transfer.json. Importing this package
+does not import torch or mooncake; only the child processes do.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+
+from ..errors import KvlabError
+from .channel import PeerError
+from .config import (
+    DEFAULT_SIZES,
+    ENGINES,
+    LAYOUTS,
+    QUICK_SIZES,
+    TransferConfig,
+    parse_size,
+    parse_sizes,
+    quick_config,
+)
+
+RESULT_KIND = "kv_transfer"
+
+__all__ = ["TransferConfig", "quick_config", "run_benchmark", "save_results", "PeerError", "ENGINES",
+           "LAYOUTS", "DEFAULT_SIZES", "QUICK_SIZES", "parse_size", "parse_sizes", "RESULT_KIND"]
+
+
+def run_benchmark(configs, progress=None) -> dict:
+    """Run each configuration (one engine each) and return the combined result.
+
+    Raises KvlabError on any failure, including a checksum that differs between the
+    two sides: a transfer that corrupts data has no bandwidth worth reporting.
+    """
+    from ..bench.results import environment
+    from .torchrun import finish_torchrun, init_torchrun, under_torchrun
+
+    configs = [c.validate() for c in configs]
+    if not configs:
+        raise KvlabError("no engine to run")
+    device = configs[0].device
+    result = {"kind": RESULT_KIND, "environment": environment("cuda" if device.startswith("cuda") else "cpu"),
+              "engines": {}}
+    reporter = True  # under torchrun only rank 0 (prefill) reports
+    if under_torchrun():
+        init_torchrun(configs)
+    try:
+        return _run_all(configs, result, progress, reporter)
+    finally:
+        if under_torchrun():
+            finish_torchrun()
+
+
+def _run_all(configs, result, progress, reporter) -> dict:
+    from .torchrun import run_torchrun, under_torchrun
+
+    for config in configs:
+        start = time.monotonic()
+        if under_torchrun():
+            measured = run_torchrun(config, progress)
+            if measured is None:
+                reporter = False
+                continue
+        else:
+            from .runner import run_local
+
+            measured = run_local(config, progress)
+        bad = [r for r in measured["rows"] if not r["checksum_ok"]]
+        if bad:
+            r = bad[0]
+            raise KvlabError(f"kv-transfer ({config.label}): {r['layout']} {r['bytes']} bytes arrived corrupted "
+                             f"(prefill {r['checksum']['prefill']}, decode {r['checksum']['decode']})")
+        settings = {k: v for k, v in asdict(config).items() if k != "fault"}
+        result["engines"][config.label] = {
+            "engine": config.engine, "backend": config.backend, "config": settings,
+            "processes": measured["processes"], "pids": measured["pids"],
+            "launcher": measured.get("launcher", "spawn"), "wall_s": time.monotonic() - start,
+            "summary": summary(measured["rows"]), "rows": measured["rows"],
+        }
+    return result if reporter else {}
+
+
+def summary(rows: list[dict]) -> dict:
+    """Smallest-message time, best bandwidth and the fitted (latency, bandwidth) per layout."""
+    from ..tiers.links import fit_link_model
+
+    out = {}
+    for layout in LAYOUTS:
+        sel = sorted((r for r in rows if r["layout"] == layout), key=lambda r: r["bytes"])
+        if not sel:
+            continue
+        entry = {
+            "smallest_bytes": sel[0]["bytes"],
+            "smallest_time_s": sel[0]["time_s"]["median"],
+            "best_bandwidth_bytes_per_s": max(r["bandwidth_bytes_per_s"]["median"] for r in sel),
+        }
+        if len(sel) >= 2:
+            try:
+                entry["fit"] = fit_link_model([r["bytes"] for r in sel], [r["time_s"]["median"] for r in sel])
+            except KvlabError:
+                pass
+        out[layout] = entry
+    return out
+
+
+def save_results(result: dict, command: str = "", machine: str | None = None):
+    """Merge `result` into results/<machine>/kv_transfer.json (by engine) and return the path.
+
+    Each engine entry keeps the environment and command it was measured with, so a
+    later run of one engine does not erase the other's figures.
+    """
+    from ..bench.results import load_results, machine_slug, write_result
+
+    env = result["environment"]
+    device = env.get("device", "cpu")
+    slug = machine or machine_slug(device)
+    existing = load_results(RESULT_KIND).get(slug, {})
+    engines = dict(existing.get("engines", {})) if existing.get("kind") == RESULT_KIND else {}
+    for label, entry in result["engines"].items():
+        engines[label] = {**entry, "environment": env, "command": command}
+    payload = {"kind": RESULT_KIND, "machine": slug, "environment": env, "engines": engines}
+    return write_result(RESULT_KIND, payload, device, machine=slug)
