@@ -2,6 +2,7 @@
 readout equal to what kvlab computes (`kvlab budget --json` for ledger quantities)."""
 from __future__ import annotations
 
+import functools
 import io
 import json
 import math
@@ -122,14 +123,21 @@ def budget_json(kwargs: dict) -> dict:
     return json.loads(out.getvalue())
 
 
+@functools.lru_cache(maxsize=None)
+def built_panel(key: str):
+    """Each panel once per session (lookup panels replay traces when built)."""
+    from kvlab.viz.catalog import panels
+
+    return panels()[key]()
+
+
 def check_readout(panel_key: str, state: dict, readout_html: str) -> None:
     """The page's readout equals kvlab: the CLI for ledger keys, the panel's Python twin else."""
     import html as html_lib
 
-    from kvlab.viz.catalog import panels
     from kvlab.viz.panel import FORMATS
 
-    panel = panels()[panel_key]()
+    panel = built_panel(panel_key)
     expected = panel.compute(state)["values"]
     cli = budget_json(panel.budget_keys(state)) if panel.budget_keys else {}
     shown = parse_readout(readout_html)

@@ -8,7 +8,7 @@ from .panel import Panel
 
 
 def panels() -> dict[str, Callable[[], Panel]]:
-    from . import hits, ledger, roofline
+    from . import hits, ledger, prefix_panels, roofline
 
     return {
         "hits": hits.hit_panel,
@@ -17,4 +17,7 @@ def panels() -> dict[str, Callable[[], Panel]]:
         "context": ledger.context_panel,
         "roofline": roofline.roofline_panel,
         "quantization": roofline.quantization_panel,
+        "capacity": prefix_panels.capacity_panel,
+        "latency": prefix_panels.latency_panel,
+        "granularity": prefix_panels.granularity_panel,
     }

@@ -153,7 +153,8 @@ class Panel:
             widgets[c.key].js_on_change("value", callback)
         controls = list(widgets.values())
         half = (len(controls) + 1) // 2
-        layout = column(row(column(*controls[:half]), column(*controls[half:]), readout), self.figures(sources))
+        columns = [column(*part) for part in (controls[:half], controls[half:]) if part]
+        layout = column(row(*columns, readout), self.figures(sources))
         script, div = components(layout)
         meta = {c.key: {"options": list(c.options), "kind": c.kind} for c in self.controls}
         return (
@@ -280,3 +281,43 @@ def show(obj) -> None:
 
         _ensure_live_resources()
         display(BokehModel(obj))
+
+
+def _jsonable(obj):
+    """numpy values and arrays -> plain Python, for embedding in a page."""
+    import numpy as np
+
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return _jsonable(obj.tolist())
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def state_key(controls, state: dict) -> str:
+    """The key a lookup panel files a state under (JSON.stringify of the values, in order)."""
+    return json.dumps([state[c.key] for c in controls], separators=(",", ":"))
+
+
+def lookup_panel(key: str, controls: tuple, compute: Callable[[dict], dict], figures, readout,
+                 budget_keys=None) -> Panel:
+    """A panel whose every grid state kvlab computes at build time; the page only looks
+    results up. For small grids whose results are expensive (trace replays, simulations)."""
+    import itertools
+
+    grid = [dict(zip([c.key for c in controls], combo)) for combo in itertools.product(*(c.options for c in controls))]
+    table = {state_key(controls, s): _jsonable(compute(s)) for s in grid}
+
+    def cached(state):
+        k = state_key(controls, state)
+        return table[k] if k in table else _jsonable(compute(state))
+
+    order = json.dumps([c.key for c in controls])
+    js = f"return T.table[JSON.stringify({order}.map((k) => s[k]))];"
+    return Panel(key, controls, cached, figures, js, {"table": table}, readout, budget_keys)

@@ -60,3 +60,7 @@ def from_zero():
     from bokeh.models import DataRange1d
 
     return DataRange1d(start=0)
+
+
+def percent_ticks() -> CustomJSTickFormatter:
+    return CustomJSTickFormatter(code="return window.KVLAB ? window.KVLAB.percent(tick, 2) : (100 * tick) + '%';")
