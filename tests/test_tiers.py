@@ -220,7 +220,7 @@ def test_fit_recovers_latency_and_bandwidth():
 def test_chapter_series_are_plot_ready():
     for fn in (chapter_data.kv_size_series, chapter_data.tier_throughput_series, chapter_data.spill_series,
                chapter_data.hit_vs_miss_series, chapter_data.hit_rate_series, chapter_data.breakeven_series,
-               chapter_data.pd_series, chapter_data.transfer_overlay):
+               chapter_data.pd_series, chapter_data.transfer_overlay, chapter_data.hit_value_grid):
         json.dumps(chapter_data.jsonable(fn()), allow_nan=False)
     t = chapter_data.tier_throughput_series()
     hbm = t["placements"]["hbm"]["tokens_per_s"]
@@ -231,6 +231,13 @@ def test_chapter_series_are_plot_ready():
     assert pd["links"]["ib-200g"]["transfer_s"] == pytest.approx(8 * pd["links"]["article-200GB/s"]["transfer_s"], rel=1e-2)
     sizes = chapter_data.kv_size_series(models=("article-7b",), contexts=[4096], batches=[1, 32])
     np.testing.assert_array_equal(sizes["models"]["article-7b"]["kv_bytes"][:, 0], [512 * MiB, 16 * GiB])
+
+
+def test_value_grid_changes_sign_at_the_breakeven_line():
+    g = chapter_data.hit_value_grid(prompts=[512, 4096, 32768], bandwidths_bytes_per_s=np.geomspace(1e9, 1e12, 31))
+    assert g["value_s"].shape == (3, 31)
+    for i, line in enumerate(g["breakeven_bandwidth_bytes_per_s"]):
+        np.testing.assert_array_equal(g["liability"][i], g["bandwidths_bytes_per_s"] < line)
 
 
 def test_measured_series_reads_recorded_results(tmp_path, monkeypatch):

@@ -104,6 +104,13 @@ def test_nonsense_configurations_fail_in_one_line(changes, match):
         TransferConfig(**changes).validate()
 
 
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_without_a_gpu_is_one_line(capsys):
+    assert main(["bench", "kv-transfer", "--quick", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert "no CUDA device" in err and len(err.strip().splitlines()) == 1
+
+
 def test_paged_cases_need_whole_blocks():
     cfg = TransferConfig(sizes_bytes=(4096, 65536, 131072, 196608, 200000), block_bytes=65536)
     assert cfg.cases() == [("contiguous", s) for s in cfg.sizes_bytes] + [("paged", 131072), ("paged", 196608)]

@@ -8,6 +8,8 @@ Full runs merge into results/<machine>/kv_transfer.json; --quick runs save only 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import sys
 
 from .args import number, print_json
 
@@ -72,6 +74,10 @@ def configs_from_args(args) -> list:
         if getattr(args, flag) is not None:
             changes[field] = getattr(args, flag)
     engines = ("torch", "mooncake") if args.engine == "all" else (args.engine,)
+    if args.engine == "all" and importlib.util.find_spec("mooncake") is None:
+        print("kvlab bench kv-transfer: Mooncake is not installed (pip install "
+              "mooncake-transfer-engine-non-cuda); running torch.distributed only", file=sys.stderr)
+        engines = ("torch",)
     return [replace(base, engine=engine, **changes).validate() for engine in engines]
 
 

@@ -16,7 +16,7 @@ from .capacity import kv_footprint, spill_cost
 from .decode import tiered_decode_step
 from .hit import breakeven_prompt_tokens, hit_value, mean_prefill_time_s
 from .links import MODEL_LINKS, link_model_curves
-from .placement import PLACEMENTS, get_placement, kv_fetch_time_s
+from .placement import get_placement, kv_fetch_time_s
 
 CHAPTER_MODELS = ("article-7b", "llama-2-7b", "llama-3.1-8b", "qwen2.5-7b", "llama-3.1-70b", "deepseek-v3")
 CHAPTER_PLACEMENTS = ("hbm", "peer-nvlink4", "host-pcie5", "host-pcie4", "remote-ib-400g", "remote-ib-200g",
@@ -134,6 +134,22 @@ def breakeven_series(model="article-7b", hardware="h100-sxm", prompts=PROMPTS, p
     return {"model": model, "hardware": hardware, "prompt_tokens": p_tokens,
             "breakeven_bandwidth_bytes_per_s": np.asarray(h.breakeven_bandwidth_bytes_per_s),
             "placements": {n: get_placement(n).bandwidth_bytes_per_s(hardware) for n in placements}}
+
+
+def hit_value_grid(model="article-7b", hardware="h100-sxm", prompts=PROMPTS,
+                   bandwidths_bytes_per_s=np.geomspace(1e9, 1e12, 61), latency_s=0.0, efficiency=1.0) -> dict:
+    """Value of a hit over (prompt length x link bandwidth): the regions where a hit is a
+    liability (value < 0) and the break-even line between them, for a heat map."""
+    p_tokens = np.asarray(prompts, dtype=np.int64)
+    bw = np.asarray(bandwidths_bytes_per_s, dtype=float)
+    h = hit_value(model, hardware, p_tokens[:, None], "hbm", efficiency=efficiency,
+                  tier_bandwidth_bytes_per_s=bw[None, :], latency_s=latency_s)
+    line = hit_value(model, hardware, p_tokens, "hbm", efficiency=efficiency, latency_s=latency_s)
+    return {"model": model, "hardware": hardware, "prompt_tokens": p_tokens, "bandwidths_bytes_per_s": bw,
+            "value_s": np.asarray(h.value_s), "liability": np.asarray(h.liability),  # (prompt, bandwidth)
+            "speedup": np.asarray(h.speedup),
+            "breakeven_bandwidth_bytes_per_s": np.asarray(line.breakeven_bandwidth_bytes_per_s),
+            "placements": {n: get_placement(n).bandwidth_bytes_per_s(hardware) for n in CHAPTER_PLACEMENTS}}
 
 
 def _pd_link(name: str):

@@ -8,6 +8,7 @@ does not import torch or mooncake; only the child processes do.
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import asdict
 
@@ -43,6 +44,8 @@ def run_benchmark(configs, progress=None) -> dict:
     if not configs:
         raise KvlabError("no engine to run")
     device = configs[0].device
+    if device.startswith("cuda"):
+        _check_cuda(configs)
     result = {"kind": RESULT_KIND, "environment": environment("cuda" if device.startswith("cuda") else "cpu"),
               "engines": {}}
     reporter = True  # under torchrun only rank 0 (prefill) reports
@@ -79,9 +82,27 @@ def _run_all(configs, result, progress, reporter) -> dict:
             "engine": config.engine, "backend": config.backend, "config": settings,
             "processes": measured["processes"], "pids": measured["pids"],
             "launcher": measured.get("launcher", "spawn"), "wall_s": time.monotonic() - start,
+            # other work on the machine skews timings: the 1/5/15-minute load after this engine ran
+            "load_average_after": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
             "summary": summary(measured["rows"]), "rows": measured["rows"],
         }
     return result if reporter else {}
+
+
+def _check_cuda(configs) -> None:
+    """Fail in one line before spawning anything if the GPUs cannot do what was asked."""
+    from .torchrun import under_torchrun
+
+    try:
+        import torch
+    except ImportError:
+        raise KvlabError("--device cuda needs torch with CUDA") from None
+    if not torch.cuda.is_available():
+        raise KvlabError("--device cuda: torch sees no CUDA device (is this the CPU build of torch?)")
+    if (not under_torchrun() and torch.cuda.device_count() < 2
+            and any(c.engine == "torch" for c in configs)):
+        raise KvlabError("NCCL needs one GPU per process and this machine has one: use --engine mooncake "
+                         "--device cuda, or --device cpu, or two GPUs")
 
 
 def summary(rows: list[dict]) -> dict:
