@@ -62,6 +62,7 @@ def environment(device: str = "cpu") -> dict:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "load_average": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
     }
     try:
         import torch
@@ -70,6 +71,7 @@ def environment(device: str = "cpu") -> dict:
         env["torch_threads"] = torch.get_num_threads()
         if device.startswith("cuda"):
             env["cuda"] = torch.version.cuda
+            env["device_memory_bytes"] = torch.cuda.get_device_properties(torch.device(device)).total_memory
     except ImportError:
         env["torch"] = None
     return env

@@ -6,6 +6,11 @@ import importlib
 
 BENCH_COMMANDS: tuple[str, ...] = (
     "kvlab.cli.bench_kv_transfer",
+    "kvlab.cli.bench_memory",
+    "kvlab.cli.bench_transfer",
+    "kvlab.cli.bench_decode",
+    "kvlab.cli.bench_recompute",
+    "kvlab.cli.bench_suite",
 )
 
 

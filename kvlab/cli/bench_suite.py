@@ -1,0 +1,41 @@
+"""`kvlab bench all` and `kvlab bench gpu-suite`: every benchmark, bounded in time.
+
+`gpu-suite` is what `make bench-gpu` runs on a CUDA machine that has only python3,
+numpy and torch: no installs, results under results/<gpu>/, done in under 10 minutes.
+"""
+from __future__ import annotations
+
+from . import bench_common as common
+from .args import print_json
+
+
+def register(sub) -> None:
+    for name, budget, help_text in (
+        ("all", 1800, "every benchmark on this machine (memory, transfer, recompute-vs-fetch, decode)"),
+        ("gpu-suite", 480, "every benchmark on a CUDA device, sized to finish in under 10 minutes (make bench-gpu)"),
+    ):
+        p = sub.add_parser(name, help=help_text, description=help_text + "; each result is written as soon "
+                           "as its benchmark finishes.")
+        common.add_common(p, budget_s=budget)
+        p.set_defaults(func=run, suite=name)
+
+
+def run(args) -> int:
+    import torch
+
+    from ..bench.suite import run_suite
+    from ..errors import KvlabError
+
+    if args.suite == "gpu-suite" and args.device == "auto":
+        if not torch.cuda.is_available():
+            raise KvlabError("gpu-suite needs a CUDA device and torch sees none; "
+                             "run 'kvlab bench all' for this machine")
+        args.device = "cuda"
+    device = common.setup(args)
+    out = run_suite(device, args.budget, quick=args.quick, repeats=common.repeats(args), write=not args.no_write)
+    if args.json:
+        print_json(out)
+    else:
+        for name, summary in out.items():
+            print(f"{name}: {summary.get('written_to') or summary}")
+    return 0

@@ -1,0 +1,304 @@
+"""The toy Llama-style decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU, an untied
+LM head, random weights (the bytes, not the words, are what it is for).
+
+Every forward pass is planned first (`Decoder.plan`): positions, masks and write indices
+become device tensors before any kernel runs, so a planned decode step has no host
+round trip and can be captured in a CUDA graph. `prefill` and `decode` are the two
+usual entry points; benchmarks call `forward_plan` with one plan over and over.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import KvlabError
+from . import fit
+from .attention import chunk_tokens, decode_attention, dequantize, prefill_attention, softmax_scale
+from .config import WEIGHT_DTYPES, DecoderConfig, check_choice, get_config
+from .kvcache import KVCache, torch_dtype
+
+FLOAT_DTYPES = ("fp32", "bf16", "fp16")
+
+
+@dataclass
+class StepPlan:
+    """Where one forward pass reads and writes: S new tokens after `hist[b]` cached ones."""
+
+    hist: list[int]  # history length of each sequence before this pass
+    new_tokens: int  # S
+    uniform: bool  # every sequence has the same history: slices instead of scatter
+    n_total: int  # positions attended: max(hist) + S
+    positions: torch.Tensor  # (B, S) long: RoPE positions of the new tokens
+    first_pos: torch.Tensor  # (B, 1) long: position of each sequence's first new token
+    valid: torch.Tensor | None  # (B, 1, 1, n_total) bool, ragged decode only
+    batch_index: torch.Tensor  # (B,) long
+    write_pos: torch.Tensor  # (B,) long: where a ragged decode writes
+    sdpa: bool  # prefill through the fused kernel
+
+
+def _int8_matmul_supported(device: torch.device, in_features: int, dtype: torch.dtype) -> bool:
+    """Whether torch's fused weight-only int8 matmul can run this shape.
+
+    On CPU `_weight_int8pack_mm` reads int8 weights straight from memory (1 byte per
+    weight moved); it crashes on inner dimensions that are not a multiple of 16, so those
+    use the dequantize-then-matmul fallback. Other devices: probed once.
+    """
+    if not hasattr(torch, "_weight_int8pack_mm") or in_features % 16:
+        return False
+    if device.type == "cpu":
+        return dtype in (torch.float32, torch.bfloat16)
+    key = (str(device), dtype)
+    if key not in _INT8_PROBED:
+        try:
+            w = torch.zeros(32, 32, dtype=torch.int8, device=device)
+            torch._weight_int8pack_mm(torch.zeros(2, 32, dtype=dtype, device=device), w,
+                                      torch.ones(32, dtype=dtype, device=device))
+            _INT8_PROBED[key] = True
+        except (RuntimeError, NotImplementedError):
+            _INT8_PROBED[key] = False
+    return _INT8_PROBED[key]
+
+
+_INT8_PROBED: dict = {}
+
+
+def _prepack_supported() -> bool:
+    return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
+class Linear(torch.nn.Module):
+    """y = x W^T with W (out, in) in fp32/bf16/fp16, or int8 with one scale per output row."""
+
+    def __init__(self, in_features, out_features, weight_dtype, compute_dtype, device, generator):
+        super().__init__()
+        w = torch.randn(out_features, in_features, generator=generator, device=device) * in_features ** -0.5
+        self.int8 = weight_dtype == "int8"
+        self.packed = False
+        if self.int8:
+            scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)  # (out,)
+            self.register_buffer("weight", (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8))
+            self.register_buffer("scale", scale.to(compute_dtype))  # (out,)
+            self.fused = _int8_matmul_supported(torch.device(device), in_features, compute_dtype)
+        else:
+            self.register_buffer("weight", w.to(torch_dtype(weight_dtype)))
+        self.in_features, self.out_features = in_features, out_features
+        self.nbytes = sum(t.numel() * t.element_size() for t in self.buffers())  # what one pass streams
+
+    def prepack(self) -> bool:
+        """CPU, bf16: hand oneDNN its weights in its own blocked layout, once.
+
+        A plain bf16 `F.linear` on CPU re-lays the weight out for oneDNN on every call, so a
+        one-token step streams the weights at ~70% of the copy bandwidth; prepacked (what
+        inductor does when it freezes a model) it streams at about the copy bandwidth. Same
+        numbers, bit for bit. Replaces `weight` by an opaque mkldnn tensor.
+        """
+        if self.packed or self.int8 or self.weight.device.type != "cpu" or self.weight.dtype != torch.bfloat16 \
+                or not _prepack_supported():
+            return self.packed
+        try:
+            packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, 1)
+            probe = torch.randn(3, self.in_features, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+            ok = torch.equal(torch.ops.mkldnn._linear_pointwise(probe, packed, None, "none", [], ""),
+                             F.linear(probe, self.weight))
+        except RuntimeError:
+            return False
+        if ok:
+            self.weight, self.packed = packed, True
+        return self.packed
+
+    def forward(self, x):
+        if self.packed:
+            return torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), self.weight, None, "none", [], "")
+        if not self.int8:
+            return F.linear(x.to(self.weight.dtype), self.weight)
+        if self.fused:
+            flat = x.reshape(-1, self.in_features).contiguous()  # (tokens, in)
+            return torch._weight_int8pack_mm(flat, self.weight, self.scale).view(*x.shape[:-1], self.out_features)
+        return F.linear(x, self.weight.to(x.dtype)) * self.scale  # moves more than 1 byte/weight
+
+
+class RMSNorm(torch.nn.Module):
+    def __init__(self, dim, eps, dtype, device):
+        super().__init__()
+        self.eps = eps
+        self.register_buffer("weight", torch.ones(dim, dtype=dtype, device=device))
+
+    def forward(self, x):
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * self.weight.float()).to(x.dtype)
+
+
+class Block(torch.nn.Module):
+    def __init__(self, c: DecoderConfig, weight_dtype, compute_dtype, device, g):
+        super().__init__()
+        qkv_out = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
+        self.attention_norm = RMSNorm(c.hidden_size, c.norm_eps, compute_dtype, device)
+        self.wqkv = Linear(c.hidden_size, qkv_out, weight_dtype, compute_dtype, device, g)  # fused q, k, v
+        self.wo = Linear(c.num_heads * c.head_dim, c.hidden_size, weight_dtype, compute_dtype, device, g)
+        self.ffn_norm = RMSNorm(c.hidden_size, c.norm_eps, compute_dtype, device)
+        self.w13 = Linear(c.hidden_size, 2 * c.intermediate_size, weight_dtype, compute_dtype, device, g)  # gate | up
+        self.w2 = Linear(c.intermediate_size, c.hidden_size, weight_dtype, compute_dtype, device, g)
+
+
+def apply_rope(x, cos, sin):
+    """x (B, S, heads, D), cos/sin (B, S, 1, D/2): rotate consecutive pairs (Meta's layout)."""
+    xf = x.float().reshape(*x.shape[:-1], -1, 2)  # (B, S, heads, D/2, 2)
+    x0, x1 = xf[..., 0], xf[..., 1]
+    out = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)  # (B, S, heads, D/2, 2)
+    return out.flatten(-2).to(x.dtype)  # (B, S, heads, D)
+
+
+class Decoder(torch.nn.Module):
+    """A Llama-style decoder with random weights; KV lives in a `KVCache` passed to each call."""
+
+    def __init__(self, config: DecoderConfig | str = "tiny", weight_dtype: str = "fp32", device="cpu",
+                 compute_dtype: str | None = None, seed: int = 0, prefill_kernel: str = "auto", prepack: bool = True):
+        super().__init__()
+        c = self.config = get_config(config)
+        self.weight_dtype = check_choice("weight dtype", weight_dtype, WEIGHT_DTYPES)
+        self.compute_dtype_name = compute_dtype or (self.weight_dtype if self.weight_dtype in FLOAT_DTYPES else "bf16")
+        check_choice("compute dtype", self.compute_dtype_name, FLOAT_DTYPES)
+        self.compute_dtype = torch_dtype(self.compute_dtype_name)
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise KvlabError("device 'cuda' asked for, but torch sees no CUDA device")
+        self.prefill_kernel = check_choice("prefill kernel", prefill_kernel, ("auto", "sdpa", "matmul"))
+        self._check_memory()
+        g = torch.Generator(device=self.device).manual_seed(seed)
+        self.tok_embeddings = torch.nn.Parameter(
+            torch.randn(c.vocab_size, c.hidden_size, generator=g, device=self.device).to(self.compute_dtype),
+            requires_grad=False)  # gathered, not streamed
+        self.layers = torch.nn.ModuleList(
+            Block(c, self.weight_dtype, self.compute_dtype, self.device, g) for _ in range(c.num_layers))
+        self.norm = RMSNorm(c.hidden_size, c.norm_eps, self.compute_dtype, self.device)
+        self.output = Linear(c.hidden_size, c.vocab_size, self.weight_dtype, self.compute_dtype, self.device, g)
+        self._rope = (torch.empty(0), torch.empty(0))
+        self.requires_grad_(False)
+        self.prepacked = self.prepack() if prepack else 0
+
+    def _check_memory(self) -> None:
+        from .ledger import model_spec, weight_ledger_dtype
+        from ..cost import weight_bytes
+
+        needed = weight_bytes(model_spec(self.config), weight_ledger_dtype(self.config, self.weight_dtype))
+        fit.require(f"decoder '{self.config.name}' weights ({self.weight_dtype})", needed, self.device,
+                    "pick a smaller preset or int8 weights")
+
+    # ------------------------------------------------------------ sizes
+    def streamed_weight_bytes(self) -> int:
+        """Bytes of weights one forward pass reads: everything but the embedding table."""
+        linears = sum(m.nbytes for m in self.modules() if isinstance(m, Linear))
+        norms = sum(m.weight.numel() * m.weight.element_size() for m in self.modules() if isinstance(m, RMSNorm))
+        return linears + norms
+
+    def prepack(self) -> int:
+        """Prepack bf16 weights for oneDNN on CPU (see `Linear.prepack`); returns how many were."""
+        return sum(m.prepack() for m in self.modules() if isinstance(m, Linear))
+
+    def new_cache(self, batch: int, max_seq_len: int, kv_dtype: str = "bf16", placement: str = "device",
+                  prefetch: bool = False, host_layout: str = "auto", **kwargs) -> KVCache:
+        return KVCache(self.config, batch, max_seq_len, kv_dtype, placement, self.device, prefetch, host_layout, **kwargs)
+
+    # ------------------------------------------------------------ planning
+    def _rope_tables(self, n: int):
+        cos, _ = self._rope
+        if cos.shape[0] < n:
+            size = max(n, 2 * cos.shape[0], 256)
+            d = self.config.head_dim
+            inv = 1.0 / (self.config.rope_theta ** (torch.arange(0, d, 2, device=self.device, dtype=torch.float32) / d))
+            angles = torch.outer(torch.arange(size, device=self.device, dtype=torch.float32), inv)  # (T, D/2)
+            self._rope = (torch.cos(angles), torch.sin(angles))
+        return self._rope
+
+    def plan(self, cache: KVCache, hist: list[int], new_tokens: int) -> StepPlan:
+        """Index tensors for `new_tokens` per sequence after `hist[b]` cached ones."""
+        B = cache.batch
+        if len(hist) != B:
+            raise KvlabError(f"need one history length per sequence ({B}), got {len(hist)}")
+        if new_tokens < 1 or max(hist) + new_tokens > cache.max_seq_len:
+            raise KvlabError(f"{max(hist)} cached + {new_tokens} new tokens exceed the cache's "
+                             f"max_seq_len {cache.max_seq_len}; allocate a longer cache")
+        uniform = len(set(hist)) == 1
+        if not uniform and new_tokens != 1:
+            raise KvlabError("sequences with different cached lengths can only decode one token at a time")
+        n_total = max(hist) + new_tokens
+        self._rope_tables(n_total)
+        dev = self.device
+        first = torch.tensor(hist, dtype=torch.long, device=dev).view(B, 1)  # (B, 1)
+        positions = first + torch.arange(new_tokens, device=dev).view(1, -1)  # (B, S)
+        valid = None
+        if not uniform:
+            valid = (torch.arange(n_total, device=dev).view(1, -1) <= first).view(B, 1, 1, n_total)
+        sdpa = new_tokens > 1 and max(hist) == 0 and (
+            self.prefill_kernel == "sdpa" or (self.prefill_kernel == "auto" and dev.type == "cuda"))
+        return StepPlan(list(hist), new_tokens, uniform, n_total, positions, first, valid,
+                        torch.arange(B, device=dev), first.view(B), sdpa)
+
+    # ------------------------------------------------------------ forward
+    def forward_plan(self, tokens: torch.Tensor, cache: KVCache, plan: StepPlan) -> torch.Tensor:
+        """tokens (B, S) -> logits (B, S, vocab) in fp32; writes the new K/V into `cache`."""
+        c = self.config
+        B, S = tokens.shape
+        H, KV, D = c.num_heads, c.num_kv_heads, c.head_dim
+        cos_t, sin_t = self._rope
+        cos = cos_t[plan.positions].unsqueeze(2)  # (B, S, 1, D/2)
+        sin = sin_t[plan.positions].unsqueeze(2)
+        chunk = chunk_tokens(B, KV, D, cache.chunk_budget_bytes)
+        scale = softmax_scale(D)
+        x = self.tok_embeddings[tokens]  # (B, S, hidden)
+        cache.begin(max(plan.hist))
+        for i, layer in enumerate(self.layers):
+            h = layer.attention_norm(x)
+            qkv = layer.wqkv(h)  # (B, S, (H + 2KV) * D)
+            q, k, v = qkv.split([H * D, KV * D, KV * D], dim=-1)
+            q = apply_rope(q.view(B, S, H, D), cos, sin)  # (B, S, H, D)
+            k = apply_rope(k.view(B, S, KV, D), cos, sin)  # (B, S, KV, D)
+            q = (q.transpose(1, 2) * scale).to(self.compute_dtype)  # (B, H, S, D)
+            k, v = k.transpose(1, 2), v.reshape(B, S, KV, D).transpose(1, 2)  # (B, KV, S, D)
+            cache.layer_ready(i)
+            cache.write(i, k, v, plan)
+            kk, vv, ks, vs = cache.view(i, plan.n_total)  # (B, KV, n, D), scales (B, KV, n, 1)
+            if S == 1:
+                y = decode_attention(q, kk, vv, ks, vs, plan.valid, chunk)  # (B, H, 1, D)
+            else:
+                work = kk.dtype if ks is None else self.compute_dtype
+                y = prefill_attention(q, dequantize(kk, ks, work), dequantize(vv, vs, work), plan.first_pos, plan.sdpa)
+            cache.layer_done(i)
+            y = y.to(self.compute_dtype).transpose(1, 2).reshape(B, S, H * D)  # (B, S, H*D)
+            x = x + layer.wo(y)
+            gate, up = layer.w13(layer.ffn_norm(x)).chunk(2, dim=-1)  # (B, S, I) each
+            x = x + layer.w2(F.silu(gate) * up)
+        return self.output(self.norm(x)).float()  # (B, S, vocab)
+
+    @torch.no_grad()
+    def prefill(self, tokens: torch.Tensor, cache: KVCache, lengths: list[int] | None = None) -> torch.Tensor:
+        """Append a prompt to every sequence: tokens (B, S), right-padded when `lengths`
+        (each <= S) differ. Returns logits (B, S, vocab); positions past a length are padding."""
+        tokens = self._tokens(tokens, cache)
+        B, S = tokens.shape
+        lengths = [S] * B if lengths is None else [int(n) for n in lengths]
+        if len(lengths) != B or not all(1 <= n <= S for n in lengths):
+            raise KvlabError(f"prompt lengths must be {B} numbers in 1..{S}, got {lengths}")
+        logits = self.forward_plan(tokens, cache, self.plan(cache, cache.lengths, S))
+        cache.set_lengths([h + n for h, n in zip(cache.lengths, lengths)])
+        return logits
+
+    @torch.no_grad()
+    def decode(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """One token per sequence, tokens (B,) -> logits (B, vocab)."""
+        tokens = self._tokens(tokens.reshape(-1, 1), cache)
+        logits = self.forward_plan(tokens, cache, self.plan(cache, cache.lengths, 1))
+        cache.set_lengths([n + 1 for n in cache.lengths])
+        return logits[:, 0]
+
+    def _tokens(self, tokens, cache: KVCache) -> torch.Tensor:
+        tokens = torch.as_tensor(tokens, device=self.device).long()
+        if tokens.dim() != 2 or tokens.shape[0] != cache.batch:
+            raise KvlabError(f"tokens must be (batch={cache.batch}, S), got shape {tuple(tokens.shape)}")
+        if tokens.numel() and (tokens.min() < 0 or tokens.max() >= self.config.vocab_size):
+            raise KvlabError(f"token ids must be in 0..{self.config.vocab_size - 1}")
+        return tokens
