@@ -75,6 +75,8 @@ def decimals_for(x: float, digits: int) -> int:
 
 def fixed(x: float, decimals: int) -> str:
     """Fixed-point with thousands separators, rounding half away from zero."""
+    if not isinstance(x, (int, float)):
+        x = float(x)  # numpy scalars
     q = Decimal(x).quantize(Decimal(1).scaleb(-decimals), rounding=ROUND_HALF_UP)
     if q == 0:
         q = abs(q)  # no "-0.00"

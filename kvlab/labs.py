@@ -76,6 +76,19 @@ def _exercises() -> dict[str, Exercise]:
         int4 = cost.decode_step("article-7b", "h100-sxm", 8, 16384, weight_dtype="int4")
         return int4.tokens_per_s / fp16.tokens_per_s
 
+    def request_kv_mib():
+        return 4096 * cost.kv_bytes_per_token("article-7b", "fp16") / 2**20
+
+    def transfer_10gbe_s():
+        from .tiers import kv_fetch_time_s
+
+        return kv_fetch_time_s("article-7b", 4096, "ethernet-10g", latency_s=0.0)
+
+    def host_slowdown():
+        from .tiers import tiered_decode_step
+
+        return tiered_decode_step("article-7b", "h100-sxm", 8, 4096, "host-pcie5").slowdown
+
     items = [
         Exercise("ch1.ceiling", "tokens/s", ceiling,
                  "the weight bytes (parameters x 2 bytes in fp16) and the bandwidth in bytes per second"),
@@ -89,6 +102,12 @@ def _exercises() -> dict[str, Exercise]:
                  "the weight bytes streamed per step and the KV bytes per token (Qwen2.5 7B has 4 KV heads)"),
         Exercise("ch2.int4_speedup", "x", int4_speedup,
                  "which term dominates the bytes at 16K x 8: int4 shrinks only the weights"),
+        Exercise("ch3.request_kv_mib", "MiB", request_kv_mib,
+                 "the KV bytes per token (2 x layers x KV heads x head_dim x 2 bytes) and MiB = 2**20 bytes"),
+        Exercise("ch3.transfer_10gbe_s", "s", transfer_10gbe_s,
+                 "the link's bytes per second: 10 Gb/s is 1.25e9 bytes/s, not 10e9"),
+        Exercise("ch3.host_slowdown", "x", host_slowdown,
+                 "the KV bytes read per step and the PCIe 5.0 x16 bandwidth (63 GB/s) against HBM's"),
     ]
     return {e.key: e for e in items}
 

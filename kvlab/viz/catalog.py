@@ -8,7 +8,7 @@ from .panel import Panel
 
 
 def panels() -> dict[str, Callable[[], Panel]]:
-    from . import hits, ledger, prefix_panels, roofline
+    from . import hits, ledger, prefix_panels, roofline, tier_panels
 
     return {
         "hits": hits.hit_panel,
@@ -20,4 +20,8 @@ def panels() -> dict[str, Callable[[], Panel]]:
         "capacity": prefix_panels.capacity_panel,
         "latency": prefix_panels.latency_panel,
         "granularity": prefix_panels.granularity_panel,
+        "footprint": tier_panels.footprint_panel,
+        "tier-read": tier_panels.tier_read_panel,
+        "hit-miss": tier_panels.hit_miss_panel,
+        "pd": tier_panels.pd_panel,
     }

@@ -31,6 +31,7 @@ FORMATS: dict[str, Callable] = {
     "rate": fmt.rate,
     "percent": fmt.percent,
     "count": lambda v: fmt.fixed(v, 0),
+    "count_or_never": lambda v: "never" if v is None else fmt.fixed(v, 0),  # None: unbounded
     "ratio": lambda v: f"{fmt.sig(v, 3)}×",
     "intensity": lambda v: f"{fmt.sig(v, 3)} FLOP/B",
     "yesno": lambda v: "yes" if v else "no",
@@ -48,6 +49,10 @@ def readout_html(spec, values: dict) -> str:
     parts = ['<table class="kvlab-readout">']
     for key, label, kind in spec:
         value = values[key]
+        if hasattr(value, "item"):  # numpy scalars
+            value = value.item()
+        if isinstance(value, float) and not math.isfinite(value):
+            value = None  # as a page sees it (JSON has no infinity)
         raw = repr(float(value)) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
         if isinstance(value, bool):
             raw = "true" if value else "false"

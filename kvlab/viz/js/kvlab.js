@@ -62,6 +62,7 @@ window.KVLAB = window.KVLAB || (function () {
     rate: (v) => rate(v),
     percent: (v) => percent(v),
     count: (v) => fixed(v, 0),
+    count_or_never: (v) => (v === null ? "never" : fixed(v, 0)),
     ratio: (v) => sig(v, 3) + "×",
     intensity: (v) => sig(v, 3) + " FLOP/B",
     yesno: (v) => (v ? "yes" : "no"),
@@ -74,7 +75,7 @@ window.KVLAB = window.KVLAB || (function () {
     let html = '<table class="kvlab-readout">';
     for (const [key, label, kind] of spec) {
       const v = values[key];
-      const raw = (typeof v === "number") ? v.toPrecision(17) : String(v);
+      const raw = (typeof v === "number") ? v.toPrecision(17) : (v === null ? "None" : String(v));
       html += '<tr><th>' + escape(label) + '</th><td data-key="' + key + '" data-value="' +
         escape(raw) + '">' + escape(FORMATS[kind](v)) + '</td></tr>';
     }

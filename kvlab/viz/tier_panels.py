@@ -1,0 +1,257 @@
+"""Chapter 3 panels: KV beyond HBM — footprint, reading from a tier, hit vs miss,
+PD transfers, and measured transfers against the link model.
+
+The footprint panel recombines ledger terms in the browser; the others are lookup panels
+(kvlab computes every grid state at build time) because tier paths carry latencies and
+break-even searches that belong in Python only.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import tiers
+from ..hardware import devices
+from ..models import get_model, models
+from ..tiers import chapter_data
+from . import style
+from .controls import CONTEXT_GRID, batch_control, context_control, hardware_control, model_control
+from .panel import Control, Panel, lookup_panel
+from .terms import ledger_terms
+
+SHOWN_PLACEMENTS = ("hbm", "peer-nvlink4", "host-pcie5", "host-pcie4", "remote-ib-400g", "remote-ib-200g",
+                    "remote-10gbe")
+PLACEMENT_COLORS = dict(zip(SHOWN_PLACEMENTS, (style.BLUE, style.SKY, style.GREEN, style.YELLOW, style.ORANGE,
+                                               style.PURPLE, style.VERMILION)))
+SMALL_MODELS = ("article-7b", "llama-2-7b", "llama-3.1-8b", "qwen2.5-7b")
+
+
+def small_model_control(default="article-7b") -> Control:
+    return Control("model", "Model", SMALL_MODELS, default,
+                   option_labels=tuple(get_model(m).display_name for m in SMALL_MODELS))
+
+
+# ------------------------------------------------------------------ footprint
+FOOTPRINT_READOUT = (
+    ("kv_bytes_per_token", "KV per token", "bytes"),
+    ("request_4k_bytes", "KV of one 4K-token request", "bytes"),
+    ("batch_4k_bytes", "KV of the batch at 4K tokens", "bytes"),
+    ("weight_bytes", "Weights", "bytes"),
+    ("room_bytes", "Memory left for KV", "bytes"),
+    ("max_batch_4k", "Largest batch at 4K tokens", "count"),
+    ("max_context", "Longest context at this batch", "count"),
+)
+
+
+def footprint_panel() -> Panel:
+    """KV bytes against context for a batch, next to the memory the weights leave."""
+    grid = np.array(CONTEXT_GRID, dtype=float)
+
+    def compute(state):
+        fp = tiers.kv_footprint(state["model"], state["hardware"], state["batch"], grid)
+        at4k = tiers.kv_footprint(state["model"], state["hardware"], state["batch"], 4096)
+        room = np.full(grid.shape, fp.kv_room_bytes)
+        return {"sources": {"kv": {"context": grid.tolist(), "kv": np.asarray(fp.kv_cache_bytes).tolist(),
+                                   "room": room.tolist()}},
+                "values": {"kv_bytes_per_token": fp.kv_bytes_per_token,
+                           "request_4k_bytes": 4096 * fp.kv_bytes_per_token, "batch_4k_bytes": at4k.kv_cache_bytes,
+                           "weight_bytes": fp.weight_bytes, "room_bytes": fp.kv_room_bytes,
+                           "max_batch_4k": at4k.max_batch, "max_context": at4k.max_context}}
+
+    def figures(src):
+        fig = style.new_figure("How fat the KV cache gets", "context (tokens per sequence)", "bytes",
+                               x_axis_type="log", y_axis_type="log", height=330)
+        a = fig.line("context", "kv", source=src["kv"], color=style.KV_READ, width=3, legend_label="KV of the batch")
+        fig.line("context", "room", source=src["kv"], color=style.GREY, width=2, line_dash="dashed",
+                 legend_label="device memory left after the weights")
+        fig.xaxis.formatter = style.count_ticks()
+        fig.yaxis.formatter = style.si_ticks("B")
+        fig.legend.location = "top_left"
+        style.hover(fig, [("context", "@context{0,0}"), ("KV", "@kv{0.000a}B"), ("room", "@room{0.000a}B")], [a],
+                    mode="vline")
+        return fig
+
+    js = """
+const contexts = %s;
+const steps = contexts.map((c) => K.step(T, Object.assign({}, s, {context: c, weight_dtype: "fp16", kv_dtype: "fp16"})));
+const at4k = K.step(T, Object.assign({}, s, {context: 4096, weight_dtype: "fp16", kv_dtype: "fp16"}));
+const room = Math.max(at4k.capacity_bytes - at4k.weight_bytes, 0.0);
+return {
+  sources: {kv: {context: contexts, kv: steps.map((r) => r.kv_cache_bytes), room: contexts.map(() => room)}},
+  values: {kv_bytes_per_token: at4k.kv_bytes_per_token, request_4k_bytes: 4096 * at4k.kv_bytes_per_token,
+           batch_4k_bytes: at4k.kv_cache_bytes, weight_bytes: at4k.weight_bytes, room_bytes: room,
+           max_batch_4k: at4k.max_batch, max_context: Math.floor(room / (s.batch * at4k.kv_bytes_per_token))},
+};""" % list(CONTEXT_GRID)
+    controls = (model_control("article-7b"), hardware_control(), batch_control(32))
+    return Panel("footprint", controls, compute, figures, js, ledger_terms(models(), devices()), FOOTPRINT_READOUT)
+
+
+# ------------------------------------------------------- KV read from a tier
+TIER_READOUT = (
+    ("hbm_4k", "Tokens/s at 4K, KV in HBM", "rate"),
+    ("host_4k", "... KV in host memory over PCIe 5", "rate"),
+    ("remote_4k", "... KV on a node across 200G", "rate"),
+    ("host_slowdown", "Host memory is slower than HBM by", "ratio"),
+)
+
+
+def tier_read_panel():
+    """Tokens/s against context when the KV is read from each placement at every step."""
+
+    def compute(state):
+        s = chapter_data.tier_throughput_series(state["model"], "h100-sxm", state["batch"], placements=SHOWN_PLACEMENTS)
+        c = s["contexts"]
+        i4k = int(np.flatnonzero(c == 4096)[0])
+        sources = {p: {"context": c.astype(float).tolist(), "tokens_per_s": v["tokens_per_s"].tolist()}
+                   for p, v in s["placements"].items()}
+        pl = s["placements"]
+        return {"sources": sources, "values": {
+            "hbm_4k": float(pl["hbm"]["tokens_per_s"][i4k]), "host_4k": float(pl["host-pcie5"]["tokens_per_s"][i4k]),
+            "remote_4k": float(pl["remote-ib-200g"]["tokens_per_s"][i4k]),
+            "host_slowdown": float(pl["host-pcie5"]["slowdown"][i4k])}}
+
+    def figures(src):
+        fig = style.new_figure("Decode speed when the KV is read from a tier every step", "context (tokens)",
+                               "tokens per second, whole batch", x_axis_type="log", y_axis_type="log", height=380)
+        for name in SHOWN_PLACEMENTS:
+            fig.line("context", "tokens_per_s", source=src[name], color=PLACEMENT_COLORS[name], width=2.5,
+                     legend_label=tiers.get_placement(name).description if name != "hbm" else "the GPU's own HBM")
+        fig.xaxis.formatter = style.count_ticks()
+        fig.yaxis.formatter = style.count_ticks()
+        fig.legend.location = "bottom_left"
+        fig.legend.label_text_font_size = "10px"
+        return fig
+
+    batch = Control("batch", "Batch (sequences)", (1, 8, 32), 8, kind="slider", live_range=(1, 512), log=True)
+    return lookup_panel("tier-read", (small_model_control(), batch), compute, figures, TIER_READOUT)
+
+
+# -------------------------------------------------------------- hit vs miss
+HIT_RATES = np.array([0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0])
+HIT_READOUT = (
+    ("miss_s", "Prefill with no hit (recompute in HBM)", "seconds"),
+    ("hit_host4_s", "Hit fetched from host over PCIe 4", "seconds"),
+    ("hit_10gbe_s", "Hit fetched over 10 GbE", "seconds"),
+    ("mean_99_host4_s", "Mean prefill at a 99% hit rate, PCIe 4", "seconds"),
+    ("breakeven_host4", "Shortest prompt a PCIe 4 hit pays for", "count_or_never"),
+)
+
+
+def hit_miss_panel():
+    """Mean prefill time against hit rate per placement: a cache can be a liability."""
+
+    def compute(state):
+        s = chapter_data.hit_rate_series(state["model"], "h100-sxm", state["prompt"], placements=SHOWN_PLACEMENTS,
+                                         hit_rates=HIT_RATES)
+        rates = s["hit_rates"]
+        sources = {p: {"rate": rates.tolist(), "time": v["mean_prefill_time_s"].tolist()}
+                   for p, v in s["placements"].items()}
+        sources["miss"] = {"rate": rates.tolist(), "time": np.full(rates.shape, s["miss_time_s"]).tolist()}
+        pl = s["placements"]
+        i99 = int(np.argmin(np.abs(rates - 0.99)))
+        breakeven = tiers.breakeven_prompt_tokens(state["model"], "h100-sxm", "host-pcie4")
+        return {"sources": sources, "values": {
+            "miss_s": float(s["miss_time_s"]), "hit_host4_s": float(pl["host-pcie4"]["hit_time_s"]),
+            "hit_10gbe_s": float(pl["remote-10gbe"]["hit_time_s"]),
+            "mean_99_host4_s": float(pl["host-pcie4"]["mean_prefill_time_s"][i99]),
+            "breakeven_host4": float(np.asarray(breakeven).ravel()[0])}}
+
+    def figures(src):
+        fig = style.new_figure("Mean prefill time against hit rate", "prefix-cache hit rate", "seconds",
+                               y_axis_type="log", height=380)
+        fig.line("rate", "time", source=src["miss"], color="black", width=2, line_dash="dashed",
+                 legend_label="every request a miss")
+        for name in SHOWN_PLACEMENTS:
+            fig.line("rate", "time", source=src[name], color=PLACEMENT_COLORS[name], width=2.5,
+                     legend_label=f"hits served from {name}")
+        fig.xaxis.formatter = style.percent_ticks()
+        fig.yaxis.formatter = style.seconds_ticks()
+        fig.legend.location = "top_left"
+        fig.legend.label_text_font_size = "10px"
+        return fig
+
+    prompt = Control("prompt", "Prompt (tokens)", (512, 2048, 4096, 16384), 4096, kind="slider",
+                     live_range=(64, 131072), log=True)
+    return lookup_panel("hit-miss", (small_model_control("llama-2-7b"), prompt), compute, figures, HIT_READOUT)
+
+
+# ---------------------------------------------------------- PD transfers
+PD_LABELS = {"ethernet-10g": "10 GbE", "ib-200g": "one 200 Gb/s NIC", "article-200GB/s": "200 GB/s (the article)",
+             "ib-400g": "one 400 Gb/s NIC", "nvlink4": "NVLink 4 (in a node)"}
+PD_READOUT = (
+    ("kv_bytes", "KV of the batch at this context", "bytes"),
+    ("decode_step_s", "One decode step (KV local)", "seconds"),
+    ("t_10g_s", "KV over 10 GbE", "seconds"),
+    ("t_200g_s", "KV over one 200 Gb/s NIC", "seconds"),
+    ("t_article_s", "KV at 200 GB/s (the article's figure)", "seconds"),
+    ("t_nvlink_s", "KV over NVLink 4", "seconds"),
+    ("remote_slowdown_200g", "Decode reading the KV over 200G every step: slower by", "ratio"),
+)
+
+
+def pd_panel():
+    """One request's KV over each link against one decode step, and the every-step disaster."""
+
+    def compute(state):
+        s = chapter_data.pd_series(state["model"], "h100-sxm", state["context"], state["batch"])
+        names = list(s["links"])
+        rows = s["links"]
+        sources = {"links": {
+            "link": [PD_LABELS.get(n, rows[n]["label"]) for n in names], "transfer": [rows[n]["transfer_s"] for n in names],
+            "every_step": [rows[n]["every_step_time_s"] for n in names],
+            "color": [style.PALETTE[i % len(style.PALETTE)] for i in range(len(names))]},
+            "step": {"link": [PD_LABELS.get(n, rows[n]["label"]) for n in names], "step": [s["decode_step_s"]] * len(names)}}
+        return {"sources": sources, "values": {
+            "kv_bytes": s["kv_bytes"], "decode_step_s": s["decode_step_s"],
+            "t_10g_s": rows["ethernet-10g"]["transfer_s"], "t_200g_s": rows["ib-200g"]["transfer_s"],
+            "t_article_s": rows["article-200GB/s"]["transfer_s"], "t_nvlink_s": rows["nvlink4"]["transfer_s"],
+            "remote_slowdown_200g": rows["ib-200g"]["every_step_slowdown"]}}
+
+    def figures(src):
+        labels = list(src["links"].data["link"])
+        fig = style.new_figure("Moving a request's KV from prefill to decode", "seconds (log scale)", "",
+                               y_range=labels, x_axis_type="log", height=300, x_range=(1e-5, 100))
+        bars = fig.hbar(y="link", left=1e-5, right="transfer", height=0.6, color="color", source=src["links"])
+        fig.scatter("step", "link", source=src["step"], marker="dash", size=26, color="black", line_width=3,
+                    legend_label="one decode step")
+        fig.xaxis.formatter = style.seconds_ticks()
+        fig.legend.location = "bottom_right"
+        style.hover(fig, [("", "@link"), ("transfer", "@transfer{0.000000} s"),
+                          ("decode step reading it remotely", "@every_step{0.000000} s")], [bars])
+        return fig
+
+    context = Control("context", "Context (tokens)", (1024, 4096, 32768), 4096, kind="slider",
+                      live_range=(128, 131072), log=True)
+    batch = Control("batch", "Requests moved together", (1, 8), 1, kind="slider", live_range=(1, 256), log=True)
+    return lookup_panel("pd", (small_model_control(), context, batch), compute, figures, PD_READOUT)
+
+
+# ------------------------------------------------------ measured transfers
+def transfers_figure():
+    """Measured KV transfers of every recorded machine next to the link model."""
+    from bokeh.models import ColumnDataSource
+
+    data = chapter_data.transfer_overlay()
+    fig = style.new_figure("KV transfer: effective bandwidth against message size", "message size",
+                           "effective bandwidth (bytes/s)", x_axis_type="log", y_axis_type="log", height=400)
+    for i, (name, curve) in enumerate(data["model"]["links"].items()):
+        fig.line(curve["sizes_bytes"], curve["bandwidth_bytes_per_s"], color=style.PALETTE[i], width=2,
+                 line_dash="dashed", legend_label=f"model: {name}")
+    markers = ("circle", "triangle", "square", "diamond")
+    k = 0
+    for machine, payload in data["measured"].items():
+        for engine, entry in payload["engines"].items():
+            for layout, rows in entry["layouts"].items():
+                src = ColumnDataSource({"bytes": rows["bytes"], "bw": rows["bandwidth_bytes_per_s_median"],
+                                        "p10": rows["bandwidth_bytes_per_s_p10"], "p90": rows["bandwidth_bytes_per_s_p90"]})
+                color = style.PALETTE[(4 + k) % len(style.PALETTE)]
+                fig.scatter("bytes", "bw", source=src, size=8, marker=markers[k % len(markers)], color=color,
+                            legend_label=f"measured: {engine}, {layout} ({machine})")
+                fig.segment("bytes", "p10", "bytes", "p90", source=src, color=color)
+                k += 1
+    fig.xaxis.formatter = style.si_ticks("B")
+    fig.yaxis.formatter = style.si_ticks("B/s")
+    fig.legend.label_text_font_size = "10px"
+    fig.legend.ncols = 2
+    fig.add_layout(fig.legend[0], "below")
+    fig.height = 560
+    return fig
