@@ -89,6 +89,17 @@ def _exercises() -> dict[str, Exercise]:
 
         return tiered_decode_step("article-7b", "h100-sxm", 8, 4096, "host-pcie5").slowdown
 
+    def knee_16k():
+        import numpy as np
+
+        from .viz.controls import BATCH_GRID
+
+        grid = np.array(BATCH_GRID)
+        return float(grid[cost.batch_knee(cost.decode_step("llama-3.1-8b", "h100-sxm", grid, 16384))])
+
+    def fraction_of_ceiling():
+        return 600 / cost.decode_step("llama-3.1-8b", "h100-sxm", 8, 16384).tokens_per_s
+
     items = [
         Exercise("ch1.ceiling", "tokens/s", ceiling,
                  "the weight bytes (parameters x 2 bytes in fp16) and the bandwidth in bytes per second"),
@@ -106,6 +117,10 @@ def _exercises() -> dict[str, Exercise]:
                  "the KV bytes per token (2 x layers x KV heads x head_dim x 2 bytes) and MiB = 2**20 bytes"),
         Exercise("ch3.transfer_10gbe_s", "s", transfer_10gbe_s,
                  "the link's bytes per second: 10 Gb/s is 1.25e9 bytes/s, not 10e9"),
+        Exercise("ch5.knee_16k", "sequences", knee_16k,
+                 "the batch at which the KV reads of a step reach the weight bytes (kvlab.cost.batch_knee)"),
+        Exercise("ch5.fraction_of_ceiling", "", fraction_of_ceiling,
+                 "the ceiling: batch x bandwidth / bytes per step, with the KV of all 8 sequences counted"),
         Exercise("ch3.host_slowdown", "x", host_slowdown,
                  "the KV bytes read per step and the PCIe 5.0 x16 bandwidth (63 GB/s) against HBM's"),
     ]

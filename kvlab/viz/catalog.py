@@ -8,7 +8,7 @@ from .panel import Panel
 
 
 def panels() -> dict[str, Callable[[], Panel]]:
-    from . import hits, ledger, prefix_panels, roofline, tier_panels
+    from . import diagnosis_panels, hits, ledger, prefix_panels, roofline, tier_panels
 
     return {
         "hits": hits.hit_panel,
@@ -24,4 +24,5 @@ def panels() -> dict[str, Callable[[], Panel]]:
         "tier-read": tier_panels.tier_read_panel,
         "hit-miss": tier_panels.hit_miss_panel,
         "pd": tier_panels.pd_panel,
+        "tpot-budget": diagnosis_panels.tpot_budget_panel,
     }
