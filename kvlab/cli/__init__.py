@@ -19,6 +19,7 @@ COMMANDS = (
     "kvlab.cli.trace",
     "kvlab.cli.prefix",
     "kvlab.cli.diagnose",
+    "kvlab.cli.simulate",
 )
 
 EXIT_USAGE = 2

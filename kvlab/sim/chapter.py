@@ -1,0 +1,251 @@
+"""Plot-ready data for chapter 4 (architectures) and chapter 5 (metrics): plain dicts of
+numpy arrays and lists, no plotting library.
+
+Every function takes `trace=None` for the real conversation trace when this machine has
+it and its generated stand-in otherwise (`trace.label` says which), plus a slice
+(`start_s`, `duration_s`) and a base `SimConfig` (or keyword overrides).
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+
+import numpy as np
+
+from .. import metrics
+from ..traces import load_trace, trace_or_generated
+from .cluster import simulate
+from .config import ARCHS, SimConfig
+from .workload import trace_slice
+
+#: Links the chapter's network slider steps through (commodity Ethernet .. NVLink).
+SWEEP_LINKS = ("ethernet-10g", "ib-200g", "ib-400g", "nvlink4")
+#: Host DRAM per prefill node for prefix KV: none, some, a lot (a 3-minute slice of the
+#: conversation trace holds ~0.9 TB of distinct prefix KV for an 8B model).
+SWEEP_POOL_BYTES = (0.0, 100e9, 400e9)
+SWEEP_PREFILL_WORKERS = (1, 2, 3)
+SWEEP_DECODE_WORKERS = (1, 2, 3)
+#: Summary figures stored at every grid point of `sweep`.
+SWEEP_KEYS = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "itl_p99_s", "throughput_tokens_per_s", "prefix_hit_ratio",
+              "slo_attainment", "goodput_tokens_per_s", "mean_transfer_exposed_s", "bytes_moved", "move_exposed_s",
+              "move_hidden_s")
+QUANTILES = np.linspace(0, 100, 101)
+
+
+def _slice(trace, start_s, duration_s):
+    trace = trace_or_generated("conversation") if trace is None else load_trace(trace)
+    return trace_slice(trace, start_s, duration_s)
+
+
+def _config(config, overrides) -> SimConfig:
+    config = config or SimConfig()
+    return dataclasses.replace(config, **overrides) if overrides else config
+
+
+def compare_architectures(trace=None, start_s: float = 0.0, duration_s: float = 600.0, config: SimConfig | None = None,
+                          archs=ARCHS, ttft_slo_s=metrics.DEFAULT_TTFT_SLO_S, tbt_slo_s=metrics.DEFAULT_TBT_SLO_S,
+                          **overrides) -> dict:
+    """The architectures side by side on the same slice and the same GPUs.
+
+    Returns {"trace", "generated", "requests", "archs", "summary": {arch: summary dict},
+    "quantiles": percent grid (0..100), "ttft_s" / "tpot_s" / "itl_s": {arch: values at
+    those percentiles} (plot-ready CDFs), "slo_curve": {arch: {"tbt_slo_s", "attainment"}}}.
+    """
+    sliced = _slice(trace, start_s, duration_s)
+    base = _config(config, overrides)
+    out = {"trace": sliced.label, "generated": sliced.generated, "requests": len(sliced), "archs": list(archs),
+           "summary": {}, "quantiles": QUANTILES, "ttft_s": {}, "tpot_s": {}, "itl_s": {}, "slo_curve": {}}
+    for arch in archs:
+        r = simulate(sliced, dataclasses.replace(base, arch=arch, remote_kv=base.remote_kv and arch != "colocated"))
+        out["summary"][arch] = r.summary(ttft_slo_s, tbt_slo_s)
+        done = r.records[r.done]
+        out["ttft_s"][arch] = _quantiles(done["ttft_s"])
+        out["tpot_s"][arch] = _quantiles(done["tpot_s"])
+        out["itl_s"][arch] = _quantiles(metrics.itl_s(r.token_times_s, r.token_offsets))
+        view = np.zeros(r.records.size, dtype=metrics.REQUEST_DTYPE)
+        for name in metrics.REQUEST_DTYPE.names:
+            view[name] = r.records[name]
+        out["slo_curve"][arch] = metrics.slo_curve(view, ttft_slo_s)
+    return out
+
+
+def _quantiles(values) -> np.ndarray:
+    v = np.asarray(values, dtype=float)
+    v = v[~np.isnan(v)]
+    return np.percentile(v, QUANTILES) if v.size else np.full(QUANTILES.size, np.nan)
+
+
+def sweep(trace=None, start_s: float = 0.0, duration_s: float = 180.0, links=SWEEP_LINKS,
+          pool_bytes_per_node=SWEEP_POOL_BYTES, prefill_workers=SWEEP_PREFILL_WORKERS,
+          decode_workers=SWEEP_DECODE_WORKERS, archs=ARCHS, config: SimConfig | None = None, keys=SWEEP_KEYS,
+          progress=None, **overrides) -> dict:
+    """Every architecture over a grid of (link, pool size, prefill GPUs, decode GPUs).
+
+    Returns {"trace", "generated", "requests", "links", "link_bandwidth_bytes_per_s",
+    "pool_bytes_per_node", "prefill_workers", "decode_workers", "archs", "keys",
+    "metrics": {arch: {key: array of shape (links, pools, prefill, decode)}}}; a value is
+    NaN where a run completed no request. Colocated runs prefill + decode GPUs that do both
+    and moves no KV between GPUs, so its values do not depend on the link (it is run once
+    per link-free point). The default grid on a 3-minute slice is ~240 runs, ~15 s.
+    """
+    from ..hardware import get_tier
+
+    sliced = _slice(trace, start_s, duration_s)
+    base = _config(config, overrides)
+    links, pools = tuple(links), tuple(float(p) for p in pool_bytes_per_node)
+    pws, dws = tuple(int(p) for p in prefill_workers), tuple(int(d) for d in decode_workers)
+    shape = (len(links), len(pools), len(pws), len(dws))
+    out = {"trace": sliced.label, "generated": sliced.generated, "requests": len(sliced), "links": list(links),
+           "link_bandwidth_bytes_per_s": np.array([get_tier(name).bandwidth_bytes_per_s for name in links]),
+           "pool_bytes_per_node": np.array(pools), "prefill_workers": np.array(pws), "decode_workers": np.array(dws),
+           "archs": list(archs), "keys": list(keys), "metrics": {}}
+    total = sum(math.prod(shape[1:]) if a == "colocated" else math.prod(shape) for a in archs)
+    done = 0
+    for arch in archs:
+        grid = {k: np.full(shape, np.nan) for k in keys}
+        for (j, pool), (m, p), (n, d) in itertools.product(enumerate(pools), enumerate(pws), enumerate(dws)):
+            for i, link in enumerate(links):
+                if arch == "colocated" and i > 0:
+                    for k in keys:
+                        grid[k][i, j, m, n] = grid[k][0, j, m, n]
+                    continue
+                cfg = dataclasses.replace(base, arch=arch, link=link, pool_bytes_per_node=pool, prefill_workers=p,
+                                          decode_workers=d, remote_kv=base.remote_kv and arch != "colocated")
+                s = simulate(sliced, cfg).summary()
+                for k in keys:
+                    value = s.get(k)
+                    grid[k][i, j, m, n] = np.nan if value is None else value
+                done += 1
+                if progress is not None:
+                    progress(done, total)
+        out["metrics"][arch] = grid
+    return out
+
+
+def bytes_vs_critical_path(trace=None, start_s: float = 0.0, duration_s: float = 300.0,
+                           config: SimConfig | None = None, **overrides) -> dict:
+    """"Same bytes, lower latency": what each move cost in bytes, and how much of its time
+    sat on the requests' critical path, for disaggregation without and with layer-wise
+    overlap, and the KV-centric design (global pool, cache-aware routing, overlap).
+
+    Returns {"trace", "generated", "variants": [names], "purposes": [...], per variant:
+    "bytes": {purpose: bytes}, "wire_s", "exposed_s", "hidden_s" (same keys), "ttft_p50_s",
+    "ttft_p90_s", "mean_transfer_exposed_s", "prefix_hit_ratio"}.
+    """
+    from .links import PURPOSES
+
+    sliced = _slice(trace, start_s, duration_s)
+    base = _config(config, overrides)
+    variants = {
+        "disaggregated": dict(arch="disaggregated", overlap=False),
+        "disaggregated + overlap": dict(arch="disaggregated", overlap=True),
+        "kv-centric": dict(arch="kv-centric"),
+    }
+    out = {"trace": sliced.label, "generated": sliced.generated, "variants": list(variants), "purposes": list(PURPOSES)}
+    for name, change in variants.items():
+        r = simulate(sliced, dataclasses.replace(base, **change, remote_kv=False))
+        s, by = r.summary(), r.network["by_purpose"]
+        out[name] = {
+            "bytes": {p: by[p]["bytes"] for p in PURPOSES},
+            "wire_s": {p: by[p]["wire_s"] for p in PURPOSES},
+            "exposed_s": {p: by[p]["exposed_s"] for p in PURPOSES},
+            "hidden_s": {p: by[p]["hidden_s"] for p in PURPOSES},
+            "ttft_p50_s": s["ttft_p50_s"], "ttft_p90_s": s["ttft_p90_s"],
+            "mean_transfer_exposed_s": s["mean_transfer_exposed_s"], "prefix_hit_ratio": s["prefix_hit_ratio"],
+        }
+    return out
+
+
+def hit_rate_global_vs_local(trace=None, start_s: float = 0.0, duration_s: float | None = 600.0, nodes: int = 4,
+                             pool_bytes_per_node=None, model: str = "llama-3.1-8b", kv_dtype: str = "fp16",
+                             policy: str = "lru") -> dict:
+    """Prefix-cache hit ratio of one global pool against `nodes` separate per-node caches of
+    the same total size, requests spread round-robin (a load balancer that ignores caches).
+
+    A pure cache replay (kvlab.prefix), no timing: request i looks its chain up and caches
+    it, on node i % nodes or in the pool. Returns {"trace", "generated", "nodes",
+    "pool_bytes_per_node", "capacity_blocks_per_node", "global_token_hit_ratio",
+    "local_token_hit_ratio", "infinite_token_hit_ratio"} (arrays over pool sizes).
+    """
+    from ..cost import kv_bytes_per_token
+    from ..prefix.blocks import BlockPrefixCache
+
+    sliced = _slice(trace, start_s, duration_s)
+    bt = sliced.block_tokens
+    block_bytes = bt * kv_bytes_per_token(model, kv_dtype)
+    unique = len({h for r in sliced.requests for h in r.hash_ids})
+    if pool_bytes_per_node is None:  # from a sliver of the distinct blocks to all of them on every node
+        pool_bytes_per_node = np.array([0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0]) * unique * block_bytes / nodes
+    pools = np.asarray(pool_bytes_per_node, dtype=float)
+    caps = np.floor(pools / block_bytes)
+    inputs = sliced.input_tokens
+    total = int(inputs.sum())
+
+    def saved(hits):
+        return int(np.maximum(0, np.minimum(np.asarray(hits) * bt, inputs - 1)).sum()) / total
+
+    glob, local = [], []
+    for cap in caps:
+        pool = BlockPrefixCache(cap * nodes, policy)
+        glob.append(saved([pool.access(r.hash_ids) for r in sliced.requests]))
+        caches = [BlockPrefixCache(cap, policy) for _ in range(nodes)]
+        local.append(saved([caches[i % nodes].access(r.hash_ids) for i, r in enumerate(sliced.requests)]))
+    infinite = BlockPrefixCache(math.inf)
+    return {"trace": sliced.label, "generated": sliced.generated, "nodes": nodes, "pool_bytes_per_node": pools,
+            "capacity_blocks_per_node": caps.astype(np.int64), "global_token_hit_ratio": np.array(glob),
+            "local_token_hit_ratio": np.array(local),
+            "infinite_token_hit_ratio": saved([infinite.access(r.hash_ids) for r in sliced.requests])}
+
+
+def timeline(trace=None, arch: str = "kv-centric", start_s: float = 0.0, duration_s: float = 20.0,
+             config: SimConfig | None = None, **overrides) -> dict:
+    """A Gantt chart of a short slice: {"trace", "generated", "arch", "workers": lane names
+    in order, "rows": [(worker, start_s, end_s, kind, request)], "kinds"}. Kinds: "fetch"
+    (prefix KV loaded), "prefill", "transfer" (KV arriving at a decode GPU), "decode" (one
+    request's decode, from joining the batch to its last token). Decode rows of one worker
+    overlap: they share its batch."""
+    sliced = _slice(trace, start_s, duration_s)
+    r = simulate(sliced, dataclasses.replace(_config(config, overrides), arch=arch))
+    rows = [(w, float(a), float(b), kind, int(q)) for w, a, b, kind, q in r.timeline]
+    workers = [w["name"] for w in r.workers]
+    return {"trace": sliced.label, "generated": sliced.generated, "arch": arch, "workers": workers, "rows": rows,
+            "kinds": ["fetch", "prefill", "transfer", "decode"], "summary": r.summary()}
+
+
+def token_streams(trace=None, start_s: float = 0.0, duration_s: float = 60.0, requests: int = 6,
+                  min_tokens: int = 100, archs=("colocated", "disaggregated"), config: SimConfig | None = None,
+                  **overrides) -> dict:
+    """Per-token timestamps of a few requests, to show TTFT, TPOT and ITL and why TPOT (a
+    mean) hides the stalls that ITL shows.
+
+    The requests are the `requests` of at least `min_tokens` tokens with the largest gap
+    between their worst ITL and their TPOT in the first architecture (colocated: prefill
+    chunks stall decode); the same requests are given for every architecture. Returns
+    {"trace", "generated", "archs", "requests": [ids], arch: [{"request", "arrival_s",
+    "token_times_s" (from arrival), "ttft_s", "tpot_s", "itl_s", "itl_p99_s", "itl_max_s"}],
+    "summary": {arch: {"tpot_p50_s", "itl_p50_s", "itl_p99_s", "ttft_p50_s"}}}.
+    """
+    sliced = _slice(trace, start_s, duration_s)
+    base = _config(config, overrides)
+    runs = {arch: simulate(sliced, dataclasses.replace(base, arch=arch)) for arch in archs}
+    first = runs[archs[0]].records
+    eligible = np.flatnonzero((first["status"] == 0) & (first["tokens"] >= min_tokens))
+    stall = first["itl_max_s"][eligible] - first["tpot_s"][eligible]
+    picked = eligible[np.argsort(-stall, kind="stable")[:requests]]
+    picked = np.sort(picked)
+    out = {"trace": sliced.label, "generated": sliced.generated, "archs": list(archs),
+           "requests": picked.tolist(), "summary": {}}
+    for arch, r in runs.items():
+        rows = []
+        for i in picked:
+            rec = r.records[i]
+            t = r.tokens(int(i))
+            rows.append({"request": int(i), "arrival_s": float(rec["arrival_s"]),
+                         "token_times_s": t - rec["arrival_s"], "ttft_s": float(rec["ttft_s"]),
+                         "tpot_s": float(rec["tpot_s"]), "itl_s": np.diff(t), "itl_p99_s": float(rec["itl_p99_s"]),
+                         "itl_max_s": float(rec["itl_max_s"])})
+        out[arch] = rows
+        s = r.summary()
+        out["summary"][arch] = {k: s[k] for k in ("ttft_p50_s", "tpot_p50_s", "tpot_p99_s", "itl_p50_s", "itl_p99_s")}
+    return out

@@ -1,0 +1,282 @@
+"""The cluster and a request's life in it, for the three architectures.
+
+    colocated       arrive -> GPU (queue, prefix load, chunked prefill inside decode
+                    iterations) -> first token -> decode on the same GPU.
+    disaggregated   arrive -> prefill GPU (queue, load, prefill) -> pick a decode GPU with
+                    room -> move the prompt's KV over the network (on the critical path)
+                    -> first token -> decode.
+    kv-centric      arrive -> prefill GPU chosen for the shortest estimated TTFT over a
+                    global prefix pool -> decode GPU chosen by free HBM when the prefill
+                    starts -> KV streams layer by layer while the prefill computes ->
+                    first token when the last layer lands -> decode.
+
+The first token reaches the user from the GPU that decodes (as in vLLM's disaggregated
+proxy), so TTFT includes the KV move. With `remote_kv` nothing moves: the decode GPU
+reads the prompt's KV over the network at every step.
+
+A request whose KV cannot fit on an empty GPU is rejected at arrival and reported, so a
+run always ends: every request ends done or rejected.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+
+import numpy as np
+
+from .. import cost as ledger
+from ..errors import KvlabError
+from ..fmt import si
+from ..hardware import get_device
+from ..models import get_model
+from ..traces import load_trace
+from .caches import make_caches
+from .config import SimConfig
+from .costs import ledger_cost, pipeline_time_s
+from .links import Link, Network
+from .loop import EventLoop
+from .schedulers import route_decode, route_prefill
+from .workers import ColocatedWorker, DecodeWorker, PrefillWorker
+from .workload import DONE, REJECTED, SimRequest
+
+
+class Simulation:
+    """One run of one trace on one cluster. The constructor only stores; `run()` simulates."""
+
+    def __init__(self, trace, config: SimConfig | None = None, cost=None, progress=None):
+        self.trace = trace
+        self.config = config or SimConfig()
+        self._cost = cost
+        self.progress = progress  # callable(done_requests, total) or None
+
+    # ------------------------------------------------------------------ set-up
+    def _build(self):
+        c = self.config = self.config.resolved()
+        self.trace = load_trace(self.trace)
+        model, device = get_model(c.model), get_device(c.hardware)
+        self.model = model
+        self.cost = self._cost or ledger_cost(c.model, c.hardware, c.weight_dtype, c.kv_dtype, c.efficiency,
+                                              c.link if c.remote_kv else None, c.link_efficiency, c.max_batch)
+        self.kv_bytes_per_token = ledger.kv_bytes_per_token(model, c.kv_dtype)
+        self.window = model.sliding_window or 0
+        self.layers = model.num_layers
+        self.overlap = bool(c.overlap)
+        self.block_tokens = self.trace.block_tokens
+        weights = ledger.weight_bytes(model, c.weight_dtype)
+        self.kv_room_bytes = device.capacity_bytes * c.memory_fraction - weights
+        if self.kv_room_bytes <= 0:
+            raise KvlabError(f"{model.name} weights ({si(weights, 'B')}) do not fit in {c.memory_fraction:g} of "
+                             f"{device.name}'s {si(device.capacity_bytes, 'B')}: pick a larger GPU or smaller dtype")
+        sigma2 = math.log1p(c.step_jitter ** 2)
+        self.jitter_sigma, self.jitter_mu = math.sqrt(sigma2), -sigma2 / 2
+        self.loop = EventLoop()
+        colocated = c.arch == "colocated"
+        n_front = c.gpus if colocated else c.prefill_workers
+        nodes = n_front if colocated else c.gpus
+        rngs = [np.random.default_rng(s) for s in np.random.SeedSequence(c.seed).spawn(nodes)]
+        if colocated:
+            self.front = [ColocatedWorker(self, i, i, f"gpu-{i}", self.kv_room_bytes, c.max_batch, rngs[i],
+                                          c.chunk_tokens) for i in range(n_front)]
+            self.decoders = self.front
+        else:
+            self.front = [PrefillWorker(self, i, i, f"prefill-{i}", self.kv_room_bytes, rngs[i])
+                          for i in range(n_front)]
+            self.decoders = [DecodeWorker(self, j, n_front + j, f"decode-{j}", self.kv_room_bytes, c.max_batch,
+                                          rngs[n_front + j], remote=c.remote_kv) for j in range(c.decode_workers)]
+        self.network = Network(Link(c.link, c.link_efficiency), Link(c.host_link, c.link_efficiency), nodes)
+        block_bytes = self.block_tokens * self.kv_bytes_per_token
+        self.caches = make_caches(c.prefix_cache, n_front, math.floor(c.pool_bytes_per_node / block_bytes),
+                                  c.cache_policy)
+        kv = self.kv_bytes_per_token
+        held = (lambda n: min(n, self.window)) if self.window else (lambda n: n)
+        self.requests = [SimRequest(i, r, 0.0 if c.remote_kv else kv * held(r.input_tokens + r.output_tokens),
+                                    kv * held(r.input_tokens)) for i, r in enumerate(self.trace.requests)]
+        self.pending: deque = deque()  # prefilled, waiting for a decode GPU with room
+        self.timeline: list = []
+        self.finished = 0
+
+    # ------------------------------------------------------------------ running
+    def run(self):
+        """Simulate the whole trace; returns a `SimResult`."""
+        from .results import build_result
+
+        wall = time.perf_counter()
+        self._build()
+        if self.requests:
+            self.loop.schedule(self.requests[0].arrival_s, self._on_arrival, 0)
+        self.loop.run()
+        return build_result(self, time.perf_counter() - wall)
+
+    def _on_arrival(self, now: float, i: int):
+        reqs = self.requests
+        events = [(reqs[i + 1].arrival_s, self._on_arrival, (i + 1,))] if i + 1 < len(reqs) else []
+        req = reqs[i]
+        reason = self._reject_reason(req)
+        if reason:
+            req.status, req.reason = REJECTED, reason
+            self._count(req)
+            return events
+        worker, req.est_s = route_prefill(self, now, req, self.front)
+        events += worker.enqueue(now, req) or []
+        return events
+
+    def _reject_reason(self, req) -> str:
+        room = self.kv_room_bytes
+        if req.transfer_bytes > room:
+            return (f"the prompt's KV ({req.input_tokens:,} tokens, {si(req.transfer_bytes, 'B')}) exceeds any GPU's "
+                    f"room for KV ({si(room, 'B')})")
+        if req.decode_bytes > room:
+            return (f"the KV of prompt + output ({req.input_tokens + req.output_tokens:,} tokens, "
+                    f"{si(req.decode_bytes, 'B')}) exceeds any GPU's room for KV ({si(room, 'B')})")
+        return ""
+
+    def _count(self, req) -> None:
+        self.finished += 1
+        if self.progress is not None and self.finished % 1000 == 0:
+            self.progress(self.finished, len(self.requests))
+
+    # ------------------------------------------------------------------ prefill
+    def start_prefill(self, now: float, worker, req):
+        """Look the prefix up, book its load; for a prefill GPU return (seconds busy, events)."""
+        bt, kv = self.block_tokens, self.kv_bytes_per_token
+        k, local_k = self.caches.lookup(worker.index, req.hash_ids)
+        cached = max(0, min(k * bt, req.input_tokens - 1))
+        local_tok = min(local_k * bt, cached)
+        remote_tok = cached - local_tok
+        t_local = self.network.host_link.time_s(local_tok * kv)
+        t_remote = 0.0
+        if remote_tok:
+            _, end, wire = self.network.reserve(worker.node, worker.node, remote_tok * kv, now)
+            t_remote = end - now
+            req.fetch_remote = (remote_tok * kv, wire)
+        req.fetch_local = (local_tok * kv, t_local)
+        req.fetch_s = max(t_local, t_remote)
+        req.cached_tokens = cached
+        req.prefill_start_s = now
+        req.prefill_worker = worker.index
+        if worker.role == "colocated":
+            return None  # the load is booked with the first prefill iteration (ColocatedWorker)
+        compute = self.cost.prefill_times_s(req.input_tokens, cached)[0]
+        if self.jitter_sigma:
+            compute *= float(worker.rng.lognormal(self.jitter_mu, self.jitter_sigma))
+        busy = pipeline_time_s(req.fetch_s, compute, self.layers) if self.overlap else req.fetch_s + compute
+        self.book_fetch(req, busy - compute)
+        end = now + busy
+        if req.fetch_s > 0:
+            self.timeline.append((worker.name, now, now + req.fetch_s, "fetch", req.id))
+        self.timeline.append((worker.name, now, end, "prefill", req.id))
+        events = []
+        if self.overlap and not self.config.remote_kv:
+            target = route_decode(self, req, self.decoders)
+            if target is not None:  # stream the KV layer by layer as the prefill makes it
+                events = self._send(now, req, worker, target, producer_end_s=end)
+        return busy, events
+
+    def book_fetch(self, req, exposed_s: float) -> None:
+        """Book the prefix load of `req`; `exposed_s` of it delayed the prefill."""
+        req.fetch_exposed_s = max(0.0, exposed_s)
+        net = self.network
+        (lb, lt), (rb, rt) = req.fetch_local, req.fetch_remote
+        if lb:
+            net.book("prefix-load-local", lb, lt, min(lt, req.fetch_exposed_s))
+        if rb:
+            net.book("prefix-load-remote", rb, rt, min(req.fetch_s, req.fetch_exposed_s))
+
+    def end_prefill(self, now: float, worker, req):
+        """The prompt is prefilled: cache its blocks, then hand it to decode."""
+        req.prefill_end_s = now
+        new_blocks = self.caches.insert(worker.index, req.hash_ids)
+        if new_blocks:
+            stored = min(new_blocks * self.block_tokens, req.input_tokens) * self.kv_bytes_per_token
+            self.network.book("cache-store", stored, self.network.host_link.time_s(stored), 0.0)
+        if worker.role == "colocated":
+            self.timeline.append((worker.name, req.prefill_start_s, now, "prefill", req.id))
+            if req.fetch_s > 0:
+                self.timeline.append((worker.name, req.prefill_start_s, req.prefill_start_s + req.fetch_s, "fetch",
+                                      req.id))
+            req.first_token_s = now
+            req.token_worker = worker
+            req.decode_worker = worker.index
+            if req.output_tokens == 1:
+                return self._finish(now, req, worker)
+            worker.incoming.append(req)  # the worker is at a step boundary and plans next
+            return None
+        if req.decode_worker >= 0:
+            return None  # streamed during the prefill: its landing is already scheduled
+        self.pending.append(req)
+        return self._dispatch_pending(now)
+
+    # ------------------------------------------------------------------ KV to decode
+    def _send(self, now: float, req, src_worker, target, producer_end_s=None):
+        target.accept(req)
+        req.decode_worker = target.index
+        req.token_worker = target
+        req.dispatch_s = now
+        start, end, wire = self.network.reserve(src_worker.node, target.node, req.transfer_bytes, now,
+                                                producer_end_s, self.layers)
+        req.transfer_wire_s = wire
+        self.timeline.append((target.name, start, end, "transfer", req.id))
+        return [(end, self._on_land, (req,))]
+
+    def _on_land(self, now: float, req):
+        req.first_token_s = now
+        req.transfer_exposed_s = now - max(req.prefill_end_s, req.dispatch_s)
+        self.network.book("kv-transfer", req.transfer_bytes, req.transfer_wire_s, req.transfer_exposed_s)
+        worker = self.decoders[req.decode_worker]
+        if req.output_tokens == 1:
+            return self._finish(now, req, worker)
+        return worker.arrive(now, req)
+
+    def _dispatch_pending(self, now: float):
+        """Hand waiting prefilled requests (first come, first served) to decode GPUs with room."""
+        events = []
+        pending = self.pending
+        while pending:
+            req = pending[0]
+            target = route_decode(self, req, self.decoders)
+            if target is None:
+                break
+            pending.popleft()
+            req.decode_wait_s = now - req.prefill_end_s
+            if self.config.remote_kv:  # nothing moves; the decode GPU reads the KV where it is
+                target.accept(req)
+                req.decode_worker, req.token_worker, req.dispatch_s = target.index, target, now
+                req.first_token_s = now
+                if req.output_tokens == 1:
+                    events += self._finish(now, req, target)
+                else:
+                    events += target.arrive(now, req) or []
+            else:
+                events += self._send(now, req, self.front[req.prefill_worker], target)
+        return events
+
+    # ------------------------------------------------------------------ decode
+    def decode_finished(self, now: float, worker, done):
+        events = []
+        for req in done:
+            self.timeline.append((worker.name, req.decode_start_s, now, "decode", req.id))
+            events += self._finish(now, req, worker)
+        return events
+
+    def _finish(self, now: float, req, worker):
+        req.finish_s = now
+        req.status = DONE
+        worker.release(req)
+        self._count(req)
+        if self.pending:
+            return self._dispatch_pending(now)
+        return []
+
+    def book_remote_decode(self, history_tokens: float, network_s: float) -> None:
+        """Decode steps that read `history_tokens` of KV over the network, waiting network_s for it."""
+        self.network.book("remote-decode", history_tokens * self.kv_bytes_per_token, network_s, network_s)
+
+
+def simulate(trace, config: SimConfig | None = None, cost=None, progress=None, **overrides):
+    """Simulate `trace` (a Trace, name or path) on a cluster; keyword overrides go into the
+    config (`simulate("generated", arch="colocated", decode_workers=4)`). Returns a SimResult."""
+    import dataclasses
+
+    config = dataclasses.replace(config or SimConfig(), **overrides) if overrides else (config or SimConfig())
+    return Simulation(trace, config, cost, progress).run()

@@ -1,0 +1,208 @@
+"""What a simulation returns: per-request records, token timestamps, link and cache ledgers."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import metrics
+from .config import SimConfig
+from .workload import DONE, REJECTED, STATUS, UNFINISHED
+
+SIM_DTYPE = np.dtype([
+    ("request", "i8"), ("status", "i1"), ("input_tokens", "i8"), ("output_tokens", "i8"), ("cached_tokens", "i8"),
+    ("prefill_worker", "i4"), ("decode_worker", "i4"),
+    ("prefill_start_s", "f8"), ("prefill_end_s", "f8"), ("decode_start_s", "f8"),
+    ("queue_s", "f8"), ("fetch_s", "f8"), ("fetch_exposed_s", "f8"),
+    ("transfer_bytes", "f8"), ("transfer_wire_s", "f8"), ("transfer_exposed_s", "f8"), ("decode_wait_s", "f8"),
+])
+RECORD_DTYPE = np.dtype(SIM_DTYPE.descr + [d for d in metrics.REQUEST_DTYPE.descr])
+
+#: JSON keys `kvlab simulate --json` always prints (a contract, see kvlab/cli/simulate.py).
+SUMMARY_KEYS = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "itl_p99_s", "throughput_tokens_per_s",
+                "requests_completed", "prefix_hit_ratio")
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """One run. `records` is a structured array (one row per request, see RECORD_DTYPE);
+    request i's token timestamps are token_times_s[token_offsets[i]:token_offsets[i+1]]."""
+
+    config: SimConfig
+    trace: str  # the trace's label ("... (generated)" for generated data)
+    generated: bool
+    records: np.ndarray = dataclasses.field(repr=False)
+    token_times_s: np.ndarray = dataclasses.field(repr=False)
+    token_offsets: np.ndarray = dataclasses.field(repr=False)
+    network: dict = dataclasses.field(repr=False)
+    cache: dict = dataclasses.field(repr=False)
+    workers: tuple = dataclasses.field(repr=False)
+    timeline: tuple = dataclasses.field(repr=False)  # (worker, start_s, end_s, kind, request)
+    rejected: tuple  # (request, reason)
+    events: int
+    sim_end_s: float
+    wall_s: float
+
+    def tokens(self, i: int) -> np.ndarray:
+        """Token timestamps of request i (seconds from the slice start)."""
+        return self.token_times_s[self.token_offsets[i]: self.token_offsets[i + 1]]
+
+    @property
+    def done(self) -> np.ndarray:
+        return self.records["status"] == DONE
+
+    @property
+    def prefix_hit_ratio(self) -> float:
+        """Prompt tokens served by the prefix cache / prompt tokens, over prefilled requests."""
+        started = ~np.isnan(self.records["prefill_start_s"])
+        total = self.records["input_tokens"][started].sum()
+        return float(self.records["cached_tokens"][started].sum() / total) if total else 0.0
+
+    def summary(self, ttft_slo_s=metrics.DEFAULT_TTFT_SLO_S, tbt_slo_s=metrics.DEFAULT_TBT_SLO_S,
+                tbt_stat: str = metrics.DEFAULT_TBT_STAT) -> dict:
+        """Headline figures (JSON-ready): latency percentiles, throughput, SLOs, hits, bytes."""
+        c = self.config
+        r = self.records
+        done = self.done
+        out = {"arch": c.arch, "trace": self.trace, "generated": self.generated, "model": c.model,
+               "hardware": c.hardware, "link": c.link, "prefill_workers": c.prefill_workers,
+               "decode_workers": c.decode_workers, "gpus": c.gpus, "prefix_cache": c.prefix_cache,
+               "overlap": c.overlap, "remote_kv": c.remote_kv}
+        # SLO shares are over all requests: a rejected request missed its SLO
+        out.update(metrics.summarize(r["arrival_s"], self.token_times_s, self.token_offsets,
+                                     ttft_slo_s=ttft_slo_s, tbt_slo_s=tbt_slo_s, tbt_stat=tbt_stat,
+                                     records=_metric_view(r), duration_s=self._duration_s()))
+        out["requests"] = int(r.size)
+        out["requests_completed"] = int(done.sum())
+        out["requests_rejected"] = int((r["status"] == REJECTED).sum())
+        out["requests_unfinished"] = int((r["status"] == UNFINISHED).sum())
+        out["prefix_hit_ratio"] = self.prefix_hit_ratio
+        out["prefix_block_hit_ratio"] = self.cache.get("block_hit_ratio", 0.0)
+        out.update(metrics.percentiles(r["queue_s"][done], prefix="queue_"))
+        out["mean_decode_wait_s"] = float(r["decode_wait_s"][done].mean()) if done.any() else None
+        out["mean_transfer_exposed_s"] = float(r["transfer_exposed_s"][done].mean()) if done.any() else None
+        out["bytes_by_link"] = self.network["by_link"]
+        out["bytes_moved"] = float(sum(self.network["by_link"].values()))
+        out["move_wire_s"] = float(sum(v["wire_s"] for v in self.network["by_purpose"].values()))
+        out["move_exposed_s"] = self.network["exposed_s"]
+        out["move_hidden_s"] = self.network["hidden_s"]
+        out["move_delay_s"] = self.network["delay_s"]
+        out["gpu_busy_share"] = {w["name"]: w["busy_share"] for w in self.workers}
+        out["sim_end_s"] = self.sim_end_s
+        out["events"] = self.events
+        out["wall_s"] = self.wall_s
+        return _json_ready(out)
+
+    def _duration_s(self) -> float:
+        done = self.records[self.done]
+        if not done.size:
+            return 0.0
+        return float(np.max(done["finish_s"]) - np.min(self.records["arrival_s"]))
+
+    def records_table(self) -> list[dict]:
+        """Per-request records as plain dicts, status as a word."""
+        rows = metrics.records_table(self.records)
+        for row in rows:
+            row["status"] = STATUS[row["status"]]
+        return rows
+
+    def to_dict(self, ttft_slo_s=metrics.DEFAULT_TTFT_SLO_S, tbt_slo_s=metrics.DEFAULT_TBT_SLO_S,
+                tbt_stat: str = metrics.DEFAULT_TBT_STAT) -> dict:
+        """Summary + config + network and cache ledgers + rejections (no per-token data)."""
+        out = self.summary(ttft_slo_s, tbt_slo_s, tbt_stat)
+        out["config"] = self.config.to_dict()
+        out["network"] = self.network
+        out["cache"] = self.cache
+        out["workers"] = list(self.workers)
+        out["rejected"] = [{"request": i, "reason": why} for i, why in self.rejected]
+        return _json_ready(out)
+
+
+def _metric_view(records: np.ndarray) -> np.ndarray:
+    """The metrics columns of records, as a kvlab.metrics request array."""
+    out = np.zeros(records.size, dtype=metrics.REQUEST_DTYPE)
+    for name in metrics.REQUEST_DTYPE.names:
+        out[name] = records[name]
+    return out
+
+
+def _json_ready(x):
+    if isinstance(x, dict):
+        return {k: _json_ready(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_ready(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return _json_ready(x.tolist())
+    if isinstance(x, (np.floating, np.integer, np.bool_)):
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def _check_invariants(sim) -> None:
+    """What must hold after every run; a failure is a simulator bug, never bad input."""
+    from .loop import SimulationError
+
+    ended = sum(q.status != UNFINISHED for q in sim.requests)
+    if sim.finished != ended:
+        raise SimulationError(f"{sim.finished} request endings counted for {ended} ended requests")
+    if len(sim.loop):
+        raise SimulationError(f"{len(sim.loop)} events left after the run")
+    for w in sim.decoders:
+        if w.slots or abs(w.reserved_bytes) > 1e-6 * max(w.capacity_bytes, 1.0) or w.running or w.incoming:
+            raise SimulationError(f"{w.name} still holds {w.slots} sequences / {w.reserved_bytes:.0f} bytes at the end")
+    for q in sim.requests:
+        if q.status == DONE and q.token_worker is not None and q.output_tokens > 1:
+            if q.finish_step - q.join_step != q.output_tokens - 1:
+                raise SimulationError(f"request {q.id} decoded {q.finish_step - q.join_step} steps for "
+                                      f"{q.output_tokens} output tokens")
+
+
+def build_result(sim, wall_s: float) -> SimResult:
+    """Collect a finished Simulation into a SimResult."""
+    reqs = sim.requests
+    n = len(reqs)
+    _check_invariants(sim)
+    token_arrays = []
+    for req in reqs:
+        if req.status != DONE:
+            token_arrays.append(np.zeros(0))
+            continue
+        steps = req.token_worker.log.view()[req.join_step: req.finish_step] if req.output_tokens > 1 else ()
+        token_arrays.append(np.concatenate(([req.first_token_s], steps)))
+    flat, offsets = metrics.token_csr(token_arrays)
+    arrival = np.fromiter((q.arrival_s for q in reqs), float, n)
+    per = metrics.request_metrics(arrival, flat, offsets)
+    rec = np.zeros(n, dtype=RECORD_DTYPE)
+    for name in metrics.REQUEST_DTYPE.names:
+        rec[name] = per[name]
+    cols = ("id", "status", "input_tokens", "output_tokens", "cached_tokens", "prefill_worker", "decode_worker",
+            "prefill_start_s", "prefill_end_s", "decode_start_s", "fetch_s", "fetch_exposed_s", "transfer_bytes",
+            "transfer_wire_s", "transfer_exposed_s", "decode_wait_s")
+    for col in cols:
+        rec["request" if col == "id" else col] = [getattr(q, col) for q in reqs]
+    rec["queue_s"] = rec["prefill_start_s"] - rec["arrival_s"]
+    not_done = rec["status"] != DONE
+    rec["transfer_bytes"][not_done & np.isnan(rec["prefill_start_s"])] = 0.0
+    end = sim.loop.now
+    span = max(end - (arrival.min() if n else 0.0), 1e-12)
+    workers = []
+    seen = set()
+    for w in (*sim.front, *sim.decoders):
+        if id(w) in seen:
+            continue
+        seen.add(id(w))
+        steps = w.n if hasattr(w, "n") else None
+        workers.append({"name": w.name, "role": w.role, "busy_s": w.busy_s, "busy_share": w.busy_s / span,
+                        "steps": steps})
+    rejected = tuple((q.id, q.reason) for q in reqs if q.status == REJECTED)
+    cache = sim.caches.stats()
+    return SimResult(
+        config=sim.config, trace=sim.trace.label, generated=sim.trace.generated, records=rec,
+        token_times_s=flat, token_offsets=offsets, network=sim.network.summary(), cache=cache,
+        workers=tuple(workers), timeline=tuple(sorted(sim.timeline, key=lambda row: (row[1], row[0]))),
+        rejected=rejected, events=sim.loop.events, sim_end_s=end, wall_s=wall_s,
+    )

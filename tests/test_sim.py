@@ -1,0 +1,495 @@
+"""kvlab.sim: conservation, determinism, direction of effect, the ledger behind the step
+times, rejection instead of hanging, a golden run, the CLI and the chapter data."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvlab import cost, metrics
+from kvlab.cli import main
+from kvlab.errors import KvlabError
+from kvlab.sim import (ARCHS, DONE, REJECTED, EventLoop, LedgerCost, MeasuredCost, SimConfig, SimulationError,
+                       chapter, pipeline_time_s, simulate, trace_slice)
+from kvlab.sim.links import Link
+from kvlab.tiers import tiered_decode_step, transfer_time_s
+from kvlab.traces import Request, Trace
+from kvlab.traces_gen import generate_trace
+
+GOLDEN = Path(__file__).parent / "golden" / "sim_tiny.json"
+
+
+def _ids(start: int, n: int) -> tuple:
+    return tuple(range(start, start + n))
+
+
+def tiny_trace() -> Trace:
+    """Ten hand-made requests: a shared 2-block system prompt (ids 1, 2), conversations that
+    extend earlier prompts, and a few unrelated ones. Input lengths match their block counts."""
+    sys_prompt = (1, 2)
+    reqs = [
+        Request(0.00, 1500, 40, sys_prompt + (3,)),
+        Request(0.05, 1100, 25, sys_prompt + (4,)),
+        Request(0.10, 3000, 60, sys_prompt + (3, 5, 6, 7)),
+        Request(0.20, 700, 10, (8, 9)),
+        Request(0.40, 2600, 80, sys_prompt + (4, 10, 11, 12)),
+        Request(0.45, 5000, 30, sys_prompt + (3, 5, 6, 7) + _ids(13, 4)),
+        Request(0.50, 300, 1, (17,)),
+        Request(0.90, 4100, 120, sys_prompt + (3, 5, 6, 7) + _ids(13, 3)),
+        Request(1.20, 9000, 50, _ids(20, 18)),
+        Request(1.25, 9100, 70, _ids(20, 17) + (40,)),
+    ]
+    return Trace("tiny", tuple(reqs), source="hand-made (tests/test_sim.py)", generated=True)
+
+
+@pytest.fixture(scope="module")
+def gen():
+    """A generated conversation workload: 250 requests over ~105 s, long prompts, shared prefixes."""
+    return generate_trace("conversation", seed=0, requests=250)
+
+
+# ------------------------------------------------------------------ invariants
+
+def check_run(result, trace):
+    """Every request done exactly once with exactly its output tokens, in time order."""
+    rec = result.records
+    n = len(trace)
+    assert rec.size == n
+    assert (rec["status"] == DONE).all(), result.rejected
+    assert rec["tokens"].tolist() == [r.output_tokens for r in trace.requests]
+    assert int(rec["tokens"].sum()) == result.token_times_s.size
+    for i in range(n):
+        t = result.tokens(i)
+        assert np.all(np.diff(t) >= 0), f"request {i}: a token before its predecessor"
+        assert t[0] == rec["first_token_s"][i] and t[-1] == rec["finish_s"][i]
+    arrival = rec["arrival_s"]
+    assert np.all(rec["prefill_start_s"] >= arrival)
+    assert np.all(rec["prefill_end_s"] > rec["prefill_start_s"])
+    assert np.all(rec["first_token_s"] >= rec["prefill_end_s"])
+    assert np.all(rec["cached_tokens"] < rec["input_tokens"])  # the last prompt token is always computed
+    assert result.sim_end_s >= rec["finish_s"].max()
+    for worker, start, end, kind, req in result.timeline:
+        assert end >= start and kind in ("fetch", "prefill", "transfer", "decode") and 0 <= req < n
+    s = result.summary()
+    assert s["requests_completed"] == n and s["tokens_generated"] == sum(r.output_tokens for r in trace.requests)
+    json.dumps(result.to_dict(), allow_nan=False)  # JSON-ready
+
+
+CONFIGS = [
+    dict(arch="colocated"),
+    dict(arch="colocated", chunk_tokens=0),
+    dict(arch="colocated", prefix_cache="global", prefill_router="cache-aware", overlap=True),
+    dict(arch="disaggregated"),
+    dict(arch="disaggregated", overlap=True, decode_router="free-hbm"),
+    dict(arch="kv-centric"),
+    dict(arch="kv-centric", remote_kv=True),
+    dict(arch="kv-centric", overlap=False, prefix_cache="local", cache_policy="length-aware"),
+    dict(arch="kv-centric", step_jitter=0.3, seed=7),
+    dict(arch="disaggregated", max_batch=1),  # decode admission queues
+    dict(arch="colocated", max_batch=2, prefill_workers=1, decode_workers=0),
+]
+
+
+@pytest.mark.parametrize("overrides", CONFIGS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
+def test_conservation(gen, overrides):
+    trace = trace_slice(gen, 0, 40)
+    r = simulate(trace, **overrides)
+    check_run(r, trace)
+    if overrides["arch"] != "colocated" and not overrides.get("remote_kv"):
+        kv = r.network["by_purpose"]["kv-transfer"]
+        assert kv["moves"] == len(trace)
+        assert kv["bytes"] == pytest.approx(sum(r.input_tokens for r in trace.requests) * cost.kv_bytes_per_token(
+            "llama-3.1-8b"))
+        assert kv["wire_s"] == pytest.approx(kv["exposed_s"] + kv["hidden_s"])
+
+
+def test_memory_pressure_queues_then_drains(gen):
+    """On an L4 (24 GB: ~5.6 GB of KV room beside 16 GB of weights) long requests wait for
+    decode memory, the too-large ones are rejected, and the run still ends."""
+    trace = trace_slice(gen, 0, 60)
+    r = simulate(trace, arch="disaggregated", hardware="l4", decode_workers=1)
+    rec = r.records
+    rejected = rec["status"] == REJECTED
+    room = 24e9 * 0.9 - cost.weight_bytes("llama-3.1-8b")
+    too_big = (rec["input_tokens"] + rec["output_tokens"]) * cost.kv_bytes_per_token("llama-3.1-8b") > room
+    assert rejected.tolist() == too_big.tolist() and rejected.any() and not rejected.all()
+    assert (rec["status"][~rejected] == DONE).all()
+    assert rec["decode_wait_s"][~rejected].max() > 0  # someone waited for HBM
+    assert all("exceeds" in why for _, why in r.rejected)
+
+
+def test_request_larger_than_any_gpu_is_reported_not_hung():
+    reqs = (Request(0.0, 1000, 5, (1, 2)), Request(0.1, 500_000, 5, _ids(100, 977)), Request(0.2, 800, 3, (1, 3)))
+    trace = Trace("big", reqs, source="test", generated=True)
+    for arch in ARCHS:
+        r = simulate(trace, arch=arch)
+        assert r.records["status"].tolist() == [DONE, REJECTED, DONE]
+        assert r.rejected[0][0] == 1 and "room for KV" in r.rejected[0][1]
+        s = r.summary()
+        assert s["requests_rejected"] == 1 and s["requests_completed"] == 2
+        assert s["slo_attainment"] <= 2 / 3  # a rejected request missed its SLO
+    only_big = Trace("only-big", (reqs[1],), source="test", generated=True)
+    s = simulate(only_big, arch="kv-centric").summary()
+    assert s["requests_completed"] == 0 and s["throughput_tokens_per_s"] is None
+
+
+def test_weights_that_do_not_fit_are_bad_input():
+    with pytest.raises(KvlabError, match="do not fit"):
+        simulate(tiny_trace(), arch="colocated", model="llama-3.1-70b", hardware="h100-sxm")
+
+
+@pytest.mark.parametrize("bad", [dict(arch="pd"), dict(prefill_workers=0), dict(efficiency=1.5),
+                                 dict(arch="colocated", remote_kv=True), dict(prefix_cache="nope"),
+                                 dict(link="carrier-pigeon")])
+def test_bad_config_is_one_clear_error(bad):
+    with pytest.raises(KvlabError):
+        simulate(tiny_trace(), **bad)
+
+
+# ------------------------------------------------------------------ determinism
+
+def _same(a, b):
+    for name in a.records.dtype.names:
+        np.testing.assert_array_equal(a.records[name], b.records[name])
+    np.testing.assert_array_equal(a.token_times_s, b.token_times_s)
+    assert a.timeline == b.timeline and a.network == b.network
+
+
+def test_deterministic_without_randomness(gen):
+    trace = trace_slice(gen, 0, 30)
+    for arch in ARCHS:
+        _same(simulate(trace, arch=arch), simulate(trace, arch=arch))
+
+
+def test_seed_stability(gen):
+    trace = trace_slice(gen, 0, 30)
+    a = simulate(trace, arch="colocated", step_jitter=0.25, seed=3)
+    b = simulate(trace, arch="colocated", step_jitter=0.25, seed=3)
+    c = simulate(trace, arch="colocated", step_jitter=0.25, seed=4)
+    _same(a, b)
+    assert not np.array_equal(a.token_times_s, c.token_times_s)
+    # jitter has mean 1: the seeds agree on the mean decode pace within a few percent
+    assert a.summary()["tpot_mean_s"] == pytest.approx(c.summary()["tpot_mean_s"], rel=0.1)
+
+
+# ------------------------------------------------------------------ direction of effect
+
+def test_more_decode_workers_lower_tpot(gen):
+    tpot = [simulate(gen, arch="disaggregated", decode_workers=d).summary()["tpot_p50_s"] for d in (1, 2, 4)]
+    assert tpot[0] > tpot[1] > tpot[2]
+
+
+def test_faster_link_lower_ttft_in_disaggregated(gen):
+    links = ("ethernet-10g", "ib-200g", "ib-400g", "nvlink4")  # 1.25, 25, 50, 450 GB/s
+    ttft = [simulate(gen, arch="disaggregated", link=link).summary()["ttft_mean_s"] for link in links]
+    assert ttft == sorted(ttft, reverse=True) and len(set(ttft)) == len(ttft)
+
+
+def test_more_prefill_workers_lower_ttft(gen):
+    ttft = [simulate(gen, arch="disaggregated", prefill_workers=p).summary()["ttft_mean_s"] for p in (1, 2, 4)]
+    assert ttft[0] > ttft[1] > ttft[2]
+
+
+def test_overlap_never_slower_on_a_trace(gen):
+    for arch in ("disaggregated", "kv-centric"):
+        on = simulate(gen, arch=arch, overlap=True).summary()
+        off = simulate(gen, arch=arch, overlap=False).summary()
+        assert on["ttft_mean_s"] < off["ttft_mean_s"]
+        assert on["move_hidden_s"] > off["move_hidden_s"]
+
+
+requests_strategy = st.lists(
+    st.tuples(st.floats(0.0, 0.5), st.integers(1, 20_000), st.integers(1, 60), st.booleans()),
+    min_size=1, max_size=12)
+
+
+@settings(max_examples=25, deadline=None)
+@given(requests_strategy)
+def test_overlap_never_slower_per_request(spec):
+    """One prefill and one decode GPU: streaming KV during the prefill never delays any
+    request's first token (the pipeline is never longer than load-then-compute)."""
+    t, reqs, next_id = 0.0, [], 1000
+    for gap, n_in, n_out, shares in spec:
+        t += gap
+        blocks = -(-n_in // 512)
+        ids = (1,) + _ids(next_id, blocks - 1) if shares else _ids(next_id, blocks)
+        next_id += blocks
+        reqs.append(Request(t, n_in, n_out, ids))
+    trace = Trace("random", tuple(reqs), source="hypothesis", generated=True)
+    kw = dict(arch="disaggregated", prefill_workers=1, decode_workers=1)
+    on, off = simulate(trace, overlap=True, **kw), simulate(trace, overlap=False, **kw)
+    assert np.all(on.records["ttft_s"] <= off.records["ttft_s"] + 1e-12)
+
+
+def test_remote_kv_decode_is_a_disaster(gen):
+    trace = trace_slice(gen, 0, 30)
+    local = simulate(trace, arch="kv-centric").summary()
+    remote = simulate(trace, arch="kv-centric", remote_kv=True).summary()
+    assert remote["tpot_p50_s"] > 10 * local["tpot_p50_s"]
+    assert remote["throughput_tokens_per_s"] < local["throughput_tokens_per_s"] / 5
+
+
+def test_chunked_prefill_bounds_the_decode_stall(gen):
+    r_whole = simulate(gen, arch="colocated", chunk_tokens=0)
+    r_chunk = simulate(gen, arch="colocated", chunk_tokens=1024)
+    assert r_chunk.records["itl_max_s"].max() < r_whole.records["itl_max_s"].max() / 2
+
+
+def test_disaggregation_removes_prefill_interference(gen):
+    co = simulate(gen, arch="colocated")
+    pd = simulate(gen, arch="disaggregated")
+    # decode GPUs never run a prefill chunk: their worst gap is a decode step, colocated's a chunk
+    assert pd.records["itl_max_s"].max() < co.records["itl_max_s"].max() / 3
+    assert (metrics.itl_s(pd.token_times_s, pd.token_offsets) > 0.05).sum() == 0
+    assert (metrics.itl_s(co.token_times_s, co.token_offsets) > 0.05).sum() > 100
+
+
+def test_prefix_pool_saves_prefill(gen):
+    none = simulate(gen, arch="kv-centric", pool_bytes_per_node=0)
+    some = simulate(gen, arch="kv-centric")
+    assert none.prefix_hit_ratio == 0.0 and some.prefix_hit_ratio > 0.1
+    busy = lambda r: sum(w["busy_s"] for w in r.workers if w["role"] == "prefill")  # noqa: E731
+    assert busy(some) < busy(none)
+
+
+# ------------------------------------------------------------------ step times from the ledger
+
+@pytest.mark.parametrize("model", ["llama-3.1-8b", "mixtral-8x7b"])
+def test_ledger_cost_reproduces_the_ledger(model):
+    lc = LedgerCost(model, "h200", max_batch=64)
+    for b in (1, 7, 64):
+        for ctx in (1, 100, 4096, 32768):
+            want = cost.decode_step(model, "h200", b, ctx).step_time_s
+            assert lc.decode_times_s(b, ctx) == pytest.approx(want, rel=1e-12)
+    got = lc.decode_times_s(8, np.array([10.0, 5000.0]))
+    assert got == pytest.approx([cost.decode_step(model, "h200", 8, c).step_time_s for c in (10, 5000)], rel=1e-12)
+
+
+def test_remote_steps_reproduce_tiered_decode_step():
+    lc = LedgerCost("llama-3.1-8b", "h100-sxm", remote_link="ib-200g", max_batch=32)
+    for b, ctx in ((1, 4096), (16, 12000), (32, 100)):
+        step, network = lc.remote_decode_times_s(b, ctx)
+        want = tiered_decode_step("llama-3.1-8b", "h100-sxm", b, ctx, tier="ib-200g")
+        assert step == pytest.approx(want.step_time_s, rel=1e-12)
+        assert network == pytest.approx(want.tier_time_s, rel=1e-12)
+    with pytest.raises(KvlabError):
+        LedgerCost("llama-3.1-8b", "h100-sxm").remote_decode_times_s(1, 100)
+
+
+def test_fused_iteration_shares_one_weight_read():
+    lc = LedgerCost("llama-3.1-8b", "h100-sxm")
+    prefill = cost.prefill("llama-3.1-8b", "h100-sxm", 4096, 2048).time_s
+    assert lc.fused_time_s(0, 0.0, 4096, 2048) == pytest.approx(prefill)
+    decode = cost.decode_step("llama-3.1-8b", "h100-sxm", 32, 8000).step_time_s
+    fused = lc.fused_time_s(32, 8000.0, 4096, 2048)
+    assert max(prefill, decode) <= fused < prefill + decode
+
+
+def test_link_time_is_the_tiers_fetch_formula():
+    link = Link("ib-400g")
+    for nbytes in (1.0, 4096.0, 1.6e9):
+        assert link.time_s(nbytes) == pytest.approx(transfer_time_s(nbytes, 50e9, 1.0, 5e-6), rel=1e-12)
+    assert link.time_s(0) == 0.0
+
+
+def test_pipeline_time_hand_checked():
+    assert pipeline_time_s(4.0, 2.0, 2) == 5.0  # the longer + one of two pieces of the shorter
+    assert pipeline_time_s(0.0, 3.0, 32) == 3.0
+
+
+@given(st.floats(0, 10), st.floats(0, 10), st.integers(1, 128))
+def test_pipeline_between_max_and_sum(a, b, stages):
+    t = pipeline_time_s(a, b, stages)
+    assert max(a, b) - 1e-12 <= t <= a + b + 1e-12
+
+
+def test_measured_step_times_plug_in():
+    table = MeasuredCost([1, 64], [0, 100_000], [[0.02, 0.02], [0.02, 0.02]], "llama-3.1-8b", "h100-sxm")
+    assert float(table.decode_times_s(5, 1234.0)) == pytest.approx(0.02)
+    r = simulate(tiny_trace(), SimConfig(arch="disaggregated"), cost=table)
+    steps = np.concatenate([np.diff(r.tokens(i)[1:]) for i in range(len(r.records))])
+    assert steps.size and np.allclose(steps, 0.02)  # every decode step took the measured 20 ms
+    first = np.array([np.diff(r.tokens(i)[:2]) for i in range(len(r.records)) if r.records["tokens"][i] > 1])
+    assert np.all((first >= 0.02 - 1e-12) & (first <= 0.04 + 1e-12))  # a joiner waits at most one step
+    lin = MeasuredCost([1, 3], [0, 1000], [[1.0, 2.0], [3.0, 4.0]], "llama-3.1-8b", "h100-sxm")
+    assert float(lin.decode_times_s(2, 500.0)) == pytest.approx(2.5)
+
+
+# ------------------------------------------------------------------ event loop
+
+def test_event_loop_order_and_time():
+    loop, seen = EventLoop(), []
+
+    def record(now, tag):
+        seen.append((now, tag))
+        if tag == "a":
+            return [(now, record, ("a-child",)), (now + 1, record, ("later",))]
+        return None
+
+    loop.schedule(1.0, record, "a")
+    loop.schedule(1.0, record, "b")  # same time: scheduled order
+    loop.schedule(0.5, record, "first")
+    assert loop.run() == 2.0
+    assert seen == [(0.5, "first"), (1.0, "a"), (1.0, "b"), (1.0, "a-child"), (2.0, "later")]
+    with pytest.raises(SimulationError):
+        loop.schedule(1.5, record, "past")
+
+    bad = EventLoop()
+    bad.schedule(1.0, lambda now: [(now - 0.1, record, ("x",))])
+    with pytest.raises(SimulationError, match="in the past"):
+        bad.run()
+
+
+# ------------------------------------------------------------------ golden run
+
+def golden_runs() -> dict:
+    trace = tiny_trace()
+    variants = {
+        "colocated": dict(arch="colocated"),
+        "colocated-chunk-1024": dict(arch="colocated", chunk_tokens=1024),
+        "disaggregated": dict(arch="disaggregated"),
+        "kv-centric": dict(arch="kv-centric"),
+        "kv-centric-remote-kv": dict(arch="kv-centric", remote_kv=True),
+    }
+    out = {}
+    for name, kw in variants.items():
+        r = simulate(trace, **kw)
+        s = r.summary()
+        out[name] = {
+            "summary": {k: s[k] for k in ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "itl_p99_s",
+                                          "throughput_tokens_per_s", "requests_completed", "prefix_hit_ratio",
+                                          "move_exposed_s", "move_hidden_s")},
+            "first_token_s": r.records["first_token_s"].tolist(),
+            "finish_s": r.records["finish_s"].tolist(),
+            "cached_tokens": r.records["cached_tokens"].tolist(),
+            "decode_worker": r.records["decode_worker"].tolist(),
+            "bytes": {p: v["bytes"] for p, v in r.network["by_purpose"].items()},
+        }
+    return out
+
+
+def test_golden_tiny_run():
+    got = golden_runs()
+    if os.environ.get("KVLAB_UPDATE_GOLDEN"):
+        GOLDEN.parent.mkdir(exist_ok=True)
+        GOLDEN.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
+    want = json.loads(GOLDEN.read_text())
+    assert sorted(got) == sorted(want)
+    for name in want:
+        for key, value in want[name].items():
+            if isinstance(value, dict):
+                for k, v in value.items():
+                    assert got[name][key][k] == pytest.approx(v, rel=1e-9, abs=1e-12), (name, key, k)
+            else:
+                assert got[name][key] == pytest.approx(value, rel=1e-9, abs=1e-12), (name, key)
+
+
+# ------------------------------------------------------------------ CLI
+
+def _write(trace: Trace, path: Path) -> Path:
+    with path.open("w") as f:
+        for r in trace.requests:
+            f.write(json.dumps({"timestamp": round(r.arrival_s * 1000), "input_length": r.input_tokens,
+                                "output_length": r.output_tokens, "hash_ids": list(r.hash_ids)}) + "\n")
+    return path
+
+
+def test_cli_json_contract(tmp_path, capsys):
+    path = _write(tiny_trace(), tmp_path / "tiny.jsonl")
+    assert main(["simulate", str(path), "--arch", "kv-centric", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for key in ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "itl_p99_s", "throughput_tokens_per_s",
+                "requests_completed", "prefix_hit_ratio"):
+        assert key in out
+    assert out["requests_completed"] == 10 and out["arch"] == "kv-centric"
+    records = tmp_path / "records.csv"
+    assert main(["simulate", str(path), "--arch", "colocated", "--prefill-workers", "1", "--decode-workers", "1",
+                 "--limit", "4", "--records", str(records)]) == 0
+    text = capsys.readouterr().out
+    assert "TTFT" in text and "colocated" in text
+    lines = records.read_text().splitlines()
+    assert lines[0].startswith("request,status") and len(lines) == 5
+
+
+@pytest.mark.parametrize("argv", [["--arch", "colocated", "--remote-kv"], ["--arch", "disaggregated",
+                                  "--decode-workers", "0"], ["--arch", "kv-centric", "--link", "wifi"],
+                                  ["--arch", "kv-centric", "--duration", "-3"],
+                                  ["--arch", "kv-centric", "--records", "out.txt"]])
+def test_cli_bad_input_exit_2(tmp_path, capsys, argv):
+    path = _write(tiny_trace(), tmp_path / "tiny.jsonl")
+    assert main(["simulate", str(path), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "error" in err
+
+
+# ------------------------------------------------------------------ chapter data
+
+def test_chapter_sweep_shapes(gen):
+    s = chapter.sweep(gen, duration_s=30, links=("ib-200g", "nvlink4"), pool_bytes_per_node=(0, 1e11),
+                      prefill_workers=(1,), decode_workers=(1, 2))
+    for arch in ARCHS:
+        grid = s["metrics"][arch]["ttft_p50_s"]
+        assert grid.shape == (2, 2, 1, 2) and np.isfinite(grid).all()
+    co = s["metrics"]["colocated"]["ttft_p50_s"]
+    np.testing.assert_array_equal(co[0], co[1])  # no KV crosses the network
+    pd = s["metrics"]["disaggregated"]["ttft_p50_s"]
+    assert np.all(pd[1] <= pd[0])  # NVLink moves the KV faster than one 200G NIC
+    hits = s["metrics"]["kv-centric"]["prefix_hit_ratio"]
+    assert np.all(hits[:, 0] == 0) and np.all(hits[:, 1] > 0)
+
+
+def test_chapter_compare_and_bytes(gen):
+    c = chapter.compare_architectures(gen, duration_s=30)
+    assert c["archs"] == list(ARCHS) and c["generated"]
+    for arch in ARCHS:
+        assert c["ttft_s"][arch].shape == c["quantiles"].shape
+        assert np.all(np.diff(c["itl_s"][arch]) >= 0)
+    b = chapter.bytes_vs_critical_path(gen, duration_s=30)
+    names = b["variants"]
+    same = {b[v]["bytes"]["kv-transfer"] for v in names}
+    assert len(same) == 1  # the same bytes cross the network ...
+    assert b["disaggregated"]["hidden_s"]["kv-transfer"] == 0.0
+    assert b["disaggregated + overlap"]["exposed_s"]["kv-transfer"] < b["disaggregated"]["exposed_s"]["kv-transfer"]
+
+
+def test_chapter_hit_rates_timeline_streams(gen):
+    h = chapter.hit_rate_global_vs_local(gen, nodes=4, pool_bytes_per_node=[0, 1e11, 1e15])
+    assert h["global_token_hit_ratio"][0] == 0 and h["local_token_hit_ratio"][0] == 0
+    assert h["global_token_hit_ratio"][-1] == pytest.approx(h["infinite_token_hit_ratio"])
+    assert np.all(h["global_token_hit_ratio"] >= h["local_token_hit_ratio"] - 1e-12)
+    t = chapter.timeline(gen, arch="kv-centric", duration_s=10)
+    kinds = {row[3] for row in t["rows"]}
+    assert {"prefill", "transfer", "decode"} <= kinds and set(t["workers"]) >= {row[0] for row in t["rows"]}
+    s = chapter.token_streams(gen, duration_s=40, requests=3, min_tokens=50)
+    assert len(s["requests"]) == 3
+    for row in s["colocated"]:
+        assert row["token_times_s"][0] == pytest.approx(row["ttft_s"])
+        assert row["itl_s"].mean() == pytest.approx(row["tpot_s"])
+        assert row["itl_max_s"] >= row["tpot_s"]
+
+
+def test_single_request_hand_checked():
+    """One request, one prefill and one decode GPU, no prefix cache: every time is a ledger call."""
+    m, hw, n_in = "llama-3.1-8b", "h100-sxm", 2048
+    trace = Trace("one", (Request(0.0, n_in, 4, _ids(1, 4)),), source="test", generated=True)
+    prefill = cost.prefill(m, hw, n_in).time_s
+    wire = transfer_time_s(n_in * cost.kv_bytes_per_token(m), 25e9, 1.0, 5e-6)  # ib-200g: 200 Gb/s = 25 GB/s
+    steps = np.cumsum([cost.decode_step(m, hw, 1, n_in + j).step_time_s for j in range(3)])
+    kw = dict(prefill_workers=1, decode_workers=1, prefix_cache="none")
+
+    pd = simulate(trace, arch="disaggregated", **kw)
+    assert pd.tokens(0) == pytest.approx(prefill + wire + np.concatenate([[0.0], steps]), rel=1e-12)
+    assert pd.records["transfer_exposed_s"][0] == pytest.approx(wire)
+
+    kv = simulate(trace, arch="kv-centric", **kw)  # the KV streams out layer by layer: one layer is left
+    assert wire < prefill
+    assert kv.records["ttft_s"][0] == pytest.approx(prefill + wire / 32, rel=1e-12)
+    assert kv.network["by_purpose"]["kv-transfer"]["hidden_s"] == pytest.approx(wire - wire / 32)
+
+    co = simulate(trace, arch="colocated", chunk_tokens=0, **kw)
+    assert co.tokens(0) == pytest.approx(prefill + np.concatenate([[0.0], steps]), rel=1e-12)
