@@ -130,7 +130,8 @@ class Panel:
         if not self.js:
             raise ValueError(f"panel {self.key!r} is live only (it has no JavaScript twin)")
         result = self.compute(self.default_state)
-        sources = {name: ColumnDataSource(data=data, name=f"{self.key}.{name}") for name, data in result["sources"].items()}
+        sources = {name: ColumnDataSource(data=data, name=f"{self.key}.source.{name}")
+                   for name, data in result["sources"].items()}
         widgets, grids = {}, {}
         for c in self.controls:
             name = f"{self.key}.{c.key}"
