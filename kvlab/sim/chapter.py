@@ -87,7 +87,7 @@ def sweep(trace=None, start_s: float = 0.0, duration_s: float = 180.0, links=SWE
     "metrics": {arch: {key: array of shape (links, pools, prefill, decode)}}}; a value is
     NaN where a run completed no request. Colocated runs prefill + decode GPUs that do both
     and moves no KV between GPUs, so its values do not depend on the link (it is run once
-    per link-free point). The default grid on a 3-minute slice is ~240 runs, ~15 s.
+    per link-free point). The default grid on a 3-minute slice is 243 runs, ~11 s on a 2-core CPU.
     """
     from ..hardware import get_tier
 

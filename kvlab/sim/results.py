@@ -185,8 +185,8 @@ def build_result(sim, wall_s: float) -> SimResult:
     for col in cols:
         rec["request" if col == "id" else col] = [getattr(q, col) for q in reqs]
     rec["queue_s"] = rec["prefill_start_s"] - rec["arrival_s"]
-    not_done = rec["status"] != DONE
-    rec["transfer_bytes"][not_done & np.isnan(rec["prefill_start_s"])] = 0.0
+    moved = (rec["decode_worker"] >= 0) & (sim.config.arch != "colocated") & (not sim.config.remote_kv)
+    rec["transfer_bytes"][~moved] = 0.0  # bytes that actually crossed to a decode GPU
     end = sim.loop.now
     span = max(end - (arrival.min() if n else 0.0), 1e-12)
     workers = []
