@@ -21,6 +21,7 @@ from kvlab.decoder.kvcache import quantize  # noqa: E402
 from kvlab.errors import KvlabError  # noqa: E402
 
 B, PROMPT, TOTAL, MAX_LEN = 3, 24, 40, 64
+BLOCK = 16  # tokens per cache block: prompts and decodes cross block boundaries
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
@@ -34,9 +35,9 @@ def tokens():
     return torch.randint(0, PRESETS["tiny"].vocab_size, (B, TOTAL), generator=torch.Generator().manual_seed(1))
 
 
-def generate(model, tokens, kv="fp32", placement="device", prefetch=False, layout="auto"):
+def generate(model, tokens, kv="fp32", placement="device", prefetch=False, block=BLOCK, max_len=MAX_LEN):
     """Logits for positions PROMPT-1 .. TOTAL-1: prefill the prompt, then decode one by one."""
-    cache = model.new_cache(tokens.shape[0], MAX_LEN, kv, placement, prefetch, layout)
+    cache = model.new_cache(tokens.shape[0], max_len, kv, placement, prefetch, block_tokens=block)
     out = [model.prefill(tokens[:, :PROMPT], cache)[:, -1]]
     for t in range(PROMPT, TOTAL):
         out.append(model.decode(tokens[:, t], cache))
@@ -62,6 +63,12 @@ def test_cached_decode_equals_full_recompute(tokens, kernel):
     assert (cached - full[:, PROMPT - 1:]).abs().max().item() <= 1e-4
 
 
+@pytest.mark.parametrize("block", [1, 5, 16, 64])
+def test_block_size_does_not_change_the_logits(model, tokens, reference, block):
+    """Blocks only change where positions live; partial blocks are masked."""
+    assert torch.allclose(generate(model, tokens, block=block), reference, atol=1e-5)
+
+
 def test_decode_logits_depend_on_the_cached_history(model, tokens):
     """Sanity for the test above: a different history changes the next-token logits."""
     other = tokens.clone()
@@ -69,11 +76,11 @@ def test_decode_logits_depend_on_the_cached_history(model, tokens):
     assert (generate(model, other)[:, -1] - generate(model, tokens)[:, -1]).abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("prefetch,layout", [(False, "hnd"), (False, "tnd"), (True, "hnd"), (True, "tnd")])
+@pytest.mark.parametrize("prefetch", [False, True])
 @pytest.mark.parametrize("kv", ["fp32", "int8"])
-def test_host_placement_equals_device(model, tokens, kv, prefetch, layout):
+def test_host_placement_equals_device(model, tokens, kv, prefetch):
     device = generate(model, tokens, kv)
-    host = generate(model, tokens, kv, "host", prefetch, layout)
+    host = generate(model, tokens, kv, "host", prefetch)
     assert torch.equal(host, device)
 
 
@@ -84,21 +91,15 @@ def test_quantized_kv_stays_close(model, tokens, reference, kv, tolerance):
 
 
 @pytest.mark.parametrize("kv", ["int8", "fp8"])
-def test_chunked_dequantization_equals_one_pass(model, tokens, kv, monkeypatch):
-    """Quantized KV is dequantized in cache-sized chunks; many small chunks or the int8
-    GEMV give the same logits as one big chunk."""
-    from kvlab.decoder import attention
-
+def test_chunked_dequantization_equals_one_pass(model, tokens, kv):
+    """Quantized KV is dequantized a few blocks at a time; one block per chunk or all at
+    once give the same logits."""
     def run(budget):
-        cache = model.new_cache(B, MAX_LEN, kv, chunk_budget_bytes=budget)
+        cache = model.new_cache(B, MAX_LEN, kv, block_tokens=BLOCK, chunk_budget_bytes=budget)
         model.prefill(tokens[:, :PROMPT], cache)
         return torch.stack([model.decode(tokens[:, t], cache) for t in range(PROMPT, TOTAL)], 1)
 
-    one = run(1 << 30)
-    monkeypatch.setattr(attention, "_int8_scores_supported", lambda k, work: False)
-    assert attention.chunk_tokens(B, 2, 16, 1) == 16  # 16-token chunks: 3 of them at 40 tokens
-    assert torch.allclose(run(1), one, atol=1e-5)
-    assert torch.allclose(run(1 << 30), one, atol=1e-5)
+    assert torch.allclose(run(1), run(1 << 30), atol=1e-5)
 
 
 def test_int8_kv_is_closer_than_fp8(model, tokens, reference):
@@ -149,7 +150,7 @@ def test_quantize_roundtrip():
 @pytest.mark.parametrize("placement", ["device", "host"])
 def test_ragged_batch_matches_each_sequence_alone(model, tokens, placement):
     lengths = [5, 17, 11]
-    cache = model.new_cache(B, MAX_LEN, "fp32", placement)
+    cache = model.new_cache(B, MAX_LEN, "fp32", placement, block_tokens=BLOCK)
     prompt = tokens[:, :max(lengths)]
     model.prefill(prompt, cache, lengths=lengths)
     assert cache.lengths == lengths
@@ -158,7 +159,7 @@ def test_ragged_batch_matches_each_sequence_alone(model, tokens, placement):
     batched.append(model.decode(nxt.flip(0), cache))
     assert cache.lengths == [n + 2 for n in lengths]
     for b, n in enumerate(lengths):
-        alone = model.new_cache(1, MAX_LEN, "fp32", placement)
+        alone = model.new_cache(1, MAX_LEN, "fp32", placement, block_tokens=BLOCK)
         model.prefill(tokens[b:b + 1, :n], alone)
         first = model.decode(nxt[b:b + 1], alone)
         second = model.decode(nxt.flip(0)[b:b + 1], alone)
@@ -229,9 +230,9 @@ def test_decoder_streams_the_weight_bytes_the_ledger_counts(weight_dtype, tolera
 
 @pytest.mark.parametrize("kv", ["fp32", "bf16", "fp16", "int8", "fp8"])
 def test_cache_stores_the_kv_bytes_the_ledger_counts(model, kv):
-    cache = model.new_cache(2, 16, kv)
+    cache = model.new_cache(2, 40, kv, block_tokens=16)  # 3 blocks: 48 positions allocated
     assert cache.bytes_per_token == kv_bytes_per_token(ledger.model_spec("tiny"), ledger.kv_ledger_dtype("tiny", kv))
-    assert cache.nbytes == cache.bytes_per_token * 2 * 16
+    assert cache.capacity_tokens == 48 and cache.nbytes == cache.bytes_per_token * 2 * 48
 
 
 def test_host_prediction_adds_the_fetch():
@@ -256,6 +257,7 @@ def test_cuda_host_placement_equals_device(tokens, prefetch):
     m = Decoder("tiny", "fp32", device="cuda")
     t = tokens.cuda()
     assert torch.equal(generate(m, t, "bf16", "host", prefetch), generate(m, t, "bf16"))
+    assert torch.equal(generate(m, t, "int8", "host", prefetch), generate(m, t, "int8"))
 
 
 @cuda

@@ -6,7 +6,9 @@ at that context, the ledger's prediction for the same shapes with this machine's
 and the achieved bandwidth: the bytes the ledger says the step moves / measured time.
 
 A point repeats the same step (same position, same history length), so every repeat
-moves the same bytes. The cache is filled with random history instead of a prefill:
+moves the same bytes. `context` is what the ledger calls it: the positions the step
+attends, here `context - 1` cached tokens plus the new one (written, then read back with
+the rest), so the step reads `context` tokens of KV and writes one, as the ledger counts. The cache is filled with random history instead of a prefill:
 the values do not change the bytes, and prefilling 8 x 32K tokens on a CPU takes hours.
 On CUDA, device-placement steps are captured once in a CUDA graph and replayed, so the
 timing is the kernels', not Python's launch loop.
@@ -17,7 +19,7 @@ import gc
 
 from ..errors import KvlabError
 from .results import environment
-from .timing import Budget, Progress, cpu_pressure, machine_state, time_call, tune_cpu_allocator
+from .timing import Budget, Progress, machine_state, measure_undisturbed, time_call, tune_cpu_allocator
 
 K = 1024
 GRIDS = {
@@ -73,7 +75,9 @@ def measure_machine(device, compute_dtype: str, need_link: bool, quick: bool) ->
 
     cuda = str(device).startswith("cuda")
     size = (GiB if cuda else 512 * MiB) if not quick else (256 * MiB if cuda else 128 * MiB)
-    bw, timing = copy_bandwidth(device, size, repeats=5 if quick else 9)
+    (bw, timing), stall, _ = measure_undisturbed(lambda: copy_bandwidth(device, size, repeats=5 if quick else 9),
+                                                 attempts=2 if quick else 5)
+    timing["cpu_stall_fraction"] = stall
     out = {"bandwidth_bytes_per_s": bw, "bandwidth_timing": timing, "bandwidth_size_bytes": size,
            "flops_per_s": matmul_rate(device, compute_dtype), "flops_dtype": compute_dtype}
     if need_link:
@@ -103,6 +107,7 @@ def run_decode(device="cpu", preset=None, batches=None, contexts=None, placement
         grid["prefetch"] = (False,)  # nothing to overlap with on a CPU
     repeats = repeats or (3 if quick else 5 if not cuda else 20)
     warmup = warmup or (1 if quick else 2)
+    tries = 1 if quick else 3  # re-measure a point another process disturbed
     alloc = tune_cpu_allocator() if not cuda else {}
     budget = Budget(budget_s)
     env = {**environment(str(dev)), **alloc, "at_start": machine_state()}
@@ -137,7 +142,7 @@ def run_decode(device="cpu", preset=None, batches=None, contexts=None, placement
         if not ctxs:
             continue
         try:
-            cache = model.new_cache(batch, max(ctxs) + 1, kv, placement, pre)
+            cache = model.new_cache(batch, max(ctxs), kv, placement, pre)
         except KvlabError as exc:
             for c in ctxs:
                 skipped.append({"placement": placement, "prefetch": pre, "kv_dtype": kv, "batch": batch,
@@ -155,10 +160,10 @@ def run_decode(device="cpu", preset=None, batches=None, contexts=None, placement
                                 "context": ctx, "reason": "time budget exhausted"})
                 progress.step(f"{label} ctx={ctx}: skipped (time budget)")
                 continue
-            plan = model.plan(cache, [ctx] * batch, 1)
+            plan = model.plan(cache, [ctx - 1] * batch, 1)  # attends ctx positions
             with torch.no_grad():
                 fn, graphed = make_step(model, cache, plan, tokens, cuda_graph)
-                t = time_call(fn, dev, repeats, warmup)
+                t, stall, attempts = measure_undisturbed(lambda: time_call(fn, dev, repeats, warmup), attempts=tries)
             measured = t.median_s
             point = {
                 "batch": batch, "context": ctx, "placement": placement, "prefetch": pre, "kv_dtype": kv,
@@ -172,12 +177,13 @@ def run_decode(device="cpu", preset=None, batches=None, contexts=None, placement
                 "achieved_bytes_per_s": pred["step_bytes"] / measured,
                 "fraction_of_bandwidth": pred["step_bytes"] / measured / machine["bandwidth_bytes_per_s"],
                 "tokens_per_s": batch / measured,
-                "cpu_pressure_10s": cpu_pressure(),
+                "cpu_stall_fraction": stall, "attempts": attempts,
             }
             points.append(point)
             progress.step(f"{label} ctx={ctx}: {measured * 1e3:8.2f} ms, ledger {pred['predicted_step_s'] * 1e3:8.2f} ms "
                           f"({point['error']:+.1%}), {point['achieved_bytes_per_s'] / 1e9:.1f} GB/s = "
-                          f"{point['fraction_of_bandwidth']:.0%} of copy (spread {t.spread:.0%})")
+                          f"{point['fraction_of_bandwidth']:.0%} of copy (spread {t.spread:.0%}" +
+                          (f", stalled {stall:.0%}" if stall else "") + (f", {attempts} tries" if attempts > 1 else "") + ")")
             del fn, plan
         del cache
         gc.collect()

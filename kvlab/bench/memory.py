@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..errors import KvlabError
 from .results import environment
-from .timing import Budget, Progress, machine_state, time_call, tune_cpu_allocator
+from .timing import Budget, Progress, machine_state, measure_undisturbed, time_call, tune_cpu_allocator
 
 MiB, GiB = 1 << 20, 1 << 30
 SIZES = {"cpu": [4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB, GiB], "cuda": [16 * MiB, 256 * MiB, GiB, 4 * GiB]}
@@ -58,7 +58,7 @@ def matmul_rate(device, dtype: str, n: int | None = None, repeats: int = 5) -> f
     n = n or MATMUL_N.get(dev.type, 2048)
     a = torch.randn(n, n, device=dev).to(torch_dtype(dtype))
     b = torch.randn(n, n, device=dev).to(torch_dtype(dtype))
-    t = time_call(lambda: torch.matmul(a, b), dev, repeats, warmup=2)
+    t, _, _ = measure_undisturbed(lambda: time_call(lambda: torch.matmul(a, b), dev, repeats, warmup=2))
     return 2.0 * n ** 3 / t.median_s
 
 
@@ -89,8 +89,9 @@ def run_memory(device="cpu", quick: bool = False, repeats: int | None = None, bu
         for kernel, fn, moved in kernels:
             if not budget.allows(0):
                 break
-            t = time_call(fn, dev, repeats, warmup=2)
+            t, stall, _ = measure_undisturbed(lambda: time_call(fn, dev, repeats, warmup=2), attempts=1 if quick else 3)
             points.append({"kernel": kernel, "size_bytes": size, "bytes_moved": moved, **t.to_dict(),
+                           "cpu_stall_fraction": stall,
                            "bandwidth_bytes_per_s": moved / t.median_s, "best_bandwidth_bytes_per_s": moved / t.min_s})
             progress.step(f"{kernel:5s} {size / MiB:7.0f} MiB: {moved / t.median_s / 1e9:7.1f} GB/s "
                           f"(spread {t.spread:.0%})")

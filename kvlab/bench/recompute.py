@@ -20,7 +20,7 @@ import math
 
 from ..errors import KvlabError
 from .results import environment
-from .timing import Budget, Progress, machine_state, time_call, tune_cpu_allocator
+from .timing import Budget, Progress, machine_state, measure_undisturbed, time_call, tune_cpu_allocator
 
 GRIDS = {
     "cpu": dict(presets=("cpu-bench",), tokens=(16, 32, 64, 128, 256, 512, 1024)),
@@ -70,6 +70,7 @@ def run_recompute(device="cpu", presets=None, tokens=None, weight_dtype="bf16", 
     presets = tuple(presets or grid["presets"])
     grid_tokens = sorted(int(n) for n in (tokens or grid["tokens"]))
     repeats = repeats or (3 if quick or not cuda else 10)
+    tries = 1 if quick else 3  # re-measure a point another process disturbed
     alloc = tune_cpu_allocator() if not cuda else {}
     budget = Budget(budget_s)
     env = {**environment(str(dev)), **alloc, "at_start": machine_state()}
@@ -104,7 +105,8 @@ def run_recompute(device="cpu", presets=None, tokens=None, weight_dtype="bf16", 
             tok = torch.randint(0, cfg.vocab_size, (1, n), generator=torch.Generator().manual_seed(seed)).to(dev)
             plan = model.plan(cache, [0], n)
             with torch.no_grad():
-                t_re = time_call(lambda: model.forward_plan(tok, cache, plan), dev, repeats, warmup=1)
+                t_re, _, _ = measure_undisturbed(
+                    lambda: time_call(lambda: model.forward_plan(tok, cache, plan), dev, repeats, warmup=1), attempts=tries)
             del cache, plan
             point = {"tokens": n, "recompute_s": t_re.median_s, "recompute_spread": t_re.spread,
                      "predicted_recompute_s": pred_re, "kv_bytes": nbytes * cfg.num_layers,
@@ -113,7 +115,8 @@ def run_recompute(device="cpu", presets=None, tokens=None, weight_dtype="bf16", 
             for kind in kinds:
                 host_layers = [torch.ones(nbytes, dtype=torch.uint8, pin_memory=(kind == "pinned"))
                                for _ in range(cfg.num_layers)]
-                t_f = time_call(_fetch_fn(host_layers, dev_layers), dev, repeats, warmup=1)
+                t_f, _, _ = measure_undisturbed(lambda: time_call(_fetch_fn(host_layers, dev_layers), dev, repeats, warmup=1),
+                                               attempts=tries)
                 key = "fetch_s" if kind == kinds[0] else f"fetch_{kind}_s"
                 point[key] = t_f.median_s
                 point[key.replace("_s", "_spread")] = t_f.spread

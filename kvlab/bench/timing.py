@@ -148,5 +148,36 @@ def cpu_pressure() -> float | None:
     return None
 
 
+def _stall_total_us() -> float | None:
+    try:
+        for line in open("/proc/pressure/cpu"):
+            if line.startswith("some"):
+                return float(line.split("total=")[1].split()[0])
+    except (OSError, IndexError, ValueError):
+        pass
+    return None
+
+
+def measure_undisturbed(measure, max_stall: float = 0.05, attempts: int = 3):
+    """Run `measure()` (which returns a Timing) until the CPU was not contended.
+
+    The stall fraction is the share of the measurement's wall time in which some task
+    waited for a CPU (Linux PSI, cumulative counter): another process wanting a core.
+    Returns (timing, stall fraction or None where PSI is missing, attempts used); keeps
+    the least disturbed attempt.
+    """
+    best = None
+    for attempt in range(1, attempts + 1):
+        s0, t0 = _stall_total_us(), time.monotonic()
+        timing = measure()
+        s1, wall = _stall_total_us(), time.monotonic() - t0
+        stall = None if s0 is None or s1 is None or wall <= 0 else min(1.0, (s1 - s0) / 1e6 / wall)
+        if best is None or (stall is not None and best[1] is not None and stall < best[1]):
+            best = (timing, stall, attempt)
+        if stall is None or stall <= max_stall:
+            break
+    return best[0], best[1], attempt
+
+
 def machine_state() -> dict:
     return {"load_average": load_average(), "cpu_pressure_10s": cpu_pressure()}

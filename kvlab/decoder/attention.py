@@ -1,13 +1,16 @@
-"""Attention over a static KV cache, written with plain matmuls so the bytes are explicit.
+"""Attention over the block-major KV cache, written with plain matmuls so the bytes are explicit.
 
 Decode (one query token per sequence) is where bandwidth matters: every K and V row of
 the history is read once. Grouped-query attention is done by viewing the `g` query heads
 that share a K/V head as `g` rows of one small matmul, so each K/V head is read once,
-not `g` times (SDPA with `enable_gqa` on CPU re-reads it per query head).
+not `g` times (SDPA with `enable_gqa` on CPU re-reads it per query head). The cache's
+blocks form the batch of that matmul, so V is reduced block by block (a split-K that
+keeps a GPU busy even at batch 1) and the partial sums are added at the end.
 
-Quantized KV (int8, fp8) is dequantized chunk by chunk into a buffer small enough to stay
-in cache, so DRAM sees int8 bytes, not a full dequantized copy; the per-(token, head)
-scales are applied to the scores and to the probabilities, never to the big K/V tensors.
+Quantized KV (int8, fp8) is dequantized a few blocks at a time into a buffer small
+enough to stay in cache, so DRAM sees int8 bytes, not a full dequantized copy; the
+per-(token, head) scales are applied to the scores and to the probabilities, never to
+the big K/V tensors.
 """
 from __future__ import annotations
 
@@ -18,91 +21,77 @@ import torch
 NEG_INF = float("-inf")
 
 
-def chunk_tokens(batch: int, kv_heads: int, head_dim: int, budget_bytes: int) -> int:
-    """Tokens per dequantization chunk so that one chunk of K (in bf16) is ~budget_bytes."""
-    per_token = batch * kv_heads * head_dim * 2
-    return max(16, int(budget_bytes // per_token) // 16 * 16)
+def chunk_blocks(block_bytes: int, budget_bytes: int) -> int:
+    """Blocks per dequantization chunk so that one chunk (in the compute dtype) fits the budget."""
+    return max(1, int(budget_bytes // max(1, block_bytes)))
 
 
-def decode_attention(q, k, v, k_scale, v_scale, valid, chunk: int):
-    """One query token per sequence against n cached tokens.
+def decode_attention(q, k, v, k_scale, v_scale, valid, chunk_budget_bytes: int):
+    """One query token per sequence against nb blocks of cached tokens.
 
     q: (B, H, 1, D), already multiplied by 1/sqrt(D), in the compute dtype.
-    k, v: (B, KV, n, D) in the storage dtype; k_scale, v_scale: (B, KV, n, 1) fp16 or None.
-    valid: (B, 1, 1, n) bool (False = padding of a shorter sequence) or None.
+    k, v: (nb, B, KV, blk, D) in the storage dtype; k_scale, v_scale: (nb, B, KV, blk, 1)
+    fp16 or None. valid: (B, 1, 1, nb*blk) bool, False for positions to ignore (past a
+    sequence's length), or None when every position is valid.
     Returns (B, H, 1, D) in q's dtype.
     """
     B, H, _, D = q.shape
-    kv_heads, n = k.shape[1], k.shape[2]
+    nb, _, kv_heads, blk, _ = k.shape
     g = H // kv_heads
+    n = nb * blk
+    work = k.dtype if k_scale is None else q.dtype
+    qg = q.reshape(1, B, kv_heads, g, D).to(work)  # (1, B, KV, g, D): a group's query heads as rows
     if k_scale is None:
-        qg = q.reshape(B, kv_heads, g, D).to(k.dtype)  # (B, KV, g, D): a group's query heads as rows
-        scores = torch.matmul(qg, k.transpose(-1, -2))  # (B, KV, g, n)
-        if valid is not None:
-            scores = scores.masked_fill(~valid, NEG_INF)
-        p = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)  # (B, KV, g, n)
-        out = torch.matmul(p, v)  # (B, KV, g, D)
-        return out.reshape(B, H, 1, D).to(q.dtype)  # (B, H, 1, D)
-
-    work = q.dtype
-    qg = q.reshape(B, kv_heads, g, D)  # (B, KV, g, D)
-    scores = torch.empty(B, kv_heads, g, n, dtype=torch.float32, device=q.device)  # (B, KV, g, n)
-    if _int8_scores_supported(k, work):
-        # CPU: one int8 GEMV per (sequence, head) reads the int8 K rows directly and applies
-        # each row's scale (torch's weight-only int8 kernel: K plays the weight matrix)
-        row_scales = k_scale[..., 0].to(work)  # (B, KV, n)
-        for b in range(B):
-            for h in range(kv_heads):
-                scores[b, h] = torch._weight_int8pack_mm(qg[b, h], k[b, h], row_scales[b, h])  # (g, n)
+        scores = torch.matmul(qg, k.transpose(-1, -2))  # (nb, B, KV, g, blk)
     else:
-        for c0 in range(0, n, chunk):
-            c1 = min(n, c0 + chunk)
-            kc = k[:, :, c0:c1].to(work)  # (B, KV, c, D) dequantized (scale applied below)
-            sc = torch.matmul(qg, kc.transpose(-1, -2))  # (B, KV, g, c)
-            scores[..., c0:c1] = sc.float() * k_scale[:, :, c0:c1].transpose(-1, -2).float()  # x (B, KV, 1, c)
+        step = chunk_blocks(B * kv_heads * blk * D * q.element_size(), chunk_budget_bytes)
+        scores = torch.empty(nb, B, kv_heads, g, blk, dtype=torch.float32, device=q.device)
+        for c0 in range(0, nb, step):
+            kc = k[c0:c0 + step].to(work)  # (c, B, KV, blk, D) dequantized, cache-resident
+            sc = torch.matmul(qg, kc.transpose(-1, -2))  # (c, B, KV, g, blk)
+            scores[c0:c0 + step] = sc.float() * k_scale[c0:c0 + step].transpose(-1, -2).float()  # x (c, B, KV, 1, blk)
+    scores = scores.permute(1, 2, 3, 0, 4).reshape(B, kv_heads, g, n)  # (B, KV, g, n): position j*blk + i
     if valid is not None:
-        scores.masked_fill_(~valid, NEG_INF)
-    p = torch.softmax(scores, dim=-1)  # (B, KV, g, n) fp32
-    out = torch.zeros(B, kv_heads, g, D, dtype=torch.float32, device=q.device)  # (B, KV, g, D)
-    for c0 in range(0, n, chunk):
-        c1 = min(n, c0 + chunk)
-        pc = (p[..., c0:c1] * v_scale[:, :, c0:c1].transpose(-1, -2).float()).to(work)  # (B, KV, g, c)
-        out += torch.matmul(pc, v[:, :, c0:c1].to(work)).float()  # (B, KV, g, D)
-    return out.reshape(B, H, 1, D).to(q.dtype)  # (B, H, 1, D)
+        scores = scores.masked_fill(~valid, NEG_INF)
+    p = torch.softmax(scores, dim=-1, dtype=torch.float32)  # (B, KV, g, n)
+    p = p.view(B, kv_heads, g, nb, blk).permute(3, 0, 1, 2, 4)  # (nb, B, KV, g, blk)
+    if v_scale is None:
+        partial = torch.matmul(p.to(v.dtype), v)  # (nb, B, KV, g, D): one block's share each
+        out = partial.sum(dim=0, dtype=torch.float32)  # (B, KV, g, D)
+    else:
+        step = chunk_blocks(B * kv_heads * blk * D * q.element_size(), chunk_budget_bytes)
+        out = torch.zeros(B, kv_heads, g, D, dtype=torch.float32, device=q.device)  # (B, KV, g, D)
+        for c0 in range(0, nb, step):
+            pc = (p[c0:c0 + step] * v_scale[c0:c0 + step].transpose(-1, -2).float()).to(work)  # (c, B, KV, g, blk)
+            vc = v[c0:c0 + step].to(work)  # (c, B, KV, blk, D)
+            out += torch.matmul(pc, vc).sum(dim=0, dtype=torch.float32)  # (B, KV, g, D)
+    return out.reshape(B, H, 1, D).to(q.dtype)  # (B, H, 1, D): head h = kv_head * g + j
 
 
-def _int8_scores_supported(k, work) -> bool:
-    """torch's CPU weight-only int8 matmul fits q.K^T: int8 rows, a head_dim multiple of 16
-    (the kernel crashes otherwise), contiguous rows of each head, bf16/fp32 queries."""
-    return (k.device.type == "cpu" and k.dtype == torch.int8 and hasattr(torch, "_weight_int8pack_mm")
-            and k.shape[-1] % 16 == 0 and k.stride(-1) == 1 and k.stride(-2) == k.shape[-1]
-            and work in (torch.bfloat16, torch.float32))
-
-
-def dequantize(x, scale, dtype):
-    """Storage tensor (..., D) and its (..., 1) scale -> `dtype`; float storage is just cast."""
-    if scale is None:
-        return x.to(dtype)
-    return x.to(dtype) * scale.to(dtype)
+def gather(x, scale, dtype):
+    """Blocks (nb, B, KV, blk, D) (+ scales) -> one (B, KV, nb*blk, D) tensor in `dtype`."""
+    nb, B, kv_heads, blk, D = x.shape
+    y = x.to(dtype) if scale is None else x.to(dtype) * scale.to(dtype)
+    return y.permute(1, 2, 0, 3, 4).reshape(B, kv_heads, nb * blk, D)  # (B, KV, n, D)
 
 
 def prefill_attention(q, k, v, first_pos, sdpa: bool, budget_bytes: int = 1 << 28):
-    """S query tokens per sequence, causal, against n = history + S cached tokens.
+    """S query tokens per sequence, causal, against n cached positions (history + S, maybe padded).
 
     q: (B, H, S, D) scaled by 1/sqrt(D); k, v: (B, KV, n, D) in one float dtype.
     first_pos: (B, 1) long, the position of each sequence's first query token (its history
     length); query i of sequence b sees keys 0..first_pos[b] + i.
-    `sdpa`: use PyTorch's fused kernel (flash on CUDA); only valid when every history is 0
-    and n == S. Otherwise query chunks keep the score matrix under `budget_bytes`.
-    Returns (B, H, S, D) in q's dtype.
+    `sdpa`: PyTorch's fused kernel (flash on CUDA), valid when every history is 0; k, v
+    are then cut to the S positions. Otherwise query chunks keep the score matrix under
+    `budget_bytes`. Returns (B, H, S, D) in k's dtype.
     """
     B, H, S, D = q.shape
     kv_heads, n = k.shape[1], k.shape[2]
     g = H // kv_heads
     q = q.to(k.dtype)
     if sdpa:
-        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0, enable_gqa=True)
-        return out  # (B, H, S, D)
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k[:, :, :S], v[:, :, :S], is_causal=True, scale=1.0, enable_gqa=True)  # (B, H, S, D)
     out = torch.empty(B, kv_heads, g, S, D, dtype=k.dtype, device=q.device)  # (B, KV, g, S, D)
     qg = q.reshape(B, kv_heads, g, S, D)  # (B, KV, g, S, D)
     rows = max(1, budget_bytes // max(1, B * H * n * 4))

@@ -1,19 +1,25 @@
-"""A static, preallocated KV cache written by index (gpt-fast style), placed on the
-compute device or in host memory.
+"""A static, preallocated KV cache written by index, in fixed-size token blocks, placed on
+the compute device or in host memory.
 
-`device`: K/V of every layer live on the compute device, shape (L, B, KV, T, D).
+Layout: every K/V plane is block-major, (L, NB, B, KV, blk, D): block j of every sequence
+and head sits together, like the block pool of a paged cache whose block table is the
+identity. The first nb blocks of a layer are therefore one contiguous slab, which gives
+two things a (B, KV, T, D) static cache does not:
+- attention over the first n positions is one batched matmul over (nb x B x KV) blocks
+  whatever the cache's capacity (a (B, KV, :n, D) view of a longer cache has a batch
+  stride oneDNN will not read in place: it copies it first, at a quarter of the speed);
+- moving a layer's history between host and device is one contiguous copy, which is what
+  a pinned -> device DMA needs (a strided source is staged through pageable memory).
+The price: attention reads whole blocks, up to blk - 1 masked positions per sequence.
+
+Placements:
+`device`: K/V of every layer live on the compute device.
 `host`:   K/V live in host memory (pinned on CUDA) and every forward pass copies each
-          layer's history to a device-side working buffer before that layer attends:
-          the traffic of KV that overflowed HBM. With `prefetch`, layer l+1 is copied
-          on a separate CUDA stream while layer l computes (two working slots, events
-          for ordering): the article's "pipeline the transfers". On CPU the same copy
-          path runs host -> host, without streams.
-
-Host layout: 'tnd' (L, T, B, KV, D) makes every layer's history one contiguous block,
-which a pinned -> device copy needs (a strided source would be staged through pageable
-memory); it lands in a contiguous buffer and is transposed on the device into the
-(B, KV, T, D) layout the attention reads. 'hnd' (L, B, KV, T, D) skips the landing
-buffer, which is cheaper on CPU where both sides are host memory.
+          layer's history into a device-side working slot before that layer attends:
+          the traffic of KV that overflowed HBM. New tokens are written into the slot and
+          the blocks they touched are copied back. With `prefetch`, layer l+1 is copied on a
+          separate CUDA stream while layer l computes (two slots, events for ordering):
+          the article's "pipeline the transfers". On CPU the same copies run host -> host.
 
 Quantized KV (int8, fp8) stores one fp16 scale per (token, KV head), i.e. per head_dim
 elements: the ledger's `int8-g<head_dim>`.
@@ -21,6 +27,7 @@ elements: the ledger's `int8-g<head_dim>`.
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 
@@ -31,6 +38,7 @@ from .config import KV_DTYPES, PLACEMENTS, DecoderConfig, check_choice
 
 SCALE_DTYPE = torch.float16
 QUANT_MAX = {"int8": 127.0, "fp8": 448.0}
+BLOCK_TOKENS = 256
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -77,7 +85,7 @@ class _Streams:
             self.copy.wait_stream(torch.cuda.current_stream())
 
     def before_copy(self, slot):
-        if self.active:  # the slot's previous layer has finished reading it
+        if self.active:  # the slot's previous layer has finished with it
             self.copy.wait_event(self.free[slot])
 
     def after_copy(self, slot):
@@ -97,24 +105,23 @@ class KVCache:
     """K and V for `batch` sequences of up to `max_seq_len` tokens in every layer."""
 
     def __init__(self, config: DecoderConfig, batch: int, max_seq_len: int, kv_dtype: str = "bf16",
-                 placement: str = "device", device="cpu", prefetch: bool = False, host_layout: str = "auto",
-                 chunk_budget_bytes: int | None = None):
+                 placement: str = "device", device="cpu", prefetch: bool = False,
+                 block_tokens: int = BLOCK_TOKENS, chunk_budget_bytes: int | None = None):
         self.config = config
         self.kv_dtype = check_choice("kv dtype", kv_dtype, KV_DTYPES)
         self.placement = check_choice("placement", placement, PLACEMENTS)
         self.device = torch.device(device)
-        for name, value in (("batch", batch), ("max_seq_len", max_seq_len)):
+        for name, value in (("batch", batch), ("max_seq_len", max_seq_len), ("block_tokens", block_tokens)):
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100_000_000:
                 raise KvlabError(f"KV cache: {name} must be a whole number >= 1, got {value!r}")
         self.batch, self.max_seq_len = batch, max_seq_len
+        self.block_tokens = min(block_tokens, max_seq_len)
+        self.num_blocks = math.ceil(max_seq_len / self.block_tokens)
         if prefetch and self.placement != "host":
             raise KvlabError("KV cache: prefetch only applies to placement 'host'")
         self.prefetch = prefetch
         self.quantized = self.kv_dtype in QUANT_MAX
         self.storage_dtype = torch_dtype(self.kv_dtype)
-        if host_layout == "auto":
-            host_layout = "tnd" if self.device.type == "cuda" else "hnd"
-        self.host_layout = check_choice("host layout", host_layout, ("tnd", "hnd"))
         if chunk_budget_bytes is None:  # dequantized chunk: in L2/L3 on CPU, in L2 on a GPU
             chunk_budget_bytes = (4 << 20) if self.device.type == "cpu" else (32 << 20)
         self.chunk_budget_bytes = chunk_budget_bytes
@@ -125,11 +132,6 @@ class KVCache:
 
     # -------------------------------------------------------------- sizes
     @property
-    def planes(self) -> int:
-        """K, V, and their scales when quantized."""
-        return 4 if self.quantized else 2
-
-    @property
     def bytes_per_token(self) -> int:
         """Stored bytes of one token's K/V over all layers, scales included."""
         c = self.config
@@ -137,20 +139,28 @@ class KVCache:
         scale = c.num_kv_heads * SCALE_DTYPE.itemsize if self.quantized else 0
         return c.num_layers * 2 * (per_plane + scale)
 
+    @property
+    def capacity_tokens(self) -> int:
+        """Positions allocated per sequence: max_seq_len rounded up to whole blocks."""
+        return self.num_blocks * self.block_tokens
+
+    def blocks(self, n: int) -> int:
+        """Blocks that hold the first n positions."""
+        return math.ceil(n / self.block_tokens)
+
     def _slots(self) -> int:
         return 2 if self.prefetch and self.config.num_layers > 1 else 1
 
     def _needed(self) -> tuple[float, float]:
         """(host bytes, device bytes) this cache will allocate."""
-        total = float(self.bytes_per_token) * self.batch * self.max_seq_len
+        total = float(self.bytes_per_token) * self.batch * self.capacity_tokens
         if self.placement == "device":
             return (0.0, total) if self.device.type != "cpu" else (total, 0.0)
-        per_layer = total / self.config.num_layers
-        landing = per_layer * self._slots() if self.host_layout == "tnd" else 0.0
-        staging = per_layer * self._slots() + landing
+        staging = total / self.config.num_layers * self._slots()
         if self.device.type == "cpu":
             return total + staging, 0.0
-        return total, staging
+        # pinned host memory comes from a caching allocator that rounds to powers of two
+        return 2.0 ** math.ceil(math.log2(max(total, 1.0))), staging
 
     def _check_memory(self) -> None:
         host, dev = self._needed()
@@ -163,70 +173,52 @@ class KVCache:
             fit.require(what, dev, self.device, hint)
 
     # -------------------------------------------------------------- storage
-    def _plane_shapes(self, layout: str, lead: int):
+    def _planes(self, lead: int, **where):
+        """K, V (and their scales): (lead, NB, B, KV, blk, D) and (lead, NB, B, KV, blk, 1)."""
         c = self.config
-        dims = {"hnd": (self.batch, c.num_kv_heads, self.max_seq_len), "tnd": (self.max_seq_len, self.batch, c.num_kv_heads)}[layout]
-        value = (lead, *dims, c.head_dim)
-        scale = (lead, *dims, 1)
-        shapes = [value, value] + ([scale, scale] if self.quantized else [])
+        dims = (lead, self.num_blocks, self.batch, c.num_kv_heads, self.block_tokens)
+        shapes = [(*dims, c.head_dim)] * 2 + ([(*dims, 1)] * 2 if self.quantized else [])
         dtypes = [self.storage_dtype] * 2 + ([SCALE_DTYPE] * 2 if self.quantized else [])
-        return list(zip(shapes, dtypes))
+        return [torch.zeros(s, dtype=d, **where) for s, d in zip(shapes, dtypes)]
 
     def _allocate(self) -> None:
         L = self.config.num_layers
         if self.placement == "device":
-            # (L, B, KV, T, D) per plane on the compute device
-            self.store = [torch.zeros(s, dtype=d, device=self.device) for s, d in self._plane_shapes("hnd", L)]
-            self.host = self.work = self.landing = None
-            self.streams = _Streams(self.device, 1, False)
-            return
-        pin = self.device.type == "cuda"
-        # host planes: (L, T, B, KV, D) 'tnd' or (L, B, KV, T, D) 'hnd'
-        self.host = [torch.zeros(s, dtype=d, pin_memory=pin) for s, d in self._plane_shapes(self.host_layout, L)]
-        slots = self._slots()
-        # device working slots: (slots, B, KV, T, D); landing for contiguous copies: (slots, T, B, KV, D)
-        self.work = [torch.zeros(s, dtype=d, device=self.device) for s, d in self._plane_shapes("hnd", slots)]
-        self.landing = None
-        if self.host_layout == "tnd":
-            self.landing = [torch.zeros(s, dtype=d, device=self.device) for s, d in self._plane_shapes("tnd", slots)]
-        self.store = None
-        self.streams = _Streams(self.device, slots, self.prefetch)
+            self.store = self._planes(L, device=self.device)
+            self.host = self.work = None
+        else:
+            self.host = self._planes(L, pin_memory=self.device.type == "cuda")
+            self.work = self._planes(self._slots(), device=self.device)
+            self.store = None
+        self.streams = _Streams(self.device, self._slots(), self.prefetch)
 
     @property
     def nbytes(self) -> int:
-        """Bytes allocated for K/V (host and device), staging buffers included."""
-        tensors = (self.store or []) + (self.host or []) + (self.work or []) + (self.landing or [])
+        """Bytes allocated for K/V (host and device), working slots included."""
+        tensors = (self.store or []) + (self.host or []) + (self.work or [])
         return sum(t.numel() * t.element_size() for t in tensors)
 
     # -------------------------------------------------------------- contents
     def fill_random_(self, lengths: list[int], seed: int = 0) -> None:
         """Give every sequence `lengths[b]` tokens of random history (benchmarks: the
-        values do not change the bytes moved, and prefilling 32K tokens on a CPU takes minutes)."""
+        values do not change the bytes moved, and prefilling 32K tokens on a CPU takes minutes).
+        One random block is tiled over the rest: cheap, and still not zeros."""
         self.set_lengths(lengths)
         planes = self.store if self.placement == "device" else self.host
-        tnd = self.placement == "host" and self.host_layout == "tnd"
-        gen_device = planes[0].device
-        g = torch.Generator(device=gen_device).manual_seed(seed)
-        n = max(lengths)
-        if n == 0:
+        nb = self.blocks(max(lengths))
+        if nb == 0:
             return
-        seed_tokens = min(n, 256)
+        gen = torch.Generator(device=planes[0].device).manual_seed(seed)
         for i, plane in enumerate(planes):
-            for layer in range(plane.shape[0]):
-                view = plane[layer, :n] if tnd else plane[layer, :, :, :n]  # (n, B, KV, D) or (B, KV, n, D)
-                axis = 0 if tnd else 2
-                head = view.narrow(axis, 0, seed_tokens)
-                if i >= 2:  # scales: positive, about the size a unit-variance head gets
-                    head.fill_(1.0 / 64)
-                else:
-                    tmp = torch.empty(head.shape, dtype=torch.float32, device=gen_device)
-                    tmp = tmp.uniform_(-100, 100, generator=g).round_() if self.quantized else tmp.normal_(generator=g)
-                    head.copy_(tmp.to(self.storage_dtype))
-                filled = seed_tokens  # tile the random block over the rest: cheap, and still not zeros
-                while filled < n:
-                    m = min(filled, n - filled)
-                    view.narrow(axis, filled, m).copy_(view.narrow(axis, 0, m))
-                    filled += m
+            head = plane[:, 0]  # (L, B, KV, blk, D|1)
+            if i >= 2:  # scales: positive, about the size a unit-variance head gets
+                head.fill_(1.0 / 64)
+            else:
+                tmp = torch.empty(head.shape, dtype=torch.float32, device=head.device)
+                tmp = tmp.uniform_(-100, 100, generator=gen).round_() if self.quantized else tmp.normal_(generator=gen)
+                head.copy_(tmp.to(self.storage_dtype))
+            for j in range(1, nb):
+                plane[:, j].copy_(head)
 
     def set_lengths(self, lengths: list[int]) -> None:
         if len(lengths) != self.batch or any(not 0 <= int(n) <= self.max_seq_len for n in lengths):
@@ -243,23 +235,17 @@ class KVCache:
         if self.placement != "host":
             return
         self.streams.start_pass()
-        for layer in range(self._slots()):
+        for layer in range(min(self._slots(), self.config.num_layers)):
             self._fetch(layer)
 
     def _fetch(self, layer: int) -> None:
-        """Copy layer `layer`'s history from host memory into its working slot."""
-        slot, n = layer % self._slots(), self._n_hist
+        """Copy layer `layer`'s history blocks from host memory into its working slot."""
+        slot, nb = layer % self._slots(), self.blocks(self._n_hist)
         self.streams.before_copy(slot)
         with self.streams.copy_stream():
-            if n:
-                for i, src in enumerate(self.host):
-                    dst = self.work[i][slot, :, :, :n]  # (B, KV, n, D)
-                    if self.landing is None:
-                        dst.copy_(src[layer, :, :, :n], non_blocking=True)  # hnd -> hnd
-                    else:
-                        land = self.landing[i][slot, :n]  # (n, B, KV, D) contiguous
-                        land.copy_(src[layer, :n], non_blocking=True)  # one contiguous host -> device copy
-                        dst.copy_(land.permute(1, 2, 0, 3))  # (n, B, KV, D) -> (B, KV, n, D) on the device
+            if nb:
+                for src, dst in zip(self.host, self.work):
+                    dst[slot, :nb].copy_(src[layer, :nb], non_blocking=True)  # one contiguous slab
             self.streams.after_copy(slot)
 
     def layer_ready(self, layer: int) -> None:
@@ -280,49 +266,26 @@ class KVCache:
             self._fetch(layer + slots)
 
     def write(self, layer: int, k, v, plan) -> None:
-        """Store the new tokens' K/V (B, KV, S, D) at their positions (plan: a StepPlan)."""
+        """Store the new tokens' K/V, each (B, KV, S, D), at the positions of `plan`."""
         kq, ks = quantize(k, self.kv_dtype)
         vq, vs = quantize(v, self.kv_dtype)
-        new = [kq, vq] + ([ks, vs] if self.quantized else [])  # each (B, KV, S, D or 1)
-        if self.placement == "device":
-            for dst, x in zip(self.store, new):
-                _put_hnd(dst[layer], x, plan)
-            return
-        slot = layer % self._slots()
-        for i, x in enumerate(new):
-            _put_hnd(self.work[i][slot], x, plan)
-            if self.host_layout == "hnd":
-                _put_hnd(self.host[i][layer], x, plan)
-            else:
-                _put_tnd(self.host[i][layer], x, plan)
+        new = [kq, vq] + ([ks, vs] if self.quantized else [])
+        planes = [p[layer] for p in self.store] if self.placement == "device" else \
+            [p[layer % self._slots()] for p in self.work]
+        for dst, x in zip(planes, new):
+            # dst (NB, B, KV, blk, D) [block, sequence, :, offset] <- x as (B, S, KV, D)
+            dst[plan.block_index, plan.batch_rows, :, plan.block_offset] = x.permute(0, 2, 1, 3)
+        if self.placement == "host":  # write the touched blocks back to host memory
+            b0, b1 = plan.touched_blocks
+            for src, dst in zip(planes, self.host):
+                dst[layer, b0:b1].copy_(src[b0:b1], non_blocking=True)
 
     def view(self, layer: int, n: int):
-        """(k, v, k_scale, v_scale) of the first n positions, each (B, KV, n, D|1); scales None unless quantized."""
+        """(k, v, k_scale, v_scale) holding the first n positions, each (nb, B, KV, blk, D|1);
+        positions past n are stale and must be masked. Scales are None unless quantized."""
+        nb = self.blocks(n)
         if self.placement == "device":
-            planes = [p[layer, :, :, :n] for p in self.store]
+            planes = [p[layer, :nb] for p in self.store]
         else:
-            slot = layer % self._slots()
-            planes = [p[slot, :, :, :n] for p in self.work]
+            planes = [p[layer % self._slots(), :nb] for p in self.work]
         return (planes + [None, None])[:4]
-
-
-def _put_hnd(dst, x, plan) -> None:
-    """dst (B, KV, T, D), x (B, KV, S, D): write at each sequence's positions."""
-    if plan.uniform:
-        p = plan.hist[0]
-        dst[:, :, p:p + x.shape[2]].copy_(x, non_blocking=True)
-    elif dst.device == x.device:  # ragged decode: one token per sequence at its own position
-        dst[plan.batch_index, :, plan.write_pos] = x[:, :, 0]
-    else:
-        for b, p in enumerate(plan.hist):
-            dst[b, :, p].copy_(x[b, :, 0], non_blocking=True)  # (KV, D)
-
-
-def _put_tnd(dst, x, plan) -> None:
-    """dst (T, B, KV, D) in host memory, x (B, KV, S, D) on the device."""
-    if plan.uniform:
-        p = plan.hist[0]
-        dst[p:p + x.shape[2]].copy_(x.permute(2, 0, 1, 3), non_blocking=True)  # (S, B, KV, D)
-    else:
-        for b, p in enumerate(plan.hist):
-            dst[p, b].copy_(x[b, :, 0], non_blocking=True)  # (KV, D)

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from ..errors import KvlabError
 from . import fit
-from .attention import chunk_tokens, decode_attention, dequantize, prefill_attention, softmax_scale
+from .attention import decode_attention, gather, prefill_attention, softmax_scale
 from .config import WEIGHT_DTYPES, DecoderConfig, check_choice, get_config
 from .kvcache import KVCache, torch_dtype
 
@@ -28,13 +28,14 @@ class StepPlan:
 
     hist: list[int]  # history length of each sequence before this pass
     new_tokens: int  # S
-    uniform: bool  # every sequence has the same history: slices instead of scatter
     n_total: int  # positions attended: max(hist) + S
     positions: torch.Tensor  # (B, S) long: RoPE positions of the new tokens
     first_pos: torch.Tensor  # (B, 1) long: position of each sequence's first new token
-    valid: torch.Tensor | None  # (B, 1, 1, n_total) bool, ragged decode only
-    batch_index: torch.Tensor  # (B,) long
-    write_pos: torch.Tensor  # (B,) long: where a ragged decode writes
+    valid: torch.Tensor | None  # (B, 1, 1, nb*blk) bool for decode; None when all positions count
+    block_index: torch.Tensor  # (B, S) long: cache block of each new token
+    block_offset: torch.Tensor  # (B, S) long: its place in the block
+    batch_rows: torch.Tensor  # (B, S) long: its sequence
+    touched_blocks: tuple[int, int]  # [first, last + 1) blocks the new tokens land in
     sdpa: bool  # prefill through the fused kernel
 
 
@@ -200,8 +201,9 @@ class Decoder(torch.nn.Module):
         return sum(m.prepack() for m in self.modules() if isinstance(m, Linear))
 
     def new_cache(self, batch: int, max_seq_len: int, kv_dtype: str = "bf16", placement: str = "device",
-                  prefetch: bool = False, host_layout: str = "auto", **kwargs) -> KVCache:
-        return KVCache(self.config, batch, max_seq_len, kv_dtype, placement, self.device, prefetch, host_layout, **kwargs)
+                  prefetch: bool = False, **kwargs) -> KVCache:
+        """A KV cache for this model on its device (kwargs: block_tokens, chunk_budget_bytes)."""
+        return KVCache(self.config, batch, max_seq_len, kv_dtype, placement, self.device, prefetch, **kwargs)
 
     # ------------------------------------------------------------ planning
     def _rope_tables(self, n: int):
@@ -222,21 +224,23 @@ class Decoder(torch.nn.Module):
         if new_tokens < 1 or max(hist) + new_tokens > cache.max_seq_len:
             raise KvlabError(f"{max(hist)} cached + {new_tokens} new tokens exceed the cache's "
                              f"max_seq_len {cache.max_seq_len}; allocate a longer cache")
-        uniform = len(set(hist)) == 1
-        if not uniform and new_tokens != 1:
+        if len(set(hist)) > 1 and new_tokens != 1:
             raise KvlabError("sequences with different cached lengths can only decode one token at a time")
         n_total = max(hist) + new_tokens
         self._rope_tables(n_total)
-        dev = self.device
+        dev, blk = self.device, cache.block_tokens
         first = torch.tensor(hist, dtype=torch.long, device=dev).view(B, 1)  # (B, 1)
         positions = first + torch.arange(new_tokens, device=dev).view(1, -1)  # (B, S)
+        span = cache.blocks(n_total) * blk
         valid = None
-        if not uniform:
-            valid = (torch.arange(n_total, device=dev).view(1, -1) <= first).view(B, 1, 1, n_total)
+        if new_tokens == 1 and (len(set(hist)) > 1 or n_total < span):
+            valid = (torch.arange(span, device=dev).view(1, -1) <= first).view(B, 1, 1, span)  # (B, 1, 1, nb*blk)
         sdpa = new_tokens > 1 and max(hist) == 0 and (
             self.prefill_kernel == "sdpa" or (self.prefill_kernel == "auto" and dev.type == "cuda"))
-        return StepPlan(list(hist), new_tokens, uniform, n_total, positions, first, valid,
-                        torch.arange(B, device=dev), first.view(B), sdpa)
+        touched = (min(hist) // blk, (n_total - 1) // blk + 1)
+        return StepPlan(list(hist), new_tokens, n_total, positions, first, valid, positions // blk,
+                        positions % blk, torch.arange(B, device=dev).view(B, 1).expand(B, new_tokens),
+                        touched, sdpa)
 
     # ------------------------------------------------------------ forward
     def forward_plan(self, tokens: torch.Tensor, cache: KVCache, plan: StepPlan) -> torch.Tensor:
@@ -247,7 +251,6 @@ class Decoder(torch.nn.Module):
         cos_t, sin_t = self._rope
         cos = cos_t[plan.positions].unsqueeze(2)  # (B, S, 1, D/2)
         sin = sin_t[plan.positions].unsqueeze(2)
-        chunk = chunk_tokens(B, KV, D, cache.chunk_budget_bytes)
         scale = softmax_scale(D)
         x = self.tok_embeddings[tokens]  # (B, S, hidden)
         cache.begin(max(plan.hist))
@@ -261,12 +264,12 @@ class Decoder(torch.nn.Module):
             k, v = k.transpose(1, 2), v.reshape(B, S, KV, D).transpose(1, 2)  # (B, KV, S, D)
             cache.layer_ready(i)
             cache.write(i, k, v, plan)
-            kk, vv, ks, vs = cache.view(i, plan.n_total)  # (B, KV, n, D), scales (B, KV, n, 1)
+            kk, vv, ks, vs = cache.view(i, plan.n_total)  # (nb, B, KV, blk, D), scales (..., 1)
             if S == 1:
-                y = decode_attention(q, kk, vv, ks, vs, plan.valid, chunk)  # (B, H, 1, D)
+                y = decode_attention(q, kk, vv, ks, vs, plan.valid, cache.chunk_budget_bytes)  # (B, H, 1, D)
             else:
                 work = kk.dtype if ks is None else self.compute_dtype
-                y = prefill_attention(q, dequantize(kk, ks, work), dequantize(vv, vs, work), plan.first_pos, plan.sdpa)
+                y = prefill_attention(q, gather(kk, ks, work), gather(vv, vs, work), plan.first_pos, plan.sdpa)
             cache.layer_done(i)
             y = y.to(self.compute_dtype).transpose(1, 2).reshape(B, S, H * D)  # (B, S, H*D)
             x = x + layer.wo(y)
