@@ -169,7 +169,7 @@ def diagnose(
         bandwidth = get_tier(link).bandwidth_bytes_per_s if isinstance(link, str) else check_number(
             "network bandwidth (bytes/s)", link, maximum=cost.MAX_BANDWIDTH_BYTES_PER_S)
         moved = check_number("KV bytes per request", kv_bytes_per_request, maximum=1e15)
-        transfer = moved / bandwidth
+        transfer = tiers.transfer_time_s(moved, bandwidth)
         per_step = transfer / step.step_time_s
         verdict = (f"{fmt.si(moved, 'B')} per request takes {fmt.seconds(transfer)} over the network, "
                    f"{fmt.sig(per_step, 3)} decode steps' worth")

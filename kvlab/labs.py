@@ -100,6 +100,16 @@ def _exercises() -> dict[str, Exercise]:
     def fraction_of_ceiling():
         return 600 / cost.decode_step("llama-3.1-8b", "h100-sxm", 8, 16384).tokens_per_s
 
+    def transfer_over_prefill():
+        from .tiers import kv_fetch_time_s
+
+        return kv_fetch_time_s("llama-3.1-8b", 8192, "ib-200g") / cost.prefill("llama-3.1-8b", "h100-sxm", 8192).time_s
+
+    def remote_every_step():
+        from .tiers import tiered_decode_step
+
+        return tiered_decode_step("llama-3.1-8b", "h100-sxm", 1, 8192, "remote-ib-200g").slowdown
+
     items = [
         Exercise("ch1.ceiling", "tokens/s", ceiling,
                  "the weight bytes (parameters x 2 bytes in fp16) and the bandwidth in bytes per second"),
@@ -117,6 +127,10 @@ def _exercises() -> dict[str, Exercise]:
                  "the KV bytes per token (2 x layers x KV heads x head_dim x 2 bytes) and MiB = 2**20 bytes"),
         Exercise("ch3.transfer_10gbe_s", "s", transfer_10gbe_s,
                  "the link's bytes per second: 10 Gb/s is 1.25e9 bytes/s, not 10e9"),
+        Exercise("ch4.transfer_over_prefill", "", transfer_over_prefill,
+                 "the KV bytes of 8,192 tokens over 25 GB/s (a 200 Gb/s NIC) against the prefill's FLOPs"),
+        Exercise("ch4.remote_every_step", "x", remote_every_step,
+                 "the whole KV history read over the NIC at every step, on top of the weights read from HBM"),
         Exercise("ch5.knee_16k", "sequences", knee_16k,
                  "the batch at which the KV reads of a step reach the weight bytes (kvlab.cost.batch_knee)"),
         Exercise("ch5.fraction_of_ceiling", "", fraction_of_ceiling,
@@ -137,7 +151,7 @@ def check(key: str, answer) -> CheckResult:
     if ex is None:
         raise unknown_name("exercise", key, _exercises())
     if answer is Ellipsis or answer is None:
-        return CheckResult(key, False, f"{key}: not answered yet. Replace `...` with your answer in {ex.unit}. "
+        return CheckResult(key, False, f"{key}: not answered yet. Replace `...` with your answer{' in ' + ex.unit if ex.unit else ''}. "
                                        f"Hint: work from {ex.hint}.")
     try:
         value = float(answer)
@@ -145,11 +159,15 @@ def check(key: str, answer) -> CheckResult:
         return CheckResult(key, False, f"{key}: expected a number in {ex.unit}, got {answer!r}.")
     expected = ex.expected()
     if math.isfinite(value) and math.isclose(value, expected, rel_tol=ex.rel_tol):
-        return CheckResult(key, True, f"{key}: correct ({value:,.4g} {ex.unit}).")
+        return CheckResult(key, True, f"{key}: correct ({value:,.4g}{_unit(ex)}).")
     off = (value - expected) / expected if math.isfinite(value) else math.inf
     direction = "high" if off > 0 else "low"
-    return CheckResult(key, False, f"{key}: {value:,.4g} {ex.unit} is {abs(off):.0%} too {direction}. "
+    return CheckResult(key, False, f"{key}: {value:,.4g}{_unit(ex)} is {abs(off):.0%} too {direction}. "
                                    f"Recheck {ex.hint}.")
+
+
+def _unit(ex: Exercise) -> str:
+    return f" {ex.unit}" if ex.unit else ""
 
 
 # ------------------------------------------------------------------ student copies

@@ -1,7 +1,8 @@
 """Sphinx glue that keeps the built book offline and light.
 
 - BokehJS is copied once per site from the installed bokeh (so its version always
-  matches the Python side) and loaded only on pages that embed a bokeh figure.
+  matches the Python side), with kvlab's own kvlab.js, and both are loaded only on pages
+  that embed a bokeh figure.
 - MathJax 3 comes from the npm registry once per build folder (`npm pack`), so math
   renders without a CDN.
 - Notebooks are re-executed on every build, even when their text did not change.
@@ -35,7 +36,10 @@ def _copy_bokeh(static: Path) -> list[str]:
         if not target.exists():
             shutil.copyfile(source / name, target)
         names.append(f"kvlab-vendor/{target.name}")
-    return names
+    from kvlab.viz.panel import kvlab_js  # the panels' formatting and ledger twin, once per site
+
+    (static / "kvlab-vendor" / "kvlab.js").write_text(kvlab_js())
+    return ["kvlab-vendor/kvlab.js", *names]
 
 
 def _fetch_mathjax(static: Path) -> None:

@@ -8,7 +8,7 @@ from .panel import Panel
 
 
 def panels() -> dict[str, Callable[[], Panel]]:
-    from . import diagnosis_panels, hits, ledger, prefix_panels, roofline, tier_panels
+    from . import diagnosis_panels, hits, ledger, prefix_panels, roofline, sim_panels, tier_panels
 
     return {
         "hits": hits.hit_panel,
@@ -25,4 +25,6 @@ def panels() -> dict[str, Callable[[], Panel]]:
         "hit-miss": tier_panels.hit_miss_panel,
         "pd": tier_panels.pd_panel,
         "tpot-budget": diagnosis_panels.tpot_budget_panel,
+        "sweep": sim_panels.sweep_panel,
+        "timeline": sim_panels.timeline_panel,
     }

@@ -165,7 +165,7 @@ class Panel:
         meta = {c.key: {"options": list(c.options), "kind": c.kind} for c in self.controls}
         return (
             f'<div class="kvlab-panel" data-panel="{self.key}" data-controls="{html.escape(json.dumps(meta))}">'
-            f"<script>{kvlab_js()}</script>{div}{script}</div>"
+            f"{_library_script()}{div}{script}</div>"
         )
 
     # -------------------------------------------------------------------- live
@@ -266,7 +266,12 @@ def static_figure_html(layout) -> str:
     from bokeh.embed import components
 
     script, div = components(layout)
-    return f"<script>{kvlab_js()}</script>{div}{script}"
+    return f"{_library_script()}{div}{script}"
+
+
+def _library_script() -> str:
+    """kvlab.js inline, except in the built book, which ships it once per site (book/_ext)."""
+    return "" if is_book_build() else f"<script>{kvlab_js()}</script>"
 
 
 def is_book_build() -> bool:
@@ -289,20 +294,24 @@ def show(obj) -> None:
         display(BokehModel(obj))
 
 
-def _jsonable(obj):
-    """numpy values and arrays -> plain Python, for embedding in a page."""
+def _jsonable(obj, digits: int | None = None):
+    """numpy values and arrays -> plain Python, for embedding in a page; floats rounded to
+    `digits` significant digits when given (simulation and replay outputs do not carry 17)."""
     import numpy as np
 
     if isinstance(obj, dict):
-        return {k: _jsonable(v) for k, v in obj.items()}
+        return {k: _jsonable(v, digits) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
+        return [_jsonable(v, digits) for v in obj]
     if isinstance(obj, np.ndarray):
-        return _jsonable(obj.tolist())
+        return _jsonable(obj.tolist(), digits)
     if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
+        obj = obj.item()
+    if isinstance(obj, float):
+        if not math.isfinite(obj):
+            return None
+        if digits:
+            return float(f"{obj:.{digits}g}")
     return obj
 
 
@@ -311,19 +320,39 @@ def state_key(controls, state: dict) -> str:
     return json.dumps([state[c.key] for c in controls], separators=(",", ":"))
 
 
+LOOKUP_DIGITS = 7  # significant digits kept in lookup tables
+
+
 def lookup_panel(key: str, controls: tuple, compute: Callable[[dict], dict], figures, readout,
-                 budget_keys=None) -> Panel:
+                 budget_keys=None, js_sources: str | None = None) -> Panel:
     """A panel whose every grid state kvlab computes at build time; the page only looks
-    results up. For small grids whose results are expensive (trace replays, simulations)."""
+    results up. For small grids whose results are expensive (trace replays, simulations).
+
+    `js_sources` (optional): the body of function(v) that rebuilds the figure sources from
+    the readout values `v`, so that the page stores values only (much smaller pages)."""
     import itertools
 
     grid = [dict(zip([c.key for c in controls], combo)) for combo in itertools.product(*(c.options for c in controls))]
-    table = {state_key(controls, s): _jsonable(compute(s)) for s in grid}
+    results = {state_key(controls, s): _jsonable(compute(s), LOOKUP_DIGITS) for s in grid}
+    keys = [k for k, _, _ in readout]
+    if js_sources:  # values only, in readout order: the page rebuilds the sources
+        table = {k: [r["values"][name] for name in keys] for k, r in results.items()}
+    else:
+        table = results
 
     def cached(state):
         k = state_key(controls, state)
-        return table[k] if k in table else _jsonable(compute(state))
+        return results[k] if k in results else _jsonable(compute(state))
 
     order = json.dumps([c.key for c in controls])
-    js = f"return T.table[JSON.stringify({order}.map((k) => s[k]))];"
-    return Panel(key, controls, cached, figures, js, {"table": table}, readout, budget_keys)
+    # The table travels as one JSON string, parsed once per page.
+    js = (f"const tables = window.KVLAB_TABLES = window.KVLAB_TABLES || {{}};\n"
+          f"const table = tables[{json.dumps(key)}] = tables[{json.dumps(key)}] || JSON.parse(T.table);\n"
+          f"const r = table[JSON.stringify({order}.map((k) => s[k]))];")
+    if js_sources:
+        js += (f"\nconst v = Object.fromEntries({json.dumps(keys)}.map((k, i) => [k, r[i]]));"
+               f"\nreturn {{values: v, sources: (function (v) {{\n{js_sources}\n}})(v)}};")
+    else:
+        js += "\nreturn r;"
+    return Panel(key, controls, cached, figures, js, {"table": json.dumps(table, separators=(",", ":"))}, readout,
+                 budget_keys)

@@ -1,0 +1,219 @@
+"""Chapter 4 (and 5) figures from the serving simulator (kvlab.sim.chapter).
+
+Simulations are too heavy for the browser, so the interactive ones are lookup panels:
+kvlab runs every grid state when the book is built and the page looks results up.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from ..sim import ARCHS, chapter
+from . import style
+from .panel import Control, lookup_panel
+
+ARCH_COLORS = {"colocated": style.GREY, "disaggregated": style.ORANGE, "kv-centric": style.BLUE}
+KIND_COLORS = {"fetch": style.PURPLE, "prefill": style.VERMILION, "transfer": style.YELLOW, "decode": style.BLUE}
+
+
+@functools.lru_cache(maxsize=4)
+def comparison(duration_s: float = 600.0) -> dict:
+    """The three architectures on the first `duration_s` of the trace (cached per build)."""
+    return chapter.compare_architectures(duration_s=duration_s)
+
+
+def cdf_figure(metric: str = "ttft_s", title: str = "Time to first token", duration_s: float = 600.0):
+    """The distribution of a per-request metric for each architecture (percentile curves)."""
+    data = comparison(duration_s)
+    fig = style.new_figure(f"{title}: {data['trace']}", "seconds (log scale)", "share of requests",
+                           x_axis_type="log", y_range=(0, 1), height=300)
+    q = np.asarray(data["quantiles"]) / 100
+    for arch in data["archs"]:
+        values = np.asarray(data[metric][arch], dtype=float)
+        ok = values > 0
+        fig.line(values[ok], q[ok], color=ARCH_COLORS[arch], width=2.5, legend_label=arch)
+    fig.xaxis.formatter = style.seconds_ticks()
+    fig.yaxis.formatter = style.percent_ticks()
+    fig.legend.location = "bottom_right"
+    return fig
+
+
+# ---------------------------------------------------------------- the sweep
+SWEEP_READOUT = tuple(
+    item for arch in ARCHS for item in (
+        (f"{arch}_ttft_p90_s", f"{arch}: TTFT p90", "seconds"),
+        (f"{arch}_tpot_p50_s", f"{arch}: TPOT p50", "seconds"),
+        (f"{arch}_itl_p99_s", f"{arch}: ITL p99", "seconds"),
+    )
+)
+
+
+@functools.lru_cache(maxsize=2)
+def _sweep(duration_s: float = 180.0) -> dict:
+    return chapter.sweep(duration_s=duration_s)
+
+
+def sweep_panel(duration_s: float = 180.0):
+    """TTFT and token latencies of the three architectures for a link, pool and GPU counts."""
+    links = tuple(chapter.SWEEP_LINKS)
+    pools = tuple(float(p) for p in chapter.SWEEP_POOL_BYTES)
+
+    def compute(state):
+        s = _sweep(duration_s)
+        try:
+            idx = (links.index(state["link"]), pools.index(float(state["pool"])),
+                   list(s["prefill_workers"]).index(state["prefill"]), list(s["decode_workers"]).index(state["decode"]))
+            values = {arch: {k: float(s["metrics"][arch][k][idx]) for k in s["keys"]} for arch in ARCHS}
+        except ValueError:  # a value off the grid (live widgets): simulate that one point
+            one = chapter.sweep(duration_s=duration_s, links=(state["link"],), pool_bytes_per_node=(state["pool"],),
+                                prefill_workers=(state["prefill"],), decode_workers=(state["decode"],))
+            values = {arch: {k: float(one["metrics"][arch][k].ravel()[0]) for k in one["keys"]} for arch in ARCHS}
+        out = {f"{arch}_{k}": values[arch][k] for arch in ARCHS for k in ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s",
+                                                                            "itl_p99_s")}
+        # the page rebuilds the bars from these values (js_sources below): keep the two in step
+        bars = {"arch": list(ARCHS), "color": [ARCH_COLORS[a] for a in ARCHS]}
+        for k in ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "itl_p99_s"):
+            bars[k] = [values[a][k] for a in ARCHS]
+        return {"sources": {"bars": bars}, "values": out}
+
+    def figures(src):
+        from bokeh.layouts import row
+        from bokeh.transform import dodge
+
+        ttft = style.new_figure("Time to first token", "", "seconds", x_range=list(ARCHS), y_range=style.from_zero(),
+                                width=340, height=300)
+        ttft.vbar(x=dodge("arch", -0.17, range=ttft.x_range), top="ttft_p50_s", width=0.3, color="color",
+                  source=src["bars"], legend_label="p50")
+        ttft.vbar(x=dodge("arch", 0.17, range=ttft.x_range), top="ttft_p90_s", width=0.3, color="color", alpha=0.45,
+                  source=src["bars"], legend_label="p90")
+        ttft.yaxis.formatter = style.seconds_ticks()
+        ttft.legend.location = "top_left"
+        tokens = style.new_figure("Between tokens", "", "seconds", x_range=list(ARCHS), y_range=style.from_zero(),
+                                  width=340, height=300)
+        tokens.vbar(x=dodge("arch", -0.17, range=tokens.x_range), top="tpot_p50_s", width=0.3, color="color",
+                    source=src["bars"], legend_label="TPOT p50")
+        tokens.vbar(x=dodge("arch", 0.17, range=tokens.x_range), top="itl_p99_s", width=0.3, color="color", alpha=0.45,
+                    source=src["bars"], legend_label="ITL p99")
+        tokens.yaxis.formatter = style.seconds_ticks()
+        tokens.legend.location = "top_left"
+        for fig in (ttft, tokens):
+            fig.xaxis.major_label_text_font_size = "10px"
+        return row(ttft, tokens)
+
+    controls = (
+        Control("link", "Network between nodes", links, "ib-200g"),
+        Control("pool", "Prefix pool per node", pools, pools[-1],
+                option_labels=tuple("none" if p == 0 else f"{p / 1e9:.0f} GB" for p in pools)),
+        Control("prefill", "Prefill GPUs", tuple(int(p) for p in chapter.SWEEP_PREFILL_WORKERS), 2, kind="slider"),
+        Control("decode", "Decode GPUs", tuple(int(d) for d in chapter.SWEEP_DECODE_WORKERS), 2, kind="slider"),
+    )
+    js_sources = """
+const archs = %s, colors = %s;
+const bars = {arch: archs, color: colors};
+for (const k of ["ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "itl_p99_s"]) bars[k] = archs.map((a) => v[a + "_" + k]);
+return {bars: bars};""" % (list(ARCHS), [ARCH_COLORS[a] for a in ARCHS])
+    return lookup_panel("sweep", controls, compute, figures, SWEEP_READOUT, js_sources=js_sources)
+
+
+# ------------------------------------------------- same bytes, lower latency
+def critical_path_figure(duration_s: float = 300.0):
+    """Time the KV moves took on the wire: hidden behind compute against on the critical path."""
+    from bokeh.models import ColumnDataSource
+
+    data = chapter.bytes_vs_critical_path(duration_s=duration_s)
+    variants = data["variants"]
+    exposed = [sum(data[v]["exposed_s"].values()) for v in variants]
+    hidden = [sum(data[v]["hidden_s"].values()) for v in variants]
+    moved = [sum(data[v]["bytes"].values()) for v in variants]
+    src = ColumnDataSource({"variant": variants, "exposed": exposed, "hidden": hidden, "bytes": moved})
+    fig = style.new_figure(f"Same bytes, lower latency: {data['trace']}", "seconds of transfer, summed over requests",
+                           "", y_range=variants[::-1], x_range=style.from_zero(), height=240)
+    bars = fig.hbar_stack(["exposed", "hidden"], y="variant", height=0.6, source=src,
+                          color=[style.VERMILION, style.GREEN],
+                          legend_label=["on the critical path", "hidden behind compute"])
+    fig.xaxis.formatter = style.seconds_ticks()
+    fig.legend.orientation = "horizontal"
+    fig.add_layout(fig.legend[0], "below")
+    style.hover(fig, [("", "@variant"), ("bytes moved", "@bytes{0.00a}B"), ("exposed", "@exposed{0.0} s"),
+                      ("hidden", "@hidden{0.0} s")], bars)
+    return fig, data
+
+
+def global_vs_local_figure(duration_s: float = 600.0):
+    """Prefix hit ratio of one global pool against per-node caches of the same total size."""
+    data = chapter.hit_rate_global_vs_local(duration_s=duration_s)
+    fig = style.new_figure(f"One global pool or {data['nodes']} separate caches: {data['trace']}",
+                           "cache per node (bytes of KV)", "prompt tokens served", x_axis_type="log", y_range=(0, 1),
+                           height=300)
+    pools = data["pool_bytes_per_node"]
+    fig.line(pools, data["global_token_hit_ratio"], color=style.BLUE, width=2.5, legend_label="global pool")
+    fig.line(pools, data["local_token_hit_ratio"], color=style.ORANGE, width=2.5, legend_label="per-node caches")
+    fig.line(pools, np.full(pools.shape, data["infinite_token_hit_ratio"]), color=style.GREY, line_dash="dashed",
+             legend_label="unlimited cache")
+    fig.xaxis.formatter = style.si_ticks("B")
+    fig.yaxis.formatter = style.percent_ticks()
+    fig.legend.location = "top_left"
+    return fig, data
+
+
+# ------------------------------------------------------------------ timeline
+TIMELINE_READOUT = (("ttft_p50_s", "TTFT p50 in this slice", "seconds"),
+                    ("tpot_p50_s", "TPOT p50 in this slice", "seconds"),
+                    ("requests", "Requests in the slice", "count"))
+
+
+def timeline_panel(duration_s: float = 20.0):
+    """A Gantt chart of prefill, KV transfer and decode on each GPU for a short slice."""
+    lanes = ("prefill-0", "prefill-1", "decode-0", "decode-1", "gpu-0", "gpu-1", "gpu-2", "gpu-3")
+
+    def compute(state):
+        t = chapter.timeline(arch=state["arch"], duration_s=duration_s)
+        rows = [r for r in t["rows"] if r[3] != "decode"]
+        decode = [r for r in t["rows"] if r[3] == "decode"]
+        return {"sources": {
+            "spans": {"worker": [r[0] for r in rows], "start": [r[1] for r in rows], "end": [r[2] for r in rows],
+                      "kind": [r[3] for r in rows], "request": [r[4] for r in rows],
+                      "color": [KIND_COLORS[r[3]] for r in rows]},
+            "decode": {"worker": [r[0] for r in decode], "start": [r[1] for r in decode], "end": [r[2] for r in decode],
+                       "request": [r[4] for r in decode]}},
+            "values": {"ttft_p50_s": t["summary"]["ttft_p50_s"], "tpot_p50_s": t["summary"]["tpot_p50_s"],
+                       "requests": t["summary"]["requests"]}}
+
+    def figures(src):
+        from bokeh.transform import dodge
+
+        fig = style.new_figure("Who does what, when", "seconds from the start of the slice", "",
+                               y_range=list(lanes)[::-1], height=360, x_range=(0, duration_s * 1.5))
+        fig.hbar(y=dodge("worker", 0.18, range=fig.y_range), left="start", right="end", height=0.06,
+                 color=style.BLUE, alpha=0.35, source=src["decode"], legend_label="decode (one line per request)")
+        spans = fig.hbar(y=dodge("worker", -0.12, range=fig.y_range), left="start", right="end", height=0.4,
+                         color="color", source=src["spans"], legend_field="kind")
+        fig.legend.location = "bottom_right"
+        fig.legend.label_text_font_size = "10px"
+        style.hover(fig, [("", "@kind on @worker"), ("request", "@request"), ("from", "@start{0.000} s"),
+                          ("to", "@end{0.000} s")], [spans])
+        return fig
+
+    control = Control("arch", "Architecture", tuple(ARCHS), "kv-centric")
+    return lookup_panel("timeline", (control,), compute, figures, TIMELINE_READOUT)
+
+
+# ------------------------------------------------------ chapter 5: token times
+def token_stream_figure(duration_s: float = 60.0):
+    """Per-token timestamps of a few requests: equal TPOT, very different ITL."""
+    from bokeh.layouts import column
+
+    data = chapter.token_streams(duration_s=duration_s)
+    figs = []
+    for arch in data["archs"]:
+        fig = style.new_figure(f"{arch}: every output token of {len(data[arch])} requests",
+                               "seconds since the request arrived", "request", height=220,
+                               y_range=[str(r["request"]) for r in data[arch]][::-1])
+        for row in data[arch]:
+            times = np.asarray(row["token_times_s"], dtype=float)
+            fig.scatter(times, [str(row["request"])] * len(times), marker="dash", angle=np.pi / 2, size=9,
+                        color=ARCH_COLORS.get(arch, style.BLUE), alpha=0.7)
+        fig.xaxis.formatter = style.seconds_ticks()
+        figs.append(fig)
+    return column(*figs), data
