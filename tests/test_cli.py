@@ -103,3 +103,10 @@ def test_console_script_runs_without_heavy_imports():
     assert proc.stderr.strip() == "[]"
     proc = subprocess.run([sys.executable, "-m", "kvlab", "budget", "--model", "nope"], capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+
+
+def test_bench_ledger_reports_both_timings(capsys):
+    code, out, _ = run(capsys, "bench", "ledger", "--points", "1000", "--loop-points", "50", "--json")
+    r = json.loads(out)
+    assert code == 0 and r["points"] == 1000 and r["loop_points"] == 50
+    assert r["vectorised_s"] > 0 and r["loop_s"] > 0

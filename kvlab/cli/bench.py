@@ -11,6 +11,7 @@ BENCH_COMMANDS: tuple[str, ...] = (
     "kvlab.cli.bench_decode",
     "kvlab.cli.bench_recompute",
     "kvlab.cli.bench_suite",
+    "kvlab.cli.bench_ledger",
 )
 
 
