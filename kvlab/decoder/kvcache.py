@@ -38,7 +38,7 @@ from .config import KV_DTYPES, PLACEMENTS, DecoderConfig, check_choice
 
 SCALE_DTYPE = torch.float16
 QUANT_MAX = {"int8": 127.0, "fp8": 448.0}
-BLOCK_TOKENS = 256
+BLOCK_TOKENS = 1024  # big blocks: fewer, larger matmuls (256: 15-20% slower steps on CPU)
 
 
 def torch_dtype(name: str) -> torch.dtype:
