@@ -32,7 +32,7 @@ GRIDS = {
     # gpu-bench: ~7 GB of bf16 weights, 64 kB of bf16 KV per token
     "cuda": dict(preset="gpu-bench", weight_dtype="bf16", batches=(1, 8, 32),
                  contexts=(K, 2 * K, 4 * K, 8 * K, 16 * K, 32 * K), placements=("device", "host"),
-                 kv_dtypes=("bf16", "fp8", "int8"), prefetch=(False, True)),
+                 kv_dtypes=("bf16", "fp8", "int8"), host_kv_dtypes=("bf16",), prefetch=(False, True)),
     "cuda-quick": dict(preset="gpu-bench", weight_dtype="bf16", batches=(1, 8), contexts=(K, 8 * K),
                        placements=("device", "host"), kv_dtypes=("bf16",), prefetch=(False, True)),
 }
@@ -118,8 +118,9 @@ def run_decode(device="cpu", preset=None, batches=None, contexts=None, placement
         env["device_name"], machine["bandwidth_bytes_per_s"], machine["flops_per_s"],
         fit.device_available_bytes(dev))
     cfg = model.config
+    host_kv = grid["kv_dtypes"] if kv_dtypes is not None else grid.get("host_kv_dtypes", grid["kv_dtypes"])
     groups = [(pl, pf, kv, b) for pl in grid["placements"] for pf in (grid["prefetch"] if pl == "host" else (False,))
-              for kv in grid["kv_dtypes"] for b in grid["batches"]]
+              for kv in (host_kv if pl == "host" else grid["kv_dtypes"]) for b in grid["batches"]]
     contexts = sorted(int(c) for c in grid["contexts"])
     progress = Progress("decode", len(groups) * len(contexts), quiet)
     progress.log(f"{cfg.name}: {model.streamed_weight_bytes() / 1e9:.2f} GB of {grid['weight_dtype']} weights; "

@@ -57,10 +57,11 @@ def quantize(x: torch.Tensor, kv_dtype: str):
     qmax = QUANT_MAX[kv_dtype]
     exact = x.abs().amax(dim=-1, keepdim=True).float() / qmax  # (..., 1)
     scale = exact.to(SCALE_DTYPE)
-    # round the fp16 scale up, never down, so that no element overflows qmax; rows of
-    # zeros get the smallest subnormal instead of a zero scale
-    scale = torch.where(scale.float() < exact, torch.nextafter(scale, torch.full_like(scale, float("inf"))), scale)
-    scale = scale.clamp(min=2.0 ** -24)  # (..., 1)
+    # the fp16 scale must not round down, or the largest element would overflow qmax: where
+    # it did, add at least one fp16 step (2^-10 relative, 2^-24 absolute for subnormals)
+    # before rounding, so the nearest fp16 lies above the exact scale
+    up = torch.maximum(exact * (1 + 2.0 ** -10), exact + 2.0 ** -24).to(SCALE_DTYPE)
+    scale = torch.where(scale.float() < exact, up, scale).clamp(min=2.0 ** -24)  # (..., 1); zeros: tiny, not 0
     y = (x.float() / scale.float()).clamp(-qmax, qmax)
     if kv_dtype == "int8":
         y = y.round()
