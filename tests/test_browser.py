@@ -94,8 +94,7 @@ READ_PANEL = """([key]) => {
   const meta = JSON.parse(root.dataset.controls);
   const state = {};
   for (const [k, c] of Object.entries(meta)) {
-    const v = find(`${key}.${k}`).value;
-    state[k] = c.kind === "slider" ? c.options[Math.round(v)] : v;
+    state[k] = c.options[Math.round(Number(find(`${key}.${k}`).value))];  // both kinds hold an index
   }
   return {meta, state, readout: find(`${key}.readout`).text, updates: window.KVLAB.updates || 0};
 }"""
@@ -108,7 +107,7 @@ SET_CONTROL = """([name, value]) => {
 
 def parse_readout(html: str) -> dict[str, tuple[str, str]]:
     return {k: (raw, text) for k, raw, text in
-            re.findall(r'<td data-key="([\w]+)" data-value="([^"]*)">([^<]*)</td>', html)}
+            re.findall(r'<td data-key="([\w-]+)" data-value="([^"]*)">([^<]*)</td>', html)}
 
 
 def budget_json(kwargs: dict) -> dict:
@@ -158,12 +157,12 @@ def check_readout(panel_key: str, state: dict, readout_html: str) -> None:
 
 
 def other_values(meta: dict, current) -> list:
-    """Two values other than the current one: grid ends/middle for sliders (as indices)."""
+    """Two option indices other than the current one (ends and middle of the list); selects
+    take them as strings, sliders as numbers."""
     options = meta["options"]
-    if meta["kind"] == "slider":
-        here = options.index(current)
-        return [i for i in dict.fromkeys([0, len(options) - 1, len(options) // 2]) if i != here][:2]
-    return [str(o) for o in options if str(o) != str(current)][:2]
+    here = options.index(current)
+    picks = [i for i in dict.fromkeys([0, len(options) - 1, len(options) // 2]) if i != here][:2]
+    return picks if meta["kind"] == "slider" else [str(i) for i in picks]
 
 
 def test_panel_readouts_match_kvlab(browser, base_url, panel):

@@ -143,9 +143,11 @@ class Panel:
                     name=name, width=175,
                     format=CustomJSTickFormatter(code=f"return {json.dumps(labels)}[Math.round(tick)];"),
                 )
-            else:
-                options = [(str(v), c.label_of(v)) for v in c.options]
-                widgets[c.key] = Select(title=c.label, value=str(c.default), options=options, name=name, width=175)
+            else:  # values are option indices: options need not be strings (JS maps them back)
+                grids[c.key] = list(c.options)
+                options = [(str(i), c.label_of(v)) for i, v in enumerate(c.options)]
+                widgets[c.key] = Select(title=c.label, value=str(c.options.index(c.default)), options=options,
+                                        name=name, width=175)
         readout = Div(text=readout_html(self.readout, result["values"]), name=f"{self.key}.readout", width=280,
                       stylesheets=[InlineStyleSheet(css=CSS)])
         callback = CustomJS(
@@ -316,8 +318,12 @@ def _jsonable(obj, digits: int | None = None):
 
 
 def state_key(controls, state: dict) -> str:
-    """The key a lookup panel files a state under (JSON.stringify of the values, in order)."""
-    return json.dumps([state[c.key] for c in controls], separators=(",", ":"))
+    """The key a lookup panel files a state under: what JSON.stringify makes of the values,
+    in order (JavaScript writes 4e11 as 400000000000, not 400000000000.0)."""
+    def js(v):
+        return int(v) if isinstance(v, float) and v.is_integer() else v
+
+    return json.dumps([js(state[c.key]) for c in controls], separators=(",", ":"))
 
 
 LOOKUP_DIGITS = 7  # significant digits kept in lookup tables

@@ -148,12 +148,12 @@ window.KVLAB = window.KVLAB || (function () {
   }
 
   // ------------------------------------------------------------ panel plumbing
-  // Read every control into a state object: selects give their value, sliders index
-  // into the grid of values Python gave them.
+  // Read every control into a state object: sliders and selects both hold an index into
+  // the list of values Python gave them.
   function state(controls, grids) {
     const out = {};
     for (const [key, widget] of Object.entries(controls)) {
-      out[key] = (key in grids) ? grids[key][Math.round(widget.value)] : widget.value;
+      out[key] = grids[key][Math.round(Number(widget.value))];
     }
     return out;
   }
