@@ -79,27 +79,9 @@ def sweep_panel(duration_s: float = 180.0):
 
     def figures(src):
         from bokeh.layouts import row
-        from bokeh.transform import dodge
 
-        ttft = style.new_figure("Time to first token", "", "seconds", x_range=list(ARCHS), y_range=style.from_zero(),
-                                width=340, height=300)
-        ttft.vbar(x=dodge("arch", -0.17, range=ttft.x_range), top="ttft_p50_s", width=0.3, color="color",
-                  source=src["bars"], legend_label="p50")
-        ttft.vbar(x=dodge("arch", 0.17, range=ttft.x_range), top="ttft_p90_s", width=0.3, color="color", alpha=0.45,
-                  source=src["bars"], legend_label="p90")
-        ttft.yaxis.formatter = style.seconds_ticks()
-        ttft.legend.location = "top_left"
-        tokens = style.new_figure("Between tokens", "", "seconds", x_range=list(ARCHS), y_range=style.from_zero(),
-                                  width=340, height=300)
-        tokens.vbar(x=dodge("arch", -0.17, range=tokens.x_range), top="tpot_p50_s", width=0.3, color="color",
-                    source=src["bars"], legend_label="TPOT p50")
-        tokens.vbar(x=dodge("arch", 0.17, range=tokens.x_range), top="itl_p99_s", width=0.3, color="color", alpha=0.45,
-                    source=src["bars"], legend_label="ITL p99")
-        tokens.yaxis.formatter = style.seconds_ticks()
-        tokens.legend.location = "top_left"
-        for fig in (ttft, tokens):
-            fig.xaxis.major_label_text_font_size = "10px"
-        return row(ttft, tokens)
+        return row(_paired_bars("Time to first token", src["bars"], ("ttft_p50_s", "p50"), ("ttft_p90_s", "p90")),
+                   _paired_bars("Between tokens", src["bars"], ("tpot_p50_s", "TPOT p50"), ("itl_p99_s", "ITL p99")))
 
     controls = (
         Control("link", "Network between nodes", links, "ib-200g"),
@@ -114,6 +96,20 @@ const bars = {arch: archs, color: colors};
 for (const k of ["ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "itl_p99_s"]) bars[k] = archs.map((a) => v[a + "_" + k]);
 return {bars: bars};""" % (list(ARCHS), [ARCH_COLORS[a] for a in ARCHS])
     return lookup_panel("sweep", controls, compute, figures, SWEEP_READOUT, js_sources=js_sources)
+
+
+def _paired_bars(title: str, source, first: tuple[str, str], second: tuple[str, str]):
+    """Two bars per architecture (a solid and a light one), in seconds."""
+    from bokeh.transform import dodge
+
+    fig = style.new_figure(title, "", "seconds", x_range=list(ARCHS), y_range=style.from_zero(), width=340, height=300)
+    for (column, label), offset, alpha in ((first, -0.17, 1.0), (second, 0.17, 0.45)):
+        fig.vbar(x=dodge("arch", offset, range=fig.x_range), top=column, width=0.3, color="color", alpha=alpha,
+                 source=source, legend_label=label)
+    fig.yaxis.formatter = style.seconds_ticks()
+    fig.legend.location = "top_left"
+    fig.xaxis.major_label_text_font_size = "10px"
+    return fig
 
 
 # ------------------------------------------------- same bytes, lower latency
