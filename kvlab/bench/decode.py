@@ -18,6 +18,7 @@ from __future__ import annotations
 import gc
 
 from ..errors import KvlabError
+from .memory import copy_bandwidth
 from .results import environment
 from .timing import Budget, Progress, machine_state, measure_undisturbed, time_call, tune_cpu_allocator
 
@@ -39,6 +40,9 @@ GRIDS = {
 #: Host placement moves the whole KV history over PCIe every step; beyond this many
 #: tokens (batch x context) a step takes seconds, so larger host points are skipped.
 HOST_MAX_TOKENS = {"cpu": 8 * 32 * K, "cuda": 8 * 16 * K}
+#: A point is re-measured when the copy bandwidth right before and right after it differ
+#: by more than this: something else used the memory bus meanwhile.
+MAX_DRIFT = 0.10
 
 
 def make_step(model, cache, plan, tokens, cuda_graph: bool):
@@ -70,7 +74,7 @@ def make_step(model, cache, plan, tokens, cuda_graph: bool):
 
 def measure_machine(device, compute_dtype: str, need_link: bool, quick: bool) -> dict:
     """The figures the ledger is fed: copy bandwidth, matmul rate, host->device bandwidth."""
-    from .memory import GiB, MiB, copy_bandwidth, matmul_rate
+    from .memory import GiB, MiB, matmul_rate
     from .transfer import link_bandwidth
 
     cuda = str(device).startswith("cuda")
@@ -118,6 +122,7 @@ def run_decode(device="cpu", preset=None, batches=None, contexts=None, placement
         env["device_name"], machine["bandwidth_bytes_per_s"], machine["flops_per_s"],
         fit.device_available_bytes(dev))
     cfg = model.config
+    probe = (64 if quick else 256) * (1 << 20) * (4 if cuda else 1)  # bytes per bracketing copy
     host_kv = grid["kv_dtypes"] if kv_dtypes is not None else grid.get("host_kv_dtypes", grid["kv_dtypes"])
     groups = [(pl, pf, kv, b) for pl in grid["placements"] for pf in (grid["prefetch"] if pl == "host" else (False,))
               for kv in (host_kv if pl == "host" else grid["kv_dtypes"]) for b in grid["batches"]]
@@ -164,8 +169,21 @@ def run_decode(device="cpu", preset=None, batches=None, contexts=None, placement
             plan = model.plan(cache, [ctx - 1] * batch, 1)  # attends ctx positions
             with torch.no_grad():
                 fn, graphed = make_step(model, cache, plan, tokens, cuda_graph)
-                t, stall, attempts = measure_undisturbed(lambda: time_call(fn, dev, repeats, warmup), attempts=tries)
-            measured = t.median_s
+
+                def bracketed():  # the bandwidth right before and right after the step's timing
+                    before = copy_bandwidth(dev, probe, repeats=3, warmup=1)[0]
+                    timing = time_call(fn, dev, repeats, warmup)
+                    return timing, before, copy_bandwidth(dev, probe, repeats=3, warmup=1)[0]
+
+                (t, bw0, bw1), stall, attempts = measure_undisturbed(
+                    bracketed, attempts=tries, accept=lambda r: abs(r[2] / r[1] - 1) <= MAX_DRIFT)
+            measured, bw_point = t.median_s, (bw0 + bw1) / 2
+            # the ledger with the bandwidth this machine had while the point ran (a shared
+            # VM's memory bandwidth moves with its neighbours' load)
+            point_device = ledger.measured_device(env["device_name"], bw_point, machine["flops_per_s"],
+                                                  spec_device.capacity_bytes)
+            pred = ledger.predict_decode(cfg, point_device, batch, ctx, grid["weight_dtype"], kv, placement, pre,
+                                         machine.get("link_bytes_per_s"))
             point = {
                 "batch": batch, "context": ctx, "placement": placement, "prefetch": pre, "kv_dtype": kv,
                 "weight_dtype": grid["weight_dtype"], "preset": cfg.name, "cuda_graph": graphed,
@@ -176,7 +194,8 @@ def run_decode(device="cpu", preset=None, batches=None, contexts=None, placement
                 "kv_read_bytes": pred["kv_read_bytes"], "fetch_bytes": pred["fetch_bytes"],
                 "predicted_fetch_s": pred["fetch_s"], "bound": pred["bound"],
                 "achieved_bytes_per_s": pred["step_bytes"] / measured,
-                "fraction_of_bandwidth": pred["step_bytes"] / measured / machine["bandwidth_bytes_per_s"],
+                "fraction_of_bandwidth": pred["step_bytes"] / measured / bw_point,
+                "bandwidth_bytes_per_s": bw_point, "bandwidth_drift": bw1 / bw0 - 1,
                 "tokens_per_s": batch / measured,
                 "cpu_stall_fraction": stall, "attempts": attempts,
             }
@@ -202,7 +221,8 @@ def run_decode(device="cpu", preset=None, batches=None, contexts=None, placement
                                                                     "bf16")["weight_read_bytes"]},
         "machine": {k: v for k, v in machine.items()},
         "bandwidth_bytes_per_s": machine["bandwidth_bytes_per_s"],
-        "prediction": "kvlab.cost.decode_step with the measured copy bandwidth and matmul rate "
+        "prediction": "kvlab.cost.decode_step with the copy bandwidth measured right before and after each "
+                      "point (their mean, per point in bandwidth_bytes_per_s) and the measured matmul rate "
                       "(kvlab.decoder.ledger.predict_decode); host placement adds the KV fetch over the "
                       "measured host->device path, overlapped when prefetching",
         "points": points,

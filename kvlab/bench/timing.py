@@ -158,25 +158,27 @@ def _stall_total_us() -> float | None:
     return None
 
 
-def measure_undisturbed(measure, max_stall: float = 0.05, attempts: int = 3):
-    """Run `measure()` (which returns a Timing) until the CPU was not contended.
+def measure_undisturbed(measure, max_stall: float = 0.05, attempts: int = 3, accept=None):
+    """Run `measure()` until the CPU was not contended (and `accept(result)` holds).
 
     The stall fraction is the share of the measurement's wall time in which some task
     waited for a CPU (Linux PSI, cumulative counter): another process wanting a core.
-    Returns (timing, stall fraction or None where PSI is missing, attempts used); keeps
-    the least disturbed attempt.
+    Returns (result, stall fraction or None where PSI is missing, attempts used): the
+    first good attempt, else the least stalled one among those `accept` passes, else
+    the least stalled.
     """
-    best = None
+    tried = []
     for attempt in range(1, attempts + 1):
         s0, t0 = _stall_total_us(), time.monotonic()
-        timing = measure()
+        result = measure()
         s1, wall = _stall_total_us(), time.monotonic() - t0
         stall = None if s0 is None or s1 is None or wall <= 0 else min(1.0, (s1 - s0) / 1e6 / wall)
-        if best is None or (stall is not None and best[1] is not None and stall < best[1]):
-            best = (timing, stall, attempt)
-        if stall is None or stall <= max_stall:
-            break
-    return best[0], best[1], attempt
+        ok = accept is None or accept(result)
+        tried.append((not ok, stall or 0.0, result, stall))
+        if ok and (stall is None or stall <= max_stall):
+            return result, stall, attempt
+    _, _, result, stall = min(tried, key=lambda x: (x[0], x[1]))
+    return result, stall, len(tried)
 
 
 def machine_state() -> dict:
