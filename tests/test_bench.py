@@ -196,3 +196,30 @@ def test_measure_undisturbed_retries_when_another_process_stalled_the_cpu(monkey
 
     result, stall, attempts = timing.measure_undisturbed(measure, max_stall=0.05, attempts=3)
     assert (result, attempts) == (2, 2) and stall < 0.05
+
+
+def test_suite_survives_a_broken_benchmark(results, monkeypatch, capsys):
+    """A one-shot GPU run must not lose every result to one crash: the others still run and
+    are written, the failure is reported, and the exit status says something failed."""
+    import kvlab.bench.decode as decode
+    import kvlab.bench.memory as memory
+    import kvlab.bench.recompute as recompute
+    import kvlab.bench.transfer as transfer
+
+    def fake(kind):
+        return lambda device, **kw: {"benchmark": kind, "environment": {}, "bandwidth_bytes_per_s": 1.0,
+                                     "points": [], "skipped": [], "summary": {}, "curves": []}
+
+    def boom(device, **kw):
+        raise RuntimeError("kernel exploded")
+
+    monkeypatch.setattr(memory, "run_memory", fake("memory"))
+    monkeypatch.setattr(transfer, "run_transfer", fake("transfer"))
+    monkeypatch.setattr(decode, "run_decode", fake("decode"))
+    monkeypatch.setattr(recompute, "run_recompute", boom)
+    code = main(["bench", "all", "--device", "cpu", "--json"])
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    assert code == 1 and "kernel exploded" in out["recompute-vs-fetch"]["error"]
+    assert "Traceback" in captured.err and out["decode"]["written_to"]
+    assert (results / machine_slug("cpu") / "decode.json").exists()

@@ -16,6 +16,7 @@ timing is the kernels', not Python's launch loop.
 from __future__ import annotations
 
 import gc
+import sys
 
 from ..errors import KvlabError
 from .memory import copy_bandwidth
@@ -62,14 +63,34 @@ def make_step(model, cache, plan, tokens, cuda_graph: bool):
             step()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        logits = step()  # static output: every replay rewrites it
+    try:
+        with torch.cuda.graph(graph):
+            logits = step()  # static output: every replay rewrites it
+    except RuntimeError as exc:  # an op that cannot be captured: time it eagerly instead
+        torch.cuda.synchronize()
+        print(f"kvlab bench decode: CUDA graph capture failed, running eagerly ({exc})", file=sys.stderr)
+        return step, False
 
     def replay():
         graph.replay()
         return logits
 
     return replay, True
+
+
+def _measure_point(model, cache, plan, tokens, cuda_graph, probe, repeats, warmup, tries, dev):
+    """((timing, copy bandwidth before, after, graphed), stall, attempts) of one decode point."""
+    import torch
+
+    with torch.no_grad():
+        fn, graphed = make_step(model, cache, plan, tokens, cuda_graph)
+
+        def bracketed():  # the bandwidth right before and right after the step's timing
+            before = copy_bandwidth(dev, probe, repeats=3, warmup=1)[0]
+            timing = time_call(fn, dev, repeats, warmup)
+            return timing, before, copy_bandwidth(dev, probe, repeats=3, warmup=1)[0], graphed
+
+        return measure_undisturbed(bracketed, attempts=tries, accept=lambda r: abs(r[2] / r[1] - 1) <= MAX_DRIFT)
 
 
 def measure_machine(device, compute_dtype: str, need_link: bool, quick: bool) -> dict:
@@ -149,13 +170,19 @@ def run_decode(device="cpu", preset=None, batches=None, contexts=None, placement
             continue
         try:
             cache = model.new_cache(batch, max(ctxs), kv, placement, pre)
-        except KvlabError as exc:
+            cache.fill_random_([max(ctxs)] * batch, seed=seed)
+        except (KvlabError, RuntimeError) as exc:
+            if not isinstance(exc, KvlabError) and "out of memory" not in str(exc).lower():
+                raise
+            cache = None
+            gc.collect()
+            if cuda:
+                torch.cuda.empty_cache()
             for c in ctxs:
                 skipped.append({"placement": placement, "prefetch": pre, "kv_dtype": kv, "batch": batch,
                                 "context": c, "reason": str(exc)})
                 progress.step(f"{label} ctx={c}: skipped ({exc})")
             continue
-        cache.fill_random_([max(ctxs)] * batch, seed=seed)
         tokens = torch.randint(0, cfg.vocab_size, (batch, 1), generator=gen).to(dev)
         for ctx in ctxs:
             pred = ledger.predict_decode(cfg, spec_device, batch, ctx, grid["weight_dtype"], kv, placement, pre,
@@ -167,16 +194,19 @@ def run_decode(device="cpu", preset=None, batches=None, contexts=None, placement
                 progress.step(f"{label} ctx={ctx}: skipped (time budget)")
                 continue
             plan = model.plan(cache, [ctx - 1] * batch, 1)  # attends ctx positions
-            with torch.no_grad():
-                fn, graphed = make_step(model, cache, plan, tokens, cuda_graph)
-
-                def bracketed():  # the bandwidth right before and right after the step's timing
-                    before = copy_bandwidth(dev, probe, repeats=3, warmup=1)[0]
-                    timing = time_call(fn, dev, repeats, warmup)
-                    return timing, before, copy_bandwidth(dev, probe, repeats=3, warmup=1)[0]
-
-                (t, bw0, bw1), stall, attempts = measure_undisturbed(
-                    bracketed, attempts=tries, accept=lambda r: abs(r[2] / r[1] - 1) <= MAX_DRIFT)
+            try:
+                point = _measure_point(model, cache, plan, tokens, cuda_graph, probe, repeats, warmup, tries, dev)
+            except RuntimeError as exc:  # CUDA out of memory (graph pools, temporaries): skip, go on
+                if "out of memory" not in str(exc).lower():
+                    raise
+                skipped.append({"placement": placement, "prefetch": pre, "kv_dtype": kv, "batch": batch,
+                                "context": ctx, "reason": f"out of memory: {str(exc).splitlines()[0]}"})
+                progress.step(f"{label} ctx={ctx}: skipped (out of memory)")
+                del plan
+                if cuda:
+                    torch.cuda.empty_cache()
+                continue
+            (t, bw0, bw1, graphed), stall, attempts = point
             measured, bw_point = t.median_s, (bw0 + bw1) / 2
             # the ledger with the bandwidth this machine had while the point ran (a shared
             # VM's memory bandwidth moves with its neighbours' load)
@@ -204,7 +234,7 @@ def run_decode(device="cpu", preset=None, batches=None, contexts=None, placement
                           f"({point['error']:+.1%}), {point['achieved_bytes_per_s'] / 1e9:.1f} GB/s = "
                           f"{point['fraction_of_bandwidth']:.0%} of copy (spread {t.spread:.0%}" +
                           (f", stalled {stall:.0%}" if stall else "") + (f", {attempts} tries" if attempts > 1 else "") + ")")
-            del fn, plan
+            del plan
         del cache
         gc.collect()
         if cuda:

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import sys
 import time
+import traceback
+
+from ..errors import KvlabError
 
 from .results import write_result
 
@@ -37,7 +40,14 @@ def run_suite(device: str, budget_s: float, quick: bool = False, repeats=None, w
         allowance = left if name == "decode" else min(left, share * budget_s)
         if not quiet:
             print(f"kvlab bench suite: {name} (up to {allowance:.0f} s)", file=sys.stderr, flush=True)
-        result = runners[name](device, quick=quick, repeats=repeats, budget_s=allowance, quiet=quiet)
+        try:
+            result = runners[name](device, quick=quick, repeats=repeats, budget_s=allowance, quiet=quiet)
+        except KvlabError:
+            raise
+        except Exception as exc:  # one broken benchmark must not cost the others (one-shot GPU runs)
+            traceback.print_exc(file=sys.stderr)
+            out[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            continue
         path = write_result(f"{name}-quick" if quick else name, result, device) if write else None
         out[name] = {"written_to": str(path) if path else None, **headline(name, result)}
     return out

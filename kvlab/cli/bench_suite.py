@@ -38,4 +38,4 @@ def run(args) -> int:
     else:
         for name, summary in out.items():
             print(f"{name}: {summary.get('written_to') or summary}")
-    return 0
+    return 1 if any("error" in summary for summary in out.values()) else 0
