@@ -13,7 +13,7 @@ from .results import load_results
 
 DECODE_COLUMNS = ("batch", "context", "measured_step_s", "predicted_step_s", "error", "achieved_bytes_per_s",
                   "fraction_of_bandwidth", "step_bytes", "weight_read_bytes", "kv_read_bytes", "tokens_per_s",
-                  "spread")
+                  "spread", "bandwidth_bytes_per_s")  # the last: copy bandwidth measured around each point
 DECODE_LABELS = ("placement", "kv_dtype", "prefetch")
 
 
@@ -44,7 +44,8 @@ def decode_comparison(placement: str | None = None, kv_dtype: str | None = None,
     Each entry: machine, device_name, preset, weight_dtype, bandwidth_bytes_per_s (the
     measured copy bandwidth the ledger used) and `points`: a dict of equal-length arrays
     (batch, context, measured_step_s, predicted_step_s, error, achieved_bytes_per_s,
-    fraction_of_bandwidth, step_bytes, ..., placement, kv_dtype, prefetch), filtered by
+    fraction_of_bandwidth, step_bytes, bandwidth_bytes_per_s (the copy bandwidth measured
+    around that point, which its prediction used), ..., placement, kv_dtype, prefetch), filtered by
     `placement` / `kv_dtype` when given, sorted by (placement, kv_dtype, batch, context).
     """
     out = []
