@@ -21,7 +21,7 @@ import sys
 from ..errors import KvlabError
 from .memory import copy_bandwidth
 from .results import environment
-from .timing import Budget, Progress, machine_state, measure_undisturbed, time_call, tune_cpu_allocator
+from .timing import Budget, Progress, machine_state, measure_undisturbed, open_device, time_call
 
 K = 1024
 GRIDS = {
@@ -119,9 +119,7 @@ def run_decode(device="cpu", preset=None, batches=None, contexts=None, placement
     from ..decoder import Decoder, fit
     from ..decoder import ledger
 
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise KvlabError("no CUDA device visible to torch; use --device cpu")
+    dev, alloc = open_device(device)
     cuda = dev.type == "cuda"
     grid = dict(GRIDS[("cuda" if cuda else "cpu") + ("-quick" if quick else "")])
     for key, value in (("preset", preset), ("batches", batches), ("contexts", contexts), ("placements", placements),
@@ -133,7 +131,6 @@ def run_decode(device="cpu", preset=None, batches=None, contexts=None, placement
     repeats = repeats or (3 if quick else 5 if not cuda else 20)
     warmup = warmup or (1 if quick else 2)
     tries = 1 if quick else 3  # re-measure a point another process disturbed
-    alloc = tune_cpu_allocator() if not cuda else {}
     budget = Budget(budget_s)
     env = {**environment(str(dev)), **alloc, "at_start": machine_state()}
 

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import KvlabError
 from .results import environment
-from .timing import Budget, Progress, machine_state, measure_undisturbed, time_call, tune_cpu_allocator
+from .timing import Budget, Progress, machine_state, measure_undisturbed, open_device, time_call
 
 MiB, GiB = 1 << 20, 1 << 30
 SIZES = {"cpu": [4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB, GiB], "cuda": [16 * MiB, 256 * MiB, GiB, 4 * GiB]}
@@ -69,10 +68,7 @@ def run_memory(device="cpu", quick: bool = False, repeats: int | None = None, bu
 
     from ..decoder import fit
 
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise KvlabError("no CUDA device visible to torch; use --device cpu")
-    alloc = tune_cpu_allocator() if dev.type == "cpu" else {}
+    dev, alloc = open_device(device)
     repeats = repeats or (5 if quick else 9)
     sizes = (QUICK_SIZES if quick else SIZES).get(dev.type, SIZES["cpu"])
     sizes = [s for s in sizes if 2.5 * s < (1 - fit.HEADROOM) * fit.device_available_bytes(dev)] or sizes[:1]

@@ -20,7 +20,7 @@ import math
 
 from ..errors import KvlabError
 from .results import environment
-from .timing import Budget, Progress, machine_state, measure_undisturbed, time_call, tune_cpu_allocator
+from .timing import Budget, Progress, machine_state, measure_undisturbed, open_device, time_call
 
 GRIDS = {
     "cpu": dict(presets=("cpu-bench",), tokens=(16, 32, 64, 128, 256, 512, 1024)),
@@ -58,20 +58,16 @@ def run_recompute(device="cpu", presets=None, tokens=None, weight_dtype="bf16", 
     import torch
 
     from ..decoder import Decoder, fit, ledger
-    from ..decoder.kvcache import torch_dtype
     from .memory import MiB, copy_bandwidth, matmul_rate
     from .transfer import link_bandwidth
 
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise KvlabError("no CUDA device visible to torch; use --device cpu")
+    dev, alloc = open_device(device)
     cuda = dev.type == "cuda"
     grid = dict(GRIDS[("cuda" if cuda else "cpu") + ("-quick" if quick else "")])
     presets = tuple(presets or grid["presets"])
     grid_tokens = sorted(int(n) for n in (tokens or grid["tokens"]))
     repeats = repeats or (3 if quick or not cuda else 10)
     tries = 1 if quick else 3  # re-measure a point another process disturbed
-    alloc = tune_cpu_allocator() if not cuda else {}
     budget = Budget(budget_s)
     env = {**environment(str(dev)), **alloc, "at_start": machine_state()}
     compute = weight_dtype if weight_dtype in ("fp32", "bf16", "fp16") else "bf16"

@@ -18,6 +18,20 @@ from dataclasses import asdict, dataclass
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 
 
+def open_device(device: str):
+    """The torch device a benchmark runs on, checked, and the CPU allocator tuned for it.
+
+    Returns (torch.device, allocator settings to record in the environment)."""
+    import torch
+
+    from ..errors import KvlabError
+
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise KvlabError("no CUDA device visible to torch; use --device cpu")
+    return dev, (tune_cpu_allocator() if dev.type == "cpu" else {})
+
+
 def tune_cpu_allocator() -> dict:
     """Keep freed memory for reuse instead of returning it to the OS (glibc only).
 

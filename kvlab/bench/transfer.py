@@ -8,9 +8,8 @@ benchmark times host -> host copies (the CPU decoder's `host` placement path).
 """
 from __future__ import annotations
 
-from ..errors import KvlabError
 from .results import environment
-from .timing import Budget, Progress, machine_state, time_call, tune_cpu_allocator
+from .timing import Budget, Progress, machine_state, open_device, time_call
 
 MiB, GiB = 1 << 20, 1 << 30
 SIZES = {"cpu": [4 * MiB, 64 * MiB, 512 * MiB], "cuda": [MiB, 16 * MiB, 256 * MiB, GiB]}
@@ -33,10 +32,7 @@ def run_transfer(device="cpu", quick: bool = False, repeats: int | None = None, 
                  quiet: bool = False) -> dict:
     import torch
 
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise KvlabError("no CUDA device visible to torch; use --device cpu")
-    alloc = tune_cpu_allocator() if dev.type == "cpu" else {}
+    dev, alloc = open_device(device)
     repeats = repeats or (5 if quick else 9)
     sizes = (QUICK_SIZES if quick else SIZES).get(dev.type, SIZES["cpu"])
     cuda = dev.type == "cuda"
