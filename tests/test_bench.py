@@ -168,6 +168,24 @@ def test_report_reads_every_machine(results):
     assert len(report.decode_comparison(include_quick=True)) == 3
 
 
+def test_report_keeps_the_pytorch_kernel_run_apart(results):
+    native_run = _fake_decode("a", "CPU A", 0.05)
+    native_run["environment"].update(kernels="native", kernels_note="native C kernels")
+    write_result("decode", native_run, machine="cpu-a")
+    write_result("decode-torch-kernels", _fake_decode("a", "CPU A", 1.5), machine="cpu-a")
+    [default] = report.decode_comparison("device")
+    [torch_run] = report.decode_comparison("device", kernels="torch")
+    assert default["kernels"] == "native" and torch_run["kernels"] == "torch"  # older files: PyTorch
+    np.testing.assert_allclose(torch_run["points"]["error"], 1.5)
+    assert report.targets(kernels="torch")[0]["rows"][0]["max_abs_error"] == pytest.approx(1.5)
+    with pytest.raises(ValueError, match="kernels"):
+        report.decode_comparison(kernels="fast")
+    from kvlab.viz import measured
+
+    labels = [item.label["value"] for item in measured.bandwidth_figure().legend[0].items]
+    assert any(lab.endswith("kvlab kernels") for lab in labels) and any(lab.endswith("PyTorch kernels") for lab in labels)
+
+
 def test_report_recompute_curves(results):
     curve = {"preset": "p", "kv_bytes_per_token": 10.0, "streamed_weight_bytes": 1.0,
              "points": [{"tokens": n, "recompute_s": 1e-3, "fetch_s": 1e-5 * n, "predicted_recompute_s": 1e-3,

@@ -11,7 +11,9 @@ attends, here `context - 1` cached tokens plus the new one (written, then read b
 the rest), so the step reads `context` tokens of KV and writes one, as the ledger counts. The cache is filled with random history instead of a prefill:
 the values do not change the bytes, and prefilling 8 x 32K tokens on a CPU takes hours.
 On CUDA, device-placement steps are captured once in a CUDA graph and replayed, so the
-timing is the kernels', not Python's launch loop.
+timing is the kernels', not Python's launch loop. On CPU the decoder runs kvlab's native
+kernels where they build (`kvlab.native`; `kernels="torch"` for PyTorch's), and every point
+records which kernels moved its weights and its KV.
 """
 from __future__ import annotations
 
@@ -112,8 +114,9 @@ def measure_machine(device, compute_dtype: str, need_link: bool, quick: bool) ->
 
 def run_decode(device="cpu", preset=None, batches=None, contexts=None, placements=None, kv_dtypes=None,
                weight_dtype=None, prefetch=None, repeats=None, warmup=None, budget_s=None, quick=False,
-               cuda_graph=True, quiet=False, seed=0) -> dict:
-    """Run the sweep; returns the JSON-ready result (points, machine figures, summary)."""
+               cuda_graph=True, quiet=False, seed=0, kernels="auto") -> dict:
+    """Run the sweep; returns the JSON-ready result (points, machine figures, summary).
+    `kernels`: the decoder's CPU kernels, "auto" | "native" | "torch" (see `Decoder`)."""
     import torch
 
     from ..decoder import Decoder, fit
@@ -134,7 +137,8 @@ def run_decode(device="cpu", preset=None, batches=None, contexts=None, placement
     budget = Budget(budget_s)
     env = {**environment(str(dev)), **alloc, "at_start": machine_state()}
 
-    model = Decoder(grid["preset"], grid["weight_dtype"], dev, seed=seed)
+    model = Decoder(grid["preset"], grid["weight_dtype"], dev, seed=seed, kernels=kernels)
+    env["kernels"], env["kernels_note"] = model.kernels, model.kernels_note
     machine = measure_machine(dev, model.compute_dtype_name, "host" in grid["placements"], quick)
     spec_device = ledger.measured_device(
         env["device_name"], machine["bandwidth_bytes_per_s"], machine["flops_per_s"],
@@ -149,7 +153,8 @@ def run_decode(device="cpu", preset=None, batches=None, contexts=None, placement
     progress.log(f"{cfg.name}: {model.streamed_weight_bytes() / 1e9:.2f} GB of {grid['weight_dtype']} weights; "
                  f"copy {machine['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, matmul "
                  f"{machine['flops_per_s'] / 1e12:.2f} TFLOP/s" +
-                 (f", link {machine['link_bytes_per_s'] / 1e9:.1f} GB/s" if "link_bytes_per_s" in machine else ""))
+                 (f", link {machine['link_bytes_per_s'] / 1e9:.1f} GB/s" if "link_bytes_per_s" in machine else "") +
+                 f"; {model.kernels_note}")
     points, skipped = [], []
     gen = torch.Generator(device="cpu").manual_seed(seed)
     for placement, pre, kv, batch in groups:
@@ -214,6 +219,7 @@ def run_decode(device="cpu", preset=None, batches=None, contexts=None, placement
             point = {
                 "batch": batch, "context": ctx, "placement": placement, "prefetch": pre, "kv_dtype": kv,
                 "weight_dtype": grid["weight_dtype"], "preset": cfg.name, "cuda_graph": graphed,
+                "kernels": model.decode_kernels(kv),
                 "measured_step_s": measured, "measured_min_s": t.min_s, "measured_max_s": t.max_s,
                 "spread": t.spread, "repeats": repeats,
                 "predicted_step_s": pred["predicted_step_s"], "error": measured / pred["predicted_step_s"] - 1,

@@ -54,7 +54,7 @@ def _fetch_fn(host_layers, dev_layers):
 
 
 def run_recompute(device="cpu", presets=None, tokens=None, weight_dtype="bf16", kv_dtype="bf16", repeats=None,
-                  budget_s=None, quick=False, quiet=False, seed=0) -> dict:
+                  budget_s=None, quick=False, quiet=False, seed=0, kernels="auto") -> dict:
     import torch
 
     from ..decoder import Decoder, fit, ledger
@@ -82,7 +82,8 @@ def run_recompute(device="cpu", presets=None, tokens=None, weight_dtype="bf16", 
     progress = Progress("recompute-vs-fetch", len(presets) * len(grid_tokens), quiet)
     curves = []
     for preset in presets:
-        model = Decoder(preset, weight_dtype, dev, seed=seed)
+        model = Decoder(preset, weight_dtype, dev, seed=seed, kernels=kernels)
+        env["kernels"], env["kernels_note"] = model.kernels, model.kernels_note
         cfg = model.config
         per_layer_token = ledger.kv_bytes_per_token(cfg, kv_dtype) / cfg.num_layers
         points = []

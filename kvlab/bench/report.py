@@ -37,8 +37,13 @@ def machines(include_quick: bool = False) -> dict[str, dict]:
     return out
 
 
+#: Result files of the decode sweep: with the decoder's default kernels (kvlab's native C
+#: kernels on CPUs that build them) and the comparison run with PyTorch's CPU kernels.
+DECODE_KINDS = {"default": "decode", "torch": "decode-torch-kernels"}
+
+
 def decode_comparison(placement: str | None = None, kv_dtype: str | None = None,
-                      include_quick: bool = False) -> list[dict]:
+                      include_quick: bool = False, kernels: str = "default") -> list[dict]:
     """Measured vs predicted decode steps, one entry per machine.
 
     Each entry: machine, device_name, preset, weight_dtype, bandwidth_bytes_per_s (the
@@ -47,9 +52,13 @@ def decode_comparison(placement: str | None = None, kv_dtype: str | None = None,
     fraction_of_bandwidth, step_bytes, bandwidth_bytes_per_s (the copy bandwidth measured
     around that point, which its prediction used), ..., placement, kv_dtype, prefetch), filtered by
     `placement` / `kv_dtype` when given, sorted by (placement, kv_dtype, batch, context).
+    `kernels`: "default" (the decoder's own choice, recorded as `kernels`) or "torch" (the
+    comparison run with PyTorch's CPU kernels, `kvlab bench decode --kernels torch`).
     """
+    if kernels not in DECODE_KINDS:
+        raise ValueError(f"kernels must be one of {sorted(DECODE_KINDS)}, got {kernels!r}")
     out = []
-    for machine, r in sorted(_load("decode", include_quick).items()):
+    for machine, r in sorted(_load(DECODE_KINDS[kernels], include_quick).items()):
         pts = [p for p in r.get("points", [])
                if (placement is None or p["placement"] == placement) and (kv_dtype is None or p["kv_dtype"] == kv_dtype)]
         pts.sort(key=lambda p: (p["placement"], p["prefetch"], p["kv_dtype"], p["batch"], p["context"]))
@@ -63,6 +72,8 @@ def decode_comparison(placement: str | None = None, kv_dtype: str | None = None,
             "bandwidth_bytes_per_s": r.get("bandwidth_bytes_per_s"),
             "flops_per_s": r.get("machine", {}).get("flops_per_s"),
             "quick": r.get("quick", False),
+            "kernels": r["environment"].get("kernels", "torch"),
+            "kernels_note": r["environment"].get("kernels_note", "PyTorch kernels"),
             "points": columns,
         })
     return out
@@ -119,12 +130,13 @@ def memory_bandwidth(include_quick: bool = False) -> list[dict]:
     return out
 
 
-def targets(include_quick: bool = False, min_context: int = 1024, max_context: int = 32768) -> list[dict]:
+def targets(include_quick: bool = False, min_context: int = 1024, max_context: int = 32768,
+            kernels: str = "default") -> list[dict]:
     """The issue's targets, per machine, from the device-placement points at the weight
     dtype of the run: per (kv dtype, batch) the lowest fraction of copy bandwidth reached
     and the largest |measured / predicted - 1| over contexts in [min_context, max_context]."""
     out = []
-    for entry in decode_comparison("device", include_quick=include_quick):
+    for entry in decode_comparison("device", include_quick=include_quick, kernels=kernels):
         p = entry["points"]
         rows = []
         for kv in sorted(set(p["kv_dtype"].tolist())):
@@ -136,5 +148,6 @@ def targets(include_quick: bool = False, min_context: int = 1024, max_context: i
                                  "fraction_of_bandwidth_min": float(p["fraction_of_bandwidth"][sel].min()),
                                  "fraction_of_bandwidth_median": float(np.median(p["fraction_of_bandwidth"][sel])),
                                  "max_abs_error": float(np.abs(p["error"][sel]).max())})
-        out.append({"machine": entry["machine"], "device_name": entry["device_name"], "rows": rows})
+        out.append({"machine": entry["machine"], "device_name": entry["device_name"], "kernels": entry["kernels"],
+                    "rows": rows})
     return out

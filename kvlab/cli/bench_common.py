@@ -20,6 +20,12 @@ def add_common(p, budget_s: float) -> None:
     p.add_argument("--json", action="store_true", help="print the whole result as one JSON object")
 
 
+def add_kernels(p) -> None:
+    p.add_argument("--kernels", choices=("auto", "native", "torch"), default="auto",
+                   help="CPU decode kernels: kvlab's native C kernels (built with the system compiler), "
+                        "PyTorch's, or native where they build (default)")
+
+
 def setup(args) -> str:
     """Resolve --device and --threads; returns the torch device string."""
     import torch

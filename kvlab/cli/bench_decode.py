@@ -8,6 +8,7 @@ def register(sub) -> None:
     p = sub.add_parser("decode", help="decode step: measured vs the ledger, over batch x context x placement x KV dtype",
                        description="Times one decode step of the toy decoder for every point of the sweep and "
                        "compares it with the ledger fed this machine's measured bandwidth and matmul rate.")
+    common.add_kernels(p)
     common.add_common(p, budget_s=900)
     p.add_argument("--preset", help="decoder preset: tiny, small, cpu-bench, gpu-bench, mha-small "
                    "(default: cpu-bench on CPU, gpu-bench on CUDA, small with --quick on CPU)")
@@ -39,10 +40,12 @@ def run(args) -> int:
     r = run_decode(device, preset=args.preset, batches=args.batches, contexts=args.contexts,
                    placements=args.placements, kv_dtypes=args.kv_dtypes, weight_dtype=args.weight_dtype,
                    prefetch=prefetch, repeats=common.repeats(args), budget_s=args.budget, quick=args.quick,
-                   cuda_graph=not args.no_cuda_graph)
+                   cuda_graph=not args.no_cuda_graph, kernels=args.kernels)
     rows = [[p["placement"] + ("+pf" if p["prefetch"] else ""), p["kv_dtype"], str(p["batch"]), str(p["context"]),
              f"{p['measured_step_s'] * 1e3:.2f}", f"{p['predicted_step_s'] * 1e3:.2f}", f"{p['error']:+.1%}",
              f"{p['achieved_bytes_per_s'] / 1e9:.1f}", f"{p['fraction_of_bandwidth']:.0%}", f"{p['spread']:.0%}"]
             for p in r["points"]]
     header = ["placement", "kv", "batch", "context", "measured ms", "ledger ms", "error", "GB/s", "of copy", "spread"]
-    return common.finish(args, "decode", r, device, rows, header)
+    # PyTorch's kernels asked for on purpose: a comparison run, kept beside the main results
+    kind = "decode-torch-kernels" if args.kernels == "torch" and not device.startswith("cuda") else "decode"
+    return common.finish(args, kind, r, device, rows, header)

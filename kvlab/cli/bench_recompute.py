@@ -8,6 +8,7 @@ def register(sub) -> None:
     p = sub.add_parser("recompute-vs-fetch", help="time to prefill N tokens vs to fetch their KV from host memory",
                        description="For a range of N: one prefill of N tokens on the device against copying "
                        "their KV (every layer) from host memory; reports where the curves cross.")
+    common.add_kernels(p)
     common.add_common(p, budget_s=600)
     p.add_argument("--presets", type=common.csv_names, help="decoder presets, e.g. cpu-bench,mha-small")
     p.add_argument("--tokens", type=common.csv_counts, help="comma-separated N, e.g. 16,256,4k")
@@ -27,7 +28,7 @@ def run(args) -> int:
     check_choice("kv dtype", args.kv_dtype, KV_DTYPES)
     r = run_recompute(device, presets=args.presets, tokens=args.tokens, weight_dtype=args.weight_dtype.lower(),
                       kv_dtype=args.kv_dtype.lower(), repeats=common.repeats(args), budget_s=args.budget,
-                      quick=args.quick)
+                      quick=args.quick, kernels=args.kernels)
     rows = []
     for c in r["curves"]:
         for p in c["points"]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .. import native
 from ..errors import KvlabError
 from . import fit
 from .attention import decode_attention, gather, prefill_attention, softmax_scale
@@ -20,6 +21,7 @@ from .config import WEIGHT_DTYPES, DecoderConfig, check_choice, get_config
 from .kvcache import KVCache, torch_dtype
 
 FLOAT_DTYPES = ("fp32", "bf16", "fp16")
+KERNELS = ("auto", "native", "torch")
 
 
 @dataclass
@@ -37,6 +39,7 @@ class StepPlan:
     batch_rows: torch.Tensor  # (B, S) long: its sequence
     touched_blocks: tuple[int, int]  # [first, last + 1) blocks the new tokens land in
     sdpa: bool  # prefill through the fused kernel
+    kv_lengths: torch.Tensor  # (B,) long: positions each sequence attends (history + S)
 
 
 def _int8_matmul_supported(device: torch.device, in_features: int, dtype: torch.dtype) -> bool:
@@ -86,6 +89,7 @@ class Linear(torch.nn.Module):
         else:
             self.register_buffer("weight", w.to(torch_dtype(weight_dtype)))
         self.in_features, self.out_features = in_features, out_features
+        self.native = False  # weight packed for kvlab.native.gemv_bf16 (see use_native)
         self.nbytes = sum(t.numel() * t.element_size() for t in self.buffers())  # what one pass streams
 
     def prepack(self) -> bool:
@@ -110,7 +114,20 @@ class Linear(torch.nn.Module):
             self.weight, self.packed = packed, True
         return self.packed
 
+    def use_native(self) -> bool:
+        """CPU, bf16: re-lay the weight out for kvlab's matrix-vector kernel, once (decode rows
+        then stream it at memory speed; prefill unpacks it per call). Same numbers up to fp32
+        summation order."""
+        if self.native or self.packed or self.int8 or not native.gemv_supported(self.weight):
+            return self.native
+        self.weight, self.native = native.pack_weight(self.weight), True
+        return True
+
     def forward(self, x):
+        if self.native:
+            if x.numel() // self.in_features <= native.MAX_GEMV_ROWS:
+                return native.gemv_bf16(x, self.weight, self.out_features)
+            return F.linear(x.to(torch.bfloat16), native.unpack_weight(self.weight, self.out_features))
         if self.packed:
             return torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), self.weight, None, "none", [], "")
         if not self.int8:
@@ -157,7 +174,10 @@ class Decoder(torch.nn.Module):
     """A Llama-style decoder with random weights; KV lives in a `KVCache` passed to each call."""
 
     def __init__(self, config: DecoderConfig | str = "tiny", weight_dtype: str = "fp32", device="cpu",
-                 compute_dtype: str | None = None, seed: int = 0, prefill_kernel: str = "auto", prepack: bool = True):
+                 compute_dtype: str | None = None, seed: int = 0, prefill_kernel: str = "auto", prepack: bool = True,
+                 kernels: str = "auto"):
+        """`kernels`: decode kernels on CPU. "native" = kvlab's C kernels (bf16 weights and KV
+        streamed at memory speed), "torch" = PyTorch's, "auto" = native where it builds."""
         super().__init__()
         c = self.config = get_config(config)
         self.weight_dtype = check_choice("weight dtype", weight_dtype, WEIGHT_DTYPES)
@@ -168,6 +188,7 @@ class Decoder(torch.nn.Module):
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise KvlabError("device 'cuda' asked for, but torch sees no CUDA device")
         self.prefill_kernel = check_choice("prefill kernel", prefill_kernel, ("auto", "sdpa", "matmul"))
+        self.kernels, self.kernels_note = self._pick_kernels(check_choice("kernels", kernels, KERNELS))
         self._check_memory()
         g = torch.Generator(device=self.device).manual_seed(seed)
         self.tok_embeddings = torch.nn.Parameter(
@@ -179,7 +200,36 @@ class Decoder(torch.nn.Module):
         self.output = Linear(c.hidden_size, c.vocab_size, self.weight_dtype, self.compute_dtype, self.device, g)
         self._rope = (torch.empty(0), torch.empty(0))
         self.requires_grad_(False)
+        if self.kernels == "native":
+            for m in self.modules():
+                if isinstance(m, Linear):
+                    m.use_native()
         self.prepacked = self.prepack() if prepack else 0
+
+    def decode_kernels(self, kv_dtype: str) -> dict:
+        """Which kernels a decode step runs: {"weights": ..., "attention": ...}, each
+        "native" or "torch" (native attention takes bf16 or int8 KV with head_dim % 64 == 0)."""
+        linears = [m for m in self.modules() if isinstance(m, Linear)]
+        weights = "native" if linears and all(m.native for m in linears) else \
+            "mixed" if any(m.native for m in linears) else "torch"
+        attention = "native" if (self.kernels == "native" and kv_dtype in ("bf16", "int8")
+                                 and self.config.head_dim % 64 == 0
+                                 and self.config.head_dim <= native.MAX_HEAD_DIM) else "torch"
+        return {"weights": weights, "attention": attention}
+
+    def _pick_kernels(self, asked: str) -> tuple[str, str]:
+        """("native" | "torch", one line saying why)."""
+        if self.device.type != "cpu":
+            if asked == "native":
+                raise KvlabError(f"kernels 'native' are CPU kernels; on {self.device.type} use 'torch' or 'auto'")
+            return "torch", f"PyTorch kernels on {self.device.type}"
+        if asked == "torch":
+            return "torch", "PyTorch kernels (asked for)"
+        if native.available():
+            return "native", native.status()
+        if asked == "native":
+            raise KvlabError(f"kernels 'native' asked for, but they are unavailable here: {native.status()}")
+        return "torch", native.status()
 
     def _check_memory(self) -> None:
         from .ledger import model_spec, weight_ledger_dtype
@@ -198,7 +248,7 @@ class Decoder(torch.nn.Module):
 
     def prepack(self) -> int:
         """Prepack bf16 weights for oneDNN on CPU (see `Linear.prepack`); returns how many were."""
-        return sum(m.prepack() for m in self.modules() if isinstance(m, Linear))
+        return sum(m.prepack() for m in self.modules() if isinstance(m, Linear) and not m.native)
 
     def new_cache(self, batch: int, max_seq_len: int, kv_dtype: str = "bf16", placement: str = "device",
                   prefetch: bool = False, **kwargs) -> KVCache:
@@ -240,7 +290,7 @@ class Decoder(torch.nn.Module):
         touched = (min(hist) // blk, (n_total - 1) // blk + 1)
         return StepPlan(list(hist), new_tokens, n_total, positions, first, valid, positions // blk,
                         positions % blk, torch.arange(B, device=dev).view(B, 1).expand(B, new_tokens),
-                        touched, sdpa)
+                        touched, sdpa, (first + new_tokens).view(B))
 
     # ------------------------------------------------------------ forward
     def forward_plan(self, tokens: torch.Tensor, cache: KVCache, plan: StepPlan) -> torch.Tensor:
@@ -265,7 +315,9 @@ class Decoder(torch.nn.Module):
             cache.layer_ready(i)
             cache.write(i, k, v, plan)
             kk, vv, ks, vs = cache.view(i, plan.n_total)  # (nb, B, KV, blk, D), scales (..., 1)
-            if S == 1:
+            if S == 1 and self.kernels == "native" and native.attention_supported(kk, ks, D):
+                y = native.decode_attention(q, kk, vv, plan.kv_lengths, ks, vs)  # (B, H, 1, D)
+            elif S == 1:
                 y = decode_attention(q, kk, vv, ks, vs, plan.valid, cache.chunk_budget_bytes)  # (B, H, 1, D)
             else:
                 work = kk.dtype if ks is None else self.compute_dtype

@@ -63,28 +63,53 @@ def decode_figure():
     return fig
 
 
+def decode_summary(kernels: str = "default", kv_dtype: str = "bf16") -> str:
+    """One sentence per machine for the chapter's prose: per batch, the range of the share of
+    copy bandwidth the device-placement steps used over contexts 1K-32K and the ledger's
+    largest error; '' when nothing is recorded."""
+    from .. import fmt
+
+    out = []
+    for t in report.targets(kernels=kernels):
+        rows = [r for r in t["rows"] if r["kv_dtype"] == kv_dtype]
+        if not rows:
+            continue
+        who = {"native": "kvlab's kernels", "torch": "PyTorch's kernels"}.get(t["kernels"], t["kernels"])
+        parts = [f"at batch {r['batch']} the steps used at least {fmt.percent(r['fraction_of_bandwidth_min'], 2)} "
+                 f"of the copy bandwidth and the ledger was within {fmt.percent(r['max_abs_error'], 2)}"
+                 for r in rows]
+        out.append(f"On {t['device_name']} with {who} ({kv_dtype} KV): " + "; ".join(parts) + ".")
+    return " ".join(out)
+
+
 def bandwidth_figure():
     """Achieved bytes/s of decode (bytes the ledger says a step moves / measured time) as a
-    share of the machine's measured copy bandwidth, against context."""
+    share of the machine's measured copy bandwidth, against context: solid with the
+    decoder's own kernels, dashed with PyTorch's CPU kernels where that run was recorded."""
     from bokeh.models import ColumnDataSource
 
     fig = style.new_figure("How much of the memory bandwidth decode uses", "context (tokens)",
-                           "share of measured copy bandwidth", x_axis_type="log", height=340)
-    k = 0
-    for entry in report.decode_comparison("device"):
-        p = entry["points"]
-        for kv in sorted(set(p["kv_dtype"].tolist())):
-            for batch in sorted(set(p["batch"].tolist())):
-                sel = (p["kv_dtype"] == kv) & (p["batch"] == batch) & (p["prefetch"] == False)  # noqa: E712
-                if not sel.any():
-                    continue
-                src = ColumnDataSource({"context": p["context"][sel], "share": p["fraction_of_bandwidth"][sel]})
-                color = style.PALETTE[k % len(style.PALETTE)]
-                fig.line("context", "share", source=src, color=color, width=2,
-                         legend_label=f"{entry['device_name']}: batch {int(batch)}, KV {kv}")
-                fig.scatter("context", "share", source=src, color=color, size=6)
-                k += 1
-    if k == 0:
+                           "share of measured copy bandwidth", x_axis_type="log", height=360)
+    colors: dict[tuple, str] = {}
+    drawn = 0
+    for kernels, dash in (("default", "solid"), ("torch", "dashed")):
+        for entry in report.decode_comparison("device", kernels=kernels):
+            p = entry["points"]
+            who = {"native": "kvlab kernels", "torch": "PyTorch kernels"}.get(entry["kernels"], entry["kernels"])
+            for kv in sorted(set(p["kv_dtype"].tolist())):
+                for batch in sorted(set(p["batch"].tolist())):
+                    sel = (p["kv_dtype"] == kv) & (p["batch"] == batch) & (p["prefetch"] == False)  # noqa: E712
+                    if not sel.any():
+                        continue
+                    key = (entry["machine"], kv, int(batch))
+                    color = colors.setdefault(key, style.PALETTE[len(colors) % len(style.PALETTE)])
+                    src = ColumnDataSource({"context": p["context"][sel], "share": p["fraction_of_bandwidth"][sel]})
+                    fig.line("context", "share", source=src, color=color, width=2, line_dash=dash,
+                             legend_label=f"{entry['device_name']}: batch {int(batch)}, KV {kv}, {who}")
+                    fig.scatter("context", "share", source=src, color=color, size=6,
+                                fill_color=color if dash == "solid" else "white")
+                    drawn += 1
+    if drawn == 0:
         return _note(fig, "no decode results recorded yet")
     fig.xaxis.formatter = style.count_ticks()
     fig.yaxis.formatter = style.percent_ticks()

@@ -1,0 +1,255 @@
+"""Native CPU decode kernels (kernels.c), compiled on first use and called through ctypes.
+
+Why: the ledger says a decode step costs its bytes over the memory bandwidth. PyTorch's CPU
+kernels do not stream those bytes at that speed (its bf16 batched matmul reads the KV cache
+at 12-20 GB/s on a machine whose copy bandwidth is 40-75 GB/s), so on a CPU the measured
+step would test PyTorch, not the physics. Two small kernels close the gap: a bf16
+matrix-vector product for the weights and split-K decode attention for the history.
+
+The library is built once per (source, compiler, CPU) with the system C compiler, cached
+under `$KVLAB_NATIVE_DIR` (default `~/.cache/kvlab/native`), and written atomically. Where
+it cannot be built (no compiler, a CPU without AVX512-BF16, not x86-64, `KVLAB_NATIVE=0`)
+`status()` says why and the decoder keeps PyTorch's kernels: slower, same numbers.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+from ..errors import KvlabError
+
+SOURCE = Path(__file__).with_name("kernels.c")
+CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-shared", "-fPIC")
+REQUIRED_CPU_FLAGS = ("avx512f", "avx512_bf16")
+#: Rows of x up to which the matrix-vector kernel beats oneDNN (decode batches); prefill
+#: (hundreds of rows) is compute-bound and stays with PyTorch.
+MAX_GEMV_ROWS = 16
+#: Largest head_dim the attention kernel takes (kernels.c: MAX_HEAD_DIM).
+MAX_HEAD_DIM = 512
+
+
+def cache_dir() -> Path:
+    """Where built libraries live: $KVLAB_NATIVE_DIR, else ~/.cache/kvlab/native."""
+    env = os.environ.get("KVLAB_NATIVE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "kvlab" / "native"
+
+
+def _cpu() -> tuple[str, set[str]]:
+    """(model name, flags) from /proc/cpuinfo; ('', empty) where there is none."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "", set()
+    name, flags = "", set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and not name:
+            name = value.strip()
+        elif key.strip() == "flags" and not flags:
+            flags = set(value.split())
+    return name, flags
+
+
+def _compiler() -> tuple[str | None, str]:
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        return None, ""
+    try:
+        out = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None, ""
+    return cc, (out.stdout.splitlines() or [""])[0].strip()
+
+
+def build(directory: Path | None = None, cc: str | None = None) -> Path:
+    """Compile kernels.c (if this source/compiler/CPU has not been built yet); the library's path.
+
+    Raises KvlabError with the compiler's first error line when it fails."""
+    cc_found, version = _compiler()
+    cc = cc or cc_found
+    if not cc:
+        raise KvlabError("no C compiler found (install gcc, or set CC); the decoder uses PyTorch's kernels")
+    cpu_name, flags = _cpu()
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(b"\0".join([source, " ".join(CFLAGS).encode(), cc.encode(), version.encode(),
+                                     cpu_name.encode(), " ".join(sorted(flags)).encode()])).hexdigest()[:16]
+    directory = Path(directory) if directory else cache_dir()
+    target = directory / f"kvlab-kernels-{key}.so"
+    if target.exists():
+        return target
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=directory)
+    os.close(fd)
+    try:
+        proc = subprocess.run([cc, *CFLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True,
+                              timeout=300)
+        if proc.returncode != 0:
+            errors = [ln for ln in proc.stderr.splitlines() if "error" in ln] or proc.stderr.splitlines() or ["?"]
+            raise KvlabError(f"compiling {SOURCE.name} with {cc} failed: {errors[0].strip()}")
+        os.replace(tmp, target)  # atomic: a concurrent build or an interrupted one never leaves half a library
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+@lru_cache(maxsize=None)
+def _load() -> tuple[ctypes.CDLL | None, str]:
+    """(library, what it is) or (None, why PyTorch's kernels are used instead)."""
+    if os.environ.get("KVLAB_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
+        return None, "disabled by KVLAB_NATIVE=0"
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return None, f"native kernels are x86-64 only (this is {platform.machine()})"
+    _, flags = _cpu()
+    missing = [f for f in REQUIRED_CPU_FLAGS if f not in flags]
+    if missing:
+        return None, f"this CPU lacks {', '.join(missing)}"
+    import torch  # noqa: F401  (load torch's OpenMP runtime first, so the kernels share its threads)
+
+    try:
+        path = build()
+        lib = ctypes.CDLL(str(path))
+    except (KvlabError, OSError, subprocess.SubprocessError) as exc:
+        return None, str(exc)
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.kvlab_native_isa.restype = ctypes.c_char_p
+    lib.kvlab_gemv_bf16.argtypes = [p, p, p, i64, i64, i64, ctypes.c_int]
+    lib.kvlab_gemv_bf16.restype = ctypes.c_int
+    lib.kvlab_decode_attention_bf16.argtypes = [p, p, p, p, p, i64, i64, i64, i64, i64, i64, ctypes.c_int]
+    lib.kvlab_decode_attention_bf16.restype = ctypes.c_int
+    lib.kvlab_decode_attention_int8.argtypes = [p, p, p, p, p, p, p, i64, i64, i64, i64, i64, i64, ctypes.c_int]
+    lib.kvlab_decode_attention_int8.restype = ctypes.c_int
+    return lib, f"native C kernels ({lib.kvlab_native_isa().decode()}, {_compiler()[1] or 'cc'})"
+
+
+def available() -> bool:
+    return _load()[0] is not None
+
+
+def status() -> str:
+    """One line: which decode kernels this machine gets, and why."""
+    lib, what = _load()
+    return what if lib is not None else f"PyTorch kernels ({what})"
+
+
+def _lib() -> ctypes.CDLL:
+    lib, why = _load()
+    if lib is None:
+        raise KvlabError(f"native kernels unavailable: {why}")
+    return lib
+
+
+def _threads() -> int:
+    import torch
+
+    return max(1, torch.get_num_threads())
+
+
+def gemv_supported(weight) -> bool:
+    """Whether `pack_weight`/`gemv_bf16` take this weight: bf16 (N, K) on CPU, K % 32 == 0."""
+    import torch
+
+    return (weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and weight.dim() == 2
+            and weight.shape[1] % 32 == 0 and available())
+
+
+def pack_weight(weight):
+    """(N, K) bf16 -> the kernel's layout [ceil(N/4)][K/32][4][32] (zero rows pad N to a multiple of 4)."""
+    import torch
+
+    N, K = weight.shape
+    if weight.dtype != torch.bfloat16 or K % 32:
+        raise KvlabError(f"pack_weight: need a bf16 (N, K) weight with K % 32 == 0, got {tuple(weight.shape)} {weight.dtype}")
+    n4 = -(-N // 4) * 4
+    padded = torch.cat([weight, weight.new_zeros(n4 - N, K)]) if n4 != N else weight
+    return padded.reshape(n4 // 4, 4, K // 32, 32).permute(0, 2, 1, 3).contiguous()  # (N/4, K/32, 4, 32)
+
+
+def unpack_weight(packed, out_features: int):
+    """Inverse of `pack_weight`: (N, K) bf16, for the prefill path's matmul."""
+    nb, kb, _, _ = packed.shape
+    return packed.permute(0, 2, 1, 3).reshape(nb * 4, kb * 32)[:out_features]
+
+
+def gemv_bf16(x, packed, out_features: int):
+    """x (..., K) @ W^T -> (..., N), W packed by `pack_weight`; bf16 in and out, fp32 accumulation.
+    Meant for decode (a few rows); the work grows with rows x W, so prefill should unpack."""
+    import torch
+
+    if packed.dim() != 4 or packed.dtype != torch.bfloat16 or packed.shape[2:] != (4, 32) \
+            or not 0 < out_features <= packed.shape[0] * 4 or not packed.is_contiguous():
+        raise KvlabError(f"gemv_bf16: the weight must come from pack_weight, got {tuple(packed.shape)} {packed.dtype}")
+    K = packed.shape[1] * 32
+    if x.shape[-1] != K:
+        raise KvlabError(f"gemv_bf16: x has {x.shape[-1]} features, the weight {K}")
+    flat = x.reshape(-1, K).to(torch.bfloat16).contiguous()  # (M, K)
+    y = torch.empty(flat.shape[0], out_features, dtype=torch.bfloat16)  # (M, N)
+    if _lib().kvlab_gemv_bf16(packed.data_ptr(), flat.data_ptr(), y.data_ptr(), flat.shape[0], out_features, K,
+                              _threads()) != 0:
+        raise KvlabError("gemv_bf16: out of memory for the packed copy of x")
+    return y.view(*x.shape[:-1], out_features)
+
+
+def attention_supported(k, k_scale, head_dim: int) -> bool:
+    """Whether `decode_attention` takes this cache view: on CPU, head_dim % 64 == 0, and bf16
+    K/V (no scales) or int8 K/V with fp16 scales."""
+    import torch
+
+    if k.device.type != "cpu" or head_dim % 64 or head_dim > MAX_HEAD_DIM or not available():
+        return False
+    if k_scale is None:
+        return k.dtype == torch.bfloat16
+    return k.dtype == torch.int8 and k_scale.dtype == torch.float16
+
+
+def decode_attention(q, k, v, lengths, k_scale=None, v_scale=None):
+    """One query per sequence over the block-major cache; the contract of
+    `kvlab.decoder.attention.decode_attention`, with lengths instead of a mask.
+
+    q: (B, H, 1, D) scaled by 1/sqrt(D); k, v: (nb, B, KV, blk, D), bf16, or int8 with
+    k_scale, v_scale (nb, B, KV, blk, 1) fp16 (contiguous views of the cache); lengths: (B,)
+    int64, positions each sequence attends (the rest are stale). Returns (B, H, 1, D) fp32."""
+    import torch
+
+    nb, B, KV, blk, D = k.shape
+    H = q.shape[1]
+    quant = k_scale is not None
+    storage = torch.int8 if quant else torch.bfloat16
+    if (q.shape != (B, H, 1, D) or v.shape != k.shape or H % KV or k.dtype != storage or v.dtype != storage
+            or tuple(lengths.shape) != (B,) or D % 64 or D > MAX_HEAD_DIM):
+        raise KvlabError(f"decode_attention: shapes q {tuple(q.shape)}, k {tuple(k.shape)} {k.dtype}, "
+                         f"v {tuple(v.shape)} {v.dtype}, lengths {tuple(lengths.shape)} do not fit "
+                         f"(bf16 K/V, or int8 with scales; head_dim % 64 == 0, <= {MAX_HEAD_DIM})")
+    tensors = [k, v]
+    if quant:
+        if v_scale is None or any(t.shape != (nb, B, KV, blk, 1) or t.dtype != torch.float16 for t in (k_scale, v_scale)):
+            raise KvlabError("decode_attention: int8 K/V need fp16 k_scale and v_scale of shape "
+                             f"{(nb, B, KV, blk, 1)}")
+        tensors += [k_scale, v_scale]
+    if not all(t.is_contiguous() for t in tensors):
+        raise KvlabError("decode_attention: K, V (and scales) must be contiguous block-major views")
+    lens = lengths.to(torch.int64).contiguous()
+    if int(lens.min()) < 1 or int(lens.max()) > nb * blk:
+        raise KvlabError(f"decode_attention: lengths must be in 1..{nb * blk}, got {lens.tolist()}")
+    qb = q.to(torch.bfloat16).contiguous()  # (B, H, 1, D) == (B, KV, G, D)
+    out = torch.empty(B, H, 1, D, dtype=torch.float32)
+    dims = (nb, B, KV, H // KV, blk, D, _threads())
+    if quant:
+        rc = _lib().kvlab_decode_attention_int8(qb.data_ptr(), k.data_ptr(), v.data_ptr(), k_scale.data_ptr(),
+                                                v_scale.data_ptr(), lens.data_ptr(), out.data_ptr(), *dims)
+    else:
+        rc = _lib().kvlab_decode_attention_bf16(qb.data_ptr(), k.data_ptr(), v.data_ptr(), lens.data_ptr(),
+                                                out.data_ptr(), *dims)
+    if rc != 0:
+        raise KvlabError("decode_attention: out of memory for the per-block partial sums")
+    return out
