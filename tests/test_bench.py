@@ -172,16 +172,24 @@ def test_report_keeps_the_pytorch_kernel_run_apart(results):
     native_run = _fake_decode("a", "CPU A", 0.05)
     native_run["environment"].update(kernels="native", kernels_note="native C kernels")
     write_result("decode", native_run, machine="cpu-a")
-    write_result("decode-torch-kernels", _fake_decode("a", "CPU A", 1.5), machine="cpu-a")
+    write_result("decode-torch-kernels", _fake_decode("a", "CPU A", 0.5), machine="cpu-a")
     [default] = report.decode_comparison("device")
     [torch_run] = report.decode_comparison("device", kernels="torch")
     assert default["kernels"] == "native" and torch_run["kernels"] == "torch"  # older files: PyTorch
-    np.testing.assert_allclose(torch_run["points"]["error"], 1.5)
-    assert report.targets(kernels="torch")[0]["rows"][0]["max_abs_error"] == pytest.approx(1.5)
+    np.testing.assert_allclose(torch_run["points"]["error"], 0.5)
+    assert report.targets(kernels="torch")[0]["rows"][0]["max_abs_error"] == pytest.approx(0.5)
     with pytest.raises(ValueError, match="kernels"):
         report.decode_comparison(kernels="fast")
     from kvlab.viz import measured
 
+    assert measured.decode_summary() == (
+        "On CPU A with kvlab's kernels (bf16 KV): at batch 1 the steps used at least 75.0% of the copy bandwidth "
+        "and the ledger was within 5.00%; at batch 8 the steps used at least 75.0% of the copy bandwidth and the "
+        "ledger was within 5.00%.")
+    assert measured.decode_summary("torch").startswith("On CPU A with PyTorch's kernels (bf16 KV): at batch 1 the "
+                                                       "steps used at least 30.0% of the copy bandwidth and the "
+                                                       "ledger was within 50.0%")
+    assert measured.decode_summary(kv_dtype="int8") == ""
     labels = [item.label["value"] for item in measured.bandwidth_figure().legend[0].items]
     assert any(lab.endswith("kvlab kernels") for lab in labels) and any(lab.endswith("PyTorch kernels") for lab in labels)
 

@@ -75,8 +75,8 @@ def decode_summary(kernels: str = "default", kv_dtype: str = "bf16") -> str:
         if not rows:
             continue
         who = {"native": "kvlab's kernels", "torch": "PyTorch's kernels"}.get(t["kernels"], t["kernels"])
-        parts = [f"at batch {r['batch']} the steps used at least {fmt.percent(r['fraction_of_bandwidth_min'], 2)} "
-                 f"of the copy bandwidth and the ledger was within {fmt.percent(r['max_abs_error'], 2)}"
+        parts = [f"at batch {r['batch']} the steps used at least {fmt.percent(r['fraction_of_bandwidth_min'])} "
+                 f"of the copy bandwidth and the ledger was within {fmt.percent(r['max_abs_error'])}"
                  for r in rows]
         out.append(f"On {t['device_name']} with {who} ({kv_dtype} KV): " + "; ".join(parts) + ".")
     return " ".join(out)
