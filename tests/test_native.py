@@ -26,6 +26,20 @@ from kvlab.errors import KvlabError  # noqa: E402
 needs_native = pytest.mark.skipif(not native.available(), reason=f"native kernels unavailable: {native.status()}")
 
 
+def test_native_builds_wherever_cpu_and_compiler_allow():
+    """The tests below skip without the kernels; this one makes sure that is never because the
+    source stopped compiling on a machine that should build it."""
+    import os
+    import platform
+
+    _, flags = native._cpu()
+    if (os.environ.get("KVLAB_NATIVE", "1") == "0" or not native._compiler()[0]
+            or platform.machine().lower() not in ("x86_64", "amd64")
+            or not all(f in flags for f in native.REQUIRED_CPU_FLAGS)):
+        pytest.skip(f"this machine cannot build the kernels: {native.status()}")
+    assert native.available(), native.status()
+
+
 def gen(seed=0):
     return torch.Generator().manual_seed(seed)
 
@@ -112,7 +126,7 @@ def test_attention_ignores_positions_past_each_length():
 
 @needs_native
 @pytest.mark.parametrize("M", [1, 3, 4, 5, 8, 16])
-@pytest.mark.parametrize("N,K", [(96, 256), (90, 64), (7, 32)])
+@pytest.mark.parametrize("N,K", [(96, 256), (90, 64), (7, 32), (33, 6)])
 def test_gemv_matches_torch_to_one_rounding(M, N, K):
     g = gen(M * 1000 + N)
     w = (torch.randn(N, K, generator=g) / math.sqrt(K)).bfloat16()
@@ -127,11 +141,12 @@ def test_gemv_matches_torch_to_one_rounding(M, N, K):
 
 @needs_native
 def test_pack_unpack_roundtrip_and_padding():
-    w = torch.randn(10, 64, generator=gen()).bfloat16()
+    w = torch.randn(40, 64, generator=gen()).bfloat16()
     packed = native.pack_weight(w)
-    assert packed.shape == (3, 2, 4, 32)  # 10 rows padded to 12
-    assert torch.equal(native.unpack_weight(packed, 10), w)
-    assert torch.equal(packed.permute(0, 2, 1, 3).reshape(12, 64)[10:], torch.zeros(2, 64, dtype=torch.bfloat16))
+    assert packed.shape == (2, 32, 32, 2)  # 40 rows padded to 64, k in pairs
+    assert torch.equal(packed[0, 5, 7], w[7, 10:12])  # group 0, k pair 5, row 7
+    assert torch.equal(native.unpack_weight(packed, 40), w)
+    assert torch.equal(packed.permute(0, 2, 1, 3).reshape(64, 64)[40:], torch.zeros(24, 64, dtype=torch.bfloat16))
 
 
 @needs_native
@@ -139,7 +154,9 @@ def test_pack_unpack_roundtrip_and_padding():
     (lambda: native.gemv_bf16(torch.zeros(1, 64).bfloat16(), torch.zeros(4, 64).bfloat16(), 4), "pack_weight"),
     (lambda: native.gemv_bf16(torch.zeros(1, 32).bfloat16(), native.pack_weight(torch.zeros(4, 64).bfloat16()), 4),
      "32 features"),
-    (lambda: native.pack_weight(torch.zeros(4, 48).bfloat16()), "K % 32"),
+    (lambda: native.gemv_bf16(torch.zeros(1, 64).bfloat16(), native.pack_weight(torch.zeros(4, 64).bfloat16()), 33),
+     "pack_weight"),
+    (lambda: native.pack_weight(torch.zeros(4, 7).bfloat16()), "K even"),
     (lambda: native.decode_attention(*random_attention(1, 4, 2, 48, 1, 8), torch.tensor([8])), "head_dim % 64"),
     (lambda: native.decode_attention(*random_attention(1, 4, 2, 64, 1, 8), torch.tensor([9])), "lengths"),
     (lambda: native.decode_attention(*random_attention(1, 4, 2, 64, 1, 8), torch.tensor([0])), "lengths"),

@@ -162,12 +162,11 @@ class Block(torch.nn.Module):
         self.w2 = Linear(c.intermediate_size, c.hidden_size, weight_dtype, compute_dtype, device, g)
 
 
-def apply_rope(x, cos, sin):
-    """x (B, S, heads, D), cos/sin (B, S, 1, D/2): rotate consecutive pairs (Meta's layout)."""
-    xf = x.float().reshape(*x.shape[:-1], -1, 2)  # (B, S, heads, D/2, 2)
-    x0, x1 = xf[..., 0], xf[..., 1]
-    out = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)  # (B, S, heads, D/2, 2)
-    return out.flatten(-2).to(x.dtype)  # (B, S, heads, D)
+def apply_rope(x, rot):
+    """x (B, S, heads, D), rot (B, S, 1, D/2) complex (cos + i sin): rotate consecutive pairs
+    (Meta's layout) as one complex multiply, a quarter of the ops of the real-valued form."""
+    xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))  # (B, S, heads, D/2)
+    return torch.view_as_real(xc * rot).flatten(-2).to(x.dtype)  # (B, S, heads, D)
 
 
 class Decoder(torch.nn.Module):
@@ -198,7 +197,7 @@ class Decoder(torch.nn.Module):
             Block(c, self.weight_dtype, self.compute_dtype, self.device, g) for _ in range(c.num_layers))
         self.norm = RMSNorm(c.hidden_size, c.norm_eps, self.compute_dtype, self.device)
         self.output = Linear(c.hidden_size, c.vocab_size, self.weight_dtype, self.compute_dtype, self.device, g)
-        self._rope = (torch.empty(0), torch.empty(0))
+        self._rope = torch.empty(0, dtype=torch.complex64)
         self.requires_grad_(False)
         if self.kernels == "native":
             for m in self.modules():
@@ -257,13 +256,13 @@ class Decoder(torch.nn.Module):
 
     # ------------------------------------------------------------ planning
     def _rope_tables(self, n: int):
-        cos, _ = self._rope
-        if cos.shape[0] < n:
-            size = max(n, 2 * cos.shape[0], 256)
+        """(T, D/2) complex64 rotations cos + i sin for positions 0..T-1, T >= n."""
+        if self._rope.shape[0] < n:
+            size = max(n, 2 * self._rope.shape[0], 256)
             d = self.config.head_dim
             inv = 1.0 / (self.config.rope_theta ** (torch.arange(0, d, 2, device=self.device, dtype=torch.float32) / d))
             angles = torch.outer(torch.arange(size, device=self.device, dtype=torch.float32), inv)  # (T, D/2)
-            self._rope = (torch.cos(angles), torch.sin(angles))
+            self._rope = torch.polar(torch.ones_like(angles), angles)
         return self._rope
 
     def plan(self, cache: KVCache, hist: list[int], new_tokens: int) -> StepPlan:
@@ -298,19 +297,17 @@ class Decoder(torch.nn.Module):
         c = self.config
         B, S = tokens.shape
         H, KV, D = c.num_heads, c.num_kv_heads, c.head_dim
-        cos_t, sin_t = self._rope
-        cos = cos_t[plan.positions].unsqueeze(2)  # (B, S, 1, D/2)
-        sin = sin_t[plan.positions].unsqueeze(2)
-        scale = softmax_scale(D)
+        rot_k = self._rope[plan.positions].unsqueeze(2)  # (B, S, 1, D/2) complex
+        rot_q = rot_k * softmax_scale(D)  # the query's 1/sqrt(D) rides on its rotation
         x = self.tok_embeddings[tokens]  # (B, S, hidden)
         cache.begin(max(plan.hist))
         for i, layer in enumerate(self.layers):
             h = layer.attention_norm(x)
             qkv = layer.wqkv(h)  # (B, S, (H + 2KV) * D)
             q, k, v = qkv.split([H * D, KV * D, KV * D], dim=-1)
-            q = apply_rope(q.view(B, S, H, D), cos, sin)  # (B, S, H, D)
-            k = apply_rope(k.view(B, S, KV, D), cos, sin)  # (B, S, KV, D)
-            q = (q.transpose(1, 2) * scale).to(self.compute_dtype)  # (B, H, S, D)
+            q = apply_rope(q.view(B, S, H, D), rot_q)  # (B, S, H, D), scaled by 1/sqrt(D)
+            k = apply_rope(k.view(B, S, KV, D), rot_k)  # (B, S, KV, D)
+            q = q.transpose(1, 2).to(self.compute_dtype)  # (B, H, S, D)
             k, v = k.transpose(1, 2), v.reshape(B, S, KV, D).transpose(1, 2)  # (B, KV, S, D)
             cache.layer_ready(i)
             cache.write(i, k, v, plan)

@@ -156,29 +156,30 @@ def _threads() -> int:
 
 
 def gemv_supported(weight) -> bool:
-    """Whether `pack_weight`/`gemv_bf16` take this weight: bf16 (N, K) on CPU, K % 32 == 0."""
+    """Whether `pack_weight`/`gemv_bf16` take this weight: bf16 (N, K) on CPU, K even."""
     import torch
 
     return (weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and weight.dim() == 2
-            and weight.shape[1] % 32 == 0 and available())
+            and weight.shape[1] % 2 == 0 and available())
 
 
 def pack_weight(weight):
-    """(N, K) bf16 -> the kernel's layout [ceil(N/4)][K/32][4][32] (zero rows pad N to a multiple of 4)."""
+    """(N, K) bf16 -> the kernel's layout [ceil(N/32)][K/2][32][2]: per group of 32 output rows,
+    each pair of k values of all 32 rows side by side (zero rows pad N to a multiple of 32)."""
     import torch
 
     N, K = weight.shape
-    if weight.dtype != torch.bfloat16 or K % 32:
-        raise KvlabError(f"pack_weight: need a bf16 (N, K) weight with K % 32 == 0, got {tuple(weight.shape)} {weight.dtype}")
-    n4 = -(-N // 4) * 4
-    padded = torch.cat([weight, weight.new_zeros(n4 - N, K)]) if n4 != N else weight
-    return padded.reshape(n4 // 4, 4, K // 32, 32).permute(0, 2, 1, 3).contiguous()  # (N/4, K/32, 4, 32)
+    if weight.dtype != torch.bfloat16 or K % 2:
+        raise KvlabError(f"pack_weight: need a bf16 (N, K) weight with K even, got {tuple(weight.shape)} {weight.dtype}")
+    n32 = -(-N // 32) * 32
+    padded = torch.cat([weight, weight.new_zeros(n32 - N, K)]) if n32 != N else weight
+    return padded.reshape(n32 // 32, 32, K // 2, 2).permute(0, 2, 1, 3).contiguous()  # (N/32, K/2, 32, 2)
 
 
 def unpack_weight(packed, out_features: int):
     """Inverse of `pack_weight`: (N, K) bf16, for the prefill path's matmul."""
-    nb, kb, _, _ = packed.shape
-    return packed.permute(0, 2, 1, 3).reshape(nb * 4, kb * 32)[:out_features]
+    groups, pairs, _, _ = packed.shape
+    return packed.permute(0, 2, 1, 3).reshape(groups * 32, pairs * 2)[:out_features]
 
 
 def gemv_bf16(x, packed, out_features: int):
@@ -186,17 +187,16 @@ def gemv_bf16(x, packed, out_features: int):
     Meant for decode (a few rows); the work grows with rows x W, so prefill should unpack."""
     import torch
 
-    if packed.dim() != 4 or packed.dtype != torch.bfloat16 or packed.shape[2:] != (4, 32) \
-            or not 0 < out_features <= packed.shape[0] * 4 or not packed.is_contiguous():
+    if packed.dim() != 4 or packed.dtype != torch.bfloat16 or packed.shape[2:] != (32, 2) \
+            or not 0 < out_features <= packed.shape[0] * 32 or not packed.is_contiguous():
         raise KvlabError(f"gemv_bf16: the weight must come from pack_weight, got {tuple(packed.shape)} {packed.dtype}")
-    K = packed.shape[1] * 32
+    K = packed.shape[1] * 2
     if x.shape[-1] != K:
         raise KvlabError(f"gemv_bf16: x has {x.shape[-1]} features, the weight {K}")
     flat = x.reshape(-1, K).to(torch.bfloat16).contiguous()  # (M, K)
     y = torch.empty(flat.shape[0], out_features, dtype=torch.bfloat16)  # (M, N)
-    if _lib().kvlab_gemv_bf16(packed.data_ptr(), flat.data_ptr(), y.data_ptr(), flat.shape[0], out_features, K,
-                              _threads()) != 0:
-        raise KvlabError("gemv_bf16: out of memory for the packed copy of x")
+    _lib().kvlab_gemv_bf16(packed.data_ptr(), flat.data_ptr(), y.data_ptr(), flat.shape[0], out_features, K,
+                           _threads())
     return y.view(*x.shape[:-1], out_features)
 
 

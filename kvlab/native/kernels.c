@@ -5,12 +5,12 @@
  *
  * What makes them stream: each thread reads long contiguous runs (packed weight tiles, whole
  * cache blocks), prefetches a few KB ahead of itself, and does its arithmetic on data already
- * in L1 with few instructions per byte: AVX-512 BF16 dot products in register tiles (weights
- * 4 rows x 4 tokens, keys 4 x 4 query heads), 16 horizontal sums in one shuffle tree, an
+ * in L1 with few instructions per byte: AVX-512 BF16 dot products (weights: 32 output rows in
+ * lanes, no horizontal sums; 4 keys x 4 query heads per tile, 16 sums in one shuffle tree), an
  * AVX-512 exp for the softmax, and V reduced 64 rows at a time so the rows stay in L1 across
- * the head_dim tiles. Variants measured slower and dropped: keys one at a time (1.7x the
- * instructions), V as bf16 row pairs in dot products (faster from cache, 5-10% slower from
- * DRAM on the reference machine).
+ * the head_dim tiles. Variants measured slower and dropped: weights as row-by-x dot products
+ * (half the speed at batch 8), keys one at a time (1.7x the instructions), V as bf16 row
+ * pairs in dot products (faster from cache, 5-10% slower from DRAM on the reference machine).
  *
  * Built on first use by kvlab/native/__init__.py with the system C compiler
  * (-O3 -march=native -fopenmp) and called through ctypes; needs AVX512F + AVX512-BF16.
@@ -88,86 +88,72 @@ static inline __m512 exp_nonpositive(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
-/* y (M, N) = x (M, K) W^T, bf16 in and out, fp32 accumulation, K % 32 == 0.
- * W comes packed (kvlab.native.pack_weight) as [N / 4][K / 32][4][32]: four output rows
- * interleaved 32 values at a time, so each thread reads one contiguous stream (four row
- * streams 8 KB apart read half as fast here) and every step loads 256 contiguous bytes.
- * Register tile: 4 rows of W x up to 4 rows of x, so each load feeds four dot-product
- * instructions and 16 independent accumulators hide their latency. x is re-laid out per tile
- * of 4 rows as [k / 32][row][32]. Returns 0, or -1 when the packed copy of x cannot be
- * allocated. */
-#define GEMV_MR 4
+/* y (M, N) = x (M, K) W^T, bf16 in and out, fp32 accumulation, K % 2 == 0. W comes packed
+ * (kvlab.native.pack_weight) as [N / 32][K / 2][32][2]: per group of 32 output rows, each k pair
+ * of all 32 rows side by side, so one thread reads one contiguous stream and one 64-byte load
+ * holds 16 rows x 2 k. Each load feeds a BF16 dot-product instruction per row of x, against
+ * that row's (x[k], x[k+1]) pair broadcast to every lane: the 16 lanes accumulate 16 different
+ * output rows, so no horizontal sums are needed at all (the row-dot-product form spent as many
+ * instructions reducing as multiplying at batch 8, and ran at half the speed). Rows of x go 8 at
+ * a time: 16 accumulators. Returns 0. */
+#define GEMV_MT 8
 #define GEMV_PREFETCH_BYTES 8192
 
-static inline __attribute__((always_inline)) void gemv_tile(const uint16_t *wp, const uint16_t *xp, float acc[4][GEMV_MR],
-                                                            int64_t K, const int MR, const int prefetch) {
-    /* MR <= 2: two accumulators per (row, x row), even and odd k steps, so at least 8
-     * independent dot-product chains are in flight */
-    const int U = MR <= 2 ? 2 : 1;
-    __m512 a[2][4][GEMV_MR];
-#pragma GCC unroll 2
-    for (int u = 0; u < U; u++)
-#pragma GCC unroll 4
-        for (int r = 0; r < 4; r++)
-#pragma GCC unroll 4
-            for (int i = 0; i < MR; i++) a[u][r][i] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K; k += 32 * U) {
-#pragma GCC unroll 2
-        for (int u = 0; u < U; u++) {
-            const int64_t ku = k + 32 * u;
-            if (ku >= K) break;
-            const uint16_t *wk = wp + ku * 4;
-            if (prefetch)
-#pragma GCC unroll 4
-                for (int r = 0; r < 4; r++) _mm_prefetch((const char *)(wk + r * 32) + GEMV_PREFETCH_BYTES, _MM_HINT_T0);
-            __m512bh wv[4];
-#pragma GCC unroll 4
-            for (int r = 0; r < 4; r++) wv[r] = (__m512bh)_mm512_loadu_si512(wk + r * 32);
-#pragma GCC unroll 4
-            for (int i = 0; i < MR; i++) {
-                const __m512bh xv = (__m512bh)_mm512_loadu_si512(xp + ku * MR + i * 32);
-#pragma GCC unroll 4
-                for (int r = 0; r < 4; r++) a[u][r][i] = _mm512_dpbf16_ps(a[u][r][i], wv[r], xv);
-            }
+static inline __attribute__((always_inline)) void gemv_group(const uint16_t *wg, const uint16_t *x, uint16_t *y,
+                                                             int64_t N, int64_t K, int64_t n0, const int MT,
+                                                             const int prefetch) {
+    __m512 a0[GEMV_MT], a1[GEMV_MT];
+#pragma GCC unroll 8
+    for (int m = 0; m < MT; m++) a0[m] = a1[m] = _mm512_setzero_ps();
+    const uint32_t *xp[GEMV_MT];
+#pragma GCC unroll 8
+    for (int m = 0; m < MT; m++) xp[m] = (const uint32_t *)(x + m * K);
+    for (int64_t kp = 0; kp < K / 2; kp++) {
+        const uint16_t *wk = wg + kp * 64;
+        if (prefetch) {
+            _mm_prefetch((const char *)wk + GEMV_PREFETCH_BYTES, _MM_HINT_T0);
+            _mm_prefetch((const char *)wk + GEMV_PREFETCH_BYTES + 64, _MM_HINT_T0);
+        }
+        const __m512bh w0 = (__m512bh)_mm512_loadu_si512(wk), w1 = (__m512bh)_mm512_loadu_si512(wk + 32);
+#pragma GCC unroll 8
+        for (int m = 0; m < MT; m++) {
+            const __m512bh xb = (__m512bh)_mm512_set1_epi32((int)xp[m][kp]);
+            a0[m] = _mm512_dpbf16_ps(a0[m], w0, xb);
+            a1[m] = _mm512_dpbf16_ps(a1[m], w1, xb);
         }
     }
-#pragma GCC unroll 4
-    for (int r = 0; r < 4; r++)
-#pragma GCC unroll 4
-        for (int i = 0; i < MR; i++)
-            acc[r][i] = _mm512_reduce_add_ps(U == 2 ? _mm512_add_ps(a[0][r][i], a[1][r][i]) : a[0][r][i]);
+#pragma GCC unroll 8
+    for (int m = 0; m < MT; m++) { /* lanes are output rows n0..n0+15, n0+16..n0+31 */
+        uint16_t out[32];
+        _mm256_storeu_si256((__m256i *)out, (__m256i)_mm512_cvtneps_pbh(a0[m]));
+        _mm256_storeu_si256((__m256i *)(out + 16), (__m256i)_mm512_cvtneps_pbh(a1[m]));
+        const int64_t rows = N - n0 < 32 ? N - n0 : 32;
+        for (int64_t r = 0; r < rows; r++) y[m * N + n0 + r] = out[r];
+    }
 }
 
 int kvlab_gemv_bf16(const uint16_t *Wp, const uint16_t *x, uint16_t *y, int64_t M, int64_t N, int64_t K,
-                    int nthreads) {
-    uint16_t *xp = (uint16_t *)aligned_alloc(64, sizeof(uint16_t) * (size_t)(((M * K + 31) / 32) * 32));
-    if (!xp) return -1;
-    for (int64_t m0 = 0; m0 < M; m0 += GEMV_MR) {
-        const int64_t mr = M - m0 < GEMV_MR ? M - m0 : GEMV_MR;
-        for (int64_t k = 0; k < K; k += 32)
-            for (int64_t i = 0; i < mr; i++)
-                for (int64_t j = 0; j < 32; j++) xp[m0 * K + k * mr + i * 32 + j] = x[(m0 + i) * K + k + j];
-    }
-    const int64_t blocks = (N + 3) / 4;
+                     int nthreads) {
+    const int64_t groups = (N + 31) / 32;
 #pragma omp parallel for schedule(static) num_threads(nthreads)
-    for (int64_t nb = 0; nb < blocks; nb++) {
-        const int64_t n = nb * 4, nr = N - n < 4 ? N - n : 4;
-        const uint16_t *wp = Wp + nb * 4 * K;
-        for (int64_t m0 = 0; m0 < M; m0 += GEMV_MR) {
-            const int mr = (int)(M - m0 < GEMV_MR ? M - m0 : GEMV_MR), pf = m0 == 0;
-            const uint16_t *xr = xp + m0 * K;
-            float acc[4][GEMV_MR];
-            switch (mr) {
-            case 1: gemv_tile(wp, xr, acc, K, 1, pf); break;
-            case 2: gemv_tile(wp, xr, acc, K, 2, pf); break;
-            case 3: gemv_tile(wp, xr, acc, K, 3, pf); break;
-            default: gemv_tile(wp, xr, acc, K, 4, pf); break;
+    for (int64_t g = 0; g < groups; g++) {
+        const uint16_t *wg = Wp + g * 32 * K;
+        for (int64_t m0 = 0; m0 < M; m0 += GEMV_MT) {
+            const uint16_t *xr = x + m0 * K;
+            uint16_t *yr = y + m0 * N;
+            const int pf = m0 == 0;
+            switch (M - m0 < GEMV_MT ? M - m0 : GEMV_MT) {
+            case 1: gemv_group(wg, xr, yr, N, K, g * 32, 1, pf); break;
+            case 2: gemv_group(wg, xr, yr, N, K, g * 32, 2, pf); break;
+            case 3: gemv_group(wg, xr, yr, N, K, g * 32, 3, pf); break;
+            case 4: gemv_group(wg, xr, yr, N, K, g * 32, 4, pf); break;
+            case 5: gemv_group(wg, xr, yr, N, K, g * 32, 5, pf); break;
+            case 6: gemv_group(wg, xr, yr, N, K, g * 32, 6, pf); break;
+            case 7: gemv_group(wg, xr, yr, N, K, g * 32, 7, pf); break;
+            default: gemv_group(wg, xr, yr, N, K, g * 32, 8, pf); break;
             }
-            for (int64_t r = 0; r < nr; r++)
-                for (int i = 0; i < mr; i++) y[(m0 + i) * N + n + r] = f32_to_bf16(acc[r][i]);
         }
     }
-    free(xp);
     return 0;
 }
 
