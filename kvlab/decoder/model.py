@@ -73,6 +73,20 @@ def _prepack_supported() -> bool:
             and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 
+def _onednn_layout(weight):
+    """A bf16 CPU weight (out, in) reordered into oneDNN's blocked layout (an opaque mkldnn
+    tensor), checked bit for bit against F.linear on a probe; None where that is unavailable."""
+    if not _prepack_supported():
+        return None
+    try:
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+        probe = torch.randn(3, weight.shape[1], generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+        ok = torch.equal(torch.ops.mkldnn._linear_pointwise(probe, packed, None, "none", [], ""), F.linear(probe, weight))
+    except RuntimeError:
+        return None
+    return packed if ok else None
+
+
 class Linear(torch.nn.Module):
     """y = x W^T with W (out, in) in fp32/bf16/fp16, or int8 with one scale per output row."""
 
@@ -90,6 +104,7 @@ class Linear(torch.nn.Module):
             self.register_buffer("weight", w.to(torch_dtype(weight_dtype)))
         self.in_features, self.out_features = in_features, out_features
         self.native = False  # weight packed for kvlab.native.gemv_bf16 (see use_native)
+        self._gemm_weight = None  # native: the prefill copy in oneDNN's layout, built on first use
         self.nbytes = sum(t.numel() * t.element_size() for t in self.buffers())  # what one pass streams
 
     def prepack(self) -> bool:
@@ -100,24 +115,18 @@ class Linear(torch.nn.Module):
         inductor does when it freezes a model) it streams at about the copy bandwidth. Same
         numbers, bit for bit. Replaces `weight` by an opaque mkldnn tensor.
         """
-        if self.packed or self.int8 or self.weight.device.type != "cpu" or self.weight.dtype != torch.bfloat16 \
-                or not _prepack_supported():
+        if self.packed or self.native or self.int8 or self.weight.device.type != "cpu" \
+                or self.weight.dtype != torch.bfloat16:
             return self.packed
-        try:
-            packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, 1)
-            probe = torch.randn(3, self.in_features, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
-            ok = torch.equal(torch.ops.mkldnn._linear_pointwise(probe, packed, None, "none", [], ""),
-                             F.linear(probe, self.weight))
-        except RuntimeError:
-            return False
-        if ok:
+        packed = _onednn_layout(self.weight)
+        if packed is not None:
             self.weight, self.packed = packed, True
         return self.packed
 
     def use_native(self) -> bool:
-        """CPU, bf16: re-lay the weight out for kvlab's matrix-vector kernel, once (decode rows
-        then stream it at memory speed; prefill unpacks it per call). Same numbers up to fp32
-        summation order."""
+        """CPU, bf16: re-lay the weight out for kvlab's matrix-vector kernel, once. Decode rows
+        then stream it at memory speed; prefill (compute-bound) uses a second copy in oneDNN's
+        layout, built on its first call and kept. Same numbers up to fp32 summation order."""
         if self.native or self.packed or self.int8 or not native.gemv_supported(self.weight):
             return self.native
         self.weight, self.native = native.pack_weight(self.weight), True
@@ -127,7 +136,14 @@ class Linear(torch.nn.Module):
         if self.native:
             if x.numel() // self.in_features <= native.MAX_GEMV_ROWS:
                 return native.gemv_bf16(x, self.weight, self.out_features)
-            return F.linear(x.to(torch.bfloat16), native.unpack_weight(self.weight, self.out_features))
+            if self._gemm_weight is None:
+                plain = native.unpack_weight(self.weight, self.out_features).contiguous()
+                packed = _onednn_layout(plain)
+                self._gemm_weight = (plain, False) if packed is None else (packed, True)
+            w, onednn = self._gemm_weight
+            if onednn:
+                return torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), w, None, "none", [], "")
+            return F.linear(x.to(torch.bfloat16), w)
         if self.packed:
             return torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), self.weight, None, "none", [], "")
         if not self.int8:
