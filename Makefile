@@ -70,13 +70,12 @@ labs: $(STAMP)
 	$(BIN)/python -m kvlab.labs notebooks labs
 	@echo "Student copies (answers blanked) are in $(CURDIR)/labs/"
 
-# CPU microbenchmarks into results/<machine>/ (memory, transfer, recompute-vs-fetch, decode),
-# then the decode sweep again with PyTorch's CPU kernels for comparison (decode-torch-kernels).
+# CPU microbenchmarks into results/<machine>/ (memory, transfer, recompute-vs-fetch, decode; the
+# decode points also timed with PyTorch's CPU kernels, right after each: decode-torch-kernels).
 # Where flock exists, heavy runs on a shared machine queue behind /tmp/kvlab-cpu.lock.
 CPU_LOCK    := $(shell command -v flock >/dev/null 2>&1 && echo flock /tmp/kvlab-cpu.lock)
 bench: $(STAMP)
 	$(CPU_LOCK) $(BIN)/python -m kvlab bench all --device cpu
-	$(CPU_LOCK) $(BIN)/python -m kvlab bench decode --device cpu --kernels torch --placements device
 
 # On a CUDA box with only python3 + numpy + torch: no venv, no installs, under 10 minutes;
 # results land in results/<gpu>/ (commit them).

@@ -72,6 +72,25 @@ def test_decode_quick_points_carry_the_contract(results, capsys):
     assert (results / machine_slug("cpu") / "decode-quick.json").exists()
 
 
+def test_decode_compares_kernels_point_by_point(results, capsys):
+    from kvlab import native
+
+    if not native.available():
+        pytest.skip(f"needs kvlab's native kernels: {native.status()}")
+    r = bench(capsys, "decode", "--quick", "--batches", "1", "--contexts", "512", "--compare-kernels")
+    assert {p["kernels"]["attention"] for p in r["points"]} == {"native"}
+    written = results / machine_slug("cpu") / "decode-torch-kernels-quick.json"
+    other = json.loads(written.read_text())
+    # only device placement is compared, every such point once, with PyTorch's kernels
+    assert [(p["placement"], p["kv_dtype"]) for p in other["points"]] == \
+        [(p["placement"], p["kv_dtype"]) for p in r["points"] if p["placement"] == "device"]
+    assert {p["kernels"]["attention"] for p in other["points"]} == {"torch"}
+    assert other["environment"]["kernels"] == "torch" and r["comparison_summary"] == other["summary"]
+    # same shapes, same bytes: the ledger's prediction differs only by the bandwidth around each point
+    for a, b in zip([p for p in r["points"] if p["placement"] == "device"], other["points"]):
+        assert a["step_bytes"] == b["step_bytes"]
+
+
 def test_decode_time_budget_skips_points(results, capsys):
     r = bench(capsys, "decode", "--quick", "--preset", "tiny", "--budget", "0.01", "--no-write")
     assert not r["points"] and r["skipped"] and all(s["reason"] == "time budget exhausted" for s in r["skipped"])
@@ -93,8 +112,12 @@ def test_all_quick_writes_every_benchmark(results, capsys):
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and set(out) == {"memory", "transfer", "recompute-vs-fetch", "decode"}
     folder = results / machine_slug("cpu")
-    assert sorted(p.name for p in folder.glob("*.json")) == [
-        "decode-quick.json", "memory-quick.json", "recompute-vs-fetch-quick.json", "transfer-quick.json"]
+    from kvlab import native
+
+    expected = ["decode-quick.json", "memory-quick.json", "recompute-vs-fetch-quick.json", "transfer-quick.json"]
+    if native.available():  # the decode points timed again with PyTorch's kernels
+        expected.insert(1, "decode-torch-kernels-quick.json")
+    assert sorted(p.name for p in folder.glob("*.json")) == expected
     assert report.machines() == {}  # quick results stay out of the book by default
     assert machine_slug("cpu") in report.machines(include_quick=True)
 

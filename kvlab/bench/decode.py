@@ -95,6 +95,36 @@ def _measure_point(model, cache, plan, tokens, cuda_graph, probe, repeats, warmu
         return measure_undisturbed(bracketed, attempts=tries, accept=lambda r: abs(r[2] / r[1] - 1) <= MAX_DRIFT)
 
 
+def _point_record(model, cfg, weight_dtype, device_name, machine, spec_device, batch, ctx, placement, pre, kv,
+                  repeats, measured_point) -> dict:
+    """One decode point: the measurement, and the ledger fed the copy bandwidth measured around it."""
+    from ..decoder import ledger
+
+    (t, bw0, bw1, graphed), stall, attempts = measured_point
+    measured, bw_point = t.median_s, (bw0 + bw1) / 2
+    # the ledger with the bandwidth this machine had while the point ran (a shared VM's
+    # memory bandwidth moves with its neighbours' load)
+    point_device = ledger.measured_device(device_name, bw_point, machine["flops_per_s"], spec_device.capacity_bytes)
+    pred = ledger.predict_decode(cfg, point_device, batch, ctx, weight_dtype, kv, placement, pre,
+                                 machine.get("link_bytes_per_s"))
+    return {
+        "batch": batch, "context": ctx, "placement": placement, "prefetch": pre, "kv_dtype": kv,
+        "weight_dtype": weight_dtype, "preset": cfg.name, "cuda_graph": graphed,
+        "kernels": model.decode_kernels(kv),
+        "measured_step_s": measured, "measured_min_s": t.min_s, "measured_max_s": t.max_s,
+        "spread": t.spread, "repeats": repeats,
+        "predicted_step_s": pred["predicted_step_s"], "error": measured / pred["predicted_step_s"] - 1,
+        "step_bytes": pred["step_bytes"], "weight_read_bytes": pred["weight_read_bytes"],
+        "kv_read_bytes": pred["kv_read_bytes"], "fetch_bytes": pred["fetch_bytes"],
+        "predicted_fetch_s": pred["fetch_s"], "bound": pred["bound"],
+        "achieved_bytes_per_s": pred["step_bytes"] / measured,
+        "fraction_of_bandwidth": pred["step_bytes"] / measured / bw_point,
+        "bandwidth_bytes_per_s": bw_point, "bandwidth_drift": bw1 / bw0 - 1,
+        "tokens_per_s": batch / measured,
+        "cpu_stall_fraction": stall, "attempts": attempts,
+    }
+
+
 def measure_machine(device, compute_dtype: str, need_link: bool, quick: bool) -> dict:
     """The figures the ledger is fed: copy bandwidth, matmul rate, host->device bandwidth."""
     from .memory import GiB, MiB, matmul_rate
@@ -114,9 +144,13 @@ def measure_machine(device, compute_dtype: str, need_link: bool, quick: bool) ->
 
 def run_decode(device="cpu", preset=None, batches=None, contexts=None, placements=None, kv_dtypes=None,
                weight_dtype=None, prefetch=None, repeats=None, warmup=None, budget_s=None, quick=False,
-               cuda_graph=True, quiet=False, seed=0, kernels="auto") -> dict:
+               cuda_graph=True, quiet=False, seed=0, kernels="auto", compare_kernels=False) -> dict:
     """Run the sweep; returns the JSON-ready result (points, machine figures, summary).
-    `kernels`: the decoder's CPU kernels, "auto" | "native" | "torch" (see `Decoder`)."""
+    `kernels`: the decoder's CPU kernels, "auto" | "native" | "torch" (see `Decoder`).
+    `compare_kernels`: where the decoder runs kvlab's native kernels, time every device-placement
+    point a second time, right after, with PyTorch's kernels (same weights, same cache); the
+    result then carries that run as `comparison`, a result of the same shape. A shared machine's
+    bandwidth drifts, so the two are compared point by point, never across separate runs."""
     import torch
 
     from ..decoder import Decoder, fit
@@ -139,6 +173,9 @@ def run_decode(device="cpu", preset=None, batches=None, contexts=None, placement
 
     model = Decoder(grid["preset"], grid["weight_dtype"], dev, seed=seed, kernels=kernels)
     env["kernels"], env["kernels_note"] = model.kernels, model.kernels_note
+    other = None
+    if compare_kernels and model.kernels == "native" and "device" in grid["placements"]:
+        other = Decoder(grid["preset"], grid["weight_dtype"], dev, seed=seed, kernels="torch")
     machine = measure_machine(dev, model.compute_dtype_name, "host" in grid["placements"], quick)
     spec_device = ledger.measured_device(
         env["device_name"], machine["bandwidth_bytes_per_s"], machine["flops_per_s"],
@@ -155,7 +192,7 @@ def run_decode(device="cpu", preset=None, batches=None, contexts=None, placement
                  f"{machine['flops_per_s'] / 1e12:.2f} TFLOP/s" +
                  (f", link {machine['link_bytes_per_s'] / 1e9:.1f} GB/s" if "link_bytes_per_s" in machine else "") +
                  f"; {model.kernels_note}")
-    points, skipped = [], []
+    points, skipped, other_points = [], [], []
     gen = torch.Generator(device="cpu").manual_seed(seed)
     for placement, pre, kv, batch in groups:
         label = f"{placement}{'+prefetch' if pre else ''} {kv} b={batch}"
@@ -195,54 +232,54 @@ def run_decode(device="cpu", preset=None, batches=None, contexts=None, placement
                                 "context": ctx, "reason": "time budget exhausted"})
                 progress.step(f"{label} ctx={ctx}: skipped (time budget)")
                 continue
-            plan = model.plan(cache, [ctx - 1] * batch, 1)  # attends ctx positions
-            try:
-                point = _measure_point(model, cache, plan, tokens, cuda_graph, probe, repeats, warmup, tries, dev)
-            except RuntimeError as exc:  # CUDA out of memory (graph pools, temporaries): skip, go on
-                if "out of memory" not in str(exc).lower():
-                    raise
-                skipped.append({"placement": placement, "prefetch": pre, "kv_dtype": kv, "batch": batch,
-                                "context": ctx, "reason": f"out of memory: {str(exc).splitlines()[0]}"})
-                progress.step(f"{label} ctx={ctx}: skipped (out of memory)")
+            runs = [(model, points, "")]
+            if other is not None and placement == "device":
+                runs.append((other, other_points, " [PyTorch kernels]"))
+            for m, into, tag in runs:  # back to back: both kernel sets see the same machine state
+                plan = m.plan(cache, [ctx - 1] * batch, 1)  # attends ctx positions
+                try:
+                    measured_point = _measure_point(m, cache, plan, tokens, cuda_graph, probe, repeats, warmup, tries,
+                                                    dev)
+                except RuntimeError as exc:  # CUDA out of memory (graph pools, temporaries): skip, go on
+                    if "out of memory" not in str(exc).lower():
+                        raise
+                    skipped.append({"placement": placement, "prefetch": pre, "kv_dtype": kv, "batch": batch,
+                                    "context": ctx, "reason": f"out of memory: {str(exc).splitlines()[0]}"})
+                    progress.step(f"{label} ctx={ctx}: skipped (out of memory)")
+                    del plan
+                    if cuda:
+                        torch.cuda.empty_cache()
+                    continue
                 del plan
-                if cuda:
-                    torch.cuda.empty_cache()
-                continue
-            (t, bw0, bw1, graphed), stall, attempts = point
-            measured, bw_point = t.median_s, (bw0 + bw1) / 2
-            # the ledger with the bandwidth this machine had while the point ran (a shared
-            # VM's memory bandwidth moves with its neighbours' load)
-            point_device = ledger.measured_device(env["device_name"], bw_point, machine["flops_per_s"],
-                                                  spec_device.capacity_bytes)
-            pred = ledger.predict_decode(cfg, point_device, batch, ctx, grid["weight_dtype"], kv, placement, pre,
-                                         machine.get("link_bytes_per_s"))
-            point = {
-                "batch": batch, "context": ctx, "placement": placement, "prefetch": pre, "kv_dtype": kv,
-                "weight_dtype": grid["weight_dtype"], "preset": cfg.name, "cuda_graph": graphed,
-                "kernels": model.decode_kernels(kv),
-                "measured_step_s": measured, "measured_min_s": t.min_s, "measured_max_s": t.max_s,
-                "spread": t.spread, "repeats": repeats,
-                "predicted_step_s": pred["predicted_step_s"], "error": measured / pred["predicted_step_s"] - 1,
-                "step_bytes": pred["step_bytes"], "weight_read_bytes": pred["weight_read_bytes"],
-                "kv_read_bytes": pred["kv_read_bytes"], "fetch_bytes": pred["fetch_bytes"],
-                "predicted_fetch_s": pred["fetch_s"], "bound": pred["bound"],
-                "achieved_bytes_per_s": pred["step_bytes"] / measured,
-                "fraction_of_bandwidth": pred["step_bytes"] / measured / bw_point,
-                "bandwidth_bytes_per_s": bw_point, "bandwidth_drift": bw1 / bw0 - 1,
-                "tokens_per_s": batch / measured,
-                "cpu_stall_fraction": stall, "attempts": attempts,
-            }
-            points.append(point)
-            progress.step(f"{label} ctx={ctx}: {measured * 1e3:8.2f} ms, ledger {pred['predicted_step_s'] * 1e3:8.2f} ms "
-                          f"({point['error']:+.1%}), {point['achieved_bytes_per_s'] / 1e9:.1f} GB/s = "
-                          f"{point['fraction_of_bandwidth']:.0%} of copy (spread {t.spread:.0%}" +
-                          (f", stalled {stall:.0%}" if stall else "") + (f", {attempts} tries" if attempts > 1 else "") + ")")
-            del plan
+                point = _point_record(m, cfg, grid["weight_dtype"], env["device_name"], machine, spec_device,
+                                      batch, ctx, placement, pre, kv, repeats, measured_point)
+                into.append(point)
+                line = (f"{label} ctx={ctx}{tag}: {point['measured_step_s'] * 1e3:8.2f} ms, ledger "
+                        f"{point['predicted_step_s'] * 1e3:8.2f} ms ({point['error']:+.1%}), "
+                        f"{point['achieved_bytes_per_s'] / 1e9:.1f} GB/s = {point['fraction_of_bandwidth']:.0%} of copy "
+                        f"(spread {point['spread']:.0%}" +
+                        (f", stalled {point['cpu_stall_fraction']:.0%}" if point['cpu_stall_fraction'] else "") +
+                        (f", {point['attempts']} tries" if point['attempts'] > 1 else "") + ")")
+                if m is model:
+                    progress.step(line)
+                else:
+                    progress.log(line)
         del cache
         gc.collect()
         if cuda:
             torch.cuda.empty_cache()
     env["at_end"] = machine_state()
+    result = _result(env, quick, model, cfg, grid, spec_device, machine, points, skipped)
+    if other is not None:
+        other_env = {**env, "kernels": other.kernels, "kernels_note": "PyTorch kernels, timed right after kvlab's "
+                     "native kernels at every point (compare_kernels)"}
+        result["comparison"] = _result(other_env, quick, other, cfg, grid, spec_device, machine, other_points, [])
+    return result
+
+
+def _result(env, quick, model, cfg, grid, spec_device, machine, points, skipped) -> dict:
+    from ..decoder import ledger
+
     return {
         "benchmark": "decode",
         "environment": env,

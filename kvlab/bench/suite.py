@@ -40,14 +40,18 @@ def run_suite(device: str, budget_s: float, quick: bool = False, repeats=None, w
         allowance = left if name == "decode" else min(left, share * budget_s)
         if not quiet:
             print(f"kvlab bench suite: {name} (up to {allowance:.0f} s)", file=sys.stderr, flush=True)
+        extra = {"compare_kernels": True} if name == "decode" and not str(device).startswith("cuda") else {}
         try:
-            result = runners[name](device, quick=quick, repeats=repeats, budget_s=allowance, quiet=quiet)
+            result = runners[name](device, quick=quick, repeats=repeats, budget_s=allowance, quiet=quiet, **extra)
         except KvlabError:
             raise
         except Exception as exc:  # one broken benchmark must not cost the others (one-shot GPU runs)
             traceback.print_exc(file=sys.stderr)
             out[name] = {"error": f"{type(exc).__name__}: {exc}"}
             continue
+        comparison = result.pop("comparison", None)
+        if comparison is not None and write:
+            write_result("decode-torch-kernels-quick" if quick else "decode-torch-kernels", comparison, device)
         path = write_result(f"{name}-quick" if quick else name, result, device) if write else None
         out[name] = {"written_to": str(path) if path else None, **headline(name, result)}
     return out

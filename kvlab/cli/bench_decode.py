@@ -1,6 +1,9 @@
 """`kvlab bench decode`: measured decode steps of the toy decoder against the ledger."""
 from __future__ import annotations
 
+import sys
+
+from ..bench.results import write_result
 from . import bench_common as common
 
 
@@ -20,6 +23,9 @@ def register(sub) -> None:
     p.add_argument("--prefetch", choices=("off", "on", "both"), help="host placement: prefetch the next layer "
                    "on a CUDA stream (default: both on CUDA; off on CPU)")
     p.add_argument("--no-cuda-graph", action="store_true", help="run device-placement steps eagerly on CUDA")
+    p.add_argument("--compare-kernels", action="store_true",
+                   help="CPU with kvlab's kernels: also time every device-placement point with PyTorch's kernels, "
+                        "right after (writes decode-torch-kernels.json too)")
     p.set_defaults(func=run)
 
 
@@ -40,7 +46,7 @@ def run(args) -> int:
     r = run_decode(device, preset=args.preset, batches=args.batches, contexts=args.contexts,
                    placements=args.placements, kv_dtypes=args.kv_dtypes, weight_dtype=args.weight_dtype,
                    prefetch=prefetch, repeats=common.repeats(args), budget_s=args.budget, quick=args.quick,
-                   cuda_graph=not args.no_cuda_graph, kernels=args.kernels)
+                   cuda_graph=not args.no_cuda_graph, kernels=args.kernels, compare_kernels=args.compare_kernels)
     rows = [[p["placement"] + ("+pf" if p["prefetch"] else ""), p["kv_dtype"], str(p["batch"]), str(p["context"]),
              f"{p['measured_step_s'] * 1e3:.2f}", f"{p['predicted_step_s'] * 1e3:.2f}", f"{p['error']:+.1%}",
              f"{p['achieved_bytes_per_s'] / 1e9:.1f}", f"{p['fraction_of_bandwidth']:.0%}", f"{p['spread']:.0%}"]
@@ -48,4 +54,10 @@ def run(args) -> int:
     header = ["placement", "kv", "batch", "context", "measured ms", "ledger ms", "error", "GB/s", "of copy", "spread"]
     # PyTorch's kernels asked for on purpose: a comparison run, kept beside the main results
     kind = "decode-torch-kernels" if args.kernels == "torch" and not device.startswith("cuda") else "decode"
+    comparison = r.pop("comparison", None)
+    if comparison is not None and not args.no_write:
+        path = write_result("decode-torch-kernels-quick" if args.quick else "decode-torch-kernels", comparison, device)
+        print(f"written: {path}", file=sys.stderr)
+    if comparison is not None:
+        r["comparison_summary"] = comparison["summary"]
     return common.finish(args, kind, r, device, rows, header)
