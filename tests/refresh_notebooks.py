@@ -24,6 +24,7 @@ def refresh(path: Path) -> None:
     for cell in nb.cells:
         if cell.cell_type != "code":
             continue
+        cell.metadata.pop("execution", None)  # run timestamps: churn in every diff, no information
         if MARK not in cell.source:
             cell.outputs = []
             cell.execution_count = None  # nbval: a cell with outputs must have been run

@@ -170,7 +170,7 @@ def _fake_decode(machine_dir, device_name, error):
                 points.append({"batch": batch, "context": ctx, "placement": placement, "prefetch": False,
                                "kv_dtype": "bf16", "measured_step_s": measured, "predicted_step_s": 0.01 * batch,
                                "error": error, "achieved_bytes_per_s": 1e9, "fraction_of_bandwidth": 0.8 - error,
-                               "step_bytes": 1e7, "spread": 0.01})
+                               "step_bytes": 1e7, "spread": 0.01, "bandwidth_bytes_per_s": 2e9})
     return {"benchmark": "decode", "environment": {"device_name": device_name, "device": "cpu"},
             "model": {"preset": "cpu-bench", "weight_dtype": "bf16"}, "bandwidth_bytes_per_s": 2e9,
             "machine": {"flops_per_s": 1e12}, "points": points}
@@ -215,6 +215,8 @@ def test_report_keeps_the_pytorch_kernel_run_apart(results):
     assert measured.decode_summary(kv_dtype="int8") == ""
     labels = [item.label["value"] for item in measured.bandwidth_figure().legend[0].items]
     assert any(lab.endswith("kvlab kernels") for lab in labels) and any(lab.endswith("PyTorch kernels") for lab in labels)
+    pace = [item.label["value"] for item in measured.pace_figure().legend[0].items]
+    assert "achieved = copy bandwidth" in pace and any(lab.endswith("PyTorch kernels") for lab in pace)
 
 
 def test_report_recompute_curves(results):

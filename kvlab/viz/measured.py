@@ -118,6 +118,47 @@ def bandwidth_figure():
     return fig
 
 
+def pace_figure():
+    """Achieved bytes/s of each device-placement decode step against the copy bandwidth measured
+    around it. On the diagonal the memory sets the pace; where the points level off, the cores
+    do. A shared machine's bandwidth drifts, which makes this a free experiment."""
+    from bokeh.models import ColumnDataSource
+
+    fig = style.new_figure("Who sets the pace: memory or cores", "copy bandwidth measured around the step",
+                           "bytes the ledger counts / measured step time", height=380)
+    colors: dict[tuple, str] = {}
+    hi = 0.0
+    renderers = []
+    for kernels in ("default", "torch"):
+        for entry in report.decode_comparison("device", kernels=kernels):
+            p = entry["points"]
+            who = {"native": "kvlab kernels", "torch": "PyTorch kernels"}.get(entry["kernels"], entry["kernels"])
+            for kv in sorted(set(p["kv_dtype"].tolist())):
+                for batch in sorted(set(p["batch"].tolist())):
+                    sel = (p["kv_dtype"] == kv) & (p["batch"] == batch) & np.isfinite(p["bandwidth_bytes_per_s"])
+                    if not sel.any():  # results older than per-point bandwidths have none to plot
+                        continue
+                    color = colors.setdefault((entry["machine"], kv, int(batch)),
+                                              style.PALETTE[len(colors) % len(style.PALETTE)])
+                    src = ColumnDataSource({c: p[c][sel] for c in ("bandwidth_bytes_per_s", "achieved_bytes_per_s",
+                                                                    "context", "batch", "fraction_of_bandwidth")})
+                    renderers.append(fig.scatter(
+                        "bandwidth_bytes_per_s", "achieved_bytes_per_s", source=src, size=8, color=color,
+                        fill_color=color if kernels == "default" else "white", marker="circle" if kernels == "default"
+                        else "square", legend_label=f"{entry['device_name']}: batch {int(batch)}, KV {kv}, {who}"))
+                    hi = max(hi, float(p["bandwidth_bytes_per_s"][sel].max()))
+    if not renderers:
+        return _note(fig, "no decode results recorded yet")
+    fig.line([0, hi * 1.05], [0, hi * 1.05], color="black", width=1.5, legend_label="achieved = copy bandwidth")
+    fig.xaxis.formatter = style.si_ticks("B/s")
+    fig.yaxis.formatter = style.si_ticks("B/s")
+    fig.legend.location = "top_left"
+    fig.legend.label_text_font_size = "10px"
+    style.hover(fig, [("batch", "@batch"), ("context", "@context{0,0}"),
+                      ("share of copy bandwidth", "@fraction_of_bandwidth{0%}")], renderers)
+    return fig
+
+
 def recompute_figure():
     """Prefill N tokens (recompute) against bringing their KV from host memory (fetch)."""
     fig = style.new_figure("A hit can be slower than a miss: recompute against fetch", "tokens",
