@@ -136,14 +136,7 @@ class Linear(torch.nn.Module):
         if self.native:
             if x.numel() // self.in_features <= native.MAX_GEMV_ROWS:
                 return native.gemv_bf16(x, self.weight, self.out_features)
-            if self._gemm_weight is None:
-                plain = native.unpack_weight(self.weight, self.out_features).contiguous()
-                packed = _onednn_layout(plain)
-                self._gemm_weight = (plain, False) if packed is None else (packed, True)
-            w, onednn = self._gemm_weight
-            if onednn:
-                return torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), w, None, "none", [], "")
-            return F.linear(x.to(torch.bfloat16), w)
+            return self._native_gemm(x)
         if self.packed:
             return torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), self.weight, None, "none", [], "")
         if not self.int8:
@@ -152,6 +145,19 @@ class Linear(torch.nn.Module):
             flat = x.reshape(-1, self.in_features).contiguous()  # (tokens, in)
             return torch._weight_int8pack_mm(flat, self.weight, self.scale).view(*x.shape[:-1], self.out_features)
         return F.linear(x, self.weight.to(x.dtype)) * self.scale  # moves more than 1 byte/weight
+
+
+    def _native_gemm(self, x):
+        """Native weights, many rows (prefill, compute-bound): oneDNN's GEMM on a second copy of
+        the weight in oneDNN's layout (plain where that is unavailable), built on first use."""
+        if self._gemm_weight is None:
+            plain = native.unpack_weight(self.weight, self.out_features).contiguous()
+            packed = _onednn_layout(plain)
+            self._gemm_weight = (plain, False) if packed is None else (packed, True)
+        w, onednn = self._gemm_weight
+        if onednn:
+            return torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), w, None, "none", [], "")
+        return F.linear(x.to(torch.bfloat16), w)
 
 
 class RMSNorm(torch.nn.Module):

@@ -55,6 +55,8 @@ def decode_figure():
     fig.line(line, line / 1.1, color=style.GREY, line_dash="dashed")
     fig.xaxis.formatter = style.seconds_ticks()
     fig.yaxis.formatter = style.seconds_ticks()
+    fig.xaxis.ticker.desired_num_ticks = 4  # within a decade a log axis labels every minor tick: they collide
+    fig.yaxis.ticker.desired_num_ticks = 4
     fig.legend.location = "top_left"
     fig.legend.label_text_font_size = "10px"
     style.hover(fig, [("batch", "@batch"), ("context", "@context{0,0}"), ("measured", "@measured_step_s{0.000000} s"),
