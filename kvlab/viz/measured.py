@@ -18,6 +18,32 @@ def _note(fig, text: str):
     return fig
 
 
+def _legend_below(fig):
+    """Many series: the legend goes under the plot, in two columns, instead of over the data."""
+    legend = fig.legend[0]
+    legend.ncols = 2
+    legend.label_text_font_size = "10px"
+    fig.center = [r for r in fig.center if r is not legend]
+    fig.add_layout(legend, "below")
+    fig.height += 24 * ((len(legend.items) + 1) // 2)
+
+
+def _ticks_125(lo: float, hi: float):
+    """Log-axis ticks at 1, 2, 5 x 10^k inside [lo, hi]: bokeh's own label every minor tick
+    of a range under two decades, and the labels run into each other."""
+    from bokeh.models import FixedTicker
+
+    decades = range(int(np.floor(np.log10(lo))), int(np.ceil(np.log10(hi))) + 1)
+    return FixedTicker(ticks=[m * 10.0 ** e for e in decades for m in (1, 2, 5) if lo <= m * 10.0 ** e <= hi])
+
+
+def _context_ticks(contexts):
+    """Ticks at the measured contexts (powers of two), not bokeh's crowded log ticks."""
+    from bokeh.models import FixedTicker
+
+    return FixedTicker(ticks=sorted({float(c) for c in contexts}))
+
+
 def decode_figure():
     """Each decode point: measured step time against the ledger's prediction (with the
     measured bandwidth), per machine, placement and KV dtype; the diagonal is 'exact'."""
@@ -55,8 +81,7 @@ def decode_figure():
     fig.line(line, line / 1.1, color=style.GREY, line_dash="dashed")
     fig.xaxis.formatter = style.seconds_ticks()
     fig.yaxis.formatter = style.seconds_ticks()
-    fig.xaxis.ticker.desired_num_ticks = 4  # within a decade a log axis labels every minor tick: they collide
-    fig.yaxis.ticker.desired_num_ticks = 4
+    fig.xaxis.ticker = fig.yaxis.ticker = _ticks_125(lo / 1.2, hi * 1.2)
     fig.legend.location = "top_left"
     fig.legend.label_text_font_size = "10px"
     style.hover(fig, [("batch", "@batch"), ("context", "@context{0,0}"), ("measured", "@measured_step_s{0.000000} s"),
@@ -93,7 +118,7 @@ def bandwidth_figure():
     fig = style.new_figure("How much of the memory bandwidth decode uses", "context (tokens)",
                            "share of measured copy bandwidth", x_axis_type="log", height=360)
     colors: dict[tuple, str] = {}
-    drawn = 0
+    drawn, contexts = 0, set()
     for kernels, dash in (("default", "solid"), ("torch", "dashed")):
         for entry in report.decode_comparison("device", kernels=kernels):
             p = entry["points"]
@@ -106,6 +131,7 @@ def bandwidth_figure():
                     key = (entry["machine"], kv, int(batch))
                     color = colors.setdefault(key, style.PALETTE[len(colors) % len(style.PALETTE)])
                     src = ColumnDataSource({"context": p["context"][sel], "share": p["fraction_of_bandwidth"][sel]})
+                    contexts.update(p["context"][sel].tolist())
                     fig.line("context", "share", source=src, color=color, width=2, line_dash=dash,
                              legend_label=f"{entry['device_name']}: batch {int(batch)}, KV {kv}, {who}")
                     fig.scatter("context", "share", source=src, color=color, size=6,
@@ -113,10 +139,10 @@ def bandwidth_figure():
                     drawn += 1
     if drawn == 0:
         return _note(fig, "no decode results recorded yet")
+    fig.xaxis.ticker = _context_ticks(contexts)
     fig.xaxis.formatter = style.count_ticks()
     fig.yaxis.formatter = style.percent_ticks()
-    fig.legend.location = "bottom_left"
-    fig.legend.label_text_font_size = "10px"
+    _legend_below(fig)
     return fig
 
 
@@ -127,7 +153,7 @@ def pace_figure():
     from bokeh.models import ColumnDataSource
 
     fig = style.new_figure("Who sets the pace: memory or cores", "copy bandwidth measured around the step",
-                           "bytes the ledger counts / measured step time", height=380)
+                           "achieved (ledger bytes / step time)", height=380)
     colors: dict[tuple, str] = {}
     hi = 0.0
     renderers = []
@@ -154,8 +180,7 @@ def pace_figure():
     fig.line([0, hi * 1.05], [0, hi * 1.05], color="black", width=1.5, legend_label="achieved = copy bandwidth")
     fig.xaxis.formatter = style.si_ticks("B/s")
     fig.yaxis.formatter = style.si_ticks("B/s")
-    fig.legend.location = "top_left"
-    fig.legend.label_text_font_size = "10px"
+    _legend_below(fig)
     style.hover(fig, [("batch", "@batch"), ("context", "@context{0,0}"),
                       ("share of copy bandwidth", "@fraction_of_bandwidth{0%}")], renderers)
     return fig
