@@ -62,6 +62,17 @@ def test_slowest_hop_sets_the_pace():
         tiers.get_placement("remote-10g")
 
 
+def test_a_tier_of_your_own_needs_no_catalogue_entry():
+    from kvlab.hardware import Tier
+
+    cxl = Tier("cxl-type3", "memory", 64e9, "64 GB/s", "a CXL memory expander", "hypothetical")
+    p = tiers.get_placement(cxl)
+    assert p.bandwidth_bytes_per_s() == 64e9 and p.bottleneck == "cxl-type3"
+    # a Tier that borrows a catalogue name still keeps its own bandwidth
+    slow_pcie = Tier("pcie5-x16", "link", 8e9, "8 GB/s", "a throttled link", "hypothetical")
+    assert tiers.get_placement(slow_pcie).bandwidth_bytes_per_s() == 8e9
+
+
 def test_transfer_time_adds_latency_and_broadcasts():
     t = tiers.transfer_time_s(np.array([0, 1e9]), 1e9, efficiency=0.5, latency_s=1e-3)
     np.testing.assert_allclose(t, [1e-3, 2.001])

@@ -39,12 +39,13 @@ LINK_LATENCY_S = {
 class Placement:
     """Where a request's KV lives, as seen from the decode GPU.
 
-    `hops` are catalogue tiers the bytes cross on the way; () means the device's own
-    memory (HBM). The slowest hop is the bandwidth; `latency_s` is paid once per fetch.
+    `hops` are the tiers the bytes cross on the way, catalogue names or `Tier` objects (a
+    tier of your own); () means the device's own memory (HBM). The slowest hop is the
+    bandwidth; `latency_s` is paid once per fetch.
     """
 
     name: str
-    hops: tuple[str, ...]
+    hops: tuple[str | Tier, ...]
     latency_s: float
     description: str
 
@@ -54,14 +55,18 @@ class Placement:
             if hardware is None:
                 raise KvlabError(f"placement {self.name!r} is the device's own memory: pass hardware=")
             return get_device(hardware).memory_bandwidth_bytes_per_s
-        return min(get_tier(h).bandwidth_bytes_per_s for h in self.hops)
+        return min(_hop(h).bandwidth_bytes_per_s for h in self.hops)
 
     @property
     def bottleneck(self) -> str:
         """The hop that sets the pace ('hbm' for device memory)."""
         if not self.hops:
             return HBM
-        return min(self.hops, key=lambda h: get_tier(h).bandwidth_bytes_per_s)
+        return min((_hop(h) for h in self.hops), key=lambda t: t.bandwidth_bytes_per_s).name
+
+
+def _hop(hop: str | Tier) -> Tier:
+    return hop if isinstance(hop, Tier) else get_tier(hop)
 
 
 PLACEMENTS = {
@@ -93,8 +98,8 @@ def get_placement(where: Placement | Tier | str) -> Placement:
     """A placement by name; a catalogue tier name or `Tier` becomes a one-hop placement."""
     if isinstance(where, Placement):
         return where
-    if isinstance(where, Tier):
-        return Placement(where.name, (where.name,), LINK_LATENCY_S.get(where.name, 0.0), where.example)
+    if isinstance(where, Tier):  # the tier itself, not its name: it need not be in the catalogue
+        return Placement(where.name, (where,), LINK_LATENCY_S.get(where.name, 0.0), where.example)
     key = str(where).lower()
     if key in PLACEMENTS:
         return PLACEMENTS[key]
