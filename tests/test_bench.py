@@ -219,6 +219,21 @@ def test_report_keeps_the_pytorch_kernel_run_apart(results):
     assert "achieved = copy bandwidth" in pace and any(lab.endswith("PyTorch kernels") for lab in pace)
 
 
+def test_pace_summary_tells_the_two_memory_states_apart(results):
+    from kvlab.viz import measured
+
+    run = _fake_decode("a", "CPU A", 0.05)
+    write_result("decode", run, machine="cpu-a")
+    assert measured.pace_summary().startswith("In the recorded run on CPU A the copy bandwidth around these steps stayed between "
+                                              "2.00 GB/s and 2.00 GB/s, and the cores kept up")
+    for p in run["points"][:2]:  # two steps while the machine's memory was faster
+        p["bandwidth_bytes_per_s"], p["fraction_of_bandwidth"] = 4e9, 0.6
+    write_result("decode", run, machine="cpu-a")
+    assert measured.pace_summary().startswith(
+        "On CPU A some steps ran while the copy bandwidth was up to 4.00 GB/s instead of 2.00 GB/s to 2.00 GB/s: "
+        "those used 60.0% to 60.0% of it, the others 75.0% to 75.0%.")
+
+
 def test_report_recompute_curves(results):
     curve = {"preset": "p", "kv_bytes_per_token": 10.0, "streamed_weight_bytes": 1.0,
              "points": [{"tokens": n, "recompute_s": 1e-3, "fetch_s": 1e-5 * n, "predicted_recompute_s": 1e-3,

@@ -109,6 +109,41 @@ def decode_summary(kernels: str = "default", kv_dtype: str = "bf16") -> str:
     return " ".join(out)
 
 
+#: A point counts as measured in a faster memory state when the copy bandwidth around it
+#: exceeds the run's lowest by this factor (a shared VM's bandwidth jumps when neighbours idle).
+FAST_STATE_RATIO = 1.25
+
+
+def pace_summary() -> str:
+    """A sentence for the prose on who set the pace in the recorded runs (kvlab's kernels,
+    device placement): the bandwidth range, and, where some points ran while the machine's
+    memory was markedly faster, the share of it those steps used against the others'."""
+    from .. import fmt
+
+    out = []
+    for entry in report.decode_comparison("device"):
+        p = entry["points"]
+        bw, share = p["bandwidth_bytes_per_s"], p["fraction_of_bandwidth"]
+        ok = np.isfinite(bw) & np.isfinite(share)
+        if not ok.any():
+            continue
+        bw, share = bw[ok], share[ok]
+        fast = bw > FAST_STATE_RATIO * bw.min()
+        if not fast.any():
+            out.append(f"In the recorded run on {entry['device_name']} the copy bandwidth around these steps stayed between "
+                       f"{fmt.si(bw.min(), 'B/s')} and {fmt.si(bw.max(), 'B/s')}, and the cores kept up with it; on a "
+                       "machine with more bandwidth per core the arithmetic starts to show, and the third figure "
+                       "below (each step's achieved bandwidth against the bandwidth around it) is where it would.")
+        else:
+            out.append(f"On {entry['device_name']} some steps ran while the copy bandwidth was up to "
+                       f"{fmt.si(bw[fast].max(), 'B/s')} instead of {fmt.si(bw[~fast].min(), 'B/s')} to "
+                       f"{fmt.si(bw[~fast].max(), 'B/s')}: those used {fmt.percent(share[fast].min())} to "
+                       f"{fmt.percent(share[fast].max())} of it, the others {fmt.percent(share[~fast].min())} to "
+                       f"{fmt.percent(share[~fast].max())}. There the cores, not the memory, set the pace; the third "
+                       "figure below shows each step's achieved bandwidth against the bandwidth around it.")
+    return " ".join(out)
+
+
 def bandwidth_figure():
     """Achieved bytes/s of decode (bytes the ledger says a step moves / measured time) as a
     share of the machine's measured copy bandwidth, against context: solid with the
