@@ -214,7 +214,8 @@ def test_report_keeps_the_pytorch_kernel_run_apart(results):
                                                        "ledger was within 50.0%")
     assert measured.decode_summary(kv_dtype="int8") == ""
     labels = [item.label["value"] for item in measured.bandwidth_figure().legend[0].items]
-    assert any(lab.endswith("kvlab kernels") for lab in labels) and any(lab.endswith("PyTorch kernels") for lab in labels)
+    assert any(lab.endswith("kvlab kernels") for lab in labels)
+    assert any(lab.endswith("PyTorch kernels") for lab in labels)
     pace = [item.label["value"] for item in measured.pace_figure().legend[0].items]
     assert "achieved = copy bandwidth" in pace and any(lab.endswith("PyTorch kernels") for lab in pace)
 
@@ -224,8 +225,8 @@ def test_pace_summary_tells_the_two_memory_states_apart(results):
 
     run = _fake_decode("a", "CPU A", 0.05)
     write_result("decode", run, machine="cpu-a")
-    assert measured.pace_summary().startswith("In the recorded run on CPU A the copy bandwidth around these steps stayed between "
-                                              "2.00 GB/s and 2.00 GB/s, and the cores kept up")
+    assert measured.pace_summary().startswith("In the recorded run on CPU A the copy bandwidth around these steps "
+                                              "stayed between 2.00 GB/s and 2.00 GB/s, and the cores kept up")
     for p in run["points"][:2]:  # two steps while the machine's memory was faster
         p["bandwidth_bytes_per_s"], p["fraction_of_bandwidth"] = 4e9, 0.6
     write_result("decode", run, machine="cpu-a")

@@ -256,7 +256,8 @@ def run_decode(device="cpu", preset=None, batches=None, contexts=None, placement
                 into.append(point)
                 line = (f"{label} ctx={ctx}{tag}: {point['measured_step_s'] * 1e3:8.2f} ms, ledger "
                         f"{point['predicted_step_s'] * 1e3:8.2f} ms ({point['error']:+.1%}), "
-                        f"{point['achieved_bytes_per_s'] / 1e9:.1f} GB/s = {point['fraction_of_bandwidth']:.0%} of copy "
+                        f"{point['achieved_bytes_per_s'] / 1e9:.1f} GB/s = "
+                        f"{point['fraction_of_bandwidth']:.0%} of copy "
                         f"(spread {point['spread']:.0%}" +
                         (f", stalled {point['cpu_stall_fraction']:.0%}" if point['cpu_stall_fraction'] else "") +
                         (f", {point['attempts']} tries" if point['attempts'] > 1 else "") + ")")

@@ -81,7 +81,8 @@ def _onednn_layout(weight):
     try:
         packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
         probe = torch.randn(3, weight.shape[1], generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
-        ok = torch.equal(torch.ops.mkldnn._linear_pointwise(probe, packed, None, "none", [], ""), F.linear(probe, weight))
+        ok = torch.equal(torch.ops.mkldnn._linear_pointwise(probe, packed, None, "none", [], ""),
+                         F.linear(probe, weight))
     except RuntimeError:
         return None
     return packed if ok else None

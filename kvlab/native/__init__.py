@@ -170,7 +170,8 @@ def pack_weight(weight):
 
     N, K = weight.shape
     if weight.dtype != torch.bfloat16 or K % 2:
-        raise KvlabError(f"pack_weight: need a bf16 (N, K) weight with K even, got {tuple(weight.shape)} {weight.dtype}")
+        raise KvlabError(f"pack_weight: need a bf16 (N, K) weight with K even, "
+                         f"got {tuple(weight.shape)} {weight.dtype}")
     n32 = -(-N // 32) * 32
     padded = torch.cat([weight, weight.new_zeros(n32 - N, K)]) if n32 != N else weight
     return padded.reshape(n32 // 32, 32, K // 2, 2).permute(0, 2, 1, 3).contiguous()  # (N/32, K/2, 32, 2)
@@ -232,9 +233,9 @@ def decode_attention(q, k, v, lengths, k_scale=None, v_scale=None):
                          f"(bf16 K/V, or int8 with scales; head_dim % 64 == 0, <= {MAX_HEAD_DIM})")
     tensors = [k, v]
     if quant:
-        if v_scale is None or any(t.shape != (nb, B, KV, blk, 1) or t.dtype != torch.float16 for t in (k_scale, v_scale)):
-            raise KvlabError("decode_attention: int8 K/V need fp16 k_scale and v_scale of shape "
-                             f"{(nb, B, KV, blk, 1)}")
+        want = (nb, B, KV, blk, 1)
+        if v_scale is None or any(t.shape != want or t.dtype != torch.float16 for t in (k_scale, v_scale)):
+            raise KvlabError(f"decode_attention: int8 K/V need fp16 k_scale and v_scale of shape {want}")
         tensors += [k_scale, v_scale]
     if not all(t.is_contiguous() for t in tensors):
         raise KvlabError("decode_attention: K, V (and scales) must be contiguous block-major views")

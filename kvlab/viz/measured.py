@@ -130,8 +130,8 @@ def pace_summary() -> str:
         bw, share = bw[ok], share[ok]
         fast = bw > FAST_STATE_RATIO * bw.min()
         if not fast.any():
-            out.append(f"In the recorded run on {entry['device_name']} the copy bandwidth around these steps stayed between "
-                       f"{fmt.si(bw.min(), 'B/s')} and {fmt.si(bw.max(), 'B/s')}, and the cores kept up with it; on a "
+            out.append(f"In the recorded run on {entry['device_name']} the copy bandwidth around these steps "
+                       f"stayed between {fmt.si(bw.min(), 'B/s')} and {fmt.si(bw.max(), 'B/s')}, and the cores kept up with it; on a "
                        "machine with more bandwidth per core the arithmetic starts to show, and the third figure "
                        "below (each step's achieved bandwidth against the bandwidth around it) is where it would.")
         else:
