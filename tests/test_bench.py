@@ -213,6 +213,7 @@ def test_report_keeps_the_pytorch_kernel_run_apart(results):
                                                        "steps used at least 30.0% of the copy bandwidth and the "
                                                        "ledger was within 50.0%")
     assert measured.decode_summary(kv_dtype="int8") == ""
+    assert measured.kernels_notes() == "native C kernels" and measured.bandwidth_range() == "2.00 GB/s to 2.00 GB/s"
     labels = [item.label["value"] for item in measured.bandwidth_figure().legend[0].items]
     assert any(lab.endswith("kvlab kernels") for lab in labels)
     assert any(lab.endswith("PyTorch kernels") for lab in labels)

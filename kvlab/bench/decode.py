@@ -302,6 +302,22 @@ def _result(env, quick, model, cfg, grid, spec_device, machine, points, skipped)
     }
 
 
+def write_comparison(result: dict, device: str, write: bool = True):
+    """Take the PyTorch-kernel run out of `result` (compare_kernels) and write it as
+    decode-torch-kernels[-quick].json; leaves its summary as `comparison_summary`. Returns
+    the path, or None when there was no comparison or `write` is off."""
+    from .results import write_result
+
+    comparison = result.pop("comparison", None)
+    if comparison is None:
+        return None
+    result["comparison_summary"] = comparison["summary"]
+    if not write:
+        return None
+    kind = "decode-torch-kernels-quick" if result.get("quick") else "decode-torch-kernels"
+    return write_result(kind, comparison, device)
+
+
 def summarize(points: list[dict]) -> dict:
     """Per (placement, prefetch, kv dtype, batch): worst error and bandwidth fraction over contexts."""
     groups: dict[str, list[dict]] = {}

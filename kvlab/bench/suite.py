@@ -21,7 +21,7 @@ SHARES = (("memory", 0.08), ("transfer", 0.07), ("recompute-vs-fetch", 0.25), ("
 def run_suite(device: str, budget_s: float, quick: bool = False, repeats=None, write: bool = True,
               only: tuple[str, ...] | None = None, quiet: bool = False) -> dict:
     """Run memory, transfer, recompute-vs-fetch and decode; returns {benchmark: summary}."""
-    from .decode import run_decode
+    from .decode import run_decode, write_comparison
     from .memory import run_memory
     from .recompute import run_recompute
     from .transfer import run_transfer
@@ -49,9 +49,8 @@ def run_suite(device: str, budget_s: float, quick: bool = False, repeats=None, w
             traceback.print_exc(file=sys.stderr)
             out[name] = {"error": f"{type(exc).__name__}: {exc}"}
             continue
-        comparison = result.pop("comparison", None)
-        if comparison is not None and write:
-            write_result("decode-torch-kernels-quick" if quick else "decode-torch-kernels", comparison, device)
+        if name == "decode":
+            write_comparison(result, device, write)
         path = write_result(f"{name}-quick" if quick else name, result, device) if write else None
         out[name] = {"written_to": str(path) if path else None, **headline(name, result)}
     return out

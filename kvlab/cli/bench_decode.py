@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import sys
 
-from ..bench.results import write_result
 from . import bench_common as common
 
 
@@ -30,7 +29,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..bench.decode import run_decode
+    from ..bench.decode import run_decode, write_comparison
     from ..decoder.config import KV_DTYPES, PLACEMENTS, WEIGHT_DTYPES, check_choice, get_config
 
     device = common.setup(args)
@@ -54,10 +53,7 @@ def run(args) -> int:
     header = ["placement", "kv", "batch", "context", "measured ms", "ledger ms", "error", "GB/s", "of copy", "spread"]
     # PyTorch's kernels asked for on purpose: a comparison run, kept beside the main results
     kind = "decode-torch-kernels" if args.kernels == "torch" and not device.startswith("cuda") else "decode"
-    comparison = r.pop("comparison", None)
-    if comparison is not None and not args.no_write:
-        path = write_result("decode-torch-kernels-quick" if args.quick else "decode-torch-kernels", comparison, device)
+    path = write_comparison(r, device, write=not args.no_write)
+    if path is not None:
         print(f"written: {path}", file=sys.stderr)
-    if comparison is not None:
-        r["comparison_summary"] = comparison["summary"]
     return common.finish(args, kind, r, device, rows, header)

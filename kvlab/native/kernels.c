@@ -34,11 +34,6 @@
 
 const char *kvlab_native_isa(void) { return "avx512f+avx512bf16"; }
 
-static inline __m512 bf16x16_to_f32(const uint16_t *p) {
-    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-}
-
 static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch does */
     union { float f; uint32_t u; } v = {f};
     if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40); /* NaN stays NaN */
@@ -169,9 +164,8 @@ static inline __m512bh key32(const void *row, int64_t d, const int QUANT) {
     return _mm512_cvtne2ps_pbh(hi, lo);
 }
 
-/* 16 values of a row as fp32. */
-static inline __m512 value16(const void *row, int64_t d, const int QUANT) {
-    if (!QUANT) return bf16x16_to_f32((const uint16_t *)row + d);
+/* 16 int8 values of a row as fp32 (bf16 rows are widened in place, see the V loop). */
+static inline __m512 int8x16_to_f32(const void *row, int64_t d) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)((const int8_t *)row + d))));
 }
 
@@ -275,8 +269,8 @@ static inline __attribute__((always_inline)) void attend_block(
                     if (d0 == 0 && g0 == 0 && t + PREFETCH_ROWS < n) prefetch_bytes(VROW(t + PREFETCH_ROWS), row_bytes);
                     __m512 v0, v1, v2, v3;
                     if (QUANT) {
-                        v0 = value16(vr, d0, 1); v1 = value16(vr, d0 + 16, 1);
-                        v2 = value16(vr, d0 + 32, 1); v3 = value16(vr, d0 + 48, 1);
+                        v0 = int8x16_to_f32(vr, d0); v1 = int8x16_to_f32(vr, d0 + 16);
+                        v2 = int8x16_to_f32(vr, d0 + 32); v3 = int8x16_to_f32(vr, d0 + 48);
                     } else { /* 32 bf16 per load: even dims by a shift, odd dims by a mask, no widening */
                         const __m512i w0 = _mm512_loadu_si512((const uint16_t *)vr + d0);
                         const __m512i w1 = _mm512_loadu_si512((const uint16_t *)vr + d0 + 32);

@@ -7,6 +7,7 @@ import numpy as np
 from ..bench import report
 from . import style
 
+KERNEL_LEGEND = {"native": "kvlab kernels", "torch": "PyTorch kernels"}
 MARKERS = ("circle", "triangle", "square", "diamond", "inverted_triangle", "star")
 
 
@@ -114,6 +115,24 @@ def decode_summary(kernels: str = "default", kv_dtype: str = "bf16") -> str:
 FAST_STATE_RATIO = 1.25
 
 
+def bandwidth_range() -> str:
+    """'lo to hi': the copy bandwidth measured around the recorded decode points, all machines."""
+    from .. import fmt
+
+    bws = [e["points"]["bandwidth_bytes_per_s"] for e in report.decode_comparison()]
+    bws = [b[np.isfinite(b)] for b in bws]
+    bws = [b for b in bws if len(b)]
+    if not bws:
+        return ""
+    return f"{fmt.si(min(b.min() for b in bws), 'B/s')} to {fmt.si(max(b.max() for b in bws), 'B/s')}"
+
+
+def kernels_notes() -> str:
+    """How each recorded run with kvlab's kernels built them (compiler, instruction set)."""
+    runs = report.decode_comparison("device")
+    return "; ".join(sorted({e["kernels_note"] for e in runs if e["kernels"] == "native"}))
+
+
 def pace_summary() -> str:
     """A sentence for the prose on who set the pace in the recorded runs (kvlab's kernels,
     device placement): the bandwidth range, and, where some points ran while the machine's
@@ -131,7 +150,8 @@ def pace_summary() -> str:
         fast = bw > FAST_STATE_RATIO * bw.min()
         if not fast.any():
             out.append(f"In the recorded run on {entry['device_name']} the copy bandwidth around these steps "
-                       f"stayed between {fmt.si(bw.min(), 'B/s')} and {fmt.si(bw.max(), 'B/s')}, and the cores kept up with it; on a "
+                       f"stayed between {fmt.si(bw.min(), 'B/s')} and {fmt.si(bw.max(), 'B/s')}, and the cores kept "
+                       "up with it; on a "
                        "machine with more bandwidth per core the arithmetic starts to show, and the third figure "
                        "below (each step's achieved bandwidth against the bandwidth around it) is where it would.")
         else:
@@ -157,7 +177,7 @@ def bandwidth_figure():
     for kernels, dash in (("default", "solid"), ("torch", "dashed")):
         for entry in report.decode_comparison("device", kernels=kernels):
             p = entry["points"]
-            who = {"native": "kvlab kernels", "torch": "PyTorch kernels"}.get(entry["kernels"], entry["kernels"])
+            who = KERNEL_LEGEND.get(entry["kernels"], entry["kernels"])
             for kv in sorted(set(p["kv_dtype"].tolist())):
                 for batch in sorted(set(p["batch"].tolist())):
                     sel = (p["kv_dtype"] == kv) & (p["batch"] == batch) & (p["prefetch"] == False)  # noqa: E712
@@ -195,7 +215,7 @@ def pace_figure():
     for kernels in ("default", "torch"):
         for entry in report.decode_comparison("device", kernels=kernels):
             p = entry["points"]
-            who = {"native": "kvlab kernels", "torch": "PyTorch kernels"}.get(entry["kernels"], entry["kernels"])
+            who = KERNEL_LEGEND.get(entry["kernels"], entry["kernels"])
             for kv in sorted(set(p["kv_dtype"].tolist())):
                 for batch in sorted(set(p["batch"].tolist())):
                     sel = (p["kv_dtype"] == kv) & (p["batch"] == batch) & np.isfinite(p["bandwidth_bytes_per_s"])
