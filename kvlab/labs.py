@@ -51,14 +51,14 @@ class CheckResult:
 
 def _exercises() -> dict[str, Exercise]:
     from . import cost
-    from .viz.hits import cached_tokens
+    from .prompt import served_tokens
 
     def ceiling():
         return 2e12 / cost.weight_bytes("article-7b", "fp16")
 
     def ttft_ratio():
         miss = cost.prefill("llama-3.1-8b", "h100-sxm", 8192)
-        hit = cost.prefill("llama-3.1-8b", "h100-sxm", 8192, cached_tokens=cached_tokens(0.9, 8192))
+        hit = cost.prefill("llama-3.1-8b", "h100-sxm", 8192, cached_tokens=served_tokens(int(0.9 * 8192), 8192))
         return miss.ttft_s / hit.ttft_s
 
     def tpot_ms():
@@ -92,7 +92,7 @@ def _exercises() -> dict[str, Exercise]:
     def knee_16k():
         import numpy as np
 
-        from .viz.controls import BATCH_GRID
+        from .grids import BATCH_GRID
 
         grid = np.array(BATCH_GRID)
         return float(grid[cost.batch_knee(cost.decode_step("llama-3.1-8b", "h100-sxm", grid, 16384))])

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import KvlabError, unknown_name
+from .prompt import served_from_blocks
 
 BLOCK_TOKENS = 512  # tokens per hash_id block in the Mooncake traces
 TRACE_DIR_ENV = "KVLAB_TRACE_DIR"
@@ -294,7 +295,7 @@ def trace_stats(trace: Trace) -> TraceStats:
             k += 1
         shared += k > 0
         reusable_blocks += k
-        reusable_tokens += min(k * bt, r.input_tokens)
+        reusable_tokens += served_from_blocks(k, bt, r.input_tokens)
         seen.update(ids)
     n = len(trace)
     inputs = trace.input_tokens

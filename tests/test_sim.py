@@ -3,6 +3,7 @@ times, rejection instead of hanging, a golden run, the CLI and the chapter data.
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -493,3 +494,39 @@ def test_single_request_hand_checked():
 
     co = simulate(trace, arch="colocated", chunk_tokens=0, **kw)
     assert co.tokens(0) == pytest.approx(prefill + np.concatenate([[0.0], steps]), rel=1e-12)
+
+
+# ------------------------------------------------- one rule for the tokens a hit serves
+
+def _spaced(trace: Trace, gap_s: float = 1000.0) -> Trace:
+    """The same requests, far enough apart that each prefill ends before the next arrives
+    (so the simulator's cache holds exactly what a sequential replay's does)."""
+    reqs = tuple(Request(i * gap_s, r.input_tokens, r.output_tokens, r.hash_ids) for i, r in enumerate(trace.requests))
+    return Trace(trace.name, reqs, source=trace.source, generated=trace.generated)
+
+
+@pytest.mark.parametrize("trace", [
+    Trace("repeat", (Request(0.0, 1024, 4, (1, 2)), Request(1.0, 1024, 4, (1, 2))), source="test", generated=True),
+    tiny_trace(),
+])
+def test_replay_and_simulator_agree_on_hit_ratio(trace):
+    """replay() and simulate() count served prompt tokens with one rule (kvlab.prompt): a
+    prompt seen before in full still computes its last token."""
+    from kvlab.prefix import replay
+
+    spaced = _spaced(trace)
+    replayed = replay(spaced, math.inf).token_hit_ratio
+    simulated = simulate(spaced, arch="kv-centric", prefill_workers=1, decode_workers=1,
+                         pool_bytes_per_node=1e15).summary()["prefix_hit_ratio"]
+    assert simulated == pytest.approx(replayed, rel=1e-12)
+    if trace.name == "repeat":  # the second request serves 1023 of its 1024 tokens
+        assert replayed == pytest.approx(1023 / 2048)
+
+
+def test_served_tokens_rule():
+    from kvlab.prompt import served_from_blocks, served_tokens
+
+    assert served_tokens(4096, 4096) == 4095
+    assert served_tokens(0, 1) == 0 and served_tokens(5, 1) == 0
+    assert served_from_blocks(3, 512, 1100) == 1099
+    np.testing.assert_array_equal(served_tokens(np.array([0, 100, 500]), np.array([10, 200, 300])), [0, 100, 299])

@@ -26,6 +26,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from ..errors import KvlabError, check_number, unknown_name
+from ..prompt import served_from_blocks
 
 POLICIES = ("lru", "lfu", "length-aware")
 
@@ -298,7 +299,7 @@ def replay(trace, capacity_blocks=None, policy: str = "lru", capacity_tokens=Non
 
 def _result(trace, cache: BlockPrefixCache, hit_blocks: np.ndarray) -> ReplayResult:
     inputs = trace.input_tokens
-    hit_tokens = np.minimum(hit_blocks * trace.block_tokens, inputs)
+    hit_tokens = served_from_blocks(hit_blocks, trace.block_tokens, inputs)
     saved, total = int(hit_tokens.sum()), int(inputs.sum())
     return ReplayResult(
         trace=trace.label, generated=trace.generated, policy=cache.policy, capacity_blocks=cache.capacity_blocks,

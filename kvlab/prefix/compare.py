@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import check_number, unknown_name
+from ..prompt import served_tokens
 from .latency import DEFAULT_HARDWARE, DEFAULT_MODEL, mean_decode_context, tpot_s, ttft_s
 from .radix import RadixCache, WholeRequestCache
 
@@ -87,7 +88,8 @@ def compare_granularity(workload=None, *, caches=CACHES, capacity_tokens=math.in
         prompt = workload.prompt_tokens(i, segments)
         full = np.concatenate([prompt, workload.output_token_ids(i, segments)])
         for kind, cache in instances.items():
-            found[kind][i], reused[kind][i] = cache.lookup(prompt)
+            found[kind][i], matched = cache.lookup(prompt)
+            reused[kind][i] = served_tokens(matched, prompt.size)
             cache.insert(full)
     kw = dict(weight_dtype=weight_dtype, kv_dtype=kv_dtype, efficiency=efficiency)
     tpot = float(tpot_s(model, hardware, mean_decode_context(inputs, outputs), batch, **kw).mean())

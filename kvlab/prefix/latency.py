@@ -16,6 +16,7 @@ import math
 import numpy as np
 
 from ..errors import check_number
+from ..prompt import served_tokens
 
 #: Where cached KV lives and the link it crosses to reach the GPU (the bottleneck of the path).
 KV_TIERS = {
@@ -38,8 +39,7 @@ def ttft_s(model, hardware, input_tokens, cached_tokens, tier=None, *, weight_dt
     from ..tiers import kv_fetch_time_s
 
     inputs = np.asarray(input_tokens, dtype=np.int64)
-    cached = np.minimum(np.asarray(cached_tokens, dtype=np.int64), inputs - 1)
-    cached = np.maximum(cached, 0)
+    cached = served_tokens(np.asarray(cached_tokens, dtype=np.int64), inputs)
     compute = np.asarray(prefill(model, hardware, inputs, cached, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
                                  efficiency=efficiency).time_s, dtype=float)
     if tier is None or str(tier).lower() in ("hbm", "resident", "local"):

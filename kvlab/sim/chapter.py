@@ -14,6 +14,7 @@ import math
 import numpy as np
 
 from .. import metrics
+from ..prompt import served_from_blocks
 from ..traces import load_trace, trace_or_generated
 from .cluster import simulate
 from .config import ARCHS, SimConfig
@@ -183,7 +184,7 @@ def hit_rate_global_vs_local(trace=None, start_s: float = 0.0, duration_s: float
     total = int(inputs.sum())
 
     def saved(hits):
-        return int(np.maximum(0, np.minimum(np.asarray(hits) * bt, inputs - 1)).sum()) / total
+        return int(served_from_blocks(np.asarray(hits), bt, inputs).sum()) / total
 
     glob, local = [], []
     for cap in caps:

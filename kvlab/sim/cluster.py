@@ -30,6 +30,7 @@ from ..errors import KvlabError
 from ..fmt import si
 from ..hardware import get_device
 from ..models import get_model
+from ..prompt import served_from_blocks
 from ..traces import load_trace
 from .caches import make_caches
 from .config import SimConfig
@@ -141,7 +142,7 @@ class Simulation:
         """Look the prefix up, book its load; for a prefill GPU return (seconds busy, events)."""
         bt, kv = self.block_tokens, self.kv_bytes_per_token
         k, local_k = self.caches.lookup(worker.index, req.hash_ids)
-        cached = max(0, min(k * bt, req.input_tokens - 1))
+        cached = served_from_blocks(k, bt, req.input_tokens)
         local_tok = min(local_k * bt, cached)
         remote_tok = cached - local_tok
         t_local = self.network.host_link.time_s(local_tok * kv)

@@ -20,18 +20,19 @@ decode), then to the lowest index, so routing is deterministic.
 """
 from __future__ import annotations
 
+from ..prompt import served_from_blocks
 from .costs import pipeline_time_s
 
 
 def prefill_estimates(sim, now: float, req, workers) -> tuple[list, list]:
     """(seconds queued ahead, seconds of this request's own prefill incl. KV loads) per worker."""
     k, local = sim.caches.match_all(req.hash_ids)
-    bt, kv, limit = sim.block_tokens, sim.kv_bytes_per_token, req.input_tokens - 1
+    bt, kv, prompt = sim.block_tokens, sim.kv_bytes_per_token, req.input_tokens
     host, link, nic_free = sim.network.host_link, sim.network.link, sim.network.nic_free_s
     prefill, overlap, layers = sim.cost.prefill_times_s, sim.overlap, sim.layers
     waits, jobs = [], []
     for w, kw, lw in zip(workers, k.tolist(), local.tolist()):
-        cached = max(0, min(kw * bt, limit))
+        cached = served_from_blocks(kw, bt, prompt)
         local_tok = min(lw * bt, cached)
         remote_tok = cached - local_tok
         fetch = host.time_s(local_tok * kv)

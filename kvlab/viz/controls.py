@@ -1,15 +1,11 @@
 """The standard controls every chapter reuses, with the grids the static pages offer."""
 from __future__ import annotations
 
+from ..grids import BATCH_GRID, CONTEXT_GRID, DTYPE_CHOICES, EFFICIENCY_GRID, HIT_GRID  # noqa: F401
 from ..hardware import devices
 from ..models import models
 from .panel import Control
 
-BATCH_GRID = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
-CONTEXT_GRID = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
-EFFICIENCY_GRID = (0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0)
-HIT_GRID = tuple(round(0.05 * i, 2) for i in range(21))
-DTYPE_CHOICES = ("fp16", "bf16", "fp8", "int8", "int4")
 
 
 def model_control(default: str = "llama-3.1-8b") -> Control:

@@ -9,6 +9,7 @@ import numpy as np
 from .. import cost
 from ..hardware import devices
 from ..models import models
+from ..prompt import served_tokens
 from . import style
 from .controls import HIT_GRID, batch_control, context_control, hardware_control, hit_control, model_control
 from .panel import Panel
@@ -28,7 +29,7 @@ HIT_READOUT = (
 def cached_tokens(hit: float, prompt_tokens: int) -> int:
     """Tokens of a prompt that a hit fraction serves from the prefix cache. Even a full hit
     computes the last prompt token, whose logits give the first output token."""
-    return int(min(math.floor(hit * prompt_tokens), prompt_tokens - 1))
+    return served_tokens(math.floor(hit * prompt_tokens), int(prompt_tokens))
 
 
 def hit_panel() -> Panel:
@@ -38,7 +39,7 @@ def hit_panel() -> Panel:
     def compute(state):
         prompt, batch = state["context"], state["batch"]
         model, hw = state["model"], state["hardware"]
-        cached = np.minimum(np.floor(hits * prompt), prompt - 1)
+        cached = served_tokens(np.floor(hits * prompt), prompt)
         curve = cost.prefill(model, hw, prompt, cached_tokens=cached)
         miss = cost.prefill(model, hw, prompt)
         here = cost.prefill(model, hw, prompt, cached_tokens=cached_tokens(state["hit"], prompt))
