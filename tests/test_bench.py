@@ -203,17 +203,18 @@ def test_report_keeps_the_pytorch_kernel_run_apart(results):
     assert report.targets(kernels="torch")[0]["rows"][0]["max_abs_error"] == pytest.approx(0.5)
     with pytest.raises(ValueError, match="kernels"):
         report.decode_comparison(kernels="fast")
+    from kvlab.book import measured as chapter
     from kvlab.viz import measured
 
-    assert measured.decode_summary() == (
+    assert chapter.decode_summary() == (
         "On CPU A with kvlab's kernels (bf16 KV): at batch 1 the steps used at least 75.0% of the copy bandwidth "
         "and the ledger was within 5.00%; at batch 8 the steps used at least 75.0% of the copy bandwidth and the "
         "ledger was within 5.00%.")
-    assert measured.decode_summary("torch").startswith("On CPU A with PyTorch's kernels (bf16 KV): at batch 1 the "
+    assert chapter.decode_summary("torch").startswith("On CPU A with PyTorch's kernels (bf16 KV): at batch 1 the "
                                                        "steps used at least 30.0% of the copy bandwidth and the "
                                                        "ledger was within 50.0%")
-    assert measured.decode_summary(kv_dtype="int8") == ""
-    assert measured.kernels_notes() == "native C kernels" and measured.bandwidth_range() == "2.00 GB/s to 2.00 GB/s"
+    assert chapter.decode_summary(kv_dtype="int8") == ""
+    assert chapter.kernels_notes() == "native C kernels" and chapter.bandwidth_range() == "2.00 GB/s to 2.00 GB/s"
     labels = [item.label["value"] for item in measured.bandwidth_figure().legend[0].items]
     assert any(lab.endswith("kvlab kernels") for lab in labels)
     assert any(lab.endswith("PyTorch kernels") for lab in labels)
@@ -222,7 +223,7 @@ def test_report_keeps_the_pytorch_kernel_run_apart(results):
 
 
 def test_pace_summary_tells_the_two_memory_states_apart(results):
-    from kvlab.viz import measured
+    from kvlab.book import measured
 
     run = _fake_decode("a", "CPU A", 0.05)
     write_result("decode", run, machine="cpu-a")

@@ -125,7 +125,7 @@ def budget_json(kwargs: dict) -> dict:
 @functools.lru_cache(maxsize=None)
 def built_panel(key: str):
     """Each panel once per session (lookup panels replay traces when built)."""
-    from kvlab.viz.catalog import panels
+    from kvlab.book.catalog import panels
 
     return panels()[key]()
 

@@ -16,7 +16,7 @@ from kvlab import cost, metrics
 from kvlab.cli import main
 from kvlab.errors import KvlabError
 from kvlab.sim import (ARCHS, DONE, REJECTED, EventLoop, LedgerCost, MeasuredCost, SimConfig, SimulationError,
-                       chapter, pipeline_time_s, simulate, trace_slice)
+                       pipeline_time_s, simulate, trace_slice)
 from kvlab.sim.links import Link
 from kvlab.tiers import tiered_decode_step, transfer_time_s
 from kvlab.traces import Request, Trace
@@ -426,52 +426,6 @@ def test_cli_bad_input_exit_2(tmp_path, capsys, argv):
     assert main(["simulate", str(path), *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "error" in err
-
-
-# ------------------------------------------------------------------ chapter data
-
-def test_chapter_sweep_shapes(gen):
-    s = chapter.sweep(gen, duration_s=30, links=("ib-200g", "nvlink4"), pool_bytes_per_node=(0, 1e11),
-                      prefill_workers=(1,), decode_workers=(1, 2))
-    for arch in ARCHS:
-        grid = s["metrics"][arch]["ttft_p50_s"]
-        assert grid.shape == (2, 2, 1, 2) and np.isfinite(grid).all()
-    co = s["metrics"]["colocated"]["ttft_p50_s"]
-    np.testing.assert_array_equal(co[0], co[1])  # no KV crosses the network
-    pd = s["metrics"]["disaggregated"]["ttft_p50_s"]
-    assert np.all(pd[1] <= pd[0])  # NVLink moves the KV faster than one 200G NIC
-    hits = s["metrics"]["kv-centric"]["prefix_hit_ratio"]
-    assert np.all(hits[:, 0] == 0) and np.all(hits[:, 1] > 0)
-
-
-def test_chapter_compare_and_bytes(gen):
-    c = chapter.compare_architectures(gen, duration_s=30)
-    assert c["archs"] == list(ARCHS) and c["generated"]
-    for arch in ARCHS:
-        assert c["ttft_s"][arch].shape == c["quantiles"].shape
-        assert np.all(np.diff(c["itl_s"][arch]) >= 0)
-    b = chapter.bytes_vs_critical_path(gen, duration_s=30)
-    names = b["variants"]
-    same = {b[v]["bytes"]["kv-transfer"] for v in names}
-    assert len(same) == 1  # the same bytes cross the network ...
-    assert b["disaggregated"]["hidden_s"]["kv-transfer"] == 0.0
-    assert b["disaggregated + overlap"]["exposed_s"]["kv-transfer"] < b["disaggregated"]["exposed_s"]["kv-transfer"]
-
-
-def test_chapter_hit_rates_timeline_streams(gen):
-    h = chapter.hit_rate_global_vs_local(gen, nodes=4, pool_bytes_per_node=[0, 1e11, 1e15])
-    assert h["global_token_hit_ratio"][0] == 0 and h["local_token_hit_ratio"][0] == 0
-    assert h["global_token_hit_ratio"][-1] == pytest.approx(h["infinite_token_hit_ratio"])
-    assert np.all(h["global_token_hit_ratio"] >= h["local_token_hit_ratio"] - 1e-12)
-    t = chapter.timeline(gen, arch="kv-centric", duration_s=10)
-    kinds = {row[3] for row in t["rows"]}
-    assert {"prefill", "transfer", "decode"} <= kinds and set(t["workers"]) >= {row[0] for row in t["rows"]}
-    s = chapter.token_streams(gen, duration_s=40, requests=3, min_tokens=50)
-    assert len(s["requests"]) == 3
-    for row in s["colocated"]:
-        assert row["token_times_s"][0] == pytest.approx(row["ttft_s"])
-        assert row["itl_s"].mean() == pytest.approx(row["tpot_s"])
-        assert row["itl_max_s"] >= row["tpot_s"]
 
 
 def test_single_request_hand_checked():

@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from kvlab import cost, tiers
 from kvlab.errors import KvlabError
-from kvlab.tiers import chapter_data, links
+from kvlab.bench.report import kv_transfer_series
+from kvlab.tiers import links
 
 MiB, GiB = 2**20, 2**30
 REQUEST_4K = 4096 * 131072  # tokens x 128 KiB per token of the article's 7B
@@ -37,17 +38,6 @@ def test_200_gb_per_s_is_2_7_ms_but_a_200_gbit_nic_is_8x_slower():
     nic = tiers.kv_fetch_time_s("article-7b", 4096, "ib-200g")  # 200 Gb/s = 25 GB/s
     assert nic == pytest.approx(REQUEST_4K / 25e9) == pytest.approx(21.47e-3, rel=1e-3)
     assert nic / article == pytest.approx(8.0)
-
-
-def test_article_numbers_are_book_ready():
-    a = chapter_data.article_numbers()
-    assert a["kv_bytes_4k_request"] == 512 * MiB and a["kv_bytes_32_requests"] == 16 * GiB
-    assert a["transfer_s"]["ethernet-10g"] == pytest.approx(0.4295, abs=1e-4)
-    assert a["transfer_s"]["200 GB/s"] == pytest.approx(2.684e-3, rel=1e-3)
-    assert a["transfer_s"]["ib-200g (200 Gb/s)"] == pytest.approx(21.47e-3, rel=1e-3)
-    # one decode step at the article's 2 TB/s: 14.54 GB / 2e12 = 7.27 ms, the same order as 2.7 ms
-    assert a["decode_step_s"] == pytest.approx(7.2685e-3, rel=1e-4)
-    json.dumps(chapter_data.jsonable(a))
 
 
 def test_slowest_hop_sets_the_pace():
@@ -226,31 +216,6 @@ def test_fit_recovers_latency_and_bandwidth():
         links.fit_link_model([1, 2], [1.0])
 
 
-# -------------------------------------------------------------- chapter data
-
-def test_chapter_series_are_plot_ready():
-    for fn in (chapter_data.kv_size_series, chapter_data.tier_throughput_series, chapter_data.spill_series,
-               chapter_data.hit_vs_miss_series, chapter_data.hit_rate_series, chapter_data.breakeven_series,
-               chapter_data.pd_series, chapter_data.transfer_overlay, chapter_data.hit_value_grid):
-        json.dumps(chapter_data.jsonable(fn()), allow_nan=False)
-    t = chapter_data.tier_throughput_series()
-    hbm = t["placements"]["hbm"]["tokens_per_s"]
-    for name, p in t["placements"].items():
-        assert np.all(p["tokens_per_s"] <= hbm * (1 + 1e-12)), name
-    pd = chapter_data.pd_series()
-    assert pd["links"]["ethernet-10g"]["decode_steps_per_transfer"] > 90
-    assert pd["links"]["ib-200g"]["transfer_s"] == pytest.approx(8 * pd["links"]["article-200GB/s"]["transfer_s"], rel=1e-2)
-    sizes = chapter_data.kv_size_series(models=("article-7b",), contexts=[4096], batches=[1, 32])
-    np.testing.assert_array_equal(sizes["models"]["article-7b"]["kv_bytes"][:, 0], [512 * MiB, 16 * GiB])
-
-
-def test_value_grid_changes_sign_at_the_breakeven_line():
-    g = chapter_data.hit_value_grid(prompts=[512, 4096, 32768], bandwidths_bytes_per_s=np.geomspace(1e9, 1e12, 31))
-    assert g["value_s"].shape == (3, 31)
-    for i, line in enumerate(g["breakeven_bandwidth_bytes_per_s"]):
-        np.testing.assert_array_equal(g["liability"][i], g["bandwidths_bytes_per_s"] < line)
-
-
 def test_measured_series_reads_recorded_results(tmp_path, monkeypatch):
     monkeypatch.setenv("KVLAB_RESULTS_DIR", str(tmp_path))
     (tmp_path / "box").mkdir()
@@ -259,7 +224,7 @@ def test_measured_series_reads_recorded_results(tmp_path, monkeypatch):
     payload = {"kind": "kv_transfer", "environment": {"device": "cpu"},
                "engines": {"torch-gloo": {"rows": [row, {**row, "bytes": 8192}], "summary": {}}}}
     (tmp_path / "box" / "kv_transfer.json").write_text(json.dumps(payload))
-    got = chapter_data.measured_transfer_series()
+    got = kv_transfer_series()
     series = got["box"]["engines"]["torch-gloo"]["layouts"]["contiguous"]
     np.testing.assert_array_equal(series["bytes"], [4096, 8192])
     assert "paged" not in got["box"]["engines"]["torch-gloo"]["layouts"]

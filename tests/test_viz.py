@@ -8,7 +8,7 @@ import pytest
 
 from kvlab import fmt
 from kvlab.cli.budget import budget
-from kvlab.viz.catalog import panels
+from kvlab.book.catalog import panels
 from kvlab.viz.panel import FORMATS, readout_html
 
 

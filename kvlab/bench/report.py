@@ -151,3 +151,29 @@ def targets(include_quick: bool = False, min_context: int = 1024, max_context: i
         out.append({"machine": entry["machine"], "device_name": entry["device_name"], "kernels": entry["kernels"],
                     "rows": rows})
     return out
+
+
+def kv_transfer_series(kind: str = "kv_transfer") -> dict:
+    """Every recorded results/<machine>/kv_transfer.json as per-layout arrays for plotting:
+    {machine: {"environment", "engines": {engine: {"layouts": {layout: {"bytes",
+    "time_s_<q>", "bandwidth_bytes_per_s_<q>"}}, "summary", "environment", "command"}}}}
+    for q in median, p10, p90, rows sorted by size."""
+    out = {}
+    for machine, payload in load_results(kind).items():
+        engines = {}
+        for label, entry in payload.get("engines", {}).items():
+            layouts = {}
+            for layout in ("contiguous", "paged"):
+                rows = sorted((r for r in entry.get("rows", []) if r["layout"] == layout), key=lambda r: r["bytes"])
+                if rows:
+                    layouts[layout] = {
+                        "bytes": np.array([r["bytes"] for r in rows], dtype=float),
+                        **{f"time_s_{q}": np.array([r["time_s"][q] for r in rows]) for q in ("median", "p10", "p90")},
+                        **{f"bandwidth_bytes_per_s_{q}": np.array([r["bandwidth_bytes_per_s"][q] for r in rows])
+                           for q in ("median", "p10", "p90")},
+                    }
+            engines[label] = {"layouts": layouts, "summary": entry.get("summary", {}),
+                              "environment": entry.get("environment", payload.get("environment", {})),
+                              "command": entry.get("command", "")}
+        out[machine] = {"environment": payload.get("environment", {}), "engines": engines}
+    return out

@@ -9,8 +9,9 @@ Only the second moves TTFT; neither moves TPOT (decode reads all weights and all
 from .blocks import POLICIES, BlockPrefixCache, ReplayResult, capacity_in_blocks, default_capacities, hit_ratio_curve, replay
 from .compare import CACHES, GranularityResult, compare_granularity, granularity_sweep
 from .latency import KV_TIERS, latency_vs_hit_ratio, tpot_s, ttft_s
+from .pools import global_vs_local
 from .radix import RadixCache, WholeRequestCache
 
-__all__ = ["POLICIES", "BlockPrefixCache", "ReplayResult", "capacity_in_blocks", "default_capacities",
+__all__ = ["POLICIES", "global_vs_local", "BlockPrefixCache", "ReplayResult", "capacity_in_blocks", "default_capacities",
            "hit_ratio_curve", "replay", "CACHES", "GranularityResult", "compare_granularity", "granularity_sweep",
            "KV_TIERS", "latency_vs_hit_ratio", "tpot_s", "ttft_s", "RadixCache", "WholeRequestCache"]

@@ -5,7 +5,6 @@
     SimConfig    the cluster and its policies (frozen; sweep with dataclasses.replace)
     LedgerCost   step times from kvlab.cost (default); MeasuredCost for measured decode steps
     trace_slice  a window of a trace (start, duration, limit)
-    chapter      plot-ready data for the book's chapters 4 and 5
 """
 from .cluster import Simulation, simulate
 from .config import ARCH_DEFAULTS, ARCHS, DECODE_ROUTERS, PREFILL_ROUTERS, PREFIX_CACHES, SimConfig

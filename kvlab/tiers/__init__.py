@@ -8,18 +8,21 @@ KV bytes come from and how fast that path is:
 - `decode`: KV read from a placement every step against moved into HBM once;
 - `hit`: the value of a prefix-cache hit (recompute saved - fetch) and its break-even;
 - `capacity`: KV footprint against device memory, overflow, and what spilling costs;
-- `chapter_data`: plot-ready series for chapter 3 (pure data, no plotting library).
+- `links`: the link model (latency + size / bandwidth) against message size;
+- `series`: plot-ready series over contexts, hit rates and links (no plotting library).
 
 All functions broadcast over their numeric arguments, like the ledger.
 """
-from .capacity import KVFootprint, SpillCost, kv_footprint, spill_cost
-from .decode import MoveOnce, TieredStep, move_once_vs_every_step, tiered_decode_step
-from .hit import HitValue, breakeven_prompt_tokens, hit_value, mean_prefill_time_s
+from .capacity import KVFootprint, SpillCost, kv_footprint, spill, spill_cost
+from .decode import MoveOnce, TieredStep, move_once, move_once_vs_every_step, tiered_decode_step, tiered_step
+from .hit import HitValue, breakeven_prompt_tokens, hit_value, hit_value_of, mean_prefill_time_s
 from .placement import (
     HBM,
     LINK_LATENCY_S,
+    PLACEMENT_NAMES,
     PLACEMENTS,
     Placement,
+    TierPath,
     get_placement,
     kv_fetch_time_s,
     placements,
@@ -27,9 +30,9 @@ from .placement import (
 )
 
 __all__ = [
-    "HBM", "LINK_LATENCY_S", "PLACEMENTS", "Placement", "get_placement", "placements",
+    "HBM", "LINK_LATENCY_S", "PLACEMENT_NAMES", "PLACEMENTS", "Placement", "get_placement", "placements",
     "transfer_time_s", "kv_fetch_time_s",
-    "TieredStep", "tiered_decode_step", "MoveOnce", "move_once_vs_every_step",
-    "HitValue", "hit_value", "mean_prefill_time_s", "breakeven_prompt_tokens",
-    "KVFootprint", "kv_footprint", "SpillCost", "spill_cost",
+    "TierPath", "TieredStep", "tiered_decode_step", "tiered_step", "MoveOnce", "move_once_vs_every_step", "move_once",
+    "HitValue", "hit_value", "hit_value_of", "mean_prefill_time_s", "breakeven_prompt_tokens",
+    "KVFootprint", "kv_footprint", "SpillCost", "spill_cost", "spill",
 ]

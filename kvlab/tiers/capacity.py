@@ -15,8 +15,9 @@ from ..cost import Result, _out
 from ..dtypes import DType
 from ..hardware import Device, Tier
 from ..models import ModelSpec
-from .decode import tiered_decode_step
-from .placement import Placement
+from ..scenario import Scenario
+from .decode import tiered_step
+from .placement import Placement, TierPath
 
 
 @dataclass(frozen=True)
@@ -99,17 +100,21 @@ def spill_cost(
     capacity_bytes=None,
     overlap=False,
 ) -> SpillCost:
-    """Tokens/s when the KV that overflows HBM is read from `tier` every step.
+    """The long-form signature of `spill` (what the CLI and the book call)."""
+    sc = Scenario(model, hardware, weight_dtype, kv_dtype, efficiency, capacity_bytes=capacity_bytes)
+    return spill(sc, batch, context, TierPath(tier, tier_efficiency), overlap)
+
+
+def spill(sc: Scenario, batch, context, path: TierPath, overlap=False) -> SpillCost:
+    """Tokens/s when the KV that overflows HBM is read over `path` every step.
 
     The overflow share of every sequence's KV is read over the tier (KV of all running
     sequences is touched every step, so which blocks spill does not matter).
     """
-    fp = kv_footprint(model, hardware, batch, context, weight_dtype, kv_dtype, capacity_bytes)
-    spilled = tiered_decode_step(model, hardware, batch, context, tier, fp.overflow_fraction, weight_dtype,
-                                 kv_dtype, efficiency, tier_efficiency, overlap=overlap)
+    fp = kv_footprint(sc.model, sc.hardware, batch, context, sc.weight_dtype, sc.kv_dtype, sc.capacity_bytes)
+    spilled = tiered_step(sc, batch, context, path, fp.overflow_fraction, overlap)
     capped = np.minimum(np.asarray(fp.batch), np.asarray(fp.max_batch))
-    capped_step = cost.decode_step(model, hardware, np.maximum(capped, 1), context, weight_dtype, kv_dtype,
-                                   efficiency=efficiency)
+    capped_step = sc.decode_step(np.maximum(capped, 1), context)
     capped_tps = np.where(capped >= 1, np.asarray(capped_step.tokens_per_s, dtype=float), 0.0)
     return SpillCost(
         placement=spilled.placement, batch=fp.batch, context=fp.context, fits=fp.fits,

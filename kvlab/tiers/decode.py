@@ -9,13 +9,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import cost
 from ..cost import Result, _out
 from ..dtypes import DType
 from ..errors import check_number
 from ..hardware import Device, Tier, get_device
 from ..models import ModelSpec
-from .placement import Placement, _path, transfer_time_s
+from ..scenario import Scenario
+from .placement import Placement, TierPath, transfer_time_s
 
 
 # --------------------------------------------------------------- where KV is read
@@ -59,7 +59,14 @@ def tiered_decode_step(
     latency_s=None,
     overlap=False,
 ) -> TieredStep:
-    """A decode step that reads `tier_fraction` of every sequence's KV from `tier`.
+    """A decode step that reads `tier_fraction` of every sequence's KV from `tier`: the
+    long-form signature of `tiered_step` (the CLI, the book and the labs call this one)."""
+    return tiered_step(Scenario(model, hardware, weight_dtype, kv_dtype, efficiency), batch, context,
+                       TierPath(tier, tier_efficiency, tier_bandwidth_bytes_per_s, latency_s), tier_fraction, overlap)
+
+
+def tiered_step(sc: Scenario, batch, context, path: TierPath, tier_fraction=1.0, overlap=False) -> TieredStep:
+    """A decode step of scenario `sc` that reads `tier_fraction` of every sequence's KV over `path`.
 
     Weights, the resident KV and the new token's K/V move at HBM speed; the tiered KV
     moves at the placement's speed, every step. `overlap=False` (default) adds the two
@@ -67,14 +74,14 @@ def tiered_decode_step(
     the best a perfectly pipelined fetch can do. The placement latency is paid once
     per step (a per-layer fetch would pay it num_layers times).
     """
-    step = cost.decode_step(model, hardware, batch, context, weight_dtype, kv_dtype, efficiency=efficiency)
-    p, bandwidth, latency = _path(tier, hardware, tier_bandwidth_bytes_per_s, latency_s)
+    step = sc.decode_step(batch, context)
+    p, bandwidth, latency = path.resolve(sc.hardware)
     fraction = check_number("tier_fraction", tier_fraction, minimum=0, allow_equal_min=True, maximum=1.0)
-    hbm_bw = get_device(hardware).memory_bandwidth_bytes_per_s
+    hbm_bw = step.bandwidth_bytes_per_s  # the device's, or the scenario's override
     tier_bytes = np.asarray(fraction) * np.asarray(step.kv_read_bytes, dtype=float)
     hbm_bytes = np.asarray(step.step_bytes, dtype=float) - tier_bytes
-    hbm_time = np.asarray(transfer_time_s(hbm_bytes, hbm_bw, efficiency))
-    tier_time = np.where(tier_bytes > 0, transfer_time_s(tier_bytes, bandwidth, tier_efficiency, latency), 0.0)
+    hbm_time = np.asarray(transfer_time_s(hbm_bytes, hbm_bw, sc.efficiency))
+    tier_time = np.where(tier_bytes > 0, transfer_time_s(tier_bytes, bandwidth, path.efficiency, latency), 0.0)
     memory_time = np.maximum(hbm_time, tier_time) if overlap else hbm_time + tier_time
     compute = np.asarray(step.compute_time_s, dtype=float)
     step_time = np.maximum(memory_time, compute)
@@ -122,17 +129,21 @@ def move_once_vs_every_step(
     tier_bandwidth_bytes_per_s=None,
     latency_s=None,
 ) -> MoveOnce:
+    """The long-form signature of `move_once` (what the CLI and the book call)."""
+    return move_once(Scenario(model, hardware, weight_dtype, kv_dtype, efficiency), batch, context,
+                     TierPath(tier, tier_efficiency, tier_bandwidth_bytes_per_s, latency_s), output_tokens)
+
+
+def move_once(sc: Scenario, batch, context, path: TierPath, output_tokens=256) -> MoveOnce:
     """The article's rule for PD disaggregation: pull the KV into HBM before decoding.
 
     The context is held fixed over the `output_tokens` steps (the few hundred tokens
     a response adds change little at thousands of tokens of history).
     """
     out = check_number("output_tokens", output_tokens, minimum=1, allow_equal_min=True, maximum=1e7, integer=True)
-    step = tiered_decode_step(model, hardware, batch, context, tier, 1.0, weight_dtype, kv_dtype, efficiency,
-                              tier_efficiency, tier_bandwidth_bytes_per_s, latency_s)
+    step = tiered_step(sc, batch, context, path)
     kv = np.asarray(step.tier_bytes, dtype=float)
-    _, bandwidth, latency = _path(tier, hardware, tier_bandwidth_bytes_per_s, latency_s)
-    fetch = np.asarray(transfer_time_s(kv, bandwidth, tier_efficiency, latency))
+    fetch = np.asarray(path.time_s(kv, sc.hardware))
     local, remote = np.asarray(step.hbm_step_time_s), np.asarray(step.step_time_s)
     n = np.asarray(out, dtype=float)
     gain = remote - local
@@ -144,5 +155,3 @@ def move_once_vs_every_step(
         total_move_once_s=_out(fetch + n * local), total_every_step_s=_out(n * remote),
         speedup=_out(n * remote / (fetch + n * local)), breakeven_tokens=_out(breakeven),
     )
-
-

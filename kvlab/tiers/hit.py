@@ -11,12 +11,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import cost
-from ..cost import Result, _out, kv_bytes_per_token
+from ..cost import Result, _out
 from ..dtypes import DType
 from ..errors import check_number
 from ..hardware import Device, Tier
 from ..models import ModelSpec, get_model
-from .placement import Placement, _path, transfer_time_s
+from ..prompt import served_tokens
+from ..scenario import Scenario
+from .placement import Placement, TierPath, transfer_time_s
 
 
 # ------------------------------------------------------------- the value of a hit
@@ -54,30 +56,35 @@ def hit_value(
     tier_bandwidth_bytes_per_s=None,
     latency_s=None,
 ) -> HitValue:
+    """The long-form signature of `hit_value_of` (what the CLI and the book call)."""
+    return hit_value_of(Scenario(model, hardware, weight_dtype, kv_dtype, efficiency), prompt_tokens,
+                        TierPath(tier, tier_efficiency, tier_bandwidth_bytes_per_s, latency_s), hit_fraction)
+
+
+def hit_value_of(sc: Scenario, prompt_tokens, path: TierPath, hit_fraction=1.0) -> HitValue:
     """Value of a cache hit = recompute time saved - fetch time (the article's formula).
 
     The hit supplies `hit_fraction` of the prompt's KV, never the last token: the first
     output token needs one forward pass (vLLM recomputes the last token of a full hit
-    for the same reason). The miss recomputes everything in HBM with `kvlab.cost.prefill`.
+    for the same reason; kvlab.prompt). The miss recomputes everything in HBM.
     """
     prompt = check_number("prompt_tokens", prompt_tokens, minimum=1, allow_equal_min=True,
                           maximum=cost.MAX_CONTEXT_TOKENS, integer=True)
     frac = check_number("hit_fraction", hit_fraction, minimum=0, allow_equal_min=True, maximum=1.0)
     p_arr = np.asarray(prompt, dtype=float)
-    cached = np.minimum(np.floor(np.asarray(frac) * p_arr), p_arr - 1)
+    cached = served_tokens(np.floor(np.asarray(frac) * p_arr), p_arr)
     cached, p_arr = np.broadcast_arrays(cached, p_arr)
-    miss = cost.prefill(model, hardware, p_arr, 0, 1, weight_dtype, kv_dtype, efficiency)
-    rest = cost.prefill(model, hardware, p_arr, cached, 1, weight_dtype, kv_dtype, efficiency)
-    p, bandwidth, latency = _path(tier, hardware, tier_bandwidth_bytes_per_s, latency_s)
-    fetch_bytes = cached * kv_bytes_per_token(model, kv_dtype)
-    fetch = np.where(cached > 0, transfer_time_s(fetch_bytes, bandwidth, tier_efficiency, latency), 0.0)
+    miss, rest = sc.prefill(p_arr, 0), sc.prefill(p_arr, cached)
+    p, bandwidth, latency = path.resolve(sc.hardware)
+    fetch_bytes = cached * sc.kv_bytes_per_token
+    fetch = np.where(cached > 0, transfer_time_s(fetch_bytes, bandwidth, path.efficiency, latency), 0.0)
     miss_t, rest_t = np.asarray(miss.time_s, dtype=float), np.asarray(rest.time_s, dtype=float)
     saved = miss_t - rest_t
     value = saved - fetch
     with np.errstate(divide="ignore", invalid="ignore"):
         room = saved - latency
         breakeven = np.where((room > 0) & (fetch_bytes > 0),
-                             fetch_bytes / (np.where(room > 0, room, 1.0) * np.asarray(tier_efficiency)), np.inf)
+                             fetch_bytes / (np.where(room > 0, room, 1.0) * np.asarray(path.efficiency)), np.inf)
     return HitValue(
         placement=p.name, prompt_tokens=prompt, cached_tokens=_out(cached), fetch_bytes=_out(fetch_bytes),
         tier_bandwidth_bytes_per_s=_out(np.asarray(bandwidth, dtype=float)),

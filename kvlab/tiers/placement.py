@@ -87,6 +87,8 @@ PLACEMENTS = {
                   "another node's memory over commodity 10 GbE"),
     )
 }
+#: Every catalogued placement, closest first: the ladder the book's figures compare.
+PLACEMENT_NAMES = tuple(PLACEMENTS)
 
 
 def placements() -> dict[str, Placement]:
@@ -117,6 +119,30 @@ def _path(where, hardware, bandwidth_bytes_per_s, latency_s):
         bandwidth = check_number("tier bandwidth (bytes/s)", bandwidth_bytes_per_s, maximum=cost.MAX_BANDWIDTH_BYTES_PER_S)
     latency = p.latency_s if latency_s is None else latency_s
     return p, bandwidth, latency
+
+
+@dataclass(frozen=True)
+class TierPath:
+    """A placement seen as a fetch path: where the KV is and how well the path performs.
+
+    `efficiency` is the share of the path's peak reached; `bandwidth_bytes_per_s`
+    overrides the slowest hop's bandwidth; `latency_s` None means the placement's own
+    per-fetch latency.
+    """
+
+    where: Placement | Tier | str
+    efficiency: float = 1.0
+    bandwidth_bytes_per_s: float | None = None
+    latency_s: float | None = None
+
+    def resolve(self, hardware: Device | str | None = None):
+        """(placement, bandwidth bytes/s, latency s) with the overrides applied and checked."""
+        return _path(self.where, hardware, self.bandwidth_bytes_per_s, self.latency_s)
+
+    def time_s(self, nbytes, hardware: Device | str | None = None):
+        """Seconds to move `nbytes` once over this path (the one fetch formula)."""
+        _, bandwidth, latency = self.resolve(hardware)
+        return transfer_time_s(nbytes, bandwidth, self.efficiency, latency)
 
 
 # ------------------------------------------------------------------------ fetching

@@ -18,6 +18,7 @@ from importlib import resources
 from typing import Callable
 
 from .. import fmt
+from ..jsonsafe import jsonable
 
 BOOK_BUILD_ENV = "KVLAB_BOOK_BUILD"
 
@@ -108,15 +109,12 @@ class Panel:
         """The readout values for the default state (overridden by `state`)."""
         return self.compute({**self.default_state, **state})["values"]
 
-    def glue(self, prefix: str | None = None, **state) -> dict:
-        """Glue every readout value, formatted as the readout shows it, for the prose:
-        `{glue:text}`<prefix>_<key>``. Returns the raw values."""
-        from myst_nb import glue
-
+    def readout_texts(self, prefix: str | None = None, **state) -> dict[str, str]:
+        """Every readout value formatted as the readout shows it, keyed for the prose:
+        {"<prefix>_<key>": text} (prefix: the panel's key), at the default state
+        overridden by `state`."""
         values = self.values(**state)
-        for key, _label, kind in self.readout:
-            glue(f"{prefix or self.key}_{key}", FORMATS[kind](values[key]), display=False)
-        return values
+        return {f"{prefix or self.key}_{key}": FORMATS[kind](values[key]) for key, _label, kind in self.readout}
 
     # ------------------------------------------------------------------ static
     def static_html(self) -> str:
@@ -296,27 +294,6 @@ def show(obj) -> None:
         display(BokehModel(obj))
 
 
-def _jsonable(obj, digits: int | None = None):
-    """numpy values and arrays -> plain Python, for embedding in a page; floats rounded to
-    `digits` significant digits when given (simulation and replay outputs do not carry 17)."""
-    import numpy as np
-
-    if isinstance(obj, dict):
-        return {k: _jsonable(v, digits) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v, digits) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return _jsonable(obj.tolist(), digits)
-    if isinstance(obj, np.generic):
-        obj = obj.item()
-    if isinstance(obj, float):
-        if not math.isfinite(obj):
-            return None
-        if digits:
-            return float(f"{obj:.{digits}g}")
-    return obj
-
-
 def state_key(controls, state: dict) -> str:
     """The key a lookup panel files a state under: what JSON.stringify makes of the values,
     in order (JavaScript writes 4e11 as 400000000000, not 400000000000.0)."""
@@ -339,7 +316,7 @@ def lookup_panel(key: str, controls: tuple, compute: Callable[[dict], dict], fig
     import itertools
 
     grid = [dict(zip([c.key for c in controls], combo)) for combo in itertools.product(*(c.options for c in controls))]
-    results = {state_key(controls, s): _jsonable(compute(s), LOOKUP_DIGITS) for s in grid}
+    results = {state_key(controls, s): jsonable(compute(s), LOOKUP_DIGITS) for s in grid}
     keys = [k for k, _, _ in readout]
     if js_sources:  # values only, in readout order: the page rebuilds the sources
         table = {k: [r["values"][name] for name in keys] for k, r in results.items()}
@@ -348,7 +325,7 @@ def lookup_panel(key: str, controls: tuple, compute: Callable[[dict], dict], fig
 
     def cached(state):
         k = state_key(controls, state)
-        return results[k] if k in results else _jsonable(compute(state))
+        return results[k] if k in results else jsonable(compute(state))
 
     order = json.dumps([c.key for c in controls])
     # The table travels as one JSON string, parsed once per page.

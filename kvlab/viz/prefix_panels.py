@@ -5,8 +5,6 @@ replays every grid state at build time and the page looks results up.
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from .. import prefix
@@ -178,10 +176,3 @@ def granularity_panel():
                       live_range=(100, 16000), log=True)
     return lookup_panel("granularity", (control,), compute, figures, GRANULARITY_READOUT)
 
-
-def suffix_where_ttft_halves() -> float:
-    """The unique-message length at which token-granular caching halves the whole-request
-    cache's TTFT, interpolated (in log length) on the sweep the panel shows."""
-    s = prefix.granularity_sweep("first_message_tokens", SWEEP_VALUES)
-    ratio, logs = s["ttft_ratio"], np.log(np.asarray(SWEEP_VALUES, dtype=float))
-    return float(np.exp(np.interp(0.5, ratio, logs))) if np.all(np.diff(ratio) > 0) else math.nan

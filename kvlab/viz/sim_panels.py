@@ -1,15 +1,17 @@
-"""Chapter 4 (and 5) figures from the serving simulator (kvlab.sim.chapter).
+"""Chapter 4 (and 5) figures from the serving simulator. Pure: each takes the data the
+book computed (kvlab.book.sim_runs) and draws it.
 
 Simulations are too heavy for the browser, so the interactive ones are lookup panels:
 kvlab runs every grid state when the book is built and the page looks results up.
 """
 from __future__ import annotations
 
-import functools
+from typing import Callable
 
 import numpy as np
 
-from ..sim import ARCHS, chapter
+from ..errors import KvlabError
+from ..sim import ARCHS
 from . import style
 from .panel import Control, lookup_panel
 
@@ -17,15 +19,9 @@ ARCH_COLORS = {"colocated": style.GREY, "disaggregated": style.ORANGE, "kv-centr
 KIND_COLORS = {"fetch": style.PURPLE, "prefill": style.VERMILION, "transfer": style.YELLOW, "decode": style.BLUE}
 
 
-@functools.lru_cache(maxsize=4)
-def comparison(duration_s: float = 600.0) -> dict:
-    """The three architectures on the first `duration_s` of the trace (cached per build)."""
-    return chapter.compare_architectures(duration_s=duration_s)
-
-
-def cdf_figure(metric: str = "ttft_s", title: str = "Time to first token", duration_s: float = 600.0):
-    """The distribution of a per-request metric for each architecture (percentile curves)."""
-    data = comparison(duration_s)
+def cdf_figure(data: dict, metric: str, title: str):
+    """The distribution of a per-request metric for each architecture (percentile curves);
+    `data` from kvlab.book.sim_runs.compare_architectures."""
     fig = style.new_figure(f"{title}: {data['trace']}", "seconds (log scale)", "share of requests",
                            x_axis_type="log", y_range=(0, 1), height=300)
     q = np.asarray(data["quantiles"]) / 100
@@ -42,6 +38,7 @@ def cdf_figure(metric: str = "ttft_s", title: str = "Time to first token", durat
 # ---------------------------------------------------------------- the sweep
 SWEEP_READOUT = tuple(
     item for arch in ARCHS for item in (
+        (f"{arch}_ttft_p50_s", f"{arch}: TTFT p50", "seconds"),
         (f"{arch}_ttft_p90_s", f"{arch}: TTFT p90", "seconds"),
         (f"{arch}_tpot_p50_s", f"{arch}: TPOT p50", "seconds"),
         (f"{arch}_itl_p99_s", f"{arch}: ITL p99", "seconds"),
@@ -49,25 +46,23 @@ SWEEP_READOUT = tuple(
 )
 
 
-@functools.lru_cache(maxsize=2)
-def _sweep(duration_s: float = 180.0) -> dict:
-    return chapter.sweep(duration_s=duration_s)
+def sweep_panel(s: dict, run_point: Callable[[dict], dict] | None = None):
+    """TTFT and token latencies of the three architectures for a link, pool and GPU counts.
 
-
-def sweep_panel(duration_s: float = 180.0):
-    """TTFT and token latencies of the three architectures for a link, pool and GPU counts."""
-    links = tuple(chapter.SWEEP_LINKS)
-    pools = tuple(float(p) for p in chapter.SWEEP_POOL_BYTES)
+    `s`: a grid from kvlab.book.sim_runs.sweep; `run_point(state)` (live widgets only)
+    simulates a state off that grid and returns a grid of one point in the same form."""
+    links = tuple(s["links"])
+    pools = tuple(float(p) for p in s["pool_bytes_per_node"])
 
     def compute(state):
-        s = _sweep(duration_s)
         try:
             idx = (links.index(state["link"]), pools.index(float(state["pool"])),
                    list(s["prefill_workers"]).index(state["prefill"]), list(s["decode_workers"]).index(state["decode"]))
             values = {arch: {k: float(s["metrics"][arch][k][idx]) for k in s["keys"]} for arch in ARCHS}
         except ValueError:  # a value off the grid (live widgets): simulate that one point
-            one = chapter.sweep(duration_s=duration_s, links=(state["link"],), pool_bytes_per_node=(state["pool"],),
-                                prefill_workers=(state["prefill"],), decode_workers=(state["decode"],))
+            if run_point is None:
+                raise KvlabError("that setting is off the simulated grid") from None
+            one = run_point(state)
             values = {arch: {k: float(one["metrics"][arch][k].ravel()[0]) for k in one["keys"]} for arch in ARCHS}
         out = {f"{arch}_{k}": values[arch][k] for arch in ARCHS for k in ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s",
                                                                             "itl_p99_s")}
@@ -87,8 +82,8 @@ def sweep_panel(duration_s: float = 180.0):
         Control("link", "Network between nodes", links, "ib-200g"),
         Control("pool", "Prefix pool per node", pools, pools[-1],
                 option_labels=tuple("none" if p == 0 else f"{p / 1e9:.0f} GB" for p in pools)),
-        Control("prefill", "Prefill GPUs", tuple(int(p) for p in chapter.SWEEP_PREFILL_WORKERS), 2, kind="slider"),
-        Control("decode", "Decode GPUs", tuple(int(d) for d in chapter.SWEEP_DECODE_WORKERS), 2, kind="slider"),
+        Control("prefill", "Prefill GPUs", tuple(int(p) for p in s["prefill_workers"]), 2, kind="slider"),
+        Control("decode", "Decode GPUs", tuple(int(d) for d in s["decode_workers"]), 2, kind="slider"),
     )
     js_sources = """
 const archs = %s, colors = %s;
@@ -113,11 +108,11 @@ def _paired_bars(title: str, source, first: tuple[str, str], second: tuple[str, 
 
 
 # ------------------------------------------------- same bytes, lower latency
-def critical_path_figure(duration_s: float = 300.0):
-    """Time the KV moves took on the wire: hidden behind compute against on the critical path."""
+def critical_path_figure(data: dict):
+    """Time the KV moves took on the wire: hidden behind compute against on the critical
+    path; `data` from kvlab.book.sim_runs.bytes_vs_critical_path."""
     from bokeh.models import ColumnDataSource
 
-    data = chapter.bytes_vs_critical_path(duration_s=duration_s)
     variants = data["variants"]
     exposed = [sum(data[v]["exposed_s"].values()) for v in variants]
     hidden = [sum(data[v]["hidden_s"].values()) for v in variants]
@@ -133,12 +128,12 @@ def critical_path_figure(duration_s: float = 300.0):
     fig.add_layout(fig.legend[0], "below")
     style.hover(fig, [("", "@variant"), ("bytes moved", "@bytes{0.00a}B"), ("exposed", "@exposed{0.0} s"),
                       ("hidden", "@hidden{0.0} s")], bars)
-    return fig, data
+    return fig
 
 
-def global_vs_local_figure(duration_s: float = 600.0):
-    """Prefix hit ratio of one global pool against per-node caches of the same total size."""
-    data = chapter.hit_rate_global_vs_local(duration_s=duration_s)
+def global_vs_local_figure(data: dict):
+    """Prefix hit ratio of one global pool against per-node caches of the same total size;
+    `data` from kvlab.book.sim_runs.hit_rate_global_vs_local."""
     fig = style.new_figure(f"One global pool or {data['nodes']} separate caches: {data['trace']}",
                            "cache per node (bytes of KV)", "prompt tokens served", x_axis_type="log", y_range=(0, 1),
                            height=300)
@@ -150,7 +145,7 @@ def global_vs_local_figure(duration_s: float = 600.0):
     fig.xaxis.formatter = style.si_ticks("B")
     fig.yaxis.formatter = style.percent_ticks()
     fig.legend.location = "top_left"
-    return fig, data
+    return fig
 
 
 # ------------------------------------------------------------------ timeline
@@ -159,12 +154,13 @@ TIMELINE_READOUT = (("ttft_p50_s", "TTFT p50 in this slice", "seconds"),
                     ("requests", "Requests in the slice", "count"))
 
 
-def timeline_panel(duration_s: float = 20.0):
-    """A Gantt chart of prefill, KV transfer and decode on each GPU for a short slice."""
+def timeline_panel(timeline_of: Callable[[str], dict], duration_s: float):
+    """A Gantt chart of prefill, KV transfer and decode on each GPU for a short slice;
+    `timeline_of(arch)` gives kvlab.book.sim_runs.timeline's data for an architecture."""
     lanes = ("prefill-0", "prefill-1", "decode-0", "decode-1", "gpu-0", "gpu-1", "gpu-2", "gpu-3")
 
     def compute(state):
-        t = chapter.timeline(arch=state["arch"], duration_s=duration_s)
+        t = timeline_of(state["arch"])
         rows = [r for r in t["rows"] if r[3] != "decode"]
         decode = [r for r in t["rows"] if r[3] == "decode"]
         return {"sources": {
@@ -196,11 +192,11 @@ def timeline_panel(duration_s: float = 20.0):
 
 
 # ------------------------------------------------------ chapter 5: token times
-def token_stream_figure(duration_s: float = 60.0):
-    """Per-token timestamps of a few requests: equal TPOT, very different ITL."""
+def token_stream_figure(data: dict):
+    """Per-token timestamps of a few requests: equal TPOT, very different ITL; `data` from
+    kvlab.book.sim_runs.token_streams."""
     from bokeh.layouts import column
 
-    data = chapter.token_streams(duration_s=duration_s)
     figs = []
     for arch in data["archs"]:
         fig = style.new_figure(f"{arch}: every output token of {len(data[arch])} requests",
@@ -212,4 +208,4 @@ def token_stream_figure(duration_s: float = 60.0):
                         color=ARCH_COLORS.get(arch, style.BLUE), alpha=0.7)
         fig.xaxis.formatter = style.seconds_ticks()
         figs.append(fig)
-    return column(*figs), data
+    return column(*figs)

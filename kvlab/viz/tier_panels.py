@@ -10,16 +10,19 @@ from __future__ import annotations
 import numpy as np
 
 from .. import tiers
+from ..article import ARTICLE_IB_BYTES_PER_S
+from ..bench.report import kv_transfer_series
 from ..hardware import devices
 from ..models import get_model, models
-from ..tiers import chapter_data
+from ..tiers.links import MODEL_LINKS, link_model_curves
+from ..tiers.placement import PLACEMENT_NAMES
+from ..tiers.series import hit_rate_series, pd_series, tier_throughput_series
 from . import style
 from .controls import CONTEXT_GRID, batch_control, context_control, hardware_control, model_control
 from .panel import Control, Panel, lookup_panel
 from .terms import ledger_terms
 
-SHOWN_PLACEMENTS = ("hbm", "peer-nvlink4", "host-pcie5", "host-pcie4", "remote-ib-400g", "remote-ib-200g",
-                    "remote-10gbe")
+SHOWN_PLACEMENTS = PLACEMENT_NAMES
 PLACEMENT_COLORS = dict(zip(SHOWN_PLACEMENTS, (style.BLUE, style.SKY, style.GREEN, style.YELLOW, style.ORANGE,
                                                style.PURPLE, style.VERMILION)))
 SMALL_MODELS = ("article-7b", "llama-2-7b", "llama-3.1-8b", "qwen2.5-7b")
@@ -98,7 +101,7 @@ def tier_read_panel():
     """Tokens/s against context when the KV is read from each placement at every step."""
 
     def compute(state):
-        s = chapter_data.tier_throughput_series(state["model"], "h100-sxm", state["batch"], placements=SHOWN_PLACEMENTS)
+        s = tier_throughput_series(state["model"], "h100-sxm", state["batch"], placements=SHOWN_PLACEMENTS)
         c = s["contexts"]
         i4k = int(np.flatnonzero(c == 4096)[0])
         sources = {p: {"context": c.astype(float).tolist(), "tokens_per_s": v["tokens_per_s"].tolist()}
@@ -140,8 +143,7 @@ def hit_miss_panel():
     """Mean prefill time against hit rate per placement: a cache can be a liability."""
 
     def compute(state):
-        s = chapter_data.hit_rate_series(state["model"], "h100-sxm", state["prompt"], placements=SHOWN_PLACEMENTS,
-                                         hit_rates=HIT_RATES)
+        s = hit_rate_series(state["model"], "h100-sxm", state["prompt"], HIT_RATES, placements=SHOWN_PLACEMENTS)
         rates = s["hit_rates"]
         sources = {p: {"rate": rates.tolist(), "time": v["mean_prefill_time_s"].tolist()}
                    for p, v in s["placements"].items()}
@@ -175,6 +177,10 @@ def hit_miss_panel():
 
 
 # ---------------------------------------------------------- PD transfers
+#: The links a request's KV may cross from prefill to decode: {name: (path, bandwidth override)}.
+PD_LINKS = {"ethernet-10g": ("ethernet-10g", None), "ib-200g": ("ib-200g", None),
+            "article-200GB/s": ("remote-ib-200g", ARTICLE_IB_BYTES_PER_S), "ib-400g": ("ib-400g", None),
+            "nvlink4": ("nvlink4", None)}
 PD_LABELS = {"ethernet-10g": "10 GbE", "ib-200g": "one 200 Gb/s NIC", "article-200GB/s": "200 GB/s (the article)",
              "ib-400g": "one 400 Gb/s NIC", "nvlink4": "NVLink 4 (in a node)"}
 PD_READOUT = (
@@ -192,14 +198,14 @@ def pd_panel():
     """One request's KV over each link against one decode step, and the every-step disaster."""
 
     def compute(state):
-        s = chapter_data.pd_series(state["model"], "h100-sxm", state["context"], state["batch"])
+        s = pd_series(state["model"], "h100-sxm", state["context"], state["batch"], PD_LINKS)
         names = list(s["links"])
         rows = s["links"]
         sources = {"links": {
-            "link": [PD_LABELS.get(n, rows[n]["label"]) for n in names], "transfer": [rows[n]["transfer_s"] for n in names],
+            "link": [PD_LABELS[n] for n in names], "transfer": [rows[n]["transfer_s"] for n in names],
             "every_step": [rows[n]["every_step_time_s"] for n in names],
             "color": [style.PALETTE[i % len(style.PALETTE)] for i in range(len(names))]},
-            "step": {"link": [PD_LABELS.get(n, rows[n]["label"]) for n in names], "step": [s["decode_step_s"]] * len(names)}}
+            "step": {"link": [PD_LABELS[n] for n in names], "step": [s["decode_step_s"]] * len(names)}}
         return {"sources": sources, "values": {
             "kv_bytes": s["kv_bytes"], "decode_step_s": s["decode_step_s"],
             "t_10g_s": rows["ethernet-10g"]["transfer_s"], "t_200g_s": rows["ib-200g"]["transfer_s"],
@@ -230,7 +236,7 @@ def transfers_figure():
     """Measured KV transfers of every recorded machine next to the link model."""
     from bokeh.models import ColumnDataSource
 
-    data = chapter_data.transfer_overlay()
+    data = {"model": link_model_curves(MODEL_LINKS, 2.0 ** np.arange(12, 30)), "measured": kv_transfer_series()}
     fig = style.new_figure("KV transfer: effective bandwidth against message size", "message size",
                            "effective bandwidth (bytes/s)", x_axis_type="log", y_axis_type="log", height=400)
     for i, (name, curve) in enumerate(data["model"]["links"].items()):

@@ -1,5 +1,6 @@
-"""Plot-ready data for chapter 4 (architectures) and chapter 5 (metrics): plain dicts of
-numpy arrays and lists, no plotting library.
+"""The simulator runs behind chapters 4 (architectures) and 5 (metrics): plain dicts of
+numpy arrays and lists, no plotting library. Each function picks a slice of a trace and
+a grid of clusters for one figure and runs kvlab.sim over it.
 
 Every function takes `trace=None` for the real conversation trace when this machine has
 it and its generated stand-in otherwise (`trace.label` says which), plus a slice
@@ -14,11 +15,9 @@ import math
 import numpy as np
 
 from .. import metrics
-from ..prompt import served_from_blocks
+from ..prefix.pools import global_vs_local
+from ..sim import ARCHS, SimConfig, simulate, trace_slice
 from ..traces import load_trace, trace_or_generated
-from .cluster import simulate
-from .config import ARCHS, SimConfig
-from .workload import trace_slice
 
 #: Links the chapter's network slider steps through (commodity Ethernet .. NVLink).
 SWEEP_LINKS = ("ethernet-10g", "ib-200g", "ib-400g", "nvlink4")
@@ -134,7 +133,7 @@ def bytes_vs_critical_path(trace=None, start_s: float = 0.0, duration_s: float =
     "bytes": {purpose: bytes}, "wire_s", "exposed_s", "hidden_s" (same keys), "ttft_p50_s",
     "ttft_p90_s", "mean_transfer_exposed_s", "prefix_hit_ratio"}.
     """
-    from .links import PURPOSES
+    from ..sim.links import PURPOSES
 
     sliced = _slice(trace, start_s, duration_s)
     base = _config(config, overrides)
@@ -170,7 +169,6 @@ def hit_rate_global_vs_local(trace=None, start_s: float = 0.0, duration_s: float
     "local_token_hit_ratio", "infinite_token_hit_ratio"} (arrays over pool sizes).
     """
     from ..cost import kv_bytes_per_token
-    from ..prefix.blocks import BlockPrefixCache
 
     sliced = _slice(trace, start_s, duration_s)
     bt = sliced.block_tokens
@@ -180,23 +178,9 @@ def hit_rate_global_vs_local(trace=None, start_s: float = 0.0, duration_s: float
         pool_bytes_per_node = np.array([0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0]) * unique * block_bytes / nodes
     pools = np.asarray(pool_bytes_per_node, dtype=float)
     caps = np.floor(pools / block_bytes)
-    inputs = sliced.input_tokens
-    total = int(inputs.sum())
-
-    def saved(hits):
-        return int(served_from_blocks(np.asarray(hits), bt, inputs).sum()) / total
-
-    glob, local = [], []
-    for cap in caps:
-        pool = BlockPrefixCache(cap * nodes, policy)
-        glob.append(saved([pool.access(r.hash_ids) for r in sliced.requests]))
-        caches = [BlockPrefixCache(cap, policy) for _ in range(nodes)]
-        local.append(saved([caches[i % nodes].access(r.hash_ids) for i, r in enumerate(sliced.requests)]))
-    infinite = BlockPrefixCache(math.inf)
+    ratios = global_vs_local(sliced, nodes, caps, policy)
     return {"trace": sliced.label, "generated": sliced.generated, "nodes": nodes, "pool_bytes_per_node": pools,
-            "capacity_blocks_per_node": caps.astype(np.int64), "global_token_hit_ratio": np.array(glob),
-            "local_token_hit_ratio": np.array(local),
-            "infinite_token_hit_ratio": saved([infinite.access(r.hash_ids) for r in sliced.requests])}
+            "capacity_blocks_per_node": caps.astype(np.int64), **ratios}
 
 
 def timeline(trace=None, arch: str = "kv-centric", start_s: float = 0.0, duration_s: float = 20.0,
@@ -250,3 +234,14 @@ def token_streams(trace=None, start_s: float = 0.0, duration_s: float = 60.0, re
         s = r.summary()
         out["summary"][arch] = {k: s[k] for k in ("ttft_p50_s", "tpot_p50_s", "tpot_p99_s", "itl_p50_s", "itl_p99_s")}
     return out
+
+
+def remote_kv_disaster(trace=None, start_s: float = 0.0, duration_s: float = 60.0,
+                       config: SimConfig | None = None, **overrides) -> dict:
+    """Disaggregation with the KV moved once into the decode GPU's HBM against read over
+    the network at every step: {"trace", "local": summary, "remote": summary}."""
+    sliced = _slice(trace, start_s, duration_s)
+    base = dataclasses.replace(_config(config, overrides), arch="disaggregated")
+    return {"trace": sliced.label,
+            "local": simulate(sliced, dataclasses.replace(base, remote_kv=False)).summary(),
+            "remote": simulate(sliced, dataclasses.replace(base, remote_kv=True)).summary()}

@@ -1,0 +1,87 @@
+"""Chapter 2, "The bandwidth wall": tiers, the ledger of one step, batching, long
+contexts, quantization and the roofline."""
+from __future__ import annotations
+
+import functools
+
+from .. import cost, fmt
+from ..article import ARTICLE_BANDWIDTH_BYTES_PER_S, ARTICLE_CONTEXT_TOKENS, ARTICLE_MODEL
+from ..hardware import get_device, get_tier
+from ..models import get_model
+
+#: Tiers whose bandwidth the prose quotes.
+QUOTED_TIERS = ("hbm3e", "hbm3", "hbm2e", "gddr6x", "gddr6", "ddr5", "pcie4-x16", "pcie5-x16", "ib-200g", "nvlink4")
+#: The batch the article's amortisation example uses.
+ARTICLE_BATCH = 16
+
+
+def article_steps() -> tuple[cost.DecodeStep, cost.DecodeStep]:
+    """The article's worked ledger: its 7B at a 4K context on a 2 TB/s device, batch 1 and 16."""
+    kw = dict(context=ARTICLE_CONTEXT_TOKENS, bandwidth_bytes_per_s=ARTICLE_BANDWIDTH_BYTES_PER_S)
+    return (cost.decode_step(ARTICLE_MODEL, "h100-sxm", batch=1, **kw),
+            cost.decode_step(ARTICLE_MODEL, "h100-sxm", batch=ARTICLE_BATCH, **kw))
+
+
+@functools.cache
+def panels() -> dict:
+    """The chapter's panels, built once per kernel: ledger, batch, context, quantization, roofline."""
+    from ..viz import ledger, roofline
+
+    return {"ledger": ledger.ledger_panel(), "batch": ledger.batch_panel(), "context": ledger.context_panel(),
+            "quantization": roofline.quantization_panel(), "roofline": roofline.roofline_panel()}
+
+
+def tiers_figure():
+    from ..viz import roofline
+
+    return roofline.tiers_figure()
+
+
+def numbers() -> dict[str, str]:
+    from ..viz import roofline
+
+    out = {f"tier_{name}": fmt.si(get_tier(name).bandwidth_bytes_per_s, "B/s") for name in QUOTED_TIERS}
+    ddr5 = get_tier("ddr5")
+    out.update({
+        "ddr5_derivation": ddr5.derivation,
+        "ddr5_two_channels": fmt.si(ddr5.bandwidth_bytes_per_s / 4, "B/s"),
+        "hbm_over_pcie": fmt.fixed(get_tier("hbm3e").bandwidth_bytes_per_s
+                                   / get_tier("pcie5-x16").bandwidth_bytes_per_s, 0),
+        "band_low": fmt.percent(roofline.ACHIEVABLE_BAND[0]),
+        "band_high": fmt.percent(roofline.ACHIEVABLE_BAND[1]),
+        "ib200_derivation": get_tier("ib-200g").derivation,
+    })
+    art, art16 = article_steps()
+    p = panels()
+    led = p["ledger"].values()
+    out.update({
+        "art_bandwidth": fmt.si(ARTICLE_BANDWIDTH_BYTES_PER_S, "B/s"),
+        "art16_batch": fmt.fixed(art16.batch, 0),
+        "ledger_memory_over_compute": fmt.sig(led["memory_time_s"] / led["compute_time_s"], 3),
+        "art_kv_token": fmt.fixed(art.kv_bytes_per_token, 0),
+        "art_kv_read": fmt.si(art.kv_read_bytes, "B"),
+        "art_step": fmt.si(art.step_bytes, "B"),
+        "art_tps": fmt.rate(art.tokens_per_s),
+        "art16_tps": fmt.rate(art16.tokens_per_s),
+        "art16_each": fmt.rate(art16.tokens_per_s_per_sequence),
+    })
+    for name in ("batch", "context", "quantization", "roofline"):
+        out.update(p[name].readout_texts())
+    knee, quant = p["batch"].default_state, p["quantization"].default_state
+    out.update({
+        "knee_model": get_model(knee["model"]).display_name,
+        "knee_device": get_device(knee["hardware"]).display_name,
+        "quant_context": fmt.fixed(quant["context"], 0),
+        "quant_batch": fmt.fixed(quant["batch"], 0),
+    })
+    return out
+
+
+def worked_example() -> str:
+    """The chapter's checked printout (nbval compares it)."""
+    art, art16 = article_steps()
+    return "\n".join([
+        f"KV per token: {art.kv_bytes_per_token:,.0f} B; KV read at 4K: {art.kv_read_bytes:,.0f} B",
+        f"step: {art.step_bytes / 1e9:.2f} GB -> {art.tokens_per_s:.1f} tokens/s at 2 TB/s, batch 1",
+        f"batch 16: {art16.tokens_per_s:.0f} tokens/s in aggregate, {art16.tokens_per_s_per_sequence:.1f} per sequence",
+    ])

@@ -1,0 +1,80 @@
+"""Chapter 5, "Metrics and diagnosis": token timestamps behind TTFT, TPOT and ITL, the
+five-step diagnosis on four deployments, and the pitfalls."""
+from __future__ import annotations
+
+import functools
+
+from .. import cost, fmt
+from .. import diagnose as diagnosis
+from . import sim_runs
+
+#: The deployment the diagnosis cases share: model, device, batch, context.
+MODEL, HARDWARE, BATCH, CONTEXT = "llama-3.1-8b", "h100-sxm", 8, 16384
+STREAMS_S = 60.0
+
+
+@functools.cache
+def token_streams() -> dict:
+    return sim_runs.token_streams(duration_s=STREAMS_S)
+
+
+def token_stream_figure():
+    from ..viz import sim_panels
+
+    return sim_panels.token_stream_figure(token_streams())
+
+
+def ceiling_tokens_per_s() -> float:
+    return cost.decode_step(MODEL, HARDWARE, BATCH, CONTEXT).tokens_per_s
+
+
+def diagnosis_cases() -> dict:
+    """{title: Diagnosis} for four deployments measured at a share of the ledger's ceiling."""
+    ceiling = ceiling_tokens_per_s()
+    m, hw, b, ctx = MODEL, HARDWARE, BATCH, CONTEXT
+    return {
+        "near the ceiling": diagnosis.diagnose(m, hw, b, ctx, 0.88 * ceiling),
+        "lots of headroom": diagnosis.diagnose(m, hw, b, ctx, 0.25 * ceiling),
+        "KV served from host memory": diagnosis.diagnose(m, hw, b, ctx, 0.07 * ceiling, kv_tier="host-pcie5"),
+        "disaggregated, KV over one 200 Gb/s NIC": diagnosis.diagnose(
+            m, hw, b, ctx, 0.85 * ceiling, network_bandwidth_bytes_per_s="ib-200g",
+            kv_bytes_per_request=ctx * cost.kv_bytes_per_token(m)),
+    }
+
+
+def diagnosis_reports() -> list:
+    from ..viz.diagnosis_panels import DiagnosisReport
+
+    return [DiagnosisReport(title, result) for title, result in diagnosis_cases().items()]
+
+
+@functools.cache
+def panels() -> dict:
+    from ..viz import diagnosis_panels, roofline
+
+    return {"budget": diagnosis_panels.tpot_budget_panel(), "quantization": roofline.quantization_panel()}
+
+
+def numbers() -> dict[str, str]:
+    out = {}
+    streams = token_streams()
+    for arch, summ in streams["summary"].items():
+        out.update({f"ts_{arch}_tpot": fmt.seconds(summ["tpot_p50_s"]),
+                    f"ts_{arch}_itl50": fmt.seconds(summ["itl_p50_s"]),
+                    f"ts_{arch}_itl99": fmt.seconds(summ["itl_p99_s"])})
+    out["ts_trace"] = streams["trace"]
+    p = panels()
+    budget, quant = p["budget"], p["quantization"]
+    out.update(budget.readout_texts())
+    out["budget_slo"] = fmt.seconds(budget.default_state["slo"])
+    out.update(quant.readout_texts("q16"))
+    out.update(quant.readout_texts("q4k", context=4096))
+    out["q_batch"] = fmt.fixed(quant.default_state["batch"], 0)
+    out.update({
+        "bw_bound": fmt.percent(diagnosis.BANDWIDTH_BOUND_UTILISATION, 2),
+        "low_util": fmt.percent(diagnosis.LOW_UTILISATION, 2),
+        "diag_ceiling": fmt.rate(ceiling_tokens_per_s()),
+        "diag_setup": f"{cost.get_model(MODEL).display_name} on an {cost.get_device(HARDWARE).display_name}, "
+                      f"batch {BATCH}, {fmt.fixed(CONTEXT, 0)}-token contexts",
+    })
+    return out

@@ -1,0 +1,151 @@
+"""The package's shape, enforced: three layers, imports one way, no cycles, and the
+numeric core importable with numpy alone (see ARCHITECTURE.md).
+
+1. data and model: hardware, models, dtypes, cost, measured tables and the small shared
+   rules (errors, fmt, prompt, grids, jsonsafe, article);
+2. domain: tiers, traces, prefix, sim, decoder, bench, transfer, diagnose, metrics, native;
+3. presentation: book, viz, labs, cli.
+Every import counts, including the ones inside functions.
+"""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "kvlab"
+PRESENTATION = {"book", "viz", "labs", "cli", "__main__"}
+DOMAIN = {"tiers", "traces", "traces_gen", "traces_download", "prefix", "sim", "decoder", "bench", "transfer",
+          "diagnose", "metrics", "native"}
+GUI = ("bokeh", "ipywidgets", "IPython", "myst_nb", "jupyter_bokeh", "voila")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Absolute names of every module `path` imports (relative imports resolved)."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            subs = {f"{mod}.{a.name}" for a in node.names}
+            found = {s for s in subs if _is_module(s)}
+            out.update(found)  # `from pkg import submodule` imports the submodule ...
+            if len(found) < len(subs):
+                out.add(mod)  # ... `from pkg import name` the package (or module) itself
+    return out
+
+
+def _is_module(name: str) -> bool:
+    parts = name.split(".")
+    path = ROOT.parent.joinpath(*parts)
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+MODULES = {_module_name(p): p for p in ROOT.rglob("*.py")}
+GRAPH = {m: {i for i in _imports(p) if i in MODULES and i != m} for m, p in MODULES.items()}
+
+
+def _unit(module: str) -> str:
+    """kvlab.sim.cluster -> sim; kvlab.cost -> cost."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _layer(unit: str) -> int:
+    return 3 if unit in PRESENTATION else 2 if unit in DOMAIN else 1
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of a directed graph, or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node):
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_every_unit_has_a_layer():
+    units = {_unit(m) for m in MODULES} - {"__init__"}
+    layer1 = {"hardware", "models", "dtypes", "cost", "errors", "fmt", "prompt", "grids", "jsonsafe", "article",
+              "measured"}
+    assert units <= PRESENTATION | DOMAIN | layer1, units - (PRESENTATION | DOMAIN | layer1)
+
+
+def test_no_import_cycle_between_modules():
+    assert _cycle(GRAPH) is None, " -> ".join(_cycle(GRAPH))
+
+
+def test_no_import_cycle_between_packages():
+    units: dict[str, set[str]] = {}
+    for m, deps in GRAPH.items():
+        units.setdefault(_unit(m), set()).update(_unit(d) for d in deps if _unit(d) != _unit(m))
+    units.pop("__init__", None)
+    assert _cycle(units) is None, " -> ".join(_cycle(units))
+
+
+def test_imports_point_down_the_layers():
+    wrong = [(m, d) for m, deps in GRAPH.items() for d in deps
+             if _unit(m) != "__init__" and _layer(_unit(d)) > _layer(_unit(m))]
+    assert not wrong, wrong
+
+
+def test_only_presentation_imports_notebook_and_plotting_libraries():
+    wrong = [(m, i) for m, p in MODULES.items() if _layer(_unit(m)) < 3
+             for i in _imports(p) if i.split(".")[0] in GUI]
+    assert not wrong, wrong
+
+
+def test_only_the_book_knows_chapters():
+    wrong = [m for m in MODULES if "chapter" in m.rsplit(".", 1)[-1] and not m.startswith("kvlab.book")]
+    wrong += [m for m, deps in GRAPH.items() if not _unit(m) == "book" and any(_unit(d) == "book" for d in deps)]
+    assert not wrong, wrong
+
+
+BLOCKER = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in {blocked!r}:
+            raise ImportError(f"{{name}} is blocked: this module must import with numpy alone")
+sys.meta_path.insert(0, Block())
+import {module}
+"""
+
+
+@pytest.mark.parametrize("module", ["kvlab.cost", "kvlab.labs", "kvlab.sim", "kvlab.prefix", "kvlab.tiers",
+                                    "kvlab.traces", "kvlab.diagnose", "kvlab.cli"])
+def test_numeric_core_imports_with_numpy_alone(module):
+    blocked = {"torch", "bokeh", "ipywidgets", "IPython", "myst_nb", "pandas", "scipy"}
+    code = BLOCKER.format(blocked=blocked, module=module)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

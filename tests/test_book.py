@@ -1,0 +1,117 @@
+"""kvlab.book: the chapters' figure data and the numbers their prose states.
+
+The notebooks (nbval) run every chapter's `numbers()` on the real traces; these tests
+check the data behind them on small inputs, by hand where the article gives a number."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from kvlab.book import beyond_hbm, sim_runs
+from kvlab.jsonsafe import jsonable
+from kvlab.sim import ARCHS
+from kvlab.tiers import series
+from kvlab.traces_gen import generate_trace
+
+MiB, GiB = 2**20, 2**30
+
+
+@pytest.fixture(scope="module")
+def gen():
+    """A generated conversation workload: 250 requests over ~105 s, long prompts, shared prefixes."""
+    return generate_trace("conversation", seed=0, requests=250)
+
+
+# ------------------------------------------------------------------ chapter 3
+
+def test_article_numbers_are_book_ready():
+    a = beyond_hbm.article_numbers()
+    assert a["kv_bytes_4k_request"] == 512 * MiB and a["kv_bytes_32_requests"] == 16 * GiB
+    assert a["transfer_s"]["ethernet-10g"] == pytest.approx(0.4295, abs=1e-4)
+    assert a["transfer_s"]["200 GB/s"] == pytest.approx(2.684e-3, rel=1e-3)
+    assert a["transfer_s"]["ib-200g (200 Gb/s)"] == pytest.approx(21.47e-3, rel=1e-3)
+    # one decode step at the article's 2 TB/s: 14.54 GB / 2e12 = 7.27 ms, the same order as 2.7 ms
+    assert a["decode_step_s"] == pytest.approx(7.2685e-3, rel=1e-4)
+    json.dumps(jsonable(a), allow_nan=False)
+
+
+def test_tier_series_are_plot_ready():
+    from kvlab.viz.tier_panels import PD_LINKS
+
+    t = series.tier_throughput_series("article-7b", "h100-sxm", 32)
+    hr = series.hit_rate_series("llama-2-7b", "h100-sxm", 4096, np.linspace(0, 1, 11))
+    pd = series.pd_series("article-7b", "h100-sxm", 4096, 1, PD_LINKS)
+    for data in (t, hr, pd):
+        json.dumps(jsonable(data), allow_nan=False)
+    hbm = t["placements"]["hbm"]["tokens_per_s"]
+    for name, p in t["placements"].items():
+        assert np.all(p["tokens_per_s"] <= hbm * (1 + 1e-12)), name
+    assert pd["links"]["ethernet-10g"]["decode_steps_per_transfer"] > 90
+    assert pd["links"]["ib-200g"]["transfer_s"] == pytest.approx(8 * pd["links"]["article-200GB/s"]["transfer_s"],
+                                                                 rel=1e-2)
+    # a cache worth having gets faster with the hit rate; a liability slower
+    mean = {k: v["mean_prefill_time_s"] for k, v in hr["placements"].items()}
+    assert mean["hbm"][-1] < mean["hbm"][0] and mean["remote-10gbe"][-1] > mean["remote-10gbe"][0]
+
+
+# --------------------------------------------------------- chapters 4 and 5
+
+def test_sweep_shapes(gen):
+    s = sim_runs.sweep(gen, duration_s=30, links=("ib-200g", "nvlink4"), pool_bytes_per_node=(0, 1e11),
+                       prefill_workers=(1,), decode_workers=(1, 2))
+    for arch in ARCHS:
+        grid = s["metrics"][arch]["ttft_p50_s"]
+        assert grid.shape == (2, 2, 1, 2) and np.isfinite(grid).all()
+    co = s["metrics"]["colocated"]["ttft_p50_s"]
+    np.testing.assert_array_equal(co[0], co[1])  # no KV crosses the network
+    pd = s["metrics"]["disaggregated"]["ttft_p50_s"]
+    assert np.all(pd[1] <= pd[0])  # NVLink moves the KV faster than one 200G NIC
+    hits = s["metrics"]["kv-centric"]["prefix_hit_ratio"]
+    assert np.all(hits[:, 0] == 0) and np.all(hits[:, 1] > 0)
+
+
+def test_compare_and_bytes(gen):
+    c = sim_runs.compare_architectures(gen, duration_s=30)
+    assert c["archs"] == list(ARCHS) and c["generated"]
+    for arch in ARCHS:
+        assert c["ttft_s"][arch].shape == c["quantiles"].shape
+        assert np.all(np.diff(c["itl_s"][arch]) >= 0)
+    b = sim_runs.bytes_vs_critical_path(gen, duration_s=30)
+    names = b["variants"]
+    same = {b[v]["bytes"]["kv-transfer"] for v in names}
+    assert len(same) == 1  # the same bytes cross the network ...
+    assert b["disaggregated"]["hidden_s"]["kv-transfer"] == 0.0
+    assert b["disaggregated + overlap"]["exposed_s"]["kv-transfer"] < b["disaggregated"]["exposed_s"]["kv-transfer"]
+
+
+def test_hit_rates_timeline_streams(gen):
+    h = sim_runs.hit_rate_global_vs_local(gen, nodes=4, pool_bytes_per_node=[0, 1e11, 1e15])
+    assert h["global_token_hit_ratio"][0] == 0 and h["local_token_hit_ratio"][0] == 0
+    assert h["global_token_hit_ratio"][-1] == pytest.approx(h["infinite_token_hit_ratio"])
+    assert np.all(h["global_token_hit_ratio"] >= h["local_token_hit_ratio"] - 1e-12)
+    t = sim_runs.timeline(gen, arch="kv-centric", duration_s=10)
+    kinds = {row[3] for row in t["rows"]}
+    assert {"prefill", "transfer", "decode"} <= kinds and set(t["workers"]) >= {row[0] for row in t["rows"]}
+    s = sim_runs.token_streams(gen, duration_s=40, requests=3, min_tokens=50)
+    assert len(s["requests"]) == 3
+    for row in s["colocated"]:
+        assert row["token_times_s"][0] == pytest.approx(row["ttft_s"])
+        assert row["itl_s"].mean() == pytest.approx(row["tpot_s"])
+        assert row["itl_max_s"] >= row["tpot_s"]
+
+
+def test_remote_kv_disaster(gen):
+    d = sim_runs.remote_kv_disaster(gen, duration_s=20)
+    assert d["remote"]["tpot_p50_s"] > 10 * d["local"]["tpot_p50_s"]
+
+
+# ------------------------------------------------------------------- catalog
+
+def test_catalog_builds_every_embedded_panel():
+    from kvlab.book.catalog import panels
+    from kvlab.viz import Panel
+
+    built = {key: make() for key, make in panels().items()}
+    assert all(isinstance(p, Panel) and p.key == key for key, p in built.items())
