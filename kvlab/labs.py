@@ -49,96 +49,134 @@ class CheckResult:
         return ("PASS " if self.passed else "FAIL ") + self.message
 
 
-def _exercises() -> dict[str, Exercise]:
+_EXERCISES: dict[str, Exercise] = {}
+
+
+def exercise(key: str, unit: str, hint: str, rel_tol: float = 0.02):
+    """Register the decorated function as the kvlab computation of exercise `key`'s answer."""
+    def register(expected: Callable[[], float]) -> Callable[[], float]:
+        _EXERCISES[key] = Exercise(key, unit, expected, hint, rel_tol)
+        return expected
+
+    return register
+
+
+@exercise("ch1.ceiling", "tokens/s",
+          "the weight bytes (parameters x 2 bytes in fp16) and the bandwidth in bytes per second")
+def _ceiling():
+    from . import cost
+    from .article import ARTICLE_BANDWIDTH_BYTES_PER_S
+
+    return ARTICLE_BANDWIDTH_BYTES_PER_S / cost.weight_bytes("article-7b", "fp16")
+
+
+@exercise("ch1.ttft_ratio", "x",
+          "the prefill FLOPs of the uncached tokens, including causal attention over the cached prefix")
+def _ttft_ratio():
     from . import cost
     from .prompt import served_tokens
 
-    def ceiling():
-        return 2e12 / cost.weight_bytes("article-7b", "fp16")
+    miss = cost.prefill("llama-3.1-8b", "h100-sxm", 8192)
+    hit = cost.prefill("llama-3.1-8b", "h100-sxm", 8192, cached_tokens=served_tokens(int(0.9 * 8192), 8192))
+    return miss.ttft_s / hit.ttft_s
 
-    def ttft_ratio():
-        miss = cost.prefill("llama-3.1-8b", "h100-sxm", 8192)
-        hit = cost.prefill("llama-3.1-8b", "h100-sxm", 8192, cached_tokens=served_tokens(int(0.9 * 8192), 8192))
-        return miss.ttft_s / hit.ttft_s
 
-    def tpot_ms():
-        return 1e3 * cost.decode_step("llama-3.1-8b", "h100-sxm", 1, 8192).step_time_s
+@exercise("ch1.tpot_ms", "ms",
+          "the bytes one decode step moves (weights + KV history); the hit rate does not enter TPOT")
+def _tpot_ms():
+    from . import cost
 
-    def kv_token():
-        return cost.kv_bytes_per_token("llama-2-7b", "fp16")
+    return 1e3 * cost.decode_step("llama-3.1-8b", "h100-sxm", 1, 8192).step_time_s
 
-    def kv_equals_weights():
-        s = cost.decode_step("qwen2.5-7b", "h100-sxm", 1, 8192)
-        return s.weight_read_bytes / (8192 * s.kv_bytes_per_token)
 
-    def int4_speedup():
-        fp16 = cost.decode_step("article-7b", "h100-sxm", 8, 16384)
-        int4 = cost.decode_step("article-7b", "h100-sxm", 8, 16384, weight_dtype="int4")
-        return int4.tokens_per_s / fp16.tokens_per_s
+@exercise("ch2.kv_per_token", "bytes",
+          "the KV heads: Llama 2 7B uses full multi-head attention (32 KV heads), 2 bytes per element")
+def _kv_token():
+    from . import cost
 
-    def request_kv_mib():
-        return 4096 * cost.kv_bytes_per_token("article-7b", "fp16") / 2**20
+    return cost.kv_bytes_per_token("llama-2-7b", "fp16")
 
-    def transfer_10gbe_s():
-        from .tiers import kv_fetch_time_s
 
-        return kv_fetch_time_s("article-7b", 4096, "ethernet-10g", latency_s=0.0)
+@exercise("ch2.kv_equals_weights_batch", "sequences",
+          "the weight bytes streamed per step and the KV bytes per token (Qwen2.5 7B has 4 KV heads)")
+def _kv_equals_weights():
+    from . import cost
 
-    def host_slowdown():
-        from .tiers import tiered_decode_step
+    s = cost.decode_step("qwen2.5-7b", "h100-sxm", 1, 8192)
+    return s.weight_read_bytes / (8192 * s.kv_bytes_per_token)
 
-        return tiered_decode_step("article-7b", "h100-sxm", 8, 4096, "host-pcie5").slowdown
 
-    def knee_16k():
-        import numpy as np
+@exercise("ch2.int4_speedup", "x", "which term dominates the bytes at 16K x 8: int4 shrinks only the weights")
+def _int4_speedup():
+    from . import cost
 
-        from .grids import BATCH_GRID
+    fp16 = cost.decode_step("article-7b", "h100-sxm", 8, 16384)
+    int4 = cost.decode_step("article-7b", "h100-sxm", 8, 16384, weight_dtype="int4")
+    return int4.tokens_per_s / fp16.tokens_per_s
 
-        grid = np.array(BATCH_GRID)
-        return float(grid[cost.batch_knee(cost.decode_step("llama-3.1-8b", "h100-sxm", grid, 16384))])
 
-    def fraction_of_ceiling():
-        return 600 / cost.decode_step("llama-3.1-8b", "h100-sxm", 8, 16384).tokens_per_s
+@exercise("ch3.request_kv_mib", "MiB",
+          "the KV bytes per token (2 x layers x KV heads x head_dim x 2 bytes) and MiB = 2**20 bytes")
+def _request_kv_mib():
+    from . import cost
 
-    def transfer_over_prefill():
-        from .tiers import kv_fetch_time_s
+    return 4096 * cost.kv_bytes_per_token("article-7b", "fp16") / 2**20
 
-        return kv_fetch_time_s("llama-3.1-8b", 8192, "ib-200g") / cost.prefill("llama-3.1-8b", "h100-sxm", 8192).time_s
 
-    def remote_every_step():
-        from .tiers import tiered_decode_step
+@exercise("ch3.transfer_10gbe_s", "s", "the link's bytes per second: 10 Gb/s is 1.25e9 bytes/s, not 10e9")
+def _transfer_10gbe_s():
+    from .tiers import kv_fetch_time_s
 
-        return tiered_decode_step("llama-3.1-8b", "h100-sxm", 1, 8192, "remote-ib-200g").slowdown
+    return kv_fetch_time_s("article-7b", 4096, "ethernet-10g", latency_s=0.0)
 
-    items = [
-        Exercise("ch1.ceiling", "tokens/s", ceiling,
-                 "the weight bytes (parameters x 2 bytes in fp16) and the bandwidth in bytes per second"),
-        Exercise("ch1.ttft_ratio", "x", ttft_ratio,
-                 "the prefill FLOPs of the uncached tokens, including causal attention over the cached prefix"),
-        Exercise("ch1.tpot_ms", "ms", tpot_ms,
-                 "the bytes one decode step moves (weights + KV history); the hit rate does not enter TPOT"),
-        Exercise("ch2.kv_per_token", "bytes", kv_token,
-                 "the KV heads: Llama 2 7B uses full multi-head attention (32 KV heads), 2 bytes per element"),
-        Exercise("ch2.kv_equals_weights_batch", "sequences", kv_equals_weights,
-                 "the weight bytes streamed per step and the KV bytes per token (Qwen2.5 7B has 4 KV heads)"),
-        Exercise("ch2.int4_speedup", "x", int4_speedup,
-                 "which term dominates the bytes at 16K x 8: int4 shrinks only the weights"),
-        Exercise("ch3.request_kv_mib", "MiB", request_kv_mib,
-                 "the KV bytes per token (2 x layers x KV heads x head_dim x 2 bytes) and MiB = 2**20 bytes"),
-        Exercise("ch3.transfer_10gbe_s", "s", transfer_10gbe_s,
-                 "the link's bytes per second: 10 Gb/s is 1.25e9 bytes/s, not 10e9"),
-        Exercise("ch4.transfer_over_prefill", "", transfer_over_prefill,
-                 "the KV bytes of 8,192 tokens over 25 GB/s (a 200 Gb/s NIC) against the prefill's FLOPs"),
-        Exercise("ch4.remote_every_step", "x", remote_every_step,
-                 "the whole KV history read over the NIC at every step, on top of the weights read from HBM"),
-        Exercise("ch5.knee_16k", "sequences", knee_16k,
-                 "the batch at which the KV reads of a step reach the weight bytes (kvlab.cost.batch_knee)"),
-        Exercise("ch5.fraction_of_ceiling", "", fraction_of_ceiling,
-                 "the ceiling: batch x bandwidth / bytes per step, with the KV of all 8 sequences counted"),
-        Exercise("ch3.host_slowdown", "x", host_slowdown,
-                 "the KV bytes read per step and the PCIe 5.0 x16 bandwidth (63 GB/s) against HBM's"),
-    ]
-    return {e.key: e for e in items}
+
+@exercise("ch3.host_slowdown", "x",
+          "the KV bytes read per step and the PCIe 5.0 x16 bandwidth (63 GB/s) against HBM's")
+def _host_slowdown():
+    from .tiers import tiered_decode_step
+
+    return tiered_decode_step("article-7b", "h100-sxm", 8, 4096, "host-pcie5").slowdown
+
+
+@exercise("ch4.transfer_over_prefill", "",
+          "the KV bytes of 8,192 tokens over 25 GB/s (a 200 Gb/s NIC) against the prefill's FLOPs")
+def _transfer_over_prefill():
+    from . import cost
+    from .tiers import kv_fetch_time_s
+
+    return kv_fetch_time_s("llama-3.1-8b", 8192, "ib-200g") / cost.prefill("llama-3.1-8b", "h100-sxm", 8192).time_s
+
+
+@exercise("ch4.remote_every_step", "x",
+          "the whole KV history read over the NIC at every step, on top of the weights read from HBM")
+def _remote_every_step():
+    from .tiers import tiered_decode_step
+
+    return tiered_decode_step("llama-3.1-8b", "h100-sxm", 1, 8192, "remote-ib-200g").slowdown
+
+
+@exercise("ch5.knee_16k", "sequences",
+          "the batch at which the KV reads of a step reach the weight bytes (kvlab.cost.batch_knee)")
+def _knee_16k():
+    import numpy as np
+
+    from . import cost
+    from .grids import BATCH_GRID
+
+    grid = np.array(BATCH_GRID)
+    return float(grid[cost.batch_knee(cost.decode_step("llama-3.1-8b", "h100-sxm", grid, 16384))])
+
+
+@exercise("ch5.fraction_of_ceiling", "",
+          "the ceiling: batch x bandwidth / bytes per step, with the KV of all 8 sequences counted")
+def _fraction_of_ceiling():
+    from . import cost
+
+    return 600 / cost.decode_step("llama-3.1-8b", "h100-sxm", 8, 16384).tokens_per_s
+
+
+def _exercises() -> dict[str, Exercise]:
+    return dict(_EXERCISES)
 
 
 def exercises() -> dict[str, Exercise]:
