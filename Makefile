@@ -16,13 +16,14 @@ RUN_HOME    := $(CURDIR)/$(BUILD_DIR)/home
 SUDO        := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PACKAGES := chromium libibverbs1
 
-.PHONY: help venv system-deps book test test-fast dashboard labs bench bench-gpu clean
+.PHONY: help venv system-deps book test test-fast dashboard labs jupyter bench bench-gpu clean
 
 help:
 	@echo "make book       build the book (HTML in $(HTML_DIR)/index.html)"
 	@echo "make test       the whole suite: unit, property, CLI, notebooks, browser"
 	@echo "make dashboard  serve the live dashboard with Voila on 127.0.0.1"
 	@echo "make labs       write student copies of the labs (answers blanked) to labs/"
+	@echo "make jupyter    JupyterLab on 127.0.0.1 for working through the labs"
 	@echo "make bench      CPU microbenchmarks into results/<machine>/"
 	@echo "make bench-gpu  the GPU sweeps (on a CUDA box, under 10 minutes)"
 
@@ -69,6 +70,12 @@ dashboard: $(STAMP)
 labs: $(STAMP)
 	$(BIN)/python -m kvlab.labs notebooks labs
 	@echo "Student copies (answers blanked) are in $(CURDIR)/labs/"
+
+# JupyterLab on 127.0.0.1 for the labs (installed into .venv on first use; the book does not need it).
+jupyter: $(STAMP)
+	@$(BIN)/python -c "import jupyterlab" 2>/dev/null || $(BIN)/python -m pip install --quiet "jupyterlab>=4,<5"
+	@mkdir -p labs
+	$(BIN)/jupyter lab --ip=127.0.0.1 --port=$${PORT:-8888} --no-browser --notebook-dir=labs
 
 # CPU microbenchmarks into results/<machine>/ (memory, transfer, recompute-vs-fetch, decode; the
 # decode points also timed with PyTorch's CPU kernels, right after each: decode-torch-kernels).

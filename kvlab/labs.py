@@ -175,6 +175,31 @@ def _fraction_of_ceiling():
     return 600 / cost.decode_step("llama-3.1-8b", "h100-sxm", 8, 16384).tokens_per_s
 
 
+@exercise("ch5b.unlimited_token_hit_ratio", "",
+          "the replay's token hit ratio (prompt tokens served / all prompt tokens), not its request-level "
+          "hit rate; a hit never serves a prompt's last token")
+def _unlimited_token_hit_ratio():
+    import math
+
+    from .prefix import replay
+    from .traces import trace_or_generated
+
+    return replay(trace_or_generated("conversation"), math.inf).token_hit_ratio
+
+
+@exercise("ch5b.request_over_token", "x",
+          "the two definitions of a hit in the same replay: requests that found any cached block, against "
+          "prompt tokens served")
+def _request_over_token():
+    import math
+
+    from .prefix import replay
+    from .traces import trace_or_generated
+
+    r = replay(trace_or_generated("conversation"), math.inf)
+    return r.request_hit_rate / r.token_hit_ratio
+
+
 def _exercises() -> dict[str, Exercise]:
     return dict(_EXERCISES)
 

@@ -60,3 +60,32 @@ def test_student_copies_fail_with_hints(tmp_path):
         for output in checks:
             text = output["data"]["text/plain"]
             assert text.startswith("FAIL") and "Hint" in text, text
+
+
+def test_answers_are_hidden_in_the_built_book():
+    """Every exercise cell carries the `hide-cell` tag: the built book shows a toggle, not the
+    answer (nbval still runs the cell and checks its verdict)."""
+    for path in NOTEBOOKS:
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.cell_type == "code" and labs.ANSWER_MARK in cell.source:
+                assert "hide-cell" in cell.metadata.get("tags", []), (path.name, cell.source[:60])
+
+
+def test_reference_answers_pass(monkeypatch):
+    """Each chapter's reference answers, run in order as a reader would, pass their checks
+    (also where a chapter's data depend on which trace this machine has)."""
+    real_check, results = labs.check, []
+
+    def recording_check(key, answer):
+        result = real_check(key, answer)
+        results.append(result)
+        return result
+
+    monkeypatch.setattr(labs, "check", recording_check)
+    for path in NOTEBOOKS:
+        namespace: dict = {}
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.cell_type == "code" and "labs.check(" in cell.source:
+                exec(compile(cell.source, f"{path.name}:lab", "exec"), namespace)
+    assert {r.key for r in results} == set(labs.exercises())
+    assert all(r.passed for r in results), [r for r in results if not r.passed]
