@@ -115,3 +115,33 @@ def test_catalog_builds_every_embedded_panel():
 
     built = {key: make() for key, make in panels().items()}
     assert all(isinstance(p, Panel) and p.key == key for key, p in built.items())
+
+
+# ------------------------------------------------------------------ chapter 2
+
+def test_batching_levels_off_below_the_ridge_at_4k():
+    """GQA decode at 4K: the intensity a huge batch reaches is ~32 FLOP/B (Llama 3.1 8B),
+    far below an H100's ridge (~295); only contexts of a few hundred tokens get there."""
+    from kvlab import cost
+    from kvlab.book import bandwidth_wall as ch2
+
+    limit = ch2.large_batch_intensity("llama-3.1-8b", "h100-sxm", 4096)
+    assert 31 < limit < 33
+    huge = cost.decode_step("llama-3.1-8b", "h100-sxm", 1_000_000, 4096)
+    assert huge.arithmetic_intensity == pytest.approx(limit, rel=1e-3) and huge.bound == "memory"
+    longest = ch2.longest_compute_bound_context("llama-3.1-8b", "h100-sxm")
+    ridge = huge.ridge_flops_per_byte
+    assert ch2.large_batch_intensity("llama-3.1-8b", "h100-sxm", longest) >= ridge
+    assert ch2.large_batch_intensity("llama-3.1-8b", "h100-sxm", longest + 1) < ridge
+    assert 300 < longest < 500
+    assert cost.decode_step("llama-3.1-8b", "h100-sxm", 1_000_000, longest // 2).bound == "compute"
+
+
+def test_tier_steps_are_not_all_orders_of_magnitude():
+    from kvlab.book.bandwidth_wall import tier_step_ratios
+
+    r = tier_step_ratios()
+    assert r["hbm_over_ddr"] == pytest.approx(15.6, rel=0.01)
+    assert r["ddr_over_pcie"] == pytest.approx(4.9, rel=0.01)
+    assert r["pcie_over_nic"] == pytest.approx(2.5, rel=0.01)
+    assert r["hbm_over_nic"] == pytest.approx(r["hbm_over_ddr"] * r["ddr_over_pcie"] * r["pcie_over_nic"])

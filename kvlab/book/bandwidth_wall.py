@@ -67,6 +67,16 @@ def numbers() -> dict[str, str]:
     })
     for name in ("batch", "context", "quantization", "roofline"):
         out.update(p[name].readout_texts())
+    base = p["ledger"].default_state
+    ridge = cost.decode_step(base["model"], base["hardware"], 1, 1).ridge_flops_per_byte
+    out.update({
+        "wall_context": fmt.fixed(base["context"], 0),
+        "wall_limit": fmt.sig(large_batch_intensity(base["model"], base["hardware"], base["context"]), 2),
+        "wall_ridge": fmt.sig(ridge, 3),
+        "wall_longest_context": fmt.fixed(longest_compute_bound_context(base["model"], base["hardware"]), 0),
+        "wall_device": get_device(base["hardware"]).display_name,
+    })
+    out.update({k: fmt.sig(v, 2) for k, v in tier_step_ratios().items()})
     knee, quant = p["batch"].default_state, p["quantization"].default_state
     out.update({
         "knee_model": get_model(knee["model"]).display_name,
@@ -85,3 +95,41 @@ def worked_example() -> str:
         f"step: {art.step_bytes / 1e9:.2f} GB -> {art.tokens_per_s:.1f} tokens/s at 2 TB/s, batch 1",
         f"batch 16: {art16.tokens_per_s:.0f} tokens/s in aggregate, {art16.tokens_per_s_per_sequence:.1f} per sequence",
     ])
+
+
+# ------------------------------------------------ what batching cannot do at long contexts
+
+def large_batch_intensity(model, hardware, context, weight_dtype="fp16", kv_dtype="fp16") -> float:
+    """FLOPs per byte a decode step tends to as the batch grows without bound.
+
+    Weights are read once per step, so at a large batch they stop counting; each sequence
+    still brings its own KV and its own FLOPs, so the intensity levels off at
+    (FLOPs per sequence) / (KV bytes per sequence), whatever the batch.
+    """
+    one = cost.decode_step(model, hardware, 1, context, weight_dtype, kv_dtype)
+    return float(one.flops / (one.kv_read_bytes + one.kv_write_bytes))
+
+
+def longest_compute_bound_context(model, hardware, weight_dtype="fp16", kv_dtype="fp16") -> int:
+    """The longest context at which a large enough batch reaches the device's ridge point
+    (0 if none does): beyond it, no batch makes decode compute-bound."""
+    ridge = cost.decode_step(model, hardware, 1, 1, weight_dtype, kv_dtype).ridge_flops_per_byte
+    lo, hi = 0, int(cost.MAX_CONTEXT_TOKENS)
+    if large_batch_intensity(model, hardware, 1, weight_dtype, kv_dtype) < ridge:
+        return 0
+    while hi - lo > 1:  # the intensity limit falls as the context grows
+        mid = (lo + hi) // 2
+        if large_batch_intensity(model, hardware, mid, weight_dtype, kv_dtype) >= ridge:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def tier_step_ratios() -> dict[str, float]:
+    """How much bandwidth each step down the hierarchy costs, from the catalogue: HBM3e to
+    8-channel DDR5 host memory, DDR5 to the PCIe 5.0 x16 link it reaches the GPU through,
+    PCIe 5.0 to one 200 Gb/s NIC, and HBM3e to that NIC end to end."""
+    bw = {name: get_tier(name).bandwidth_bytes_per_s for name in ("hbm3e", "ddr5", "pcie5-x16", "ib-200g")}
+    return {"hbm_over_ddr": bw["hbm3e"] / bw["ddr5"], "ddr_over_pcie": bw["ddr5"] / bw["pcie5-x16"],
+            "pcie_over_nic": bw["pcie5-x16"] / bw["ib-200g"], "hbm_over_nic": bw["hbm3e"] / bw["ib-200g"]}

@@ -19,6 +19,29 @@ def panels() -> dict:
             "granularity": prefix_panels.granularity_panel()}
 
 
+@functools.cache
+def capacity_curve(trace_name: str = "conversation") -> dict:
+    """Hit ratios against capacity for every policy (kvlab.prefix.hit_ratio_curve)."""
+    return prefix.hit_ratio_curve(trace_or_generated(trace_name), model="llama-3.1-8b")
+
+
+def definitions_disagree(curve: dict, policy: str = "lru") -> tuple[float, float]:
+    """(least, most): how many times the request-level hit rate exceeds the token hit ratio
+    over the curve's cache sizes."""
+    p = curve["policies"][policy]
+    ratio = p["request_hit_rate"] / p["token_hit_ratio"]
+    return float(ratio.min()), float(ratio.max())
+
+
+def widest_policy_gap(curve: dict, better: str = "lru", worse: str = "length-aware") -> dict:
+    """The cache size at which `worse` trails `better` most: its share of the trace's distinct
+    blocks and the two token hit ratios there."""
+    a, b = curve["policies"][better]["token_hit_ratio"], curve["policies"][worse]["token_hit_ratio"]
+    i = int(np.argmax(a - b))
+    caps = curve["capacity_blocks"]
+    return {"share_of_blocks": float(caps[i] / caps.max()), better: float(a[i]), worse: float(b[i])}
+
+
 def suffix_where_ttft_halves(values) -> float:
     """The unique-message length at which token-granular caching halves the whole-request
     cache's TTFT, interpolated (in log length) on the sweep `values`; NaN if not monotonic."""
@@ -41,6 +64,12 @@ def numbers() -> dict[str, str]:
         "block_tokens": fmt.fixed(conv.block_tokens, 0),
         "conv_reusable": fmt.percent(stats.reusable_token_share),
     }
+    curve = capacity_curve()
+    least, most = definitions_disagree(curve)
+    gap = widest_policy_gap(curve)
+    out.update({"defs_least": fmt.sig(least, 2), "defs_most": fmt.sig(most, 2),
+                "gap_share": fmt.percent(gap["share_of_blocks"]), "gap_lru": fmt.percent(gap["lru"]),
+                "gap_length_aware": fmt.percent(gap["length-aware"])})
     p = panels()
     for panel in p.values():
         out.update(panel.readout_texts())
