@@ -161,13 +161,17 @@ class Kernels:
                                     _range(self.all_reduce, "message bytes")))
         return out
 
+    @property
+    def overhead_s(self) -> float:
+        """The per-step fixed cost: the kernel floor times the launches no table times."""
+        return sum(calls for _, calls, *_ in self.small) * self.floor_s
+
     def _step(self, ops: list[OperatorTime]) -> StepTime:
         total = sum(op.measured_s for op in ops)
         ok = True
         for op in ops:  # shapes differ (GEMMs follow the batch, attention the contexts too)
             ok = ok & np.asarray(op.in_range)
-        overhead = sum(calls for _, calls, *_ in self.small) * self.floor_s
-        return StepTime(total, overhead, ok, tuple(ops), self.source)
+        return StepTime(total, self.overhead_s, ok, tuple(ops), self.source)
 
     # --------------------------------------------------------------------- the steps
     def decode(self, batch, context) -> StepTime:
@@ -257,7 +261,13 @@ def _plain(x):
 def measured_decode_fields(m, dev, wdt, kdt, batch, context, scalar: bool) -> dict:
     """The `DecodeStep` fields measured mode replaces. A scalar point outside the tables
     raises (naming the operators and their measured ranges); array points there are NaN."""
-    step = _kernels(m, dev, wdt, kdt, 1).decode(batch, context)
+    kernels_ = _kernels(m, dev, wdt, kdt, 1)
+    if scalar:  # the numpy-free path; the full one only to say what is out of range
+        t = kernels_.decode_step_s(batch, context)
+        if t == t:
+            return dict(step_time_s=t, tokens_per_s=batch / t, tokens_per_s_per_sequence=1.0 / t,
+                        efficiency_source=kernels_.source, overhead_s=kernels_.overhead_s)
+    step = kernels_.decode(batch, context)
     if scalar and not bool(step.in_range):
         raise KvlabError(f"{m.name} on {dev.name}, batch {batch}, context {context}: outside the "
                          f"measured kernel tables ({'; '.join(step.out_of_range())})")
