@@ -175,6 +175,11 @@ def test_measured_is_never_below_the_ceiling(device, model, batch, context):
     assert fast == pytest.approx(s.step_time_s[0], rel=1e-9)
 
 
+def test_a_batch_of_unequal_contexts_is_timed_at_its_mean():
+    k = kernels("llama-3.1-8b", "h100-sxm")
+    assert k.decode_contexts_s([1000, 3000, 2000, 2000]) == k.decode_step_s(4, 2000)
+
+
 def test_grids_give_nan_out_of_range_and_scalars_refuse():
     grid = cost.decode_step("llama-3.1-8b", "h100-sxm", np.array([1, 16, 4096]), 4096,
                             efficiency="measured")

@@ -40,10 +40,12 @@ def register(sub) -> None:
     p.add_argument("--kv-dtype", default="fp16", help="dtype of the KV cache (same names)")
     p.add_argument("--cached", type=count, default=0, metavar="TOKENS",
                    help="prompt tokens served by a prefix-cache hit, for the TTFT of one request (default 0)")
+    from ..measured.tables import devices_with_data
+
     p.add_argument("--efficiency", type=efficiency, default=1.0,
                    help="fraction of peak bandwidth/FLOP/s reached (default 1.0, the ceiling), or "
                    "'measured': every operator timed from published kernel tables (TensorRT-LLM, "
-                   "via aiconfigurator-core; h100-sxm, h200, a100-80gb, l40s, b200)")
+                   f"via aiconfigurator-core; {', '.join(devices_with_data())})")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 

@@ -239,6 +239,12 @@ class Kernels:
         return fixed + self.model.num_layers * max(per_layer, floor)
 
 
+    def decode_contexts_s(self, contexts) -> float:
+        """One decode step of a batch whose sequences hold these contexts (one per sequence):
+        timed at their mean, which keeps the step's KV bytes (attention's cost)."""
+        return self.decode_step_s(len(contexts), sum(contexts) / len(contexts))
+
+
 @lru_cache(maxsize=64)
 def _kernels(model: ModelSpec, device: Device, wdt: DType, kdt: DType, tp: int) -> Kernels:
     return Kernels(model, device, wdt, kdt, tp)
