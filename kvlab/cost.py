@@ -8,7 +8,9 @@ FLOPs.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
+from functools import lru_cache
 
 import numpy as np
 
@@ -37,6 +39,14 @@ def _out(x):
 @dataclass(frozen=True)
 class Result:
     """Base for ledger results: `to_dict()` gives JSON-ready values."""
+
+    @classmethod
+    def _build(cls, **values):
+        """The instance `cls(**values)` would make, without the frozen dataclass's field-by-
+        field `object.__setattr__` (a third of a scalar ledger call). Every field is given."""
+        obj = object.__new__(cls)
+        obj.__dict__.update(values)
+        return obj
 
     def to_dict(self) -> dict:
         out = {}
@@ -96,7 +106,7 @@ class DecodeStep(Result):
     batch: object
     context: object
     bandwidth_bytes_per_s: object
-    efficiency: object
+    efficiency: object  # a fraction of the peaks, or "measured"
     weight_bytes: float  # weights in memory
     weight_read_bytes: object  # weights streamed by this step
     kv_bytes_per_token: float
@@ -106,10 +116,10 @@ class DecodeStep(Result):
     flops: object
     arithmetic_intensity: object  # FLOPs per byte moved
     ridge_flops_per_byte: object  # roofline knee: peak FLOP/s / bandwidth in use
-    memory_time_s: object
-    compute_time_s: object
+    memory_time_s: object  # step bytes / bandwidth (x efficiency)
+    compute_time_s: object  # step FLOPs / peak (x efficiency)
     step_time_s: object
-    bound: object  # "memory" or "compute"
+    bound: object  # "memory" or "compute": which of the two whole-step times is longer
     tokens_per_s: object  # aggregate over the batch
     tokens_per_s_per_sequence: object
     kv_cache_bytes: object  # KV held in memory for the batch
@@ -117,6 +127,57 @@ class DecodeStep(Result):
     capacity_bytes: float
     fits: object
     max_batch: object  # largest batch whose KV fits beside the weights at this context
+    ceiling_step_time_s: object  # sum over operators of max(bytes/bandwidth, FLOPs/peak)
+    efficiency_source: str  # what step_time_s rests on: the sheet peaks, or which tables
+    overhead_s: object = 0.0  # measured mode: the per-step fixed cost of the small kernels
+
+
+@lru_cache(maxsize=256)
+def _params(m: ModelSpec):
+    """Parameter counts, derived once per model (a ledger call needs them several times)."""
+    return m.params
+
+
+_dtype = lru_cache(maxsize=256)(parse_dtype)
+
+
+def _scalar(*values) -> bool:
+    return all(type(v) in (int, float) for v in values)
+
+
+def _touched(m: ModelSpec, tokens, scalar: bool):
+    """Experts a batch of tokens touches per MoE layer (0 for dense models)."""
+    if not m.is_moe:
+        return 0.0
+    if scalar:
+        return m.num_experts * (1.0 - (1.0 - m.experts_per_token / m.num_experts) ** tokens)
+    return expected_experts_touched(m.num_experts, m.experts_per_token, tokens)
+
+
+def _ceiling(terms, bandwidth, peak, scalar: bool):
+    """Sum over operators of max(bytes / bandwidth, FLOPs / peak).
+
+    `terms` are (bytes, FLOPs) of groups of operators that share an arithmetic intensity:
+    every weight GEMM (and norm) at one m moves its weights once and does 2 FLOPs per
+    weight per token, so they are bound alike and their maxima add up exactly; routed
+    experts (an intensity of their own) and attention are the other groups. The detailed
+    list is `kvlab.operators.decode_operators`; a test checks the two agree.
+    """
+    top = max if scalar else np.maximum
+    total = 0.0
+    for nbytes, flops in terms:
+        total = total + top(nbytes / bandwidth, flops / peak)
+    return total
+
+
+def _is_measured(efficiency) -> bool:
+    return isinstance(efficiency, str) and efficiency.strip().lower() == "measured"
+
+
+def _check_efficiency(efficiency):
+    if isinstance(efficiency, str) and not _is_measured(efficiency):
+        raise KvlabError(f"efficiency must be a number in (0, 1] or 'measured', got {efficiency!r}")
+    return check_number("efficiency", efficiency, maximum=1.0)
 
 
 def decode_step(
@@ -132,65 +193,94 @@ def decode_step(
 ) -> DecodeStep:
     """The ledger of one decode step. Array arguments broadcast against each other.
 
-    `bandwidth_bytes_per_s` overrides the device's peak (to budget with a measured
-    figure); `efficiency` scales both bandwidth and FLOP/s (1.0 = the physical ceiling,
-    0.6-0.85 is what real kernels reach).
+    The ceiling is the sum over the step's operators of max(bytes / bandwidth, FLOPs /
+    peak). `bandwidth_bytes_per_s` overrides the device's peak (to budget with a measured
+    figure); a numeric `efficiency` scales both bandwidth and FLOP/s (1.0 = the physical
+    ceiling, 0.6-0.85 is what real kernels reach); `efficiency="measured"` times every
+    operator from published kernel tables instead (`kvlab.measured`; devices with data
+    only; a scalar point outside the tables raises, array points there are NaN).
     """
     m, dev = get_model(model), get_device(hardware)
-    wdt, kdt = parse_dtype(weight_dtype), parse_dtype(kv_dtype)
+    wdt, kdt = _dtype(weight_dtype), _dtype(kv_dtype)
     batch = check_number("batch", batch, minimum=1, allow_equal_min=True, maximum=MAX_BATCH, integer=True)
-    context = check_number("context", context, minimum=0, allow_equal_min=True, maximum=MAX_CONTEXT_TOKENS, integer=True)
-    bandwidth = dev.memory_bandwidth_bytes_per_s if bandwidth_bytes_per_s is None else bandwidth_bytes_per_s
-    bandwidth = check_number("bandwidth (bytes/s)", bandwidth, maximum=MAX_BANDWIDTH_BYTES_PER_S)
-    efficiency = check_number("efficiency", efficiency, maximum=1.0)
+    context = check_number("context", context, minimum=0, allow_equal_min=True,
+                           maximum=MAX_CONTEXT_TOKENS, integer=True)
+    measured = _is_measured(efficiency)
+    if measured and bandwidth_bytes_per_s is not None:
+        raise KvlabError("efficiency 'measured' times kernels from their tables; "
+                         "a bandwidth override does not apply to it")
+    bandwidth = dev.memory_bandwidth_bytes_per_s if bandwidth_bytes_per_s is None else check_number(
+        "bandwidth (bytes/s)", bandwidth_bytes_per_s, maximum=MAX_BANDWIDTH_BYTES_PER_S)
+    eff = 1.0 if measured else _check_efficiency(efficiency)
     capacity = dev.capacity_bytes if capacity_bytes is None else check_number(
         "capacity (bytes)", capacity_bytes, maximum=MAX_CAPACITY_BYTES)
+    scalar = _scalar(batch, context, bandwidth, eff, capacity)
+    fields = _decode_fields(m, dev, wdt, kdt, batch, context, bandwidth, eff, capacity, scalar)
+    if measured:
+        from .measured.timing import measured_decode_fields
 
-    b = np.asarray(batch, dtype=float)
-    attended = np.asarray(m.effective_context(np.asarray(context, dtype=float)), dtype=float)
-    w_total = weight_bytes(m, wdt)
-    w_read = np.asarray(weight_read_bytes(m, b, wdt), dtype=float)
-    kv_tok = kv_bytes_per_token(m, kdt)
+        fields.update(measured_decode_fields(m, dev, wdt, kdt, batch, context, scalar))
+    fields.setdefault("overhead_s", 0.0)
+    return DecodeStep._build(model=m.name, hardware=dev.name, weight_dtype=wdt.name,
+                             kv_dtype=kdt.name, batch=batch, context=context,
+                             efficiency="measured" if measured else eff, **fields)
+
+
+def _decode_fields(m, dev, wdt, kdt, batch, context, bandwidth, eff, capacity, scalar) -> dict:
+    """Every number of a decode step at the sheet's peaks x `eff` (plain floats for scalar
+    inputs: no numpy on that path, which a simulator calls thousands of times)."""
+    p = _params(m)
+    wbpe = wdt.bytes_per_element
+    if scalar:
+        b = float(batch)
+        attended = float(min(context, m.sliding_window) if m.sliding_window else context)
+    else:
+        b = np.asarray(batch, dtype=float)
+        attended = np.asarray(m.effective_context(np.asarray(context, dtype=float)), dtype=float)
+    touched = _touched(m, b, scalar)
+    w_total = p.total * wbpe
+    w_read = (p.streamed_dense + p.moe_layers * touched * p.expert) * wbpe
+    kv_tok = m.kv_elements_per_token * kdt.bytes_per_element
     kv_read = b * attended * kv_tok
     kv_write = b * kv_tok
     step_bytes = w_read + kv_read + kv_write
-
-    p = m.params
-    flops = b * (2.0 * p.active_per_token(m.experts_per_token) + m.attention_flops_per_cached_token * attended)
+    active = p.active_per_token(m.experts_per_token)
+    attention_flops = b * m.attention_flops_per_cached_token * attended
+    flops = b * (2.0 * active + m.attention_flops_per_cached_token * attended)
     peak = dev.peak_flops_per_s(wdt.compute)
-    memory_time = step_bytes / (np.asarray(bandwidth) * efficiency)
-    compute_time = flops / (peak * np.asarray(efficiency))
-    step_time = np.maximum(memory_time, compute_time)
-    bound = np.where(compute_time > memory_time, "compute", "memory")
-
-    kv_cache = b * attended * kv_tok
-    needed = w_total + kv_cache
-    per_seq_kv = np.maximum(attended, 1.0) * kv_tok
-    max_batch = np.floor(np.maximum(capacity - w_total, 0.0) / per_seq_kv)
-    return DecodeStep(
-        model=m.name, hardware=dev.name, weight_dtype=wdt.name, kv_dtype=kdt.name,
-        batch=batch, context=context, bandwidth_bytes_per_s=_out(np.asarray(bandwidth)),
-        efficiency=efficiency,
-        weight_bytes=w_total,
-        weight_read_bytes=_out(w_read),
-        kv_bytes_per_token=kv_tok,
-        kv_read_bytes=_out(kv_read),
-        kv_write_bytes=_out(kv_write),
-        step_bytes=_out(step_bytes),
-        flops=_out(flops),
-        arithmetic_intensity=_out(flops / step_bytes),
-        ridge_flops_per_byte=_out(peak / np.asarray(bandwidth, dtype=float)),
-        memory_time_s=_out(memory_time),
-        compute_time_s=_out(compute_time),
-        step_time_s=_out(step_time),
-        bound=bound.item() if bound.ndim == 0 else bound,
-        tokens_per_s=_out(b / step_time),
-        tokens_per_s_per_sequence=_out(1.0 / step_time),
-        kv_cache_bytes=_out(kv_cache),
-        memory_needed_bytes=_out(needed),
-        capacity_bytes=capacity,
-        fits=_out(needed <= capacity),
-        max_batch=_out(max_batch.astype(np.int64)),
+    ceiling = _ceiling(((p.streamed_dense * wbpe, b * 2.0 * p.streamed_dense),
+                        (p.moe_layers * touched * p.expert * wbpe,
+                         b * 2.0 * (active - p.streamed_dense)),
+                        (kv_read + kv_write, attention_flops)), bandwidth, peak, scalar)
+    step_time = ceiling / eff
+    memory_time = step_bytes / (bandwidth * eff)
+    compute_time = flops / (peak * eff)
+    needed = w_total + kv_read
+    per_seq_kv = (max(attended, 1.0) if scalar else np.maximum(attended, 1.0)) * kv_tok
+    room = max(capacity - w_total, 0.0) if scalar else np.maximum(capacity - w_total, 0.0)
+    if scalar:
+        bound = "compute" if compute_time > memory_time else "memory"
+        max_batch, fits = math.floor(room / per_seq_kv), needed <= capacity
+    else:
+        bound = np.where(compute_time > memory_time, "compute", "memory")
+        bound = bound.item() if bound.ndim == 0 else bound
+        max_batch = _out(np.floor(room / per_seq_kv).astype(np.int64))
+        fits = _out(np.asarray(needed <= capacity))
+    out = _out if not scalar else (lambda x: x)
+    plain = eff == 1.0 if scalar else bool(np.all(np.asarray(eff) == 1.0))
+    source = "the sheet's bandwidth and FLOP/s" + ("" if plain else " x the given efficiency")
+    return dict(
+        bandwidth_bytes_per_s=out(np.asarray(bandwidth)) if not scalar else bandwidth,
+        weight_bytes=w_total, weight_read_bytes=out(w_read), kv_bytes_per_token=kv_tok,
+        kv_read_bytes=out(kv_read), kv_write_bytes=out(kv_write), step_bytes=out(step_bytes),
+        flops=out(flops), arithmetic_intensity=out(flops / step_bytes),
+        ridge_flops_per_byte=out(peak / (bandwidth if scalar else np.asarray(bandwidth, float))),
+        memory_time_s=out(memory_time), compute_time_s=out(compute_time),
+        step_time_s=out(step_time), bound=bound,
+        tokens_per_s=out(b / step_time), tokens_per_s_per_sequence=out(1.0 / step_time),
+        kv_cache_bytes=out(kv_read), memory_needed_bytes=out(needed), capacity_bytes=capacity,
+        fits=fits, max_batch=max_batch, ceiling_step_time_s=out(ceiling),
+        efficiency_source=source,
     )
 
 
@@ -211,6 +301,8 @@ class Prefill(Result):
     time_s: object
     bound: object
     ttft_s: object  # prefill time; queueing and KV fetch are added by tiers/sim
+    ceiling_time_s: object = None  # sum over operators of max(bytes/bandwidth, FLOPs/peak)
+    efficiency_source: str = ""
 
 
 def prefill(
@@ -232,14 +324,24 @@ def prefill(
     so attention costs n*c + n(n+1)/2 query-key pairs. A prefix hit removes both the
     linear and most of the quadratic work; that is all a hit saves. Without FlashAttention
     (`flash_attention=False`) the score matrices also make round trips through memory,
-    which FlashAttention keeps on chip: same FLOPs, fewer bytes.
+    which FlashAttention keeps on chip: same FLOPs, more bytes, and per operator that turns
+    attention from compute- to memory-bound. `efficiency="measured"` times the operators
+    from kernel tables (FlashAttention kernels only).
     """
     m, dev = get_model(model), get_device(hardware)
-    wdt, kdt = parse_dtype(weight_dtype), parse_dtype(kv_dtype)
-    prompt = check_number("prompt_tokens", prompt_tokens, minimum=1, allow_equal_min=True, maximum=MAX_CONTEXT_TOKENS, integer=True)
-    cached = check_number("cached_tokens", cached_tokens, minimum=0, allow_equal_min=True, maximum=MAX_CONTEXT_TOKENS, integer=True)
+    wdt, kdt = _dtype(weight_dtype), _dtype(kv_dtype)
+    prompt = check_number("prompt_tokens", prompt_tokens, minimum=1, allow_equal_min=True,
+                          maximum=MAX_CONTEXT_TOKENS, integer=True)
+    cached = check_number("cached_tokens", cached_tokens, minimum=0, allow_equal_min=True,
+                          maximum=MAX_CONTEXT_TOKENS, integer=True)
     batch = check_number("batch", batch, minimum=1, allow_equal_min=True, maximum=MAX_BATCH, integer=True)
-    efficiency = check_number("efficiency", efficiency, maximum=1.0)
+    measured = _is_measured(efficiency)
+    overrides = flops_per_s is not None or bandwidth_bytes_per_s is not None
+    if measured and (overrides or not flash_attention):
+        raise KvlabError("efficiency 'measured' times FlashAttention kernels from their tables; "
+                         "flops_per_s, bandwidth_bytes_per_s and flash_attention=False "
+                         "do not apply")
+    eff = 1.0 if measured else _check_efficiency(efficiency)
     p_arr, c_arr, b = (np.asarray(x, dtype=float) for x in (prompt, cached, batch))
     if np.any(c_arr > p_arr):
         bad = int(np.max(c_arr - p_arr))
@@ -247,26 +349,43 @@ def prefill(
                          "a prefix hit covers at most the whole prompt")
     n = p_arr - c_arr
     pairs = n * c_arr + n * (n + 1) / 2
-    p = m.params
-    flops = b * (2.0 * p.active_per_token(m.experts_per_token) * n + m.attention_flops_per_cached_token * pairs)
+    p = _params(m)
+    active = p.active_per_token(m.experts_per_token)
+    attention_flops = b * m.attention_flops_per_cached_token * pairs
+    flops = b * (2.0 * active * n + m.attention_flops_per_cached_token * pairs)
     kv_tok = kv_bytes_per_token(m, kdt)
-    bytes_moved = weight_read_bytes(m, b * np.maximum(n, 1), wdt) + b * (c_arr + n) * kv_tok
+    attention_bytes = b * (c_arr + n) * kv_tok
     if not flash_attention:
-        bytes_moved = bytes_moved + b * (m.num_heads * m.num_layers) * pairs * NAIVE_ATTENTION_PASSES * SCORE_BYTES
+        attention_bytes = attention_bytes + b * (m.num_heads * m.num_layers) * pairs \
+            * NAIVE_ATTENTION_PASSES * SCORE_BYTES
+    w_read = weight_read_bytes(m, b * np.maximum(n, 1), wdt)
+    bytes_moved = w_read + attention_bytes
     peak = dev.peak_flops_per_s(wdt.compute) if flops_per_s is None else check_number(
         "flops_per_s", flops_per_s, maximum=MAX_FLOPS_PER_S)
-    compute_time = np.where(n > 0, flops / (np.asarray(peak) * efficiency), 0.0)
     bandwidth = dev.memory_bandwidth_bytes_per_s if bandwidth_bytes_per_s is None else check_number(
         "bandwidth (bytes/s)", bandwidth_bytes_per_s, maximum=MAX_BANDWIDTH_BYTES_PER_S)
-    memory_time = np.where(n > 0, bytes_moved / (np.asarray(bandwidth) * efficiency), 0.0)
-    time_s = np.maximum(compute_time, memory_time)
+    compute_time = np.where(n > 0, flops / (np.asarray(peak) * eff), 0.0)
+    memory_time = np.where(n > 0, bytes_moved / (np.asarray(bandwidth) * eff), 0.0)
+    dense_w = p.streamed_dense * wdt.bytes_per_element
+    ceiling = np.where(n > 0, _ceiling(((dense_w, b * 2.0 * p.streamed_dense * n),
+                                        (w_read - dense_w,
+                                         b * 2.0 * (active - p.streamed_dense) * n),
+                                        (attention_bytes, attention_flops)),
+                                       np.asarray(bandwidth), np.asarray(peak), False), 0.0)
+    time_s = ceiling / eff
+    source = "the sheet's bandwidth and FLOP/s"
+    source += "" if np.all(eff == 1.0) else " x the given efficiency"
+    if measured:
+        from .measured.timing import measured_prefill_time
+
+        time_s, source = measured_prefill_time(m, dev, wdt, kdt, batch, prompt, cached)
     bound = np.where(compute_time >= memory_time, "compute", "memory")
     return Prefill(
         batch=batch, prompt_tokens=prompt, cached_tokens=cached, computed_tokens=_out(n),
         flops=_out(flops), bytes_moved=_out(np.asarray(bytes_moved)),
         compute_time_s=_out(compute_time), memory_time_s=_out(memory_time),
         time_s=_out(time_s), bound=bound.item() if bound.ndim == 0 else bound,
-        ttft_s=_out(time_s),
+        ttft_s=_out(time_s), ceiling_time_s=_out(ceiling), efficiency_source=source,
     )
 
 

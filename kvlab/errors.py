@@ -41,6 +41,20 @@ def check_number(
     broadcast. `maximum` guards against absurd inputs (a batch of 1e30) that would
     otherwise produce meaningless but plausible-looking output.
     """
+    if type(value) in (int, float):  # fast path: a plain Python number, no numpy
+        v = float(value)
+        requirement = None
+        if not math.isfinite(v):
+            requirement = "a finite number"
+        elif not (v >= minimum if allow_equal_min else v > minimum):
+            requirement = f"{'>=' if allow_equal_min else '>'} {minimum:g}"
+        elif not v <= maximum:
+            requirement = f"<= {maximum:g}"
+        elif integer and v != round(v):
+            requirement = "a whole number"
+        if requirement:
+            raise KvlabError(f"{name} must be {requirement}, got {value!r}")
+        return int(v) if integer else v
     try:
         arr = np.asarray(value, dtype=float)
     except (TypeError, ValueError):

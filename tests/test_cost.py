@@ -11,7 +11,7 @@ from kvlab.hardware import get_device, get_tier, tiers
 from kvlab.models import models
 
 MODELS = sorted(models())
-DEVICES = ["h200", "h100-sxm", "a100-80gb", "l40s", "rtx-4090", "rtx-3090", "l4", "mi300x"]
+DEVICES = ["b200", "h200", "h100-sxm", "a100-80gb", "l40s", "rtx-4090", "rtx-3090", "l4", "mi300x"]
 DTYPES = ["fp32", "bf16", "fp16", "fp8", "int8", "int4", "int4-g128"]
 
 
@@ -42,6 +42,9 @@ def test_device_figures():
     h200 = get_device("h200")
     assert (h200.capacity_bytes, h200.memory_bandwidth_bytes_per_s) == (141e9, 4.8e12)
     assert h200.bf16_flops_per_s == 989e12 and h200.fp8_flops_per_s == 1979e12
+    b200 = get_device("b200")
+    assert (b200.capacity_bytes, b200.memory_bandwidth_bytes_per_s) == (180e9, 8e12)
+    assert (b200.bf16_flops_per_s, b200.fp8_flops_per_s) == (2250e12, 4500e12)
     a100 = get_device("a100-80gb")
     assert a100.fp8_flops_per_s is None
     assert a100.peak_flops_per_s("fp8") == a100.bf16_flops_per_s  # no fp8 units: bf16 rate
@@ -197,8 +200,94 @@ def test_more_bandwidth_never_fewer_tokens(model, device, batch, context, bw, fa
 
 @settings(max_examples=100, deadline=None)
 @given(**common)
-def test_step_time_is_max_of_memory_and_compute(model, device, batch, context):
+def test_step_time_is_the_per_operator_ceiling(model, device, batch, context):
+    """The sum over operators of their own max lies between the whole step's max and the
+    sum of its memory and compute times, scaled by 1 / efficiency."""
     s = cost.decode_step(model, device, batch, context, efficiency=0.8)
-    assert s.step_time_s == max(s.memory_time_s, s.compute_time_s)
+    assert max(s.memory_time_s, s.compute_time_s) * (1 - 1e-12) <= s.step_time_s
+    assert s.step_time_s <= (s.memory_time_s + s.compute_time_s) * (1 + 1e-12)
+    assert s.step_time_s == pytest.approx(s.ceiling_step_time_s / 0.8, rel=1e-12)
     assert s.tokens_per_s == pytest.approx(batch * s.tokens_per_s_per_sequence)
     assert s.step_bytes == pytest.approx(s.weight_read_bytes + s.kv_read_bytes + s.kv_write_bytes)
+
+
+# ------------------------------------------------------- per-operator ceiling
+
+def _whole_step_max(s):
+    """The ledger's former ceiling: one max over the whole step."""
+    return max(s.step_bytes / s.bandwidth_bytes_per_s,
+               s.flops / get_device(s.hardware).peak_flops_per_s(
+                   parse_dtype(s.weight_dtype).compute))
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("device", DEVICES)
+def test_memory_bound_steps_keep_their_ceiling(model, device):
+    """Memory-bound steps keep the old whole-step ceiling: where every operator is
+    memory-bound (GQA/MHA, batches well below the ridge) summing maxima is exact, far
+    inside the 1% the issue allows. MLA's decode attention (~240 FLOP per KV byte) is
+    compute-bound on its own wherever the ridge is lower, which one max over the step hid:
+    there the step costs more, by at most attention's FLOP time."""
+    m = models()[model]
+    for batch in (1, 4, 16, 64):
+        for context in (0, 1024, 32768):
+            s = cost.decode_step(model, device, batch, context)
+            assert s.bound == "memory"
+            old = _whole_step_max(s)
+            if not m.is_mla:
+                assert s.step_time_s == pytest.approx(old, rel=1e-9)
+            peak = get_device(device).bf16_flops_per_s
+            attention_flops = batch * m.attention_flops_per_cached_token * context
+            ceiling = s.step_time_s
+            assert old * (1 - 1e-12) <= ceiling <= (old + attention_flops / peak) * (1 + 1e-12)
+
+
+def test_per_operator_ceiling_exceeds_the_whole_step_max_when_bounds_mix():
+    """Batch 1024 at 256 tokens on an H100: GEMMs compute-bound (intensity 1024 > ridge
+    295), attention memory-bound (4 FLOP/B); the step costs the GEMMs' FLOP time plus the
+    KV's memory time, half again the single max over the whole step."""
+    s = cost.decode_step("llama-3.1-8b", "h100-sxm", 1024, 256)
+    p = models()["llama-3.1-8b"].params
+    gemm_compute = 1024 * 2 * p.streamed_dense / 989e12
+    kv = s.kv_read_bytes + s.kv_write_bytes
+    assert s.step_time_s == pytest.approx(gemm_compute + kv / 3.35e12, rel=1e-12)
+    assert s.step_time_s > 1.4 * _whole_step_max(s)
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("batch", [1, 16, 300, 4096])
+def test_ceiling_is_the_sum_over_the_operator_list(model, batch):
+    """The grouped sum in cost equals the sum over kvlab.operators' detailed list."""
+    from kvlab.operators import ceiling_s, decode_operators, prefill_operators
+
+    m, fp16, fp8 = models()[model], parse_dtype("fp16"), parse_dtype("fp8")
+    s = cost.decode_step(model, "h100-sxm", batch, 4096, "fp8", "fp16")
+    ops = decode_operators(m, batch, 4096, fp8, fp16)
+    assert sum(float(o.bytes) for o in ops) == pytest.approx(s.step_bytes, rel=1e-12)
+    assert sum(float(o.flops) for o in ops) == pytest.approx(s.flops, rel=1e-12)
+    ceiling = float(ceiling_s(ops, 3.35e12, 1979e12))
+    assert ceiling == pytest.approx(s.ceiling_step_time_s, rel=1e-12)
+    pre = cost.prefill(model, "h100-sxm", 2048, 512, batch=2)
+    ops = prefill_operators(m, 2, 2048, 512, fp16, fp16)
+    assert sum(float(o.bytes) for o in ops) == pytest.approx(pre.bytes_moved, rel=1e-12)
+    assert float(ceiling_s(ops, 3.35e12, 989e12)) == pytest.approx(pre.time_s, rel=1e-12)
+
+
+def test_flash_attention_shows_per_operator_in_prefill():
+    """Llama 3.1 8B, 8K prompt, H100. Both variants are compute-bound as whole steps (the
+    old single max gave the same time); per operator, naive attention's score round trips
+    (4 passes x 2 B per head and query-key pair: 64 FLOP/B, below the 295 ridge) make it
+    memory-bound, and the prefill slower by exactly its memory time minus its FLOP time."""
+    from kvlab.operators import prefill_operators
+
+    flash = cost.prefill("llama-3.1-8b", "h100-sxm", 8192)
+    naive = cost.prefill("llama-3.1-8b", "h100-sxm", 8192, flash_attention=False)
+    assert flash.bound == naive.bound == "compute"
+    assert flash.compute_time_s == naive.compute_time_s  # the old ceiling: no difference
+    m, fp16 = models()["llama-3.1-8b"], parse_dtype("fp16")
+    ops = prefill_operators(m, 1, 8192, 0, fp16, fp16, flash_attention=False)
+    attention = {o.name: o for o in ops}["attention"]
+    assert attention.flops / attention.bytes == pytest.approx(64, rel=0.01)
+    assert naive.time_s - flash.time_s == pytest.approx(
+        attention.bytes / 3.35e12 - attention.flops / 989e12, rel=1e-9)
+    assert naive.time_s > 1.05 * flash.time_s

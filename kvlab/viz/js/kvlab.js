@@ -83,13 +83,22 @@ window.KVLAB = window.KVLAB || (function () {
   }
 
   // ---------------------------------------------------------------- kvlab.cost
+  function expertsTouched(m, batchTokens) {
+    if (!(m.num_experts > 0)) return 0.0;
+    return m.num_experts * (1.0 - Math.pow(1.0 - m.experts_per_token / m.num_experts, batchTokens));
+  }
   function weightReadElements(m, batchTokens) {
     let elements = m.streamed_dense;
     if (m.num_experts > 0) {
-      const touched = m.num_experts * (1.0 - Math.pow(1.0 - m.experts_per_token / m.num_experts, batchTokens));
-      elements = elements + m.moe_layers * touched * m.expert;
+      elements = elements + m.moe_layers * expertsTouched(m, batchTokens) * m.expert;
     }
     return elements;
+  }
+  // Sum over operator groups of max(bytes / bandwidth, FLOPs / peak) (kvlab.cost._ceiling).
+  function operatorCeiling(terms, bandwidth, peak) {
+    let total = 0.0;
+    for (const [nbytes, flops] of terms) total = total + Math.max(nbytes / bandwidth, flops / peak);
+    return total;
   }
   function peakFlops(d, dt) {
     return (dt.compute === "fp8" && d.fp8_flops_per_s) ? d.fp8_flops_per_s : d.bf16_flops_per_s;
@@ -111,7 +120,14 @@ window.KVLAB = window.KVLAB || (function () {
     const peak = peakFlops(d, wdt);
     const memory_time_s = step_bytes / (bandwidth * eff);
     const compute_time_s = flops / (peak * eff);
-    const step_time_s = Math.max(memory_time_s, compute_time_s);
+    // per-operator ceiling, as kvlab.cost._ceiling: weight GEMMs, routed experts, attention
+    const ceiling = operatorCeiling([
+      [m.streamed_dense * wdt.bytes_per_element, b * 2.0 * m.streamed_dense],
+      [m.moe_layers * expertsTouched(m, b) * m.expert * wdt.bytes_per_element,
+       b * 2.0 * (m.active_params - m.streamed_dense)],
+      [kv_read_bytes + kv_write_bytes, b * m.attention_flops_per_cached_token * attended],
+    ], bandwidth, peak);
+    const step_time_s = ceiling / eff;
     const kv_cache_bytes = b * attended * kv_bytes_per_token;
     const memory_needed_bytes = weight_bytes + kv_cache_bytes;
     const per_seq_kv = Math.max(attended, 1.0) * kv_bytes_per_token;
@@ -138,11 +154,20 @@ window.KVLAB = window.KVLAB || (function () {
     const pairs = n * c + n * (n + 1) / 2;
     const flops = b * (2.0 * m.active_params * n + m.attention_flops_per_cached_token * pairs);
     const kv_tok = m.kv_elements_per_token * kdt.bytes_per_element;
-    let bytes_moved = weightReadElements(m, b * Math.max(n, 1)) * wdt.bytes_per_element + b * (c + n) * kv_tok;
-    if (s.flash_attention === false) bytes_moved = bytes_moved + b * m.heads_x_layers * pairs * 4 * 2;
-    const compute_time_s = n > 0 ? flops / (peakFlops(d, wdt) * eff) : 0.0;
+    let attention_bytes = b * (c + n) * kv_tok;
+    if (s.flash_attention === false) attention_bytes = attention_bytes + b * m.heads_x_layers * pairs * 4 * 2;
+    const w_read = weightReadElements(m, b * Math.max(n, 1)) * wdt.bytes_per_element;
+    const bytes_moved = w_read + attention_bytes;
+    const peak = peakFlops(d, wdt);
+    const compute_time_s = n > 0 ? flops / (peak * eff) : 0.0;
     const memory_time_s = n > 0 ? bytes_moved / (bandwidth * eff) : 0.0;
-    const time_s = Math.max(compute_time_s, memory_time_s);
+    const dense_w = m.streamed_dense * wdt.bytes_per_element;
+    const ceiling = n > 0 ? operatorCeiling([
+      [dense_w, b * 2.0 * m.streamed_dense * n],
+      [w_read - dense_w, b * 2.0 * (m.active_params - m.streamed_dense) * n],
+      [attention_bytes, b * m.attention_flops_per_cached_token * pairs],
+    ], bandwidth, peak) : 0.0;
+    const time_s = ceiling / eff;
     return { computed_tokens: n, flops, bytes_moved, compute_time_s, memory_time_s, time_s,
              ttft_s: time_s, bound: compute_time_s >= memory_time_s ? "compute" : "memory" };
   }

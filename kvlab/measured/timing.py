@@ -1,0 +1,295 @@
+"""The measured mode of the ledger: each operator of a step timed from kernel tables.
+
+A step's time is the sum over its operators (`kvlab.operators`) of their measured
+latencies: every GEMM at the batch's m, the fused MoE experts, attention over the batch's
+contexts, the all-reduces, and the small kernels no table covers (norms, activation,
+embedding, sampling, router top-k). Those small kernels cost what the tables show a kernel
+costs when it does almost nothing (`kernel_floor`: the median latency of the GEMM table's
+tiniest GEMMs, ~2-3 us) plus their activation bytes at the bandwidth large GEMVs reach.
+That floor, summed over the small kernels of a step, is the per-step fixed overhead
+(`overhead_s`): about 100 launches for a 32-layer dense model. Host-side work between steps
+(scheduling, sampling on the CPU) is in no kernel table and is left out: this is the GPU's
+time for a step run as one CUDA graph.
+
+No operator is allowed below its own ceiling, max(bytes / sheet bandwidth, FLOPs / peak):
+a benchmark that re-runs one GEMM on the same weights can find them in L2 (L40S's tables
+beat its 864 GB/s sheet figure below ~256 MB), which a decode step, streaming every layer
+once, never does. Where that floor binds, the operator says so.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from ..dtypes import DType, parse_dtype
+from ..errors import KvlabError
+from ..hardware import Device, get_device
+from ..models import ModelSpec, expected_experts_touched, get_model
+from ..operators import ACTIVATION_BYTES, decode_operators, kv_bytes_per_token_per_gpu, layer_shapes
+from .tables import DTYPE_KEYS, Curve, load
+
+#: Operators timed from the tables, and how each small kernel is timed.
+SMALL_KERNELS = "kernel floor + activation bytes / large-GEMV bandwidth"
+
+
+@dataclass(frozen=True)
+class OperatorTime:
+    """One operator's time in a step: measured (all calls) beside its ceiling."""
+
+    name: str
+    kind: str
+    calls: int
+    measured_s: object  # NaN where out of the measured range
+    ceiling_s: object  # max(bytes / bandwidth, FLOPs / peak), efficiency 1
+    in_range: object
+    how: str  # table and how the value was obtained
+    limit: str  # the measured range, for messages
+    at_ceiling: object = False  # the table was faster than the ceiling: clamped to it
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """A measured step: total, its fixed overhead, range flags and the per-operator times."""
+
+    step_time_s: object
+    overhead_s: float
+    in_range: object
+    operators: tuple
+    source: str
+
+    def out_of_range(self) -> list[str]:
+        """Operators some point of this step falls outside of, with their measured ranges."""
+        return [f"{op.name}: {op.limit}" for op in self.operators if not np.all(op.in_range)]
+
+
+def _clamp(measured, ceiling):
+    """Measured time, never below the ceiling (NaN stays NaN)."""
+    return np.where(np.isnan(measured), np.nan, np.maximum(measured, ceiling))
+
+
+def _timed(name, kind, calls, per_call, ceiling_call, ok, how, limit) -> OperatorTime:
+    """An operator's times over its calls: the table's, floored at the ceiling."""
+    return OperatorTime(name, kind, calls, calls * _clamp(per_call, ceiling_call),
+                        calls * ceiling_call, ok, how, limit, per_call < ceiling_call)
+
+
+def _range(curve: Curve, what: str) -> str:
+    return f"measured for {what} {curve.lo:g} to {curve.hi:g}"
+
+
+class Kernels:
+    """The interpolators one (model, device, dtypes, tensor-parallel degree) needs, built
+    once, so that a simulator can time thousands of steps cheaply."""
+
+    def __init__(self, m: ModelSpec, dev: Device, wdt: DType, kdt: DType, tp: int = 1):
+        if m.is_mla:
+            raise KvlabError(f"measured mode covers MHA/GQA attention; {m.name} uses MLA, "
+                             "whose tables are not in the extract")
+        self.model, self.device, self.wdt, self.kdt, self.tp = m, dev, wdt, kdt, tp
+        self.tables = load(dev.name)
+        self.shapes = layer_shapes(m, tp)
+        self.bandwidth = dev.memory_bandwidth_bytes_per_s
+        self.peak = dev.peak_flops_per_s(wdt.compute)
+        self.floor_s = self.tables.kernel_floor_s
+        self.small_bandwidth = min(self.tables.gemv_bandwidth_bytes_per_s, self.bandwidth)
+        per_token = {op.name: op for op in decode_operators(m, 1.0, 0.0, wdt, kdt, tp)}
+        self.gemms = []
+        for name, (n, k) in self.shapes.gemms.items():
+            curve, how = self.tables.gemm(wdt.base, n, k)
+            op = per_token[name]
+            label = DTYPE_KEYS.get(wdt.base, wdt.base)
+            self.gemms.append((name, op.calls, curve, f"GEMM {n}x{k} {label}: {how}",
+                               float(op.bytes) / op.calls, float(op.flops) / op.calls))
+        self.small = [(op.name, op.calls, float(op.activation_bytes_per_call),
+                       float(op.bytes), float(op.flops))
+                      for op in per_token.values() if op.kind == "elementwise"]
+        self.experts = None
+        if m.is_moe:
+            curve, how = self.tables.moe(*self.shapes.moe, tp, wdt.base)
+            label = DTYPE_KEYS.get(wdt.base, wdt.base)
+            self.experts = (curve, f"MoE {self.shapes.moe[0]}x{self.shapes.moe[1]} {label}: {how}")
+        self.kv_tok_layer = kv_bytes_per_token_per_gpu(m, kdt, tp) / m.num_layers
+        self.attn_flops_layer = m.attention_flops_per_cached_token / tp / m.num_layers
+        self.all_reduce = self.tables.all_reduce(tp) if tp > 1 else None
+        self.layout = (self.shapes.heads, self.shapes.kv_heads, self.shapes.head_dim, kdt.base)
+        self.layout_label = (f"{self.shapes.heads}/{self.shapes.kv_heads}/{self.shapes.head_dim} "
+                             f"KV {DTYPE_KEYS.get(kdt.base, kdt.base)}")
+        self._fixed: dict[int, float] = {}  # per batch: everything but attention
+
+    @property
+    def source(self) -> str:
+        return f"measured: {self.tables.label}"
+
+    # ---------------------------------------------------------------- shared parts
+    def _weights(self, tokens, touching) -> list[OperatorTime]:
+        """GEMMs and MoE experts over `tokens` rows (`touching` tokens pick experts)."""
+        out = []
+        for name, calls, curve, how, bytes_call, flops_token in self.gemms:
+            t, ok = curve(tokens)
+            ceiling = np.maximum(bytes_call / self.bandwidth, flops_token * tokens / self.peak)
+            out.append(_timed(name, "gemm", calls, t, ceiling, ok, how,
+                              _range(curve, "m (tokens)")))
+        if self.experts:
+            m = self.model
+            curve, how = self.experts
+            p, layers = m.params, m.params.moe_layers
+            touched = expected_experts_touched(m.num_experts, m.experts_per_token, touching)
+            bytes_layer = touched * p.expert / self.tp * self.wdt.bytes_per_element
+            flops_layer = 2.0 * tokens * m.experts_per_token * p.expert / self.tp
+            ceiling = np.maximum(bytes_layer / self.bandwidth, flops_layer / self.peak)
+            t, ok = curve(tokens)
+            out.append(_timed("experts", "moe", layers, t, ceiling, ok, how,
+                              _range(curve, "tokens")))
+        return out
+
+    def _small(self, tokens) -> list[OperatorTime]:
+        """Norms, activation, embedding, sampling, router top-k, and the all-reduces."""
+        out = []
+        for name, calls, act_bytes_token, weight_bytes, flops_token in self.small:
+            t = calls * (self.floor_s + act_bytes_token * tokens / self.small_bandwidth)
+            ceiling = np.maximum(weight_bytes / self.bandwidth, flops_token * tokens / self.peak)
+            ok = np.ones(np.shape(tokens), dtype=bool)
+            out.append(OperatorTime(name, "elementwise", calls, np.maximum(t, ceiling), ceiling,
+                                    ok, SMALL_KERNELS, "any size"))
+        if self.all_reduce is not None:
+            calls = 2 * self.model.num_layers
+            t, ok = self.all_reduce(tokens * self.model.hidden_size * ACTIVATION_BYTES)
+            out.append(OperatorTime("all_reduce", "allreduce", calls, calls * t, 0.0 * t, ok,
+                                    f"all-reduce over {self.tp} GPUs",
+                                    _range(self.all_reduce, "message bytes")))
+        return out
+
+    @property
+    def overhead_s(self) -> float:
+        """The per-step fixed cost: the kernel floor times the launches no table times."""
+        return sum(calls for _, calls, *_ in self.small) * self.floor_s
+
+    def _step(self, ops: list[OperatorTime]) -> StepTime:
+        total = sum(op.measured_s for op in ops)
+        ok = True
+        for op in ops:  # shapes differ (GEMMs follow the batch, attention the contexts too)
+            ok = ok & np.asarray(op.in_range)
+        return StepTime(total, self.overhead_s, ok, tuple(ops), self.source)
+
+    # --------------------------------------------------------------------- the steps
+    def decode(self, batch, context) -> StepTime:
+        """One decode step of `batch` sequences with `context` tokens of KV each (arrays
+        broadcast; a batch of unequal contexts: pass their mean, which keeps the KV bytes)."""
+        b = np.asarray(batch, dtype=float)
+        ctx = np.asarray(self.model.effective_context(np.asarray(context, float)), float)
+        grid, how = self.tables.attention("generation", *self.layout)
+        t, ok = grid(b, ctx)
+        layers = self.model.num_layers
+        ceiling = np.maximum(b * (ctx + 1) * self.kv_tok_layer / self.bandwidth,
+                             b * ctx * self.attn_flops_layer / self.peak)
+        attention = _timed(
+            "attention", "attention", layers, t, ceiling, ok,
+            f"generation attention {self.layout_label}: {how}",
+            f"measured for batch {grid.x[0]:g} to {grid.x[-1]:g} and {grid.y[0]:g} to "
+            f"{grid.y[-1]:g} tokens in the cache (fewer at large batch x context)")
+        ops = self._weights(b, b)
+        return self._step(ops[:1] + [attention] + ops[1:] + self._small(b))
+
+    def prefill(self, batch, prompt_tokens, cached_tokens=0) -> StepTime:
+        """A prefill of `prompt_tokens - cached_tokens` new tokens in each of `batch`
+        sequences. The tables hold prompts without a cached prefix; one with a prefix is timed
+        as a fresh prompt with the same number of query-key pairs (same attention FLOPs)."""
+        b = np.asarray(batch, dtype=float)
+        c = np.asarray(cached_tokens, dtype=float)
+        n = np.asarray(prompt_tokens, dtype=float) - c
+        pairs = n * c + n * (n + 1) / 2
+        equal_work = (np.sqrt(1 + 8 * pairs) - 1) / 2
+        grid, how = self.tables.attention("context", *self.layout)
+        t, ok = grid(b, equal_work)
+        layers = self.model.num_layers
+        ceiling = np.maximum(b * (c + n) * self.kv_tok_layer / self.bandwidth,
+                             b * pairs * self.attn_flops_layer / self.peak)
+        if np.any(c > 0):
+            how += "; a cached prefix timed as a fresh prompt of equal query-key pairs"
+        attention = _timed(
+            "attention", "attention", layers, t, ceiling, ok,
+            f"context attention {self.layout_label}: {how}",
+            f"measured for batch {grid.x[0]:g} to {grid.x[-1]:g} and prompts of {grid.y[0]:g} "
+            f"to {grid.y[-1]:g} tokens (fewer at large batch x prompt)")
+        tokens = b * n
+        ops = self._weights(tokens, b * np.maximum(n, 1))
+        step = self._step(ops[:1] + [attention] + ops[1:] + self._small(tokens))
+        done = n <= 0  # a full hit computes nothing
+        return StepTime(np.where(done, 0.0, step.step_time_s), step.overhead_s,
+                        step.in_range | done, step.operators, step.source)
+
+    # ------------------------------------------------------------ simulator fast path
+    def decode_step_s(self, batch: int, context: float) -> float:
+        """One decode step's measured time in seconds for scalar inputs, without numpy
+        arrays (a few microseconds once warm). NaN when out of the measured range; `context`
+        is the batch's mean context when its sequences differ."""
+        fixed = self._fixed.get(batch)
+        if fixed is None:
+            ops = self._weights(float(batch), float(batch)) + self._small(float(batch))
+            fixed = self._fixed[batch] = float(sum(op.measured_s for op in ops))
+        ctx = float(self.model.effective_context(context))
+        grid, _ = self.tables.attention("generation", *self.layout)
+        per_layer = grid.scalar(float(batch), ctx)
+        if per_layer != per_layer:  # NaN: out of the measured range
+            return per_layer
+        floor = max(batch * (ctx + 1) * self.kv_tok_layer / self.bandwidth,
+                    batch * ctx * self.attn_flops_layer / self.peak)
+        return fixed + self.model.num_layers * max(per_layer, floor)
+
+
+    def decode_contexts_s(self, contexts) -> float:
+        """One decode step of a batch whose sequences hold these contexts (one per sequence):
+        timed at their mean, which keeps the step's KV bytes (attention's cost)."""
+        return self.decode_step_s(len(contexts), sum(contexts) / len(contexts))
+
+
+@lru_cache(maxsize=64)
+def _kernels(model: ModelSpec, device: Device, wdt: DType, kdt: DType, tp: int) -> Kernels:
+    return Kernels(model, device, wdt, kdt, tp)
+
+
+def kernels(model, hardware, weight_dtype="bf16", kv_dtype="bf16", tp: int = 1) -> Kernels:
+    """The cached measured-mode interpolators for one configuration (the simulator's entry:
+    `kernels(...).decode_step_s(batch, mean_context)`)."""
+    return _kernels(get_model(model), get_device(hardware), parse_dtype(weight_dtype),
+                    parse_dtype(kv_dtype), int(tp))
+
+
+# ------------------------------------------------------------------ for kvlab.cost
+
+def _plain(x):
+    """A 0-d array as a Python float, as the ledger returns scalars."""
+    return x.item() if np.ndim(x) == 0 else x
+
+
+def measured_decode_fields(m, dev, wdt, kdt, batch, context, scalar: bool) -> dict:
+    """The `DecodeStep` fields measured mode replaces. A scalar point outside the tables
+    raises (naming the operators and their measured ranges); array points there are NaN."""
+    kernels_ = _kernels(m, dev, wdt, kdt, 1)
+    if scalar:  # the numpy-free path; the full one only to say what is out of range
+        t = kernels_.decode_step_s(batch, context)
+        if t == t:
+            return dict(step_time_s=t, tokens_per_s=batch / t, tokens_per_s_per_sequence=1.0 / t,
+                        efficiency_source=kernels_.source, overhead_s=kernels_.overhead_s)
+    step = kernels_.decode(batch, context)
+    if scalar and not bool(step.in_range):
+        raise KvlabError(f"{m.name} on {dev.name}, batch {batch}, context {context}: outside the "
+                         f"measured kernel tables ({'; '.join(step.out_of_range())})")
+    t = np.asarray(step.step_time_s, dtype=float)
+    b = np.asarray(batch, dtype=float)
+    return dict(step_time_s=_plain(t), tokens_per_s=_plain(b / t),
+                tokens_per_s_per_sequence=_plain(1.0 / t),
+                efficiency_source=step.source, overhead_s=step.overhead_s)
+
+
+def measured_prefill_time(m, dev, wdt, kdt, batch, prompt, cached) -> tuple:
+    """(time_s, source) of a measured prefill; a scalar point outside the tables raises."""
+    step = _kernels(m, dev, wdt, kdt, 1).prefill(batch, prompt, cached)
+    scalar = all(np.ndim(v) == 0 for v in (batch, prompt, cached))
+    if scalar and not bool(step.in_range):
+        raise KvlabError(f"{m.name} on {dev.name}: a prefill of {prompt - cached} tokens x batch "
+                         f"{batch} is outside the measured kernel tables "
+                         f"({'; '.join(step.out_of_range())})")
+    return np.asarray(step.step_time_s), step.source
