@@ -25,10 +25,9 @@ from functools import lru_cache
 
 import numpy as np
 
-from .dtypes import DType, parse_dtype
+from .dtypes import DType
 from .errors import KvlabError
-from .hardware import get_device
-from .models import ModelSpec, expected_experts_touched, get_model
+from .models import ModelSpec, expected_experts_touched
 
 #: Tensor-parallel degrees the measured extract covers.
 TP_DEGREES = (1, 2, 4, 8)
@@ -244,29 +243,3 @@ def ceiling_s(ops: list[Operator], bandwidth_bytes_per_s, flops_per_s,
         total = total + np.maximum(op.bytes / bandwidth_bytes_per_s, op.flops / flops_per_s)
     return total
 
-
-def operator_table(model, hardware, batch=1, context=4096, weight_dtype="fp16", kv_dtype="fp16",
-                   efficiency=1.0, bandwidth_bytes_per_s=None) -> list[dict]:
-    """One decode step's operators as rows: calls, bytes, FLOPs, ceiling time (at the
-    bandwidth in use, efficiency 1) and, with `efficiency="measured"`, the measured time,
-    the table it came from and whether the ceiling floored it. Scalar inputs only."""
-    from .cost import decode_step  # validates every input the same way the ledger does
-
-    step = decode_step(model, hardware, batch, context, weight_dtype, kv_dtype,
-                       bandwidth_bytes_per_s, efficiency)
-    m, dev = get_model(model), get_device(hardware)
-    wdt, kdt = parse_dtype(weight_dtype), parse_dtype(kv_dtype)
-    peak = dev.peak_flops_per_s(wdt.compute)
-    rows = [dict(name=op.name, kind=op.kind, calls=op.calls, bytes=float(op.bytes),
-                 flops=float(op.flops),
-                 ceiling_s=float(ceiling_s([op], step.bandwidth_bytes_per_s, peak)))
-            for op in decode_operators(m, step.batch, step.context, wdt, kdt)]
-    if step.efficiency == "measured":
-        from .measured import kernels
-
-        timed = {op.name: op for op in kernels(m, dev, wdt, kdt).decode(batch, context).operators}
-        for row in rows:
-            op = timed[row["name"]]
-            row.update(measured_s=float(op.measured_s), how=op.how,
-                       at_ceiling=bool(np.all(op.at_ceiling)))
-    return rows

@@ -151,7 +151,7 @@ def test_no_operator_is_faster_than_its_ceiling():
     """L40S's tables beat its sheet bandwidth below ~256 MB (the weights sit in its 96 MB L2
     while a benchmark repeats); a decode step streams every layer once, so those operators
     are held at their ceiling and say so."""
-    from kvlab.operators import operator_table
+    from kvlab.ledger_rows import operator_table
 
     rows = operator_table("llama-3.1-8b", "l40s", 1, 4096, efficiency="measured")
     assert all(r["measured_s"] >= r["ceiling_s"] * (1 - 1e-12) for r in rows)

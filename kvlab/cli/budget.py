@@ -82,7 +82,7 @@ def budget(model, hardware, batch, context, weight_dtype="fp16", kv_dtype="fp16"
         notes.append(f"TTFT not measured: {exc}")
         first = prefill(model, hardware, max(context, 1), cached_tokens=cached, **kwargs).to_dict()
         first["ttft_s"] = None
-    from ..operators import operator_table
+    from ..ledger_rows import operator_table
 
     operators = operator_table(model, hardware, batch, context, efficiency=efficiency,
                                bandwidth_bytes_per_s=bandwidth, **kwargs)
