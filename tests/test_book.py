@@ -167,3 +167,14 @@ def test_gpu_tables_behind_the_measured_chapter():
     for make in (measured.gemv_figure, measured.gemm_batch_figure, measured.attention_figure, measured.ledger_figure):
         fig = make()
         assert any("kernel tables" in getattr(t, "text", "") for t in fig.below)  # names its source
+
+
+def test_flash_attention_shows_per_operator():
+    """One roofline for the whole prefill hides FlashAttention; per operator the naive
+    attention is memory-bound (64 FLOP/B: 4 x head_dim FLOPs per score, 4 fp16 round trips)."""
+    from kvlab.book.bandwidth_wall import flash_attention_effect
+
+    e = flash_attention_effect("llama-3.1-8b", "h100-sxm", 4096)
+    assert e["attention_intensity_naive"] == pytest.approx(64.0, rel=0.02)  # + the KV it reads
+    assert e["attention_intensity_flash"] > 295 > e["attention_intensity_naive"]
+    assert 1.1 < e["time_ratio"] < flash_attention_effect("llama-3.1-8b", "h100-sxm", 32768)["time_ratio"]
