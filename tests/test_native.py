@@ -10,6 +10,7 @@ and must be at least as close as the PyTorch path (which rounds p to bf16).
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 
@@ -230,3 +231,6 @@ def test_build_is_cached_and_atomic(tmp_path):
     stamp = first.stat().st_mtime_ns
     assert native.build(tmp_path) == first and first.stat().st_mtime_ns == stamp  # not rebuilt
     assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temporaries left
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert first.stat().st_mode & 0o777 == 0o777 & ~umask  # an ordinary library, not mkstemp's 0600

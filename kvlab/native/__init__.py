@@ -96,6 +96,9 @@ def build(directory: Path | None = None, cc: str | None = None) -> Path:
         if proc.returncode != 0:
             errors = [ln for ln in proc.stderr.splitlines() if "error" in ln] or proc.stderr.splitlines() or ["?"]
             raise KvlabError(f"compiling {SOURCE.name} with {cc} failed: {errors[0].strip()}")
+        umask = os.umask(0o022)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkstemp's 0600 (the linker adds x): an ordinary 0755 library
         os.replace(tmp, target)  # atomic: a concurrent build or an interrupted one never leaves half a library
     finally:
         if os.path.exists(tmp):
