@@ -53,13 +53,25 @@ def test_transfer_quick(results, capsys):
 
 
 def test_decode_quick_points_carry_the_contract(results, capsys):
+    """Every point carries the contract's keys and is self-consistent; comparisons between
+    points use the ledger at one fixed bandwidth (each point's own prediction uses the copy
+    bandwidth measured around it, which a busy machine moves between points)."""
+    from kvlab.decoder import ledger
+
     r = bench(capsys, "decode", "--quick")
     assert r["points"] and not r["skipped"]
+    flops = r["machine"]["flops_per_s"]
     for p in r["points"]:
         assert DECODE_KEYS <= set(p)
         assert p["measured_step_s"] > 0 and p["predicted_step_s"] > 0
         assert p["error"] == pytest.approx(p["measured_step_s"] / p["predicted_step_s"] - 1)
         assert p["achieved_bytes_per_s"] == pytest.approx(p["step_bytes"] / p["measured_step_s"])
+        # the prediction is the ledger's at the bandwidth recorded with the point
+        at_point = ledger.measured_device("x", p["bandwidth_bytes_per_s"], flops, 1e12)
+        again = ledger.predict_decode(p["preset"], at_point, p["batch"], p["context"], p["weight_dtype"],
+                                      p["kv_dtype"], p["placement"], p["prefetch"],
+                                      r["machine"].get("link_bytes_per_s"))
+        assert p["predicted_step_s"] == pytest.approx(again["predicted_step_s"])
     assert {p["placement"] for p in r["points"]} == {"device", "host"}
     assert {p["kv_dtype"] for p in r["points"]} == {"bf16", "int8"}
     # the ledger counts the bytes: more context, more bytes; int8 KV moves fewer than bf16
@@ -67,7 +79,11 @@ def test_decode_quick_points_carry_the_contract(results, capsys):
     assert by[("device", "bf16", 2, 1024)]["step_bytes"] > by[("device", "bf16", 2, 256)]["step_bytes"]
     assert by[("device", "int8", 2, 1024)]["step_bytes"] < by[("device", "bf16", 2, 1024)]["step_bytes"]
     host, dev = by[("host", "bf16", 2, 1024)], by[("device", "bf16", 2, 1024)]
-    assert host["predicted_step_s"] > dev["predicted_step_s"] and host["fetch_bytes"] == dev["kv_read_bytes"]
+    assert host["fetch_bytes"] == dev["kv_read_bytes"]
+    fixed = ledger.measured_device("fixed", 10e9, flops, 1e12)  # one bandwidth for both
+    args = (r["model"]["preset"], fixed, 2, 1024, "bf16", "bf16")
+    assert ledger.predict_decode(*args, "host", False, r["machine"]["link_bytes_per_s"])["predicted_step_s"] > \
+        ledger.predict_decode(*args, "device")["predicted_step_s"]
     assert r["model"]["streamed_weight_bytes"] == pytest.approx(r["model"]["ledger_weight_read_bytes"])
     assert (results / machine_slug("cpu") / "decode-quick.json").exists()
 
@@ -126,8 +142,20 @@ def test_all_quick_writes_every_benchmark(results, capsys):
     (["decode", "--contexts", "0"], "whole numbers >= 1"),
     (["decode", "--kv-dtypes", "int3"], "unknown kv dtype"),
     (["decode", "--preset", "huge"], "unknown decoder preset"),
-    (["memory", "--budget", "-1"], "--budget must be > 0"),
+    (["memory", "--budget", "-1"], "expected seconds > 0"),
+    (["memory", "--budget", "nan"], "expected seconds > 0"),
     (["memory", "--device", "tpu"], "not a torch device"),
+    (["memory", "--device", "meta"], "run on cpu or cuda"),
+    (["memory", "--threads", "nan"], "--threads: expected a whole number in 1..4,096, got 'nan'"),
+    (["memory", "--threads", "1.5"], "--threads: expected a whole number"),
+    (["memory", "--repeats", "nan"], "--repeats: expected a whole number in 1..1,000, got 'nan'"),
+    (["memory", "--repeats", "1e400"], "--repeats: expected a whole number"),
+    (["decode", "--contexts", "inf"], "--contexts: expected whole numbers >= 1"),
+    (["decode", "--contexts", "100M"], "100M = 104,857,600 is above the limit of 100,000,000 tokens"),
+    (["decode", "--batches", "1e30"], "--batches: 1e30 = 1,000,000,000,000,000,019,884,624,838,656 is above"),
+    (["decode", "--plan", "h900"], "unknown hardware 'h900'"),
+    (["decode", "--plan", "h200", "--plan-link", "hbm3"], "not a link"),
+    (["all", "--only", "decod"], "--only: unknown benchmark 'decod'"),
 ])
 def test_bad_input_is_one_line(results, capsys, argv, fragment):
     code = main(["bench", *argv, "--quick", "--no-write"] + ([] if "--device" in argv else ["--device", "cpu"]))
@@ -291,3 +319,324 @@ def test_suite_survives_a_broken_benchmark(results, monkeypatch, capsys):
     assert code == 1 and "kernel exploded" in out["recompute-vs-fetch"]["error"]
     assert "Traceback" in captured.err and out["decode"]["written_to"]
     assert (results / machine_slug("cpu") / "decode.json").exists()
+
+
+def test_suite_records_a_refused_benchmark_and_goes_on(results, monkeypatch, capsys):
+    """A refused benchmark (a KvlabError: its model does not fit, say) is one line in the
+    summary, not the end of the run: the others still run and are written."""
+    import kvlab.bench.decode as decode
+    import kvlab.bench.memory as memory
+    import kvlab.bench.recompute as recompute
+    import kvlab.bench.transfer as transfer
+    from kvlab.errors import KvlabError
+
+    def fake(kind):
+        return lambda device, **kw: {"benchmark": kind, "environment": {}, "bandwidth_bytes_per_s": 1.0,
+                                     "points": [], "skipped": [], "summary": {}, "curves": []}
+
+    def refuse(device, **kw):
+        raise KvlabError("decoder 'gpu-bench' weights (bf16) needs 7.3 GB but only 4 GB of cuda memory is free")
+
+    for module, name in ((memory, "run_memory"), (transfer, "run_transfer"), (decode, "run_decode")):
+        monkeypatch.setattr(module, name, fake(name))
+    monkeypatch.setattr(recompute, "run_recompute", refuse)
+    code = main(["bench", "all", "--device", "cpu", "--json"])
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    assert code == 1 and set(out["recompute-vs-fetch"]) == {"refused"}
+    assert "needs 7.3 GB" in out["recompute-vs-fetch"]["refused"] and "Traceback" not in captured.err
+    assert out["decode"]["written_to"] and (results / machine_slug("cpu") / "decode.json").exists()
+
+
+def test_decode_refuses_points_one_by_one_and_goes_on(results, capsys, monkeypatch):
+    """A cache too big for memory skips its points with the memory check's reason, and the
+    sweep goes on with the next group."""
+    from kvlab.decoder import fit
+
+    real = fit.require
+
+    def tight(what, needed, device, hint):
+        if "KV cache (2 x" in what:
+            raise fit.KvlabError(f"{what} needs more than this test allows; {hint}")
+        return real(what, needed, device, hint)
+
+    monkeypatch.setattr(fit, "require", tight)
+    r = bench(capsys, "decode", "--quick", "--preset", "tiny", "--contexts", "64", "--placements", "device",
+              "--kv-dtypes", "bf16", "--no-write")
+    assert [(p["batch"], p["context"]) for p in r["points"]] == [(1, 64)]
+    assert [(s["batch"], s["context"]) for s in r["skipped"]] == [(2, 64)]
+    assert "needs more than this test allows" in r["skipped"][0]["reason"]
+
+
+def test_decode_groups_put_the_main_questions_first():
+    """A run cut short by its budget has bf16 on device and host (serial and prefetch)
+    before the other KV dtypes; host points beyond the limit are refused up front."""
+    from kvlab.bench.decode import HOST_MAX_TOKENS, decode_groups, resolve_grid, skip_record
+
+    grid = resolve_grid(True, False)
+    groups = decode_groups(grid, True)
+    order = [(g.placement, g.prefetch, g.kv_dtype) for g, _, _ in groups]
+    assert order[:9] == [("device", False, "bf16")] * 3 + [("host", False, "bf16")] * 3 + \
+        [("host", True, "bf16")] * 3
+    assert {kv for _, _, kv in order[9:]} == {"fp8", "int8"} and len(groups) == 3 * 3 + 2 * 3
+    for g, ctxs, refused in groups:
+        assert sorted(ctxs + [c for c, _ in refused]) == grid["contexts"]
+        assert all(g.placement == "host" and g.batch * c > HOST_MAX_TOKENS["cuda"] for c, _ in refused)
+    g, _, [(ctx, why)] = next(x for x in groups if x[0].placement == "host" and x[0].batch == 8)
+    assert skip_record(g, ctx, why) == {"placement": "host", "prefetch": False, "kv_dtype": "bf16", "batch": 8,
+                                        "context": 32768, "reason": "host placement limited to 131,072 tokens"}
+    assert resolve_grid(False, False, kv_dtypes=["int8"])["host_kv_dtypes"] == ("int8",)
+    assert resolve_grid(False, False)["prefetch"] == (False,)  # nothing to overlap with on a CPU
+
+
+def test_plan_walks_the_cuda_sweep_without_allocating(capsys, monkeypatch):
+    """`--plan` prints every point with its bytes, predicted time and memory on a catalogue
+    device, on a machine without CUDA, without allocating a single tensor."""
+    import torch
+
+    from kvlab.bench.decode import GRIDS
+    from kvlab.decoder import ledger
+    from kvlab.hardware import get_device
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the plan allocated a tensor")
+
+    for name in ("empty", "zeros", "ones", "randn", "randint", "empty_like", "full"):
+        monkeypatch.setattr(torch, name, refuse)
+    assert main(["bench", "gpu-suite", "--plan", "h200", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert [b["benchmark"] for b in plan["benchmarks"]] == ["memory", "transfer", "recompute-vs-fetch", "decode"]
+    decode = plan["benchmarks"][3]["points"]
+    g = GRIDS["cuda"]
+    assert len(decode) == len(g["contexts"]) * len(g["batches"]) * (len(g["kv_dtypes"]) + 2)  # host: 2 prefetch
+    first = decode[0]
+    h200 = get_device("h200")
+    expected = ledger.predict_decode("gpu-bench", h200, 1, 1024, "bf16", "bf16")
+    assert first["point"] == "device bf16 b=1 ctx=1024" and first["bytes"] == expected["step_bytes"]
+    assert first["predicted_s"] == pytest.approx(expected["step_bytes"] / 4.8e12)  # batch 1: memory-bound
+    refused = [p["point"] for p in decode if p["refused"]]
+    assert len(refused) == 8 and all(p.startswith("host") for p in refused)  # 4 per prefetch setting
+    assert not any(p["beyond_budget"] for b in plan["benchmarks"] for p in b["points"])
+    assert plan["wall_s"] < plan["budget_s"]
+
+
+def test_plan_names_what_does_not_fit_and_what_the_budget_leaves_out(capsys):
+    assert main(["bench", "decode", "--plan", "h200", "--batches", "1,64", "--contexts", "32k",
+                 "--placements", "device", "--kv-dtypes", "bf16", "--budget", "1.5"]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split()[2]: line for line in out.splitlines() if line.startswith("device bf16")}
+    assert "refused: needs" in lines["b=64"] and "GB usable" in lines["b=64"]  # 137 GB of KV > 127 GB usable
+    assert "refused" not in lines["b=1"] and "beyond budget" in lines["b=1"]  # 1.5 s: not even one point
+
+
+def test_small_copies_time_a_loop_of_calls(monkeypatch):
+    """A 1 MiB copy takes microseconds, about a launch: small sizes time a loop of calls per
+    repeat (at least 256 MiB moved), large ones one call."""
+    from kvlab.bench import memory, timing, transfer
+
+    MiB = 1 << 20
+    assert [timing.calls_per_repeat(s) for s in (MiB, 3 * MiB, 16 * MiB, 256 * MiB, 1 << 30)] == [256, 86, 16, 1, 1]
+    seen = []
+
+    def fake_time_call(fn, device="cpu", repeats=5, warmup=2, inner=1):
+        seen.append(inner)
+        return timing.Timing(1e-3, 1e-3, 1e-3, 1e-3, 1e-3, repeats, warmup)
+
+    for module in (memory, transfer):
+        monkeypatch.setattr(module, "time_call", fake_time_call)
+        monkeypatch.setattr(module, "QUICK_SIZES", {"cpu": [MiB, 64 * MiB]})
+    r = memory.run_memory("cpu", quick=True, quiet=True)
+    assert {(p["size_bytes"], p["calls_per_repeat"]) for p in r["points"]} == {(MiB, 256), (64 * MiB, 4)}
+    t = transfer.run_transfer("cpu", quick=True, quiet=True)
+    assert [(p["size_bytes"], p["calls_per_repeat"]) for p in t["points"]] == [(MiB, 256), (64 * MiB, 4)]
+    seen.clear()
+    memory.copy_bandwidth("cpu", MiB)
+    assert seen == [256]
+
+
+class _Recorder:
+    """Stand-ins for torch.cuda's stream, graph and device calls, recording the device each names."""
+
+    def __init__(self):
+        self.calls = []
+
+    def stream_of(self, device):
+        return type("S", (), {"device": device, "wait_stream": lambda s, o: self.calls.append(
+            ("wait_stream", s.device, o.device))})()
+
+    def install(self, monkeypatch):
+        import contextlib
+
+        import torch
+
+        rec = self
+
+        @contextlib.contextmanager
+        def named(kind, device):
+            rec.calls.append((kind, device))
+            yield
+
+        class Graph:
+            def replay(self):
+                rec.calls.append(("replay", None))
+
+        monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: (rec.calls.append(("Stream", device)),
+                                                                        rec.stream_of(device))[1])
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: (
+            rec.calls.append(("current_stream", device)), rec.stream_of(device))[1])
+        monkeypatch.setattr(torch.cuda, "stream", lambda s: named("stream", s.device))
+        monkeypatch.setattr(torch.cuda, "device", lambda d: named("device", d))
+        monkeypatch.setattr(torch.cuda, "graph", lambda g, pool=None, stream=None: named(
+            "graph", getattr(stream, "device", None)))
+        monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+
+
+def test_cuda_graph_capture_names_the_benchmarks_device(monkeypatch):
+    """`--device cuda:1`: the warm-up stream, the capture and the stream waits all name
+    cuda:1, never the current device."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from kvlab.bench.decode import make_step
+
+    rec = _Recorder()
+    rec.install(monkeypatch)
+    gpu = torch.device("cuda:1")
+    model = SimpleNamespace(device=gpu, forward_plan=lambda tokens, cache, plan: torch.arange(3.0))
+    fn, graphed = make_step(model, SimpleNamespace(placement="device"), None, None, cuda_graph=True)
+    assert graphed and torch.equal(fn(), torch.arange(3.0)) and ("replay", None) in rec.calls
+    named = [c for c in rec.calls if c[0] != "replay"]
+    assert {c[1] for c in named} == {gpu} and {c[2] for c in named if c[0] == "wait_stream"} == {gpu}
+    assert ("graph", gpu) in named and ("device", gpu) in named
+    host = SimpleNamespace(placement="host")
+    assert make_step(model, host, None, None, cuda_graph=True)[1] is False  # host placement: eager
+
+
+def test_device_index_beyond_the_gpus_is_one_line(monkeypatch, capsys):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert main(["bench", "memory", "--device", "cuda:1", "--no-write"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "torch sees 1 CUDA device(s), numbered from 0" in err and len(err.splitlines()) == 1
+
+
+def test_result_files_are_ordinary_files(results):
+    import os
+
+    path = write_result("memory", {"x": 1}, machine="m")
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # 0644 with the usual umask, not mkstemp's 0600
+    assert [p.name for p in path.parent.iterdir()] == ["memory.json"]  # no temporaries left
+
+
+# ----------------------------------------------------------------- the GPU session
+
+def test_findings_from_hand_made_results():
+    from kvlab.bench.findings import findings
+
+    def point(placement, batch, ctx, measured, predicted, prefetch=False, kv="bf16", share=0.9):
+        return {"placement": placement, "prefetch": prefetch, "kv_dtype": kv, "batch": batch, "context": ctx,
+                "measured_step_s": measured, "predicted_step_s": predicted, "error": measured / predicted - 1,
+                "fraction_of_bandwidth": share, "achieved_bytes_per_s": share * 4e12}
+
+    decode = {"points": [point("device", 1, 1024, 1.1, 1.0, share=0.88), point("device", 1, 8192, 1.0, 1.0),
+                         point("device", 8, 1024, 1.3, 1.0), point("device", 1, 1024, 2.0, 1.0, kv="int8"),
+                         point("host", 1, 1024, 3.0, 2.5), point("host", 1, 1024, 2.0, 1.5, prefetch=True)],
+              "skipped": [{}]}
+    f = findings({"decode": decode, "memory": {"bandwidth_bytes_per_s": 4e12},
+                  "recompute-vs-fetch": {"curves": [{"preset": "p", "crossover_tokens": 900.0,
+                                                     "predicted_crossover_tokens": 1000.0}]}})
+    b1 = f["decode_batch1"]
+    assert b1["kv_dtype"] == "bf16" and b1["share_min"] == 0.88 and b1["meets_target"]
+    assert b1["points"][0]["share_of_memory_copy"] == pytest.approx(0.88)
+    err = f["ledger_error"]  # |errors| 0.1, 0, 0.3, 1.0 -> median 0.2
+    assert err["median_abs_error"] == pytest.approx(0.2) and err["max_abs_error"] == pytest.approx(1.0)
+    assert not err["meets_target"] and err["by_kv_dtype"]["bf16"]["median_abs_error"] == pytest.approx(0.1)
+    [overlap] = f["host_overlap"]  # predicted saving 1.0 s, measured 1.0 s
+    assert overlap["share_of_predicted_saving"] == pytest.approx(1.0) and overlap["measured_serial_s"] == 3.0
+    assert f["crossovers"][0]["crossover_tokens"] == 900.0 and f["decode_skipped"] == 1
+
+
+def test_gpu_session_packs_what_comes_back(tmp_path):
+    from kvlab.bench import gpu_session
+
+    assert [gpu_session.catalogue_device(n) for n in ("NVIDIA H200", "NVIDIA H100 80GB HBM3", "NVIDIA L40S",
+                                                      "NVIDIA L4", "NVIDIA GeForce RTX 4090", "Tesla T4")] == \
+        ["h200", "h100-sxm", "l40s", "l4", "rtx-4090", None]
+    (tmp_path / "results" / "gpu").mkdir(parents=True)
+    for i in range(7):
+        (tmp_path / "results" / "gpu" / f"r{i}.json").write_text("{}")
+    (tmp_path / "session.json").write_text("{}")
+    (tmp_path / "session.log").write_text("")
+    assert gpu_session.pack(tmp_path) == ["results.tar.gz", "session.json", "session.log"]  # 9 > 8 files
+    import tarfile
+
+    with tarfile.open(tmp_path / "results.tar.gz") as tar:
+        assert len([m for m in tar.getmembers() if m.isfile()]) == 7
+
+
+def test_gpu_session_stays_inside_its_deadline(tmp_path):
+    """With no time left for the suite, the session says so and still leaves its record."""
+    from kvlab.bench import gpu_session
+
+    code = gpu_session.main(["--out", str(tmp_path), "--dry-run", "--deadline", "20", "--tests"])
+    record = json.loads((tmp_path / "session.json").read_text())
+    assert record["suite"] == {"skipped": "only 0 s of suite budget left"} and code == 0
+    assert record["tests"] == {"skipped": "no test files named"}
+    assert sorted(record["files"]) == ["session.json", "session.log"]
+
+
+@pytest.mark.slow
+def test_gpu_session_dry_run_on_the_cpu(tmp_path):
+    """The GPU session script, run end to end where CUDA is absent (suite on the CPU, quick):
+    every step runs and is recorded, results land under OUT, and OUT holds only what the
+    device machine sends back."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    from kvlab.bench.gpu_session import MAX_DEPTH, MAX_FILES, ROOT
+
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "kvlab.bench.gpu_session", "--out", str(out), "--dry-run",
+                           "--only", "transfer", "--deadline", "240", "--tests", "tests/test_decoder.py"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads((out / "session.json").read_text())
+    assert [s["step"] for s in record["steps"]][-3:] == ["plan", "suite", "gpu tests"]
+    assert all(s["rc"] == 0 and not s["timed_out"] for s in record["steps"])
+    assert record["plan"]["points"] == 16 and record["suite"]["transfer"]["written_to"].startswith(str(out))
+    assert "skipped" in record["tests"]["summary"] and record["findings"]["link_bytes_per_s"] > 0
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert len(files) <= MAX_FILES and all(len(p.relative_to(out).parts) <= MAX_DEPTH + 1 for p in files)
+    assert all(re.fullmatch(r"[A-Za-z0-9._-]+", p.name) for p in files)
+    [result] = (out / "results").glob("*/transfer-quick.json")
+    assert json.loads(result.read_text())["benchmark"] == "transfer"
+    assert "===== suite" in (out / "session.log").read_text()
+
+
+@pytest.mark.gpu
+def test_decode_sweep_on_cuda(results, capsys):
+    """A small sweep on CUDA: device steps are replayed CUDA graphs, host-placed KV runs serial
+    and prefetched, every point is measured and carries the contract."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    code = main(["bench", "decode", "--quick", "--device", "cuda:0", "--preset", "small", "--contexts", "256,1k",
+                 "--json", "--no-write"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    r = json.loads(out)
+    assert r["points"] and not r["skipped"] and r["environment"]["device"] == "cuda:0"
+    assert all(p["cuda_graph"] for p in r["points"] if p["placement"] == "device")
+    assert {(p["placement"], p["prefetch"]) for p in r["points"]} == {("device", False), ("host", False),
+                                                                      ("host", True)}
+    for p in r["points"]:
+        assert DECODE_KEYS <= set(p) and p["measured_step_s"] > 0
