@@ -23,10 +23,12 @@ def pytest_configure(config):
     only cells marked NBVAL_CHECK_OUTPUT are compared). Not in pyproject's addopts, so that
     `pytest -m gpu` starts on a GPU box that has pytest but not nbval. Without
     pytest-timeout, its marker is declared so --strict-markers accepts the tests that use it."""
-    if config.pluginmanager.hasplugin("nbval") and not (config.option.nbval or config.option.nbval_lax):
+    plugins = config.pluginmanager
+    if plugins.hasplugin("nbval") and not (config.option.nbval or config.option.nbval_lax):
         config.option.nbval_lax = True
-    if not config.pluginmanager.hasplugin("timeout"):
-        config.addinivalue_line("markers", "timeout(seconds): a time limit (pytest-timeout; unenforced here)")
+    if not plugins.hasplugin("timeout"):
+        config.addinivalue_line("markers",
+                                "timeout(seconds): a time limit (pytest-timeout; unenforced here)")
 
 
 @pytest.fixture(scope="session")

@@ -37,10 +37,12 @@ def model():
 
 @pytest.fixture(scope="module")
 def tokens():
-    return torch.randint(0, PRESETS["tiny"].vocab_size, (B, TOTAL), generator=torch.Generator().manual_seed(1))
+    gen = torch.Generator().manual_seed(1)
+    return torch.randint(0, PRESETS["tiny"].vocab_size, (B, TOTAL), generator=gen)
 
 
-def generate(model, tokens, kv="fp32", placement="device", prefetch=False, block=BLOCK, max_len=MAX_LEN):
+def generate(model, tokens, kv="fp32", placement="device", prefetch=False, block=BLOCK,
+             max_len=MAX_LEN):
     """Logits for positions PROMPT-1 .. TOTAL-1: prefill the prompt, then decode one by one."""
     cache = model.new_cache(tokens.shape[0], max_len, kv, placement, prefetch, block_tokens=block)
     out = [model.prefill(tokens[:, :PROMPT], cache)[:, -1]]
@@ -89,7 +91,8 @@ def test_host_placement_equals_device(model, tokens, kv, prefetch):
     assert torch.equal(host, device)
 
 
-@pytest.mark.parametrize("kv,tolerance", [("bf16", 0.01), ("fp16", 0.01), ("int8", 0.01), ("fp8", 0.04)])
+@pytest.mark.parametrize("kv,tolerance",
+                         [("bf16", 0.01), ("fp16", 0.01), ("int8", 0.01), ("fp8", 0.04)])
 def test_quantized_kv_stays_close(model, tokens, reference, kv, tolerance):
     err = rel_err(generate(model, tokens, kv), reference)
     assert 0 < err <= tolerance
@@ -108,7 +111,8 @@ def test_chunked_dequantization_equals_one_pass(model, tokens, kv):
 
 
 def test_int8_kv_is_closer_than_fp8(model, tokens, reference):
-    assert rel_err(generate(model, tokens, "int8"), reference) < rel_err(generate(model, tokens, "fp8"), reference)
+    int8 = rel_err(generate(model, tokens, "int8"), reference)
+    assert int8 < rel_err(generate(model, tokens, "fp8"), reference)
 
 
 def test_prepacked_bf16_weights_give_the_same_logits(tokens):
@@ -122,14 +126,15 @@ def test_prepacked_bf16_weights_give_the_same_logits(tokens):
 
 def test_int8_weights_stay_close(tokens, reference):
     m = Decoder("tiny", "int8", compute_dtype="fp32")
-    assert all(layer.wqkv.fused for layer in m.layers)  # the byte-per-weight kernel, not dequantize+matmul
+    # the byte-per-weight kernel, not dequantize + matmul
+    assert all(layer.wqkv.fused for layer in m.layers)
     assert 0 < rel_err(generate(m, tokens), reference) <= 0.03
 
 
 def test_int8_weights_fallback_for_odd_widths(tokens):
     """Inner dimensions that are not multiples of 16 take the dequantize path, same numbers."""
-    cfg = DecoderConfig("odd", vocab_size=256, num_layers=1, hidden_size=40, num_heads=2, num_kv_heads=1,
-                        head_dim=20, intermediate_size=72)
+    cfg = DecoderConfig("odd", vocab_size=256, num_layers=1, hidden_size=40, num_heads=2,
+                        num_kv_heads=1, head_dim=20, intermediate_size=72)
     m = Decoder(cfg, "int8", compute_dtype="fp32")
     assert not m.layers[0].wqkv.fused
     x = torch.randn(3, 40)
@@ -139,7 +144,8 @@ def test_int8_weights_fallback_for_odd_widths(tokens):
 
 
 def test_quantize_roundtrip():
-    x = torch.randn(5, 7, 64, generator=torch.Generator().manual_seed(0)) * torch.logspace(-4, 2, 7).view(1, 7, 1)
+    x = torch.randn(5, 7, 64, generator=torch.Generator().manual_seed(0))
+    x = x * torch.logspace(-4, 2, 7).view(1, 7, 1)
     x[0, 0] = 0.0  # a row of zeros must not divide by zero
     for kv, bound in (("int8", 0.5 / 127), ("fp8", 16 / 448)):
         q, s = quantize(x, kv)
@@ -173,7 +179,8 @@ def test_ragged_batch_matches_each_sequence_alone(model, tokens, placement):
 
 
 def test_oversize_cache_fails_up_front(model):
-    # 2 layers x 2 x 2 heads x 16 x 4 bytes = 512 B/token: 100M tokens is 51 GB, more than this machine
+    # 2 layers x 2 x 2 heads x 16 x 4 bytes = 512 B/token: 100M tokens is 51 GB, more than this
+    # machine
     huge = 100_000_000
     need = model.new_cache(1, 1, "fp32").bytes_per_token * huge
     if need < fit.host_available_bytes():
@@ -195,7 +202,8 @@ def test_oversize_device_cache_message(model, monkeypatch):
     (dict(max_seq_len=0), "max_seq_len"),
 ])
 def test_bad_cache_arguments(model, kwargs, match):
-    args = dict(batch=1, max_seq_len=16, kv_dtype="fp32", placement="device", prefetch=False) | kwargs
+    args = dict(batch=1, max_seq_len=16, kv_dtype="fp32", placement="device",
+                prefetch=False) | kwargs
     with pytest.raises(KvlabError, match=match):
         model.new_cache(**args)
 
@@ -217,16 +225,19 @@ def test_bad_config_and_tokens(model):
 
 
 def test_cache_limit_is_named(model):
-    with pytest.raises(KvlabError, match="max_seq_len must be a whole number in 1..100,000,000, got 100000001"):
+    with pytest.raises(KvlabError,
+                       match="max_seq_len must be a whole number in 1..100,000,000, got 100000001"):
         model.new_cache(1, 100_000_001, "fp32")
 
 
 def test_cache_footprint_is_what_the_cache_allocates(model):
     from kvlab.decoder.kvcache import cache_footprint
 
-    for kv, placement, prefetch in (("fp32", "device", False), ("int8", "host", False), ("bf16", "host", True)):
+    cases = (("fp32", "device", False), ("int8", "host", False), ("bf16", "host", True))
+    for kv, placement, prefetch in cases:
         cache = model.new_cache(3, 40, kv, placement, prefetch, block_tokens=16)
-        host, device = cache_footprint(model.config, 3, 40, kv, placement, "cpu", prefetch, block_tokens=16)
+        host, device = cache_footprint(model.config, 3, 40, kv, placement, "cpu", prefetch,
+                                       block_tokens=16)
         assert (host, device) == (cache.nbytes, 0.0)  # on a CPU everything is host memory
 
 
@@ -247,7 +258,8 @@ def test_each_weight_gets_one_backend_chosen_once(tokens):
         sum(isinstance(lin, OneDNNLinear) for lin in onednn.linears())
     if native.available():
         on_native = Decoder("tiny", "bf16", kernels="native")
-        assert kinds(on_native) == {NativeLinear} and on_native.decode_kernels("bf16")["weights"] == "native"
+        assert kinds(on_native) == {NativeLinear}
+        assert on_native.decode_kernels("bf16")["weights"] == "native"
     # same seed, same weights through every backend: the logits agree
     plain = Decoder("tiny", "bf16", prepack=False, kernels="torch")
     assert torch.allclose(generate(onednn, tokens, "bf16"), generate(plain, tokens, "bf16"), atol=0)
@@ -264,7 +276,8 @@ def test_sdpa_prefill_without_enable_gqa_matches(tokens, monkeypatch):
 
     def sdpa_before_2_5(*args, **kwargs):
         if "enable_gqa" in kwargs:
-            raise TypeError("scaled_dot_product_attention() got an unexpected keyword argument 'enable_gqa'")
+            raise TypeError("scaled_dot_product_attention() got an unexpected keyword argument "
+                            "'enable_gqa'")
         return real(*args, **kwargs)
 
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", sdpa_before_2_5)
@@ -275,8 +288,9 @@ def test_sdpa_prefill_without_enable_gqa_matches(tokens, monkeypatch):
         m.prefill(tokens, m.new_cache(B, MAX_LEN, "fp32"))
 
 
-@pytest.mark.parametrize("version,expected", [("2.3.1+cu121", False), ("2.4.0", False), ("2.5.0", True),
-                                              ("2.11.0+cu130", True), ("3.0.0a0", True), ("weird", False)])
+@pytest.mark.parametrize("version,expected", [
+    ("2.3.1+cu121", False), ("2.4.0", False), ("2.5.0", True), ("2.11.0+cu130", True),
+    ("3.0.0a0", True), ("weird", False)])
 def test_enable_gqa_needs_torch_2_5(monkeypatch, version, expected):
     from kvlab.decoder import attention
 
@@ -375,8 +389,8 @@ def test_prefetch_orders_copies_and_compute_with_events(tokens):
     cache's device (cuda:1), never of the current one."""
     from kvlab.decoder.kvcache import _Streams
 
-    cfg = DecoderConfig("deep", vocab_size=256, num_layers=5, hidden_size=64, num_heads=4, num_kv_heads=2,
-                        head_dim=16, intermediate_size=96)
+    cfg = DecoderConfig("deep", vocab_size=256, num_layers=5, hidden_size=64, num_heads=4,
+                        num_kv_heads=2, head_dim=16, intermediate_size=96)
     m = Decoder(cfg, "fp32")
     gpu = torch.device("cuda:1")
     fake = FakeCuda(gpu)
@@ -401,24 +415,28 @@ def test_prefetch_orders_copies_and_compute_with_events(tokens):
     cache.view = lambda layer, n: (use(layer), view(layer, n))[1]
     out = [m.prefill(tokens[:, :PROMPT], cache)[:, -1], m.decode(tokens[:, PROMPT], cache)]
     ref_cache = m.new_cache(B, MAX_LEN, "fp32", block_tokens=BLOCK)
-    reference = [m.prefill(tokens[:, :PROMPT], ref_cache)[:, -1], m.decode(tokens[:, PROMPT], ref_cache)]
-    assert all(torch.equal(a, b) for a, b in zip(out, reference))
+    reference = [m.prefill(tokens[:, :PROMPT], ref_cache)[:, -1],
+                 m.decode(tokens[:, PROMPT], ref_cache)]
+    assert all(torch.equal(a, b) for a, b in zip(out, reference, strict=True))
     assert set(fake.asked) == {gpu}
 
     streams = {"compute": fake.compute, "copy": cache.streams.copy}
     fetches = {what[1:]: ("copy", i) for i, (what, _) in enumerate(streams["copy"].ops)}
     uses = [(what[1:], ("compute", i)) for i, (what, _) in enumerate(streams["compute"].ops)]
-    assert len(passes) == 2 and sorted(fetches) == [(p, lay) for p in (0, 1) for lay in range(cfg.num_layers)]
+    every = [(p, lay) for p in (0, 1) for lay in range(cfg.num_layers)]
+    assert len(passes) == 2 and sorted(fetches) == every
     assert all(what[0] == "fetch" for what, _ in streams["copy"].ops)
     for (p, layer), op in uses:  # attention reads a history that has arrived
         assert _after(streams, fetches[p, layer], op)
     for (p, layer), copy in fetches.items():
         if layer >= 2:  # the slot's previous occupant (layer - 2) has finished with it
-            assert all(_after(streams, op, copy) for (q, lay), op in uses if (q, lay) == (p, layer - 2))
+            assert all(_after(streams, op, copy)
+                       for (q, lay), op in uses if (q, lay) == (p, layer - 2))
         elif p > 0:  # a pass's first copies come after everything the previous pass queued
             assert all(_after(streams, op, copy) for (q, _), op in uses if q == p - 1)
     # copies overlap compute: layer 1's history is fetched without waiting for layer 0's attention
-    assert not any(_after(streams, op, fetches[0, 1]) for (p, lay), op in uses if (p, lay) == (0, 0))
+    assert not any(_after(streams, op, fetches[0, 1])
+                   for (p, lay), op in uses if (p, lay) == (0, 0))
 
 
 # ------------------------------------------------------------------ the ledger mapping
@@ -426,22 +444,24 @@ def test_prefetch_orders_copies_and_compute_with_events(tokens):
 @pytest.mark.parametrize("preset", ["tiny", "small", "cpu-bench", "gpu-bench", "mha-small"])
 def test_spec_has_the_decoders_shapes(preset):
     c, spec = PRESETS[preset], ledger.model_spec(preset)
-    assert (spec.num_layers, spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim) == \
-        (c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim)
+    shape = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim")
+    assert [getattr(spec, k) for k in shape] == [getattr(c, k) for k in shape]
     assert not spec.tie_word_embeddings and spec.params.embedding == c.vocab_size * c.hidden_size
 
 
 @pytest.mark.parametrize("weight_dtype,tolerance", [("fp32", 0), ("bf16", 0), ("int8", 0.005)])
 def test_decoder_streams_the_weight_bytes_the_ledger_counts(weight_dtype, tolerance):
     m = Decoder("small", weight_dtype)
-    counted = weight_read_bytes(ledger.model_spec("small"), 1, ledger.weight_ledger_dtype("small", weight_dtype))
+    counted = weight_read_bytes(ledger.model_spec("small"), 1,
+                                ledger.weight_ledger_dtype("small", weight_dtype))
     assert m.streamed_weight_bytes() == pytest.approx(counted, rel=tolerance, abs=0)
 
 
 @pytest.mark.parametrize("kv", ["fp32", "bf16", "fp16", "int8", "fp8"])
 def test_cache_stores_the_kv_bytes_the_ledger_counts(model, kv):
     cache = model.new_cache(2, 40, kv, block_tokens=16)  # 3 blocks: 48 positions allocated
-    assert cache.bytes_per_token == kv_bytes_per_token(ledger.model_spec("tiny"), ledger.kv_ledger_dtype("tiny", kv))
+    counted = kv_bytes_per_token(ledger.model_spec("tiny"), ledger.kv_ledger_dtype("tiny", kv))
+    assert cache.bytes_per_token == counted
     assert cache.capacity_tokens == 48 and cache.nbytes == cache.bytes_per_token * 2 * 48
 
 
@@ -449,11 +469,13 @@ def test_host_prediction_adds_the_fetch():
     dev = ledger.measured_device("test", 100e9, 1e12, 64e9)
     on_device = ledger.predict_decode("cpu-bench", dev, 8, 4096, "bf16", "bf16")
     serial = ledger.predict_decode("cpu-bench", dev, 8, 4096, "bf16", "bf16", "host", False, 10e9)
-    overlapped = ledger.predict_decode("cpu-bench", dev, 8, 4096, "bf16", "bf16", "host", True, 10e9)
+    overlapped = ledger.predict_decode("cpu-bench", dev, 8, 4096, "bf16", "bf16", "host", True,
+                                       10e9)
     kv = 8 * 4096 * ledger.kv_bytes_per_token("cpu-bench", "bf16")
     assert serial["fetch_s"] == pytest.approx(kv / 10e9)
     assert serial["predicted_step_s"] == pytest.approx(on_device["predicted_step_s"] + kv / 10e9)
-    assert overlapped["predicted_step_s"] == pytest.approx(max(on_device["predicted_step_s"], kv / 10e9))
+    expected = max(on_device["predicted_step_s"], kv / 10e9)
+    assert overlapped["predicted_step_s"] == pytest.approx(expected)
     step = decode_step(ledger.model_spec("cpu-bench"), dev, 8, 4096, "bf16", "bf16")
     assert on_device["predicted_step_s"] == pytest.approx(step.step_time_s)
 
