@@ -17,6 +17,7 @@ import functools
 import json
 import math
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,33 +78,72 @@ class Trace:
         return f"{self.name} (generated)" if self.generated else self.name
 
 
-def _int_field(obj: dict, key: str, where: str, minimum: int) -> int:
+#: Bounds beyond which a field is a typo or an attack, not a request: a prompt or an answer
+#: of more than 1e8 tokens, a timestamp past 1e15 ms (31,000 years), an id that is not a
+#: 64-bit hash.
+MAX_TOKENS = 100_000_000
+MAX_TIMESTAMP_MS = 10**15
+MAX_HASH_ID = 2**63 - 1
+
+
+def _int_field(obj: dict, key: str, where: str, minimum: int, maximum: int) -> int:
     if key not in obj:
         raise KvlabError(f"{where}: missing {key!r}")
     value = obj[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value != int(value):
-        raise KvlabError(f"{where}: {key!r} must be a whole number, got {value!r}")
+    if type(value) is int:
+        if minimum <= value <= maximum:
+            return value
+    elif type(value) is not float or not value.is_integer():  # bool, str, nan, inf, 6.5
+        raise KvlabError(f"{where}: {key!r} must be a whole number, got {_show(value)}")
+    elif minimum <= value <= maximum:
+        return int(value)
     if value < minimum:
-        raise KvlabError(f"{where}: {key!r} must be >= {minimum}, got {value!r}")
-    return int(value)
+        raise KvlabError(f"{where}: {key!r} must be >= {minimum}, got {_show(value)}")
+    raise KvlabError(f"{where}: {key!r} must be <= {maximum:.0e}, got {_show(value)}")
+
+
+def _show(value) -> str:
+    if type(value) is int and value.bit_length() > 100:
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+    return _clip(repr(value))
+
+
+def _clip(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _hash_ids(obj: dict, where: str) -> list:
+    ids = obj.get("hash_ids")
+    if type(ids) is not list or (ids and (
+            set(map(type, ids)) != {int} or min(ids) < 0 or max(ids) > MAX_HASH_ID)):
+        raise KvlabError(f"{where}: 'hash_ids' must be a list of whole numbers from 0 to 2**63 - 1")
+    if len(set(ids)) != len(ids):
+        raise KvlabError(f"{where}: 'hash_ids' repeats an id; each id names a different prefix of the prompt")
+    return ids
+
+
+def _loads(text: str, where: str):
+    """One JSON value; every way it can fail (bad syntax, nesting past the recursion limit,
+    an integer of thousands of digits) is a KvlabError naming the line."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise KvlabError(f"{where}: not valid JSON ({exc.msg})") from None
+    except RecursionError:
+        raise KvlabError(f"{where}: nested too deeply to be a request") from None
+    except ValueError as exc:
+        raise KvlabError(f"{where}: not valid JSON ({exc})") from None
 
 
 def parse_line(text: str, where: str, block_tokens: int = BLOCK_TOKENS) -> Request:
     """Parse and validate one JSONL line; `where` ('trace.jsonl line 17') prefixes errors."""
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise KvlabError(f"{where}: not valid JSON ({exc.msg})") from None
-    if not isinstance(obj, dict):
+    obj = _loads(text, where)
+    if type(obj) is not dict:
         raise KvlabError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-    timestamp_ms = _int_field(obj, "timestamp", where, 0)
-    input_tokens = _int_field(obj, "input_length", where, 1)
-    output_tokens = _int_field(obj, "output_length", where, 1)
-    ids = obj.get("hash_ids")
-    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
-        raise KvlabError(f"{where}: 'hash_ids' must be a list of non-negative whole numbers")
-    if len(set(ids)) != len(ids):
-        raise KvlabError(f"{where}: 'hash_ids' repeats an id; each id names a different prefix of the prompt")
+    timestamp_ms = _int_field(obj, "timestamp", where, 0, MAX_TIMESTAMP_MS)
+    input_tokens = _int_field(obj, "input_length", where, 1, MAX_TOKENS)
+    output_tokens = _int_field(obj, "output_length", where, 1, MAX_TOKENS)
+    ids = _hash_ids(obj, where)
     blocks = -(-input_tokens // block_tokens)
     if len(ids) != blocks:
         raise KvlabError(
@@ -119,9 +159,9 @@ def read_jsonl(path: str | Path, name: str | None = None) -> Trace:
     try:
         handle = path.open("rb")
     except FileNotFoundError:
-        raise KvlabError(f"trace file {str(path)!r} does not exist") from None
-    except OSError as exc:
-        raise KvlabError(f"cannot read trace {str(path)!r}: {exc.strerror}") from None
+        raise KvlabError(f"trace file {_show(str(path))} does not exist") from None
+    except (OSError, ValueError) as exc:
+        raise KvlabError(f"cannot read trace {_show(str(path))}: {getattr(exc, 'strerror', None) or exc}") from None
     requests: list[Request] = []
     last_arrival = 0.0
     with handle:
@@ -182,14 +222,34 @@ _LOADED: dict[tuple, Trace] = {}
 
 
 def _read_cached(path: Path, name: str | None) -> Trace:
-    """read_jsonl, remembered per (file, size, mtime): a book build asks for the same trace often."""
-    st = path.stat()
-    key = (str(path.resolve()), st.st_size, st.st_mtime_ns, name)
+    """read_jsonl, remembered per file version: a book build asks for the same trace often,
+    and a pipe (`<(zcat trace.jsonl.gz)`) can be read only once."""
+    try:
+        st = path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        raise KvlabError(f"trace file {_show(str(path))} does not exist") from None
+    except (OSError, ValueError) as exc:  # a name longer than the file system allows, a NUL byte
+        raise KvlabError(f"cannot read trace {_show(str(path))}: {getattr(exc, 'strerror', None) or exc}") from None
+    if stat.S_ISREG(st.st_mode):
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, name)
+    elif stat.S_ISFIFO(st.st_mode):
+        key = (st.st_dev, st.st_ino, name)
+    else:
+        raise KvlabError(f"trace {_show(str(path))} is not a file")
     if key not in _LOADED:
         if len(_LOADED) >= 8:
             _LOADED.clear()
         _LOADED[key] = read_jsonl(path, name=name)
     return _LOADED[key]
+
+
+def _is_path(text: str) -> bool:
+    if text.endswith(".jsonl") or os.sep in text:
+        return True
+    try:
+        return Path(text).exists()
+    except (OSError, ValueError):  # too long for the file system, a NUL byte
+        return False
 
 
 @functools.lru_cache(maxsize=8)
@@ -224,12 +284,10 @@ def load_trace(name_or_path: str | Path) -> Trace:
         return _read_cached(path, text)
     if text == GENERATED or text.startswith(GENERATED + ":"):
         return _generated(text)
-    if text.endswith(".jsonl") or os.sep in text or Path(text).exists():
-        path = Path(text)
-        if not path.is_file():
-            raise KvlabError(f"trace file {text!r} does not exist")
-        return _read_cached(path, None)
-    raise unknown_name("trace", text, KNOWN_TRACES, also="'generated[:PRESET][:SEED]' or a path to a .jsonl file")
+    if _is_path(text):
+        return _read_cached(Path(text), None)
+    raise unknown_name("trace", _clip(text), KNOWN_TRACES,
+                       also="'generated[:PRESET][:SEED]' or a path to a .jsonl file")
 
 
 def trace_or_generated(name: str = "conversation", seed: int = 0) -> Trace:
@@ -270,7 +328,9 @@ class TraceStats:
     block_tokens: int
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """JSON-ready: a rate that is infinite (every request at one instant) becomes null."""
+        out = dataclasses.asdict(self)
+        return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in out.items()}
 
 
 def trace_stats(trace: Trace) -> TraceStats:

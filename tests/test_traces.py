@@ -271,7 +271,7 @@ def test_download_verifies_and_writes_atomically(tmp_path, server, monkeypatch, 
     (served / "synthetic_trace.jsonl").write_bytes(body[:-5] + b"XXXX\n")
     with pytest.raises(KvlabError, match="checksum mismatch for synthetic_trace.jsonl.*nothing was written"):
         traces_download.download_trace("synthetic", tmp_path / "fresh", base_url=url)
-    assert list((tmp_path / "fresh").iterdir()) == []
+    assert not (tmp_path / "fresh").exists()  # a failed download leaves no folder behind
     with pytest.raises(KvlabError, match="checksum mismatch"):
         traces_download.download_trace("synthetic", dest, base_url=url, force=True)
     assert Path(got.path).read_bytes() == body and sorted(p.name for p in dest.iterdir()) == ["synthetic_trace.jsonl"]
@@ -316,3 +316,90 @@ def test_trace_commands_do_not_import_heavy_modules():
             "sys.stderr.write(repr(heavy))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stderr.endswith("[]")
+
+
+# ------------------------------------------------------------------ hostile input
+
+@pytest.mark.parametrize("bad, message", [
+    ('{"timestamp": 5, "input_length": 600, "output_length": ' + "1" + "0" * 400 + ', "hash_ids": [1, 2]}',
+     "'output_length' must be <= 1e\\+08, got an integer of about 401 digits"),
+    ('{"timestamp": 5, "input_length": 600, "output_length": ' + "9" * 5000 + ', "hash_ids": [1, 2]}',
+     "line 2: not valid JSON"),
+    ('{"timestamp": 5, "input_length": 600, "output_length": 1e400, "hash_ids": [1, 2]}',
+     "'output_length' must be a whole number, got inf"),
+    ('{"timestamp": NaN, "input_length": 600, "output_length": 3, "hash_ids": [1, 2]}',
+     "'timestamp' must be a whole number, got nan"),
+    ('{"timestamp": 1e20, "input_length": 600, "output_length": 3, "hash_ids": [1, 2]}', "'timestamp' must be <="),
+    ('{"timestamp": 5, "input_length": 600, "output_length": true, "hash_ids": [1, 2]}', "whole number, got True"),
+    ('{"timestamp": 5, "input_length": 600, "output_length": 3, "hash_ids": [1, ' + str(2**64) + ']}',
+     "'hash_ids' must be a list of whole numbers"),
+    ('{"timestamp": 5, "input_length": 600, "output_length": 3, "hash_ids": [1, true]}', "'hash_ids' must be"),
+    ('{"timestamp": 5, "input_length": 600, "output_length": 3, "hash_ids": "1,2"}', "'hash_ids' must be"),
+    ("[" * 100_000 + "]" * 100_000, "line 2: nested too deeply"),
+])
+def test_hostile_lines_are_one_clear_error(tmp_path, bad, message):
+    path = write(tmp_path, line(0), bad)
+    with pytest.raises(KvlabError, match=message):
+        read_jsonl(path)
+
+
+def test_one_instant_trace_has_no_rate_and_json_says_null(tmp_path, capsys):
+    """Every one-request trace (or all requests in one millisecond): the rate is not a number
+    JSON can hold, so `--json` prints null, as kvlab does for every unbounded value."""
+    path = write(tmp_path, line(7, 600, 3, [1, 2]))
+    s = trace_stats(read_jsonl(path))
+    assert s.duration_s == 0 and s.requests_per_s == math.inf and s.to_dict()["requests_per_s"] is None
+    assert main(["trace", "stats", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["requests_per_s"] is None and out["duration_s"] == 0
+    assert main(["trace", "stats", str(path)]) == 0
+    assert "0 s (a single request)" in capsys.readouterr().out
+
+
+def test_names_longer_than_the_file_system_allows(capsys):
+    for name in ("x" * 5000, "x" * 5000 + ".jsonl", "/tmp/" + "y" * 300 + "/t.jsonl", "a\0b"):
+        assert main(["trace", "stats", name]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err and len(err) < 600
+    assert main(["trace", "stats", "/dev/null"]) == 2  # not a file
+    assert "is not a file" in capsys.readouterr().err
+
+
+def test_a_trace_through_a_pipe(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_text(line(0) + "\n" + line(5) + "\n"), daemon=True)
+    writer.start()
+    assert len(load_trace(str(fifo))) == 2
+    assert len(load_trace(str(fifo))) == 2  # read once, remembered
+    writer.join(timeout=5)
+
+
+def test_download_refuses_a_bad_base_url_before_creating_anything(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("KVLAB_TRACE_DIR", raising=False)
+    for url in ("not a url", "ftp://example.org/x/", "http://", "javascript:alert(1)"):
+        assert main(["trace", "download", "synthetic", "--base-url", url]) == 2
+        err = capsys.readouterr().err
+        assert "base URL must be an http://, https:// or file:// URL" in err and err.count("\n") == 1
+    assert not (tmp_path / "cache").exists()  # not even an empty ~/.cache/kvlab/traces
+
+
+def test_a_failed_download_leaves_no_empty_folders(tmp_path, server, monkeypatch, capsys):
+    """The default cache (~/.cache/kvlab/traces) and a --dir alike: folders the download
+    created are removed again when it fails; folders that were there stay."""
+    state, url = server
+    state["dir"] = str(tmp_path)  # serves nothing under the trace names: HTTP 404
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("KVLAB_TRACE_DIR", raising=False)
+    assert main(["trace", "download", "synthetic", "--base-url", url]) == 2
+    assert "HTTP 404" in capsys.readouterr().err
+    assert not (tmp_path / "cache").exists()
+    (tmp_path / "mine").mkdir()
+    assert main(["trace", "download", "synthetic", "--base-url", url, "--dir", str(tmp_path / "mine" / "a" / "b")]) == 2
+    assert (tmp_path / "mine").is_dir() and list((tmp_path / "mine").iterdir()) == []
+    capsys.readouterr()
+    long_dir = str(tmp_path / ("z" * 300))
+    assert main(["trace", "download", "synthetic", "--base-url", url, "--dir", long_dir]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
