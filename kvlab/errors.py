@@ -10,8 +10,6 @@ import difflib
 import math
 from typing import Iterable
 
-import numpy as np
-
 
 class KvlabError(ValueError):
     """Bad input: an unknown name, a nonsense number, a malformed file."""
@@ -41,6 +39,8 @@ def check_number(
     broadcast. `maximum` guards against absurd inputs (a batch of 1e30) that would
     otherwise produce meaningless but plausible-looking output.
     """
+    import numpy as np  # here, not at the top: `kvlab --help` must not pay numpy's import
+
     try:
         arr = np.asarray(value, dtype=float)
     except (TypeError, ValueError):
