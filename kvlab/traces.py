@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import json.scanner
 import math
 import os
 import stat
@@ -157,32 +158,52 @@ def read_jsonl(path: str | Path, name: str | None = None) -> Trace:
     """Load a Mooncake-format JSONL file, validating every line (errors name the line)."""
     path = Path(path)
     try:
-        handle = path.open("rb")
+        with path.open("rb") as handle:
+            data = handle.read()
     except FileNotFoundError:
         raise KvlabError(f"trace file {_show(str(path))} does not exist") from None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError) as exc:  # a folder, /proc/self/mem, a NUL byte in the name
         raise KvlabError(f"cannot read trace {_show(str(path))}: {getattr(exc, 'strerror', None) or exc}") from None
+    requests = _parse_lines(data, path.name)
+    if not requests:
+        raise KvlabError(f"trace {_show(str(path))} holds no requests")
+    return Trace(name or path.stem.removesuffix("_trace"), tuple(requests), source=str(path))
+
+
+_SCAN = json.scanner.make_scanner(json.JSONDecoder())  # the C scanner json.loads ends in, called directly
+
+
+def _parse_lines(data: bytes, filename: str, block_tokens: int = BLOCK_TOKENS) -> list[Request]:
+    """Every line, the common case checked inline; anything unusual goes through
+    `parse_line`, which says exactly what is wrong and where."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        number = data.count(b"\n", 0, exc.start) + 1
+        raise KvlabError(f"{filename} line {number}: not UTF-8 text") from None
     requests: list[Request] = []
     last_arrival = 0.0
-    with handle:
-        for number, raw in enumerate(handle, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                raise KvlabError(f"{path.name} line {number}: not UTF-8 text") from None
-            if not line.strip():
-                continue
-            req = parse_line(line, f"{path.name} line {number}")
-            if req.arrival_s < last_arrival:
-                raise KvlabError(
-                    f"{path.name} line {number}: timestamp {req.arrival_s * 1000:.0f} ms goes back in "
-                    f"time (previous {last_arrival * 1000:.0f} ms); traces must be sorted by arrival"
-                )
-            last_arrival = req.arrival_s
-            requests.append(req)
-    if not requests:
-        raise KvlabError(f"trace {str(path)!r} holds no requests")
-    return Trace(name or path.stem.removesuffix("_trace"), tuple(requests), source=str(path))
+    for number, line in enumerate(text.split("\n"), start=1):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            obj, end = _SCAN(line, 0)
+            ts, inp, out, ids = obj["timestamp"], obj["input_length"], obj["output_length"], obj["hash_ids"]
+            ok = (end == len(line) and type(ts) is type(inp) is type(out) is int and type(ids) is list
+                  and 0 <= ts <= MAX_TIMESTAMP_MS and 0 < inp <= MAX_TOKENS and 0 < out <= MAX_TOKENS
+                  and len(ids) == -(-inp // block_tokens) and set(map(type, ids)) == {int}
+                  and 0 <= min(ids) and max(ids) <= MAX_HASH_ID and len(set(ids)) == len(ids))
+        except Exception:  # noqa: BLE001 - any surprise: the careful path below names it
+            ok = False
+        req = (Request(ts / 1000.0, inp, out, tuple(ids)) if ok
+               else parse_line(line, f"{filename} line {number}", block_tokens))
+        if req.arrival_s < last_arrival:
+            raise KvlabError(f"{filename} line {number}: timestamp {req.arrival_s * 1000:.0f} ms goes back in time (previous "
+                             f"{last_arrival * 1000:.0f} ms); traces must be sorted by arrival")
+        last_arrival = req.arrival_s
+        requests.append(req)
+    return requests
 
 
 def cache_dir() -> Path:

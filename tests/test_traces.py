@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvlab import traces, traces_download
 from kvlab.cli import main
@@ -403,3 +405,49 @@ def test_a_failed_download_leaves_no_empty_folders(tmp_path, server, monkeypatch
     assert main(["trace", "download", "synthetic", "--base-url", url, "--dir", long_dir]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+# ------------------------------------------------------------------ the fast path agrees with the careful one
+
+def _careful(lines):
+    """What `read_jsonl` must return: every line through `parse_line`, in order."""
+    out, last = [], 0.0
+    for number, text in enumerate(lines, start=1):
+        if not text.strip():
+            continue
+        req = traces.parse_line(text, f"t.jsonl line {number}")
+        if req.arrival_s < last:
+            raise KvlabError(f"t.jsonl line {number}: goes back in time")
+        last = req.arrival_s
+        out.append(req)
+    return out
+
+
+def _outcome(fn, *args):
+    try:
+        return fn(*args)
+    except KvlabError as exc:
+        return str(exc).split(":")[0]  # which line failed
+
+
+field_value = st.one_of(st.integers(-5, 3000), st.floats(-1, 3000), st.booleans(), st.none(), st.text(max_size=3))
+request_dict = st.fixed_dictionaries({
+    "timestamp": st.one_of(st.integers(0, 10_000), field_value),
+    "input_length": st.one_of(st.integers(1, 2000), field_value),
+    "output_length": st.one_of(st.integers(1, 50), field_value),
+}).flatmap(lambda d: st.fixed_dictionaries({
+    **{k: st.just(v) for k, v in d.items()},
+    "hash_ids": st.one_of(
+        st.lists(st.integers(0, 40), min_size=-(-d["input_length"] // 512), max_size=-(-d["input_length"] // 512),
+                 unique=True) if isinstance(d["input_length"], int) and 0 < d["input_length"] <= 2000
+        else st.lists(st.integers(0, 40), max_size=4),
+        st.lists(field_value, max_size=4)),
+}))
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(st.lists(st.one_of(request_dict.map(json.dumps), st.sampled_from(["", " ", "{", "[]", "1"])),
+                min_size=1, max_size=6))
+def test_the_fast_path_agrees_with_parse_line(lines):
+    got = _outcome(traces._parse_lines, "\n".join(lines).encode(), "t.jsonl")
+    assert got == _outcome(_careful, lines)
