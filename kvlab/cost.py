@@ -148,7 +148,8 @@ def decode_step(
     bandwidth = dev.memory_bandwidth_bytes_per_s if bandwidth_bytes_per_s is None else bandwidth_bytes_per_s
     bandwidth = check_number("bandwidth (bytes/s)", bandwidth, minimum=MIN_BANDWIDTH_BYTES_PER_S,
                              allow_equal_min=True, maximum=MAX_BANDWIDTH_BYTES_PER_S)
-    efficiency = check_number("efficiency", efficiency, minimum=MIN_EFFICIENCY, allow_equal_min=True, maximum=1.0)
+    efficiency = check_number("efficiency", efficiency, minimum=MIN_EFFICIENCY,
+                              allow_equal_min=True, maximum=1.0)
     capacity = dev.capacity_bytes if capacity_bytes is None else check_number(
         "capacity (bytes)", capacity_bytes, maximum=MAX_CAPACITY_BYTES)
 
@@ -245,13 +246,15 @@ def prefill(
     prompt = check_number("prompt_tokens", prompt_tokens, minimum=1, allow_equal_min=True, maximum=MAX_CONTEXT_TOKENS, integer=True)
     cached = check_number("cached_tokens", cached_tokens, minimum=0, allow_equal_min=True, maximum=MAX_CONTEXT_TOKENS, integer=True)
     batch = check_number("batch", batch, minimum=1, allow_equal_min=True, maximum=MAX_BATCH, integer=True)
-    efficiency = check_number("efficiency", efficiency, minimum=MIN_EFFICIENCY, allow_equal_min=True, maximum=1.0)
+    efficiency = check_number("efficiency", efficiency, minimum=MIN_EFFICIENCY,
+                              allow_equal_min=True, maximum=1.0)
     p_arr, c_arr, b = (np.asarray(x, dtype=float) for x in (prompt, cached, batch))
     if np.any(c_arr > p_arr):
         bad = int(np.max(c_arr - p_arr))
         raise KvlabError(f"cached_tokens cannot exceed prompt_tokens (by {bad:,} tokens here); "
                          "a prefix hit covers at most the whole prompt")
-    c_arr = np.asarray(served_tokens(c_arr, p_arr), dtype=float)  # the last prompt token is always computed
+    # the last prompt token is always computed (its logits give the first output token)
+    c_arr = np.asarray(served_tokens(c_arr, p_arr), dtype=float)
     cached = int(c_arr) if c_arr.ndim == 0 else c_arr.astype(np.int64)
     n = p_arr - c_arr
     pairs = n * c_arr + n * (n + 1) / 2
@@ -262,11 +265,12 @@ def prefill(
     if not flash_attention:
         bytes_moved = bytes_moved + b * (m.num_heads * m.num_layers) * pairs * NAIVE_ATTENTION_PASSES * SCORE_BYTES
     peak = dev.peak_flops_per_s(wdt.compute) if flops_per_s is None else check_number(
-        "flops_per_s", flops_per_s, minimum=MIN_FLOPS_PER_S, allow_equal_min=True, maximum=MAX_FLOPS_PER_S)
+        "flops_per_s", flops_per_s, minimum=MIN_FLOPS_PER_S, allow_equal_min=True,
+        maximum=MAX_FLOPS_PER_S)
     compute_time = np.where(n > 0, flops / (np.asarray(peak) * efficiency), 0.0)
     bandwidth = dev.memory_bandwidth_bytes_per_s if bandwidth_bytes_per_s is None else check_number(
-        "bandwidth (bytes/s)", bandwidth_bytes_per_s, minimum=MIN_BANDWIDTH_BYTES_PER_S, allow_equal_min=True,
-        maximum=MAX_BANDWIDTH_BYTES_PER_S)
+        "bandwidth (bytes/s)", bandwidth_bytes_per_s, minimum=MIN_BANDWIDTH_BYTES_PER_S,
+        allow_equal_min=True, maximum=MAX_BANDWIDTH_BYTES_PER_S)
     memory_time = np.where(n > 0, bytes_moved / (np.asarray(bandwidth) * efficiency), 0.0)
     time_s = np.maximum(compute_time, memory_time)
     bound = np.where(compute_time >= memory_time, "compute", "memory")

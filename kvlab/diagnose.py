@@ -37,7 +37,8 @@ class Finding:
 
 @dataclass(frozen=True)
 class Diagnosis:
-    bound: str  # "memory bandwidth", "compute", "KV tier", "network", "overheads" or "memory capacity"
+    # "memory bandwidth", "compute", "KV tier", "network", "overheads" or "memory capacity"
+    bound: str
     findings: list[Finding]
     fit: Finding | None = None  # step 0, memory fit: always computed, reported first when it fails
 
@@ -90,32 +91,40 @@ class _Inputs:
     kv_bytes_per_request: float | None
 
 
+def _bandwidth(name: str, value) -> float:
+    return check_number(name, value, minimum=cost.MIN_BANDWIDTH_BYTES_PER_S, allow_equal_min=True,
+                        maximum=cost.MAX_BANDWIDTH_BYTES_PER_S)
+
+
 def _check_inputs(model, hardware, batch, context, measured_tokens_per_s, weight_dtype, kv_dtype,
-                  measured_bandwidth_bytes_per_s, kv_tier, network, kv_bytes_per_request) -> _Inputs:
+                  measured_bandwidth_bytes_per_s, kv_tier, network,
+                  kv_bytes_per_request) -> _Inputs:
     from . import tiers
 
     m, dev = get_model(model), get_device(hardware)
     measured = check_number("measured tokens/s", measured_tokens_per_s, maximum=1e9)
     if measured_bandwidth_bytes_per_s is not None:
-        measured_bandwidth_bytes_per_s = check_number(
-            "measured bandwidth (bytes/s)", measured_bandwidth_bytes_per_s,
-            minimum=cost.MIN_BANDWIDTH_BYTES_PER_S, allow_equal_min=True, maximum=cost.MAX_BANDWIDTH_BYTES_PER_S)
+        measured_bandwidth_bytes_per_s = _bandwidth("measured bandwidth (bytes/s)",
+                                                    measured_bandwidth_bytes_per_s)
     if not isinstance(kv_tier, str):
-        raise KvlabError(f"kv_tier must be a placement name such as hbm or host-pcie5, got {kv_tier!r}")
+        raise KvlabError(f"kv_tier must be a placement name such as hbm or host-pcie5, "
+                         f"got {kv_tier!r}")
     if kv_tier.lower() != tiers.HBM:
         tiers.get_placement(kv_tier)
     bandwidth = None
-    if network is not None:
-        bandwidth = get_tier(network).bandwidth_bytes_per_s if isinstance(network, str) else check_number(
-            "network bandwidth (bytes/s)", network, minimum=cost.MIN_BANDWIDTH_BYTES_PER_S,
-            allow_equal_min=True, maximum=cost.MAX_BANDWIDTH_BYTES_PER_S)
+    if isinstance(network, str):
+        bandwidth = get_tier(network).bandwidth_bytes_per_s
+    elif network is not None:
+        bandwidth = _bandwidth("network bandwidth (bytes/s)", network)
     if kv_bytes_per_request is not None:
-        kv_bytes_per_request = check_number("KV bytes per request", kv_bytes_per_request, maximum=1e15)
+        kv_bytes_per_request = check_number("KV bytes per request", kv_bytes_per_request,
+                                            maximum=1e15)
     if (bandwidth is None) != (kv_bytes_per_request is None):
-        raise KvlabError("the network check needs both the network bandwidth and the KV bytes each request "
-                         "sends (--network and --kv-bytes-per-request); give both or neither")
-    return _Inputs(m, dev, batch, context, measured, weight_dtype, kv_dtype, measured_bandwidth_bytes_per_s,
-                   kv_tier, bandwidth, kv_bytes_per_request)
+        raise KvlabError("the network check needs both the network bandwidth and the KV bytes "
+                         "each request sends (--network and --kv-bytes-per-request); give both "
+                         "or neither")
+    return _Inputs(m, dev, batch, context, measured, weight_dtype, kv_dtype,
+                   measured_bandwidth_bytes_per_s, kv_tier, bandwidth, kv_bytes_per_request)
 
 
 def diagnose(
@@ -141,8 +150,9 @@ def diagnose(
     neither). A deployment that does not fit in memory is said so first (step 0), and
     its bound is "memory capacity".
     """
-    d = _check_inputs(model, hardware, batch, context, measured_tokens_per_s, weight_dtype, kv_dtype,
-                      measured_bandwidth_bytes_per_s, kv_tier, network_bandwidth_bytes_per_s, kv_bytes_per_request)
+    d = _check_inputs(model, hardware, batch, context, measured_tokens_per_s, weight_dtype,
+                      kv_dtype, measured_bandwidth_bytes_per_s, kv_tier,
+                      network_bandwidth_bytes_per_s, kv_bytes_per_request)
     step = cost.decode_step(d.model, d.device, d.batch, d.context, d.weight_dtype, d.kv_dtype)
     fit = _memory_fit(d, step)
     throughput = _memory_throughput(d, step)
@@ -157,39 +167,41 @@ def _memory_fit(d: _Inputs, step) -> Finding:
     numbers = {"fits": bool(step.fits), "needed_bytes": step.memory_needed_bytes,
                "capacity_bytes": step.capacity_bytes, "weight_bytes": step.weight_bytes,
                "kv_cache_bytes": step.kv_cache_bytes, "max_batch": int(step.max_batch)}
+    needed, capacity = fmt.si(step.memory_needed_bytes, "B"), fmt.si(step.capacity_bytes, "B")
     if step.fits:
-        return Finding(0, "memory fit", f"{fmt.si(step.memory_needed_bytes, 'B')} of "
-                       f"{fmt.si(step.capacity_bytes, 'B')}: fits", numbers)
-    verdict = (f"does NOT fit: {fmt.si(step.memory_needed_bytes, 'B')} needed (weights "
-               f"{fmt.si(step.weight_bytes, 'B')}, KV {fmt.si(step.kv_cache_bytes, 'B')}), the {d.device.name} "
-               f"has {fmt.si(step.capacity_bytes, 'B')}; this deployment cannot run as described, so the "
-               "steps below say what it would do if it could")
+        return Finding(0, "memory fit", f"{needed} of {capacity}: fits", numbers)
+    verdict = (f"does NOT fit: {needed} needed (weights {fmt.si(step.weight_bytes, 'B')}, KV "
+               f"{fmt.si(step.kv_cache_bytes, 'B')}), the {d.device.name} has {capacity}; this "
+               "deployment cannot run as described, so the steps below say what it would do if "
+               "it could")
     if step.weight_bytes >= step.capacity_bytes:
-        advice = [f"the weights alone exceed the memory: quantize them (int4: "
-                  f"{fmt.si(cost.weight_bytes(d.model, 'int4'), 'B')}), or split the model over more devices"]
+        int4 = fmt.si(cost.weight_bytes(d.model, "int4"), "B")
+        advice = [f"the weights alone exceed the memory: quantize them (int4: {int4}), or split "
+                  "the model over more devices"]
     else:
-        advice = [f"at a context of {fmt.fixed(d.context, 0)} tokens at most {fmt.fixed(step.max_batch, 0)} "
-                  "sequences fit beside the weights: lower the batch or the context, or quantize the KV cache"]
+        advice = [f"at a context of {fmt.fixed(d.context, 0)} tokens at most "
+                  f"{fmt.fixed(step.max_batch, 0)} sequences fit beside the weights: lower the "
+                  "batch or the context, or quantize the KV cache"]
     return Finding(0, "memory fit", verdict, numbers, advice)
 
 
 def _memory_throughput(d: _Inputs, step) -> Finding:
     """1. Memory throughput utilisation."""
     steps_per_s = d.measured_tokens_per_s / step.batch
-    achieved = (d.measured_bandwidth_bytes_per_s if d.measured_bandwidth_bytes_per_s is not None
-                else steps_per_s * step.step_bytes)
-    achieved = check_number("measured bandwidth (bytes/s)", achieved, maximum=cost.MAX_BANDWIDTH_BYTES_PER_S)
+    measured = d.measured_bandwidth_bytes_per_s
+    achieved = measured if measured is not None else steps_per_s * step.step_bytes
+    achieved = check_number("measured bandwidth (bytes/s)", achieved,
+                            maximum=cost.MAX_BANDWIDTH_BYTES_PER_S)
     peak = d.device.memory_bandwidth_bytes_per_s
     utilisation = achieved / peak
-    source = ("as measured" if d.measured_bandwidth_bytes_per_s is not None
-              else "inferred from tokens/s x bytes per step")
+    source = "as measured" if measured is not None else "inferred from tokens/s x bytes per step"
     if step.bound == "compute":
         verdict = "the step is compute-bound at this batch: memory throughput is not the limit"
     elif utilisation >= BANDWIDTH_BOUND_UTILISATION:
         verdict = f"{fmt.percent(utilisation)} of peak memory bandwidth: bandwidth-bound"
     elif utilisation <= LOW_UTILISATION:
-        verdict = (f"only {fmt.percent(utilisation)} of peak memory bandwidth: the time goes elsewhere "
-                   "(scheduling, waiting, launch overheads, a slow KV tier)")
+        verdict = (f"only {fmt.percent(utilisation)} of peak memory bandwidth: the time goes "
+                   "elsewhere (scheduling, waiting, launch overheads, a slow KV tier)")
     else:
         verdict = f"{fmt.percent(utilisation)} of peak memory bandwidth: partly bandwidth-bound"
     return Finding(1, "memory throughput", verdict,
@@ -201,18 +213,21 @@ def _ceiling(d: _Inputs, step) -> Finding:
     """2. The distance to the ceiling the ledger allows."""
     measured, ceiling = d.measured_tokens_per_s, step.tokens_per_s
     fraction = measured / ceiling
+    rate, limit = fmt.rate(measured), fmt.rate(ceiling)
     if fraction > 1.02:
-        verdict = (f"{fmt.rate(measured)} tokens/s is above the {fmt.rate(ceiling)} tokens/s that the "
-                   "hardware allows for these settings")
-        advice = ["the settings do not describe what ran: check the dtypes (an fp8 or int4 model?), the "
-                  "batch, the context and the device"]
+        verdict = (f"{rate} tokens/s is above the {limit} tokens/s that the hardware allows for "
+                   "these settings")
+        advice = ["the settings do not describe what ran: check the dtypes (an fp8 or int4 "
+                  "model?), the batch, the context and the device"]
     elif fraction >= CLOSE_TO_CEILING:
-        verdict = f"{fmt.rate(measured)} tokens/s is {fmt.percent(fraction)} of the {fmt.rate(ceiling)} ceiling"
-        advice = ["stop tuning the scheduler: only fewer bytes per step (or a faster memory) will help"]
+        verdict = f"{rate} tokens/s is {fmt.percent(fraction)} of the {limit} ceiling"
+        advice = ["stop tuning the scheduler: only fewer bytes per step (or a faster memory) "
+                  "will help"]
     else:
-        verdict = (f"{fmt.rate(measured)} tokens/s is {fmt.percent(fraction)} of the {fmt.rate(ceiling)} "
-                   "ceiling: there is headroom before physics stops you")
-        advice = ["look for stalls first: preemption, host overheads, small kernels, KV outside HBM"]
+        verdict = (f"{rate} tokens/s is {fmt.percent(fraction)} of the {limit} ceiling: there "
+                   "is headroom before physics stops you")
+        advice = ["look for stalls first: preemption, host overheads, small kernels, KV outside "
+                  "HBM"]
     return Finding(2, "distance to the ceiling", verdict,
                    {"ceiling_tokens_per_s": ceiling, "fraction_of_ceiling": fraction,
                     "step_bytes": step.step_bytes, "step_time_s": step.step_time_s}, advice)
@@ -222,29 +237,31 @@ def _weights_or_kv(d: _Inputs, step) -> Finding:
     """3. Whether weights or KV dominate the bytes, and where the batch knee is."""
     m, dev, ceiling = d.model, d.device, step.tokens_per_s
     kv_share = step.kv_read_bytes / step.step_bytes
-    grid = np.array(BATCH_GRID, dtype=float)
-    knee = float(grid[cost.batch_knee(cost.decode_step(m, dev, grid, d.context, d.weight_dtype, d.kv_dtype))])
+    grid = cost.decode_step(m, dev, np.array(BATCH_GRID, dtype=float), d.context,
+                            d.weight_dtype, d.kv_dtype)
+    knee = float(BATCH_GRID[cost.batch_knee(grid)])
     advice = []
     if kv_share < 0.5:
         verdict = f"weights are {fmt.percent(1 - kv_share)} of the bytes"
         if d.weight_dtype not in ("int4",):
             q = cost.decode_step(m, dev, d.batch, d.context, "int4", d.kv_dtype)
-            advice.append(f"quantize the weights to int4: ceiling {fmt.rate(q.tokens_per_s)} tokens/s "
-                          f"({fmt.sig(q.tokens_per_s / ceiling, 3)}x)")
+            advice.append(f"quantize the weights to int4: ceiling {fmt.rate(q.tokens_per_s)} "
+                          f"tokens/s ({fmt.sig(q.tokens_per_s / ceiling, 3)}x)")
     else:
         verdict = f"the KV history is {fmt.percent(kv_share)} of the bytes"
         if d.kv_dtype not in ("fp8", "int8", "int4"):
             q = cost.decode_step(m, dev, d.batch, d.context, d.weight_dtype, "fp8")
-            advice.append(f"quantize the KV cache to fp8: ceiling {fmt.rate(q.tokens_per_s)} tokens/s "
-                          f"({fmt.sig(q.tokens_per_s / ceiling, 3)}x)")
+            advice.append(f"quantize the KV cache to fp8: ceiling {fmt.rate(q.tokens_per_s)} "
+                          f"tokens/s ({fmt.sig(q.tokens_per_s / ceiling, 3)}x)")
     if d.batch < knee and step.bound == "memory":
         at_knee = cost.decode_step(m, dev, knee, d.context, d.weight_dtype, d.kv_dtype)
         fits = "fits" if at_knee.fits else "does not fit in memory"
-        advice.append(f"raise the batch towards the knee at {fmt.fixed(knee, 0)}: {fmt.rate(at_knee.tokens_per_s)} "
-                      f"tokens/s at a TPOT of {fmt.seconds(at_knee.step_time_s)} ({fits})")
+        advice.append(f"raise the batch towards the knee at {fmt.fixed(knee, 0)}: "
+                      f"{fmt.rate(at_knee.tokens_per_s)} tokens/s at a TPOT of "
+                      f"{fmt.seconds(at_knee.step_time_s)} ({fits})")
     elif d.batch > knee:
-        advice.append(f"the batch is past the knee ({fmt.fixed(knee, 0)}): more sequences mostly add KV traffic "
-                      "and TPOT; watch the tail")
+        advice.append(f"the batch is past the knee ({fmt.fixed(knee, 0)}): more sequences "
+                      "mostly add KV traffic and TPOT; watch the tail")
     return Finding(3, "weights or KV", verdict,
                    {"weight_bytes": step.weight_read_bytes, "kv_read_bytes": step.kv_read_bytes,
                     "kv_share": kv_share, "knee_batch": knee}, advice)
@@ -258,14 +275,14 @@ def _kv_tier(d: _Inputs) -> tuple[Finding, str | None]:
         return Finding(4, "KV storage tier", "the KV is read from HBM", {"tier": tiers.HBM}), None
     t = tiers.tiered_decode_step(d.model, d.device, d.batch, d.context, d.kv_tier,
                                  weight_dtype=d.weight_dtype, kv_dtype=d.kv_dtype)
-    verdict = (f"KV read every step from {t.placement}: {fmt.rate(t.tokens_per_s)} tokens/s against "
-               f"{fmt.rate(t.hbm_tokens_per_s)} with the KV in HBM ({fmt.sig(t.slowdown, 3)}x slower)")
-    finding = Finding(4, "KV storage tier", verdict,
-                      {"tier": t.placement, "tier_bytes": t.tier_bytes, "tokens_per_s": t.tokens_per_s,
-                       "hbm_tokens_per_s": t.hbm_tokens_per_s, "slowdown": t.slowdown},
-                      ["move the KV into HBM before decode (one transfer), prefetch the next "
-                       "batch's KV while computing, and count hits by the tier that served them"])
-    return finding, t.bound
+    verdict = (f"KV read every step from {t.placement}: {fmt.rate(t.tokens_per_s)} tokens/s "
+               f"against {fmt.rate(t.hbm_tokens_per_s)} with the KV in HBM "
+               f"({fmt.sig(t.slowdown, 3)}x slower)")
+    numbers = {"tier": t.placement, "tier_bytes": t.tier_bytes, "tokens_per_s": t.tokens_per_s,
+               "hbm_tokens_per_s": t.hbm_tokens_per_s, "slowdown": t.slowdown}
+    advice = ["move the KV into HBM before decode (one transfer), prefetch the next batch's KV "
+              "while computing, and count hits by the tier that served them"]
+    return Finding(4, "KV storage tier", verdict, numbers, advice), t.bound
 
 
 def _network(d: _Inputs, step) -> Finding:
@@ -273,12 +290,13 @@ def _network(d: _Inputs, step) -> Finding:
     from . import tiers
 
     if d.network_bytes_per_s is None:
-        return Finding(5, "network", "not checked (give the network bandwidth and KV bytes per request)")
+        return Finding(5, "network",
+                       "not checked (give the network bandwidth and KV bytes per request)")
     moved = d.kv_bytes_per_request
     transfer = tiers.transfer_time_s(moved, d.network_bytes_per_s)
     per_step = transfer / step.step_time_s
-    verdict = (f"{fmt.si(moved, 'B')} per request takes {fmt.seconds(transfer)} over the network, "
-               f"{fmt.sig(per_step, 3)} decode steps' worth")
+    verdict = (f"{fmt.si(moved, 'B')} per request takes {fmt.seconds(transfer)} over the "
+               f"network, {fmt.sig(per_step, 3)} decode steps' worth")
     advice = ["overlap the transfer with prefill layer by layer so it leaves the critical path",
               "never read KV over the network every step: pull it into the decode node's HBM once"]
     return Finding(5, "network", verdict,
@@ -293,7 +311,8 @@ def _bound(step, throughput: Finding, tier_bound: str | None, network: Finding) 
     if tier_bound == "tier":
         bound = "KV tier"
     per_step = network.numbers.get("transfer_in_decode_steps")
-    if per_step is not None and per_step > 1 and bound == "memory bandwidth" and utilisation < LOW_UTILISATION:
+    low = utilisation < LOW_UTILISATION
+    if per_step is not None and per_step > 1 and bound == "memory bandwidth" and low:
         bound = "network"
     if bound == "memory bandwidth" and utilisation <= LOW_UTILISATION:
         bound = "overheads"

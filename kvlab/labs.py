@@ -264,14 +264,16 @@ def _blank_notebook(nb) -> int:
 
 def _check_target(target: Path, sources: set, force: bool) -> None:
     if _resolved(target) in sources:
-        raise KvlabError(f"refusing to write a student copy over the notebook it comes from ({target}): "
-                         "the reference answers would be lost; choose another output folder")
+        raise KvlabError(f"refusing to write a student copy over the notebook it comes from "
+                         f"({target}): the reference answers would be lost; choose another output "
+                         "folder")
     if not target.exists() and not target.is_symlink():
         return
     if target.is_dir() or not target.is_file():
         raise KvlabError(f"{target} exists and is not a file")
     if not force:
-        raise KvlabError(f"{target} exists (it may hold a student's answers); pass --force to replace it")
+        raise KvlabError(f"{target} exists (it may hold a student's answers); pass --force to "
+                         "replace it")
 
 
 def _make_dirs(out_dir: Path) -> None:
@@ -290,8 +292,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="python -m kvlab.labs", description="Write student copies of "
                                      "the chapter notebooks: answers blanked, outputs cleared.")
     parser.add_argument("src", nargs="?", default="notebooks", help="folder of chapter notebooks")
-    parser.add_argument("out", nargs="?", default="labs", help="folder for the copies (default labs)")
-    parser.add_argument("--force", action="store_true", help="replace existing files that kvlab did not write")
+    parser.add_argument("out", nargs="?", default="labs",
+                        help="folder for the copies (default labs)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace files already there (a student copy holds answers)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     src, out = Path(args.src), Path(args.out)
     if not src.is_dir():
@@ -299,8 +303,9 @@ def main(argv: list[str] | None = None) -> int:
     if out.exists() and not out.is_dir():
         raise KvlabError(f"the output {out} is a file, not a folder")
     if _resolved(out) == _resolved(src) or _resolved(src) in _resolved(out).parents:
-        raise KvlabError(f"refusing to write the student copies into {out}: it is (or is inside) the "
-                         f"notebook folder {src}, and the copies would replace the reference answers")
+        raise KvlabError(f"refusing to write the student copies into {out}: it is (or is inside) "
+                         f"the notebook folder {src}, and the copies would replace the reference "
+                         "answers")
     written = write_student_copies(sorted(src.glob("[0-9]*.ipynb")), out, force=args.force)
     for path in written:
         print(f"wrote {path}")

@@ -239,7 +239,8 @@ class _Config:
                 isinstance(value, float) and not value.is_integer()):
             raise KvlabError(f"{self.where}: {key} must be a whole number, got {_show(value)}")
         if not minimum <= value <= MAX_SHAPE:
-            raise KvlabError(f"{self.where}: {key} must be between {minimum} and 1e9, got {_show(value)}")
+            raise KvlabError(f"{self.where}: {key} must be between {minimum} and 1e9, "
+                             f"got {_show(value)}")
         return int(value)
 
     def optional_whole(self, key: str, minimum: int = 1) -> int | None:
@@ -457,7 +458,8 @@ def load_config(path: str | Path, name: str | None = None) -> ModelSpec:
     except (FileNotFoundError, NotADirectoryError):
         raise KvlabError(f"model config {_show(str(path))} does not exist") from None
     except OSError as exc:
-        raise KvlabError(f"cannot read model config {_show(str(path))}: {exc.strerror or exc}") from None
+        raise KvlabError(f"cannot read model config {_show(str(path))}: "
+                         f"{exc.strerror or exc}") from None
     except ValueError as exc:  # a NUL byte in the path
         if isinstance(exc, KvlabError):
             raise
@@ -477,7 +479,8 @@ def _catalogue() -> dict[str, ModelSpec]:
         if entry.name.endswith(".json"):
             name = entry.name[: -len(".json")]
             where = f"catalogue {name}"
-            specs[name] = spec_from_config(parse_json(entry.read_bytes(), where), name=name, where=where)
+            cfg = parse_json(entry.read_bytes(), where)
+            specs[name] = spec_from_config(cfg, name=name, where=where)
     return dict(sorted(specs.items()))
 
 
@@ -504,7 +507,7 @@ def get_model(name_or_path: str | Path | ModelSpec) -> ModelSpec:
         return _catalogue()[text.lower()]
     if text.strip() and _is_path(text):
         return load_config(text)
-    raise unknown_name("model", _show(text).strip("'\""), _catalogue(), also="a path to a config.json")
+    raise unknown_name("model", _clip(text), _catalogue(), also="a path to a config.json")
 
 
 def describe_params(n: float) -> str:

@@ -119,7 +119,8 @@ def _hash_ids(obj: dict, where: str) -> list:
             set(map(type, ids)) != {int} or min(ids) < 0 or max(ids) > MAX_HASH_ID)):
         raise KvlabError(f"{where}: 'hash_ids' must be a list of whole numbers from 0 to 2**63 - 1")
     if len(set(ids)) != len(ids):
-        raise KvlabError(f"{where}: 'hash_ids' repeats an id; each id names a different prefix of the prompt")
+        raise KvlabError(f"{where}: 'hash_ids' repeats an id; each id names a different prefix "
+                         "of the prompt")
     return ids
 
 
@@ -163,14 +164,20 @@ def read_jsonl(path: str | Path, name: str | None = None) -> Trace:
     except FileNotFoundError:
         raise KvlabError(f"trace file {_show(str(path))} does not exist") from None
     except (OSError, ValueError) as exc:  # a folder, /proc/self/mem, a NUL byte in the name
-        raise KvlabError(f"cannot read trace {_show(str(path))}: {getattr(exc, 'strerror', None) or exc}") from None
+        raise _unreadable(path, exc) from None
     requests = _parse_lines(data, path.name)
     if not requests:
         raise KvlabError(f"trace {_show(str(path))} holds no requests")
     return Trace(name or path.stem.removesuffix("_trace"), tuple(requests), source=str(path))
 
 
-_SCAN = json.scanner.make_scanner(json.JSONDecoder())  # the C scanner json.loads ends in, called directly
+def _unreadable(path: Path, exc: Exception) -> KvlabError:
+    reason = getattr(exc, "strerror", None) or exc
+    return KvlabError(f"cannot read trace {_show(str(path))}: {reason}")
+
+
+#: The C scanner that json.loads ends in, called directly (a third of the per-line cost saved).
+_SCAN = json.scanner.make_scanner(json.JSONDecoder())
 
 
 def _parse_lines(data: bytes, filename: str, block_tokens: int = BLOCK_TOKENS) -> list[Request]:
@@ -189,9 +196,11 @@ def _parse_lines(data: bytes, filename: str, block_tokens: int = BLOCK_TOKENS) -
             continue
         try:
             obj, end = _SCAN(line, 0)
-            ts, inp, out, ids = obj["timestamp"], obj["input_length"], obj["output_length"], obj["hash_ids"]
-            ok = (end == len(line) and type(ts) is type(inp) is type(out) is int and type(ids) is list
-                  and 0 <= ts <= MAX_TIMESTAMP_MS and 0 < inp <= MAX_TOKENS and 0 < out <= MAX_TOKENS
+            ts, inp, out = obj["timestamp"], obj["input_length"], obj["output_length"]
+            ids = obj["hash_ids"]
+            ok = (end == len(line) and type(ts) is type(inp) is type(out) is int
+                  and type(ids) is list and 0 <= ts <= MAX_TIMESTAMP_MS
+                  and 0 < inp <= MAX_TOKENS and 0 < out <= MAX_TOKENS
                   and len(ids) == -(-inp // block_tokens) and set(map(type, ids)) == {int}
                   and 0 <= min(ids) and max(ids) <= MAX_HASH_ID and len(set(ids)) == len(ids))
         except Exception:  # noqa: BLE001 - any surprise: the careful path below names it
@@ -199,8 +208,9 @@ def _parse_lines(data: bytes, filename: str, block_tokens: int = BLOCK_TOKENS) -
         req = (Request(ts / 1000.0, inp, out, tuple(ids)) if ok
                else parse_line(line, f"{filename} line {number}", block_tokens))
         if req.arrival_s < last_arrival:
-            raise KvlabError(f"{filename} line {number}: timestamp {req.arrival_s * 1000:.0f} ms goes back in time (previous "
-                             f"{last_arrival * 1000:.0f} ms); traces must be sorted by arrival")
+            raise KvlabError(f"{filename} line {number}: timestamp {req.arrival_s * 1000:.0f} ms "
+                             f"goes back in time (previous {last_arrival * 1000:.0f} ms); traces "
+                             "must be sorted by arrival")
         last_arrival = req.arrival_s
         requests.append(req)
     return requests
@@ -250,7 +260,7 @@ def _read_cached(path: Path, name: str | None) -> Trace:
     except (FileNotFoundError, NotADirectoryError):
         raise KvlabError(f"trace file {_show(str(path))} does not exist") from None
     except (OSError, ValueError) as exc:  # a name longer than the file system allows, a NUL byte
-        raise KvlabError(f"cannot read trace {_show(str(path))}: {getattr(exc, 'strerror', None) or exc}") from None
+        raise _unreadable(path, exc) from None
     if stat.S_ISREG(st.st_mode):
         key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, name)
     elif stat.S_ISFIFO(st.st_mode):
@@ -351,7 +361,8 @@ class TraceStats:
     def to_dict(self) -> dict:
         """JSON-ready: a rate that is infinite (every request at one instant) becomes null."""
         out = dataclasses.asdict(self)
-        return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in out.items()}
+        return {k: None if isinstance(v, float) and not math.isfinite(v) else v
+                for k, v in out.items()}
 
 
 def trace_stats(trace: Trace) -> TraceStats:

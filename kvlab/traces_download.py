@@ -116,16 +116,18 @@ def _is_file(path: Path) -> bool:
     try:
         return path.is_file()
     except OSError as exc:  # a folder name longer than the file system allows
-        raise KvlabError(f"cannot use trace folder {_clip(str(path.parent))}: {exc.strerror or exc}") from None
+        raise KvlabError(f"cannot use trace folder {_clip(str(path.parent))}: "
+                         f"{exc.strerror or exc}") from None
 
 
 def _base_url(base_url: str | None) -> str:
     """The mirror to fetch from, checked before anything is created: http(s) or file URLs."""
     base = base_url or os.environ.get(BASE_URL_ENV) or DEFAULT_BASE_URL
     parts = urllib.parse.urlsplit(base)
-    if parts.scheme not in ("http", "https", "file") or (parts.scheme != "file" and not parts.netloc):
-        raise KvlabError(f"the trace base URL must be an http://, https:// or file:// URL, got {_clip(base)!r}"
-                         f" (from {'--base-url' if base_url else BASE_URL_ENV})")
+    no_host = parts.scheme != "file" and not parts.netloc
+    if parts.scheme not in ("http", "https", "file") or no_host:
+        raise KvlabError(f"the trace base URL must be an http://, https:// or file:// URL, "
+                         f"got {_clip(base)!r} (from {'--base-url' if base_url else BASE_URL_ENV})")
     return base
 
 
@@ -135,7 +137,8 @@ def _make_folder(folder: Path) -> list[Path]:
         created = [p for p in reversed([folder, *folder.parents]) if not p.exists()]
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise KvlabError(f"cannot create trace folder {_clip(str(folder))!r}: {exc.strerror or exc}") from None
+        raise KvlabError(f"cannot create trace folder {_clip(str(folder))!r}: "
+                         f"{exc.strerror or exc}") from None
     return created
 
 

@@ -11,7 +11,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from browser import CHROMIUM_ARGS, SHOTS, chromium_path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,7 +73,8 @@ def test_dragging_a_live_slider_reruns_the_ledger(dashboard):
 
 def _serve(*argv, env=None):
     return subprocess.Popen([sys.executable, "-m", "kvlab.viz.serve", *argv], cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **(env or {})})
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, **(env or {})})
 
 
 @pytest.mark.slow
@@ -124,4 +124,5 @@ def test_a_taken_port_fails_instead_of_moving():
         port = taken.getsockname()[1]
         server = _serve("--port", str(port))
         out, err = server.communicate(timeout=60)
-    assert server.returncode == 2 and out == "" and f"port {port} on 127.0.0.1 is not available" in err
+    assert server.returncode == 2 and out == ""
+    assert f"port {port} on 127.0.0.1 is not available" in err

@@ -79,7 +79,8 @@ def test_a_deployment_that_does_not_fit_is_said_so_before_any_advice(capsys):
     first = next(i for i, text in enumerate(lines) if text.lstrip().startswith("- "))
     assert lines[2].startswith("0. memory fit: does NOT fit") and first == 3
     assert "weights alone exceed the memory" in lines[3]
-    assert main(["diagnose", "--model", "llama-3.1-70b", "--hardware", "l4", "--tokens-per-s", "10", "--json"]) == 0
+    argv = ["diagnose", "--model", "llama-3.1-70b", "--hardware", "l4", "--tokens-per-s", "10"]
+    assert main(argv + ["--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["fits"] is False and out["bound"] == "memory capacity" and out["fit"]["step"] == 0
 
@@ -101,7 +102,8 @@ def test_a_deployment_that_fits_reports_as_before():
     ({"network_bandwidth_bytes_per_s": float("nan"), "kv_bytes_per_request": 1e9}, "finite"),
     ({"network_bandwidth_bytes_per_s": "ib-200g"}, "give both or neither"),
     ({"kv_bytes_per_request": 1e9}, "give both or neither"),
-    ({"kv_bytes_per_request": -1, "network_bandwidth_bytes_per_s": "ib-200g"}, "KV bytes per request must be > 0"),
+    ({"kv_bytes_per_request": -1, "network_bandwidth_bytes_per_s": "ib-200g"},
+     "KV bytes per request must be > 0"),
     ({"kv_tier": "moon"}, "unknown KV placement 'moon'"),
     ({"measured_bandwidth_bytes_per_s": 1e-300}, "must be >= 1000"),
 ])
@@ -112,7 +114,8 @@ def test_every_input_is_checked_even_when_a_step_would_not_use_it(kwargs, messag
 
 def test_cli_network_and_tier_are_validated_when_unused(capsys):
     base = ["diagnose", "--model", "llama-3.1-8b", "--tokens-per-s", "100"]
-    for extra, fragment in ((["--network", "1e-300", "--kv-bytes-per-request", "1e9"], "must be >= 1000"),
+    for extra, fragment in ((["--network", "1e-300", "--kv-bytes-per-request", "1e9"],
+                             "must be >= 1000"),
                             (["--network", "nope"], "unknown tier 'nope'"),
                             (["--network", "ib-200g"], "give both or neither"),
                             (["--kv-tier", "moon"], "unknown KV placement")):
@@ -150,4 +153,5 @@ def test_numbers_far_from_one_print_in_scientific_notation():
     assert fmt.percent(4.64e-303) == "4.64e-301%"
     assert fmt.rate(1e-300) == "1.000e-300"
     assert fmt.sig(2.5e22, 3) == "2.50e+22"
-    assert fmt.sig(0.00123, 3) == "0.00123" and fmt.sig(137.6, 4) == "137.6"  # the usual range is unchanged
+    # the usual range is unchanged
+    assert fmt.sig(0.00123, 3) == "0.00123" and fmt.sig(137.6, 4) == "137.6"

@@ -27,9 +27,10 @@ CONFIGS = ROOT / "tests" / "data" / "configs"
 
 #: Numbers a hostile user types: zero, negatives, NaN and infinities, overflow (1e400),
 #: denormals, suffixes, float-looking text Python accepts and text it does not.
-HOSTILE = ["0", "-1", "1", "nan", "-nan", "inf", "-inf", "infinity", "1e400", "-1e400", "1e-300", "5e-324",
-           "1e308", "1e15", "4k", "1M", "1.5", "0.5", "-0", "2e12", "99999999999999999999999", "1_000",
-           "0x10", "abc", "", " ", "1e", "--", "NaNk", "1e400k", "\u0661\u0662"]
+HOSTILE = ["0", "-1", "1", "nan", "-nan", "inf", "-inf", "infinity", "1e400", "-1e400", "1e-300",
+           "5e-324", "1e308", "1e15", "4k", "1M", "1.5", "0.5", "-0", "2e12",
+           "99999999999999999999999", "1_000", "0x10", "abc", "", " ", "1e", "--", "NaNk", "1e400k",
+           "\u0661\u0662"]
 FUZZ = settings(max_examples=12, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow])
 numbers = st.one_of(
@@ -78,7 +79,8 @@ def typed_options(*path: str) -> list[str]:
     for name in path:
         sub = next(a for a in parser._actions if a.choices and name in a.choices)
         parser = sub.choices[name]
-    return sorted(a.option_strings[-1] for a in parser._actions if a.option_strings and a.type is not None)
+    return sorted(a.option_strings[-1] for a in parser._actions
+                  if a.option_strings and a.type is not None)
 
 
 def fuzz(argv_for):
@@ -100,7 +102,8 @@ def tiny_trace(tmp_path_factory) -> str:
     lines = []
     for i in range(6):
         tokens = 700 + 300 * i
-        lines.append(json.dumps({"timestamp": 500 * i, "input_length": tokens, "output_length": 20 + i,
+        lines.append(json.dumps({"timestamp": 500 * i, "input_length": tokens,
+                                 "output_length": 20 + i,
                                  "hash_ids": list(range(1, 1 + -(-tokens // 512)))}))
     path = tmp_path_factory.mktemp("trace") / "tiny.jsonl"
     path.write_text("\n".join(lines) + "\n")
@@ -120,28 +123,38 @@ def test_budget_numbers(option):
 
 @pytest.mark.parametrize("option", typed_options("diagnose") + ["--network"])
 def test_diagnose_numbers(option):
-    partner = {"--network": ["--kv-bytes-per-request", "1e9"], "--kv-bytes-per-request": ["--network", "ib-200g"]}
+    partner = {"--network": ["--kv-bytes-per-request", "1e9"],
+               "--kv-bytes-per-request": ["--network", "ib-200g"]}
     fuzz(lambda v: DIAGNOSE + partner.get(option, []) + [option, v])
 
 
 @pytest.mark.parametrize("option", typed_options("prefix-cache"))
 def test_prefix_cache_numbers(option, tiny_trace):
     capacity = [] if option.startswith("--capacity") else ["--capacity-blocks", "4"]
-    fuzz(lambda v: ["prefix-cache", tiny_trace, *capacity, "--model", "llama-3.1-8b", "--json", option, v])
+    base = ["prefix-cache", tiny_trace, *capacity, "--model", "llama-3.1-8b", "--json"]
+    fuzz(lambda v: base + [option, v])
 
 
 SIM_BROKEN = {"--chunk-tokens": "nan, inf and 1e400 reach int() inside the simulator: exit 70"}
 
 
-@pytest.mark.parametrize("option", [
-    pytest.param(o, marks=pytest.mark.xfail(strict=True, reason=f"owned by simulate: {SIM_BROKEN[o]}"))
-    if o in SIM_BROKEN else o for o in typed_options("simulate")])
+def _simulate_options():
+    out = []
+    for option in typed_options("simulate"):
+        if option in SIM_BROKEN:
+            reason = f"owned by simulate: {SIM_BROKEN[option]}"
+            option = pytest.param(option, marks=pytest.mark.xfail(strict=True, reason=reason))
+        out.append(option)
+    return out
+
+
+@pytest.mark.parametrize("option", _simulate_options())
 def test_simulate_numbers(option, tiny_trace):
     fuzz(lambda v: ["simulate", tiny_trace, "--arch", "colocated", "--json", option, v])
 
 
 def test_every_command_combines_hostile_numbers(tiny_trace):
-    """All of a command's numeric options at once, random values (budget, diagnose, prefix-cache)."""
+    """All of a command's numeric options at once, random values."""
     commands = {
         "budget": (BUDGET, typed_options("budget")),
         "diagnose": (DIAGNOSE + ["--network", "ib-200g"], typed_options("diagnose")),
@@ -171,9 +184,9 @@ def _bench_options():
         for option in typed_options("bench", bench):
             case = (bench, option)
             if option in BENCH_BROKEN:
-                case = pytest.param(*case, marks=pytest.mark.xfail(
-                    strict=True, reason="owned by bench: a count list with inf or 1e400 raises OverflowError "
-                    "inside argparse (kvlab exits 70)"))
+                reason = ("owned by bench: a count list with inf or 1e400 raises OverflowError "
+                          "inside argparse (kvlab exits 70)")
+                case = pytest.param(*case, marks=pytest.mark.xfail(strict=True, reason=reason))
             out.append(case)
     return out
 
@@ -202,10 +215,11 @@ def test_bench_options_parse_or_fail_as_usage(bench, option):
 
 #: Names a hostile user types: empty, paths that are not files, devices, too long for the
 #: file system, NUL bytes, control characters, near misses.
-NAMES = ["", " ", "-", ".", "..", "/", "/dev/zero", "/dev/null", "/proc/self/mem", "/etc/passwd", "x" * 5000,
-         "y" * 300 + ".json", "/tmp/" + "z" * 300 + "/config.json", "a\x00b", "\n", "int4-g0", "int4-g1e400",
-         "fp8-g-1", "h100", "H100-SXM", "ib-200G", "hbm", "llama-3.1-8b.json", "generated:", "generated::1",
-         "generated:x:99999999999999999999", "conversation\x00", "\u2028"]
+NAMES = ["", " ", "-", ".", "..", "/", "/dev/zero", "/dev/null", "/proc/self/mem", "/etc/passwd",
+         "x" * 5000, "y" * 300 + ".json", "/tmp/" + "z" * 300 + "/config.json", "a\x00b", "\n",
+         "int4-g0", "int4-g1e400", "fp8-g-1", "h100", "H100-SXM", "ib-200G", "hbm",
+         "llama-3.1-8b.json", "generated:", "generated::1", "generated:x:99999999999999999999",
+         "conversation\x00", "\u2028"]
 names = st.one_of(st.sampled_from(NAMES), st.text(max_size=40))
 
 
@@ -236,9 +250,10 @@ def fuzz_names(argv_for):
                          + [("diagnose", o) for o in string_options("diagnose")]
                          + [("prefix-cache", o) for o in string_options("prefix-cache")])
 def test_names_in_every_string_option(command, option, tiny_trace):
-    base = {"budget": BUDGET, "diagnose": DIAGNOSE + ["--kv-bytes-per-request", "1e9", "--network", "ib-200g"],
-            "prefix-cache": ["prefix-cache", tiny_trace, "--capacity-blocks", "4", "--model", "llama-3.1-8b",
-                             "--json"]}[command]
+    base = {"budget": BUDGET,
+            "diagnose": DIAGNOSE + ["--kv-bytes-per-request", "1e9", "--network", "ib-200g"],
+            "prefix-cache": ["prefix-cache", tiny_trace, "--capacity-blocks", "4",
+                             "--model", "llama-3.1-8b", "--json"]}[command]
     fuzz_names(lambda v: base + [option, v])
 
 
@@ -248,7 +263,8 @@ def test_names_as_traces():
 
 
 def test_catalogues_and_trace_stats(tiny_trace):
-    for argv in (["models", "--json"], ["hardware", "--json"], ["trace", "stats", tiny_trace, "--json"],
+    for argv in (["models", "--json"], ["hardware", "--json"],
+                 ["trace", "stats", tiny_trace, "--json"],
                  ["trace", "stats", "generated:shared-prefix", "--json"]):
         assert run(argv)[0] == 0
 
@@ -303,9 +319,10 @@ def test_mutated_published_configs(config, tmp_path_factory):
 def test_mutated_config_text(tmp_path):
     """Damage to the file itself: truncation, stray bytes, BOMs, literals JSON lacks."""
     text = (CONFIGS / "deepseek-ai--DeepSeek-V2-Lite-Chat" / "config.json").read_text()
-    variants = [text[: len(text) // 2], text.replace("null", "None"), text.replace("false", "False"),
-                text.replace("512", "512.5"), text.replace("512", "NaN"), text.replace("27", "-Infinity"),
-                "\ufeff" + text, text.replace("{", "{{", 1), "", "null", "[]", "\x00" * 100, "{" * 200_000]
+    variants = [text[: len(text) // 2], text.replace("null", "None"),
+                text.replace("false", "False"), text.replace("512", "512.5"),
+                text.replace("512", "NaN"), text.replace("27", "-Infinity"), "\ufeff" + text,
+                text.replace("{", "{{", 1), "", "null", "[]", "\x00" * 100, "{" * 200_000]
     for i, variant in enumerate(variants):
         path = tmp_path / f"{i}.json"
         path.write_text(variant, errors="surrogateescape")

@@ -85,7 +85,8 @@ def test_refuses_to_write_into_the_notebook_folder(tmp_path, capsys, out):
     before = {p.name: p.read_bytes() for p in src.iterdir()}
     assert _run(str(src), str(src / out)) == 2
     assert "would replace the reference answers" in capsys.readouterr().err
-    assert {p.name: p.read_bytes() for p in src.iterdir()} == before  # nothing blanked, nothing cleared
+    # nothing blanked, nothing cleared
+    assert {p.name: p.read_bytes() for p in src.iterdir()} == before
 
 
 def test_never_overwrites_without_force(tmp_path, capsys):
@@ -94,9 +95,11 @@ def test_never_overwrites_without_force(tmp_path, capsys):
     written = sorted(out.iterdir())
     umask = os.umask(0)
     os.umask(umask)
-    assert written and all(p.stat().st_mode & 0o777 == 0o666 & ~umask for p in written)  # 0644 under umask 022
+    # ordinary files: 0644 under umask 022
+    assert written and all(p.stat().st_mode & 0o777 == 0o666 & ~umask for p in written)
     student = written[0]
-    student.write_text(student.read_text().replace("answer = ...", "answer = 42"))  # a student's work
+    # a student's work
+    student.write_text(student.read_text().replace("answer = ...", "answer = 42"))
     kept = student.read_bytes()
     capsys.readouterr()
     assert _run(str(src), str(out)) == 2

@@ -145,7 +145,8 @@ def test_deepseek_v2_lite_null_q_lora_rank_means_no_query_compression():
     # the checkpoint's safetensors index: 31,412,968,448 bytes of bf16
     assert m.params.total == 31_412_968_448 // 2
     assert m.moe_layer_indices == tuple(range(1, 27))  # all but the first layer
-    assert m.params.active_per_token(m.experts_per_token) == pytest.approx(2.4e9, rel=0.03)  # model card
+    active = m.params.active_per_token(m.experts_per_token)
+    assert active == pytest.approx(2.4e9, rel=0.03)  # the model card
 
 
 def test_deepseek_v3_config_mla_with_query_compression():
@@ -171,7 +172,8 @@ def test_qwen3_configs_explicit_head_dim_tied_and_qwen_moe():
     assert round(small.params.total / 1e9, 1) == 0.6
     assert round((small.params.total - small.params.embedding) / 1e9, 2) == 0.44
     moe = published("Qwen--Qwen3-30B-A3B")
-    assert moe.num_experts == 128 and moe.experts_per_token == 8 and len(moe.moe_layer_indices) == 48
+    assert moe.num_experts == 128 and moe.experts_per_token == 8
+    assert len(moe.moe_layer_indices) == 48
     assert moe.shared_expert_intermediate_size == 0
     assert round(moe.params.total / 1e9, 1) == 30.5
     active = moe.params.active_per_token(8) + moe.params.embedding
@@ -191,8 +193,9 @@ def test_every_published_config_loads_through_the_cli(capsys):
 
 MOE_MLA = {**BASE, "model_type": "deepseek_v2", "num_hidden_layers": 4, "kv_lora_rank": 32,
            "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 16, "q_lora_rank": 24,
-           "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1, "moe_intermediate_size": 32,
-           "first_k_dense_replace": 1, "moe_layer_freq": 1, "num_key_value_heads": 4, "head_dim": 16,
+           "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1,
+           "moe_intermediate_size": 32, "first_k_dense_replace": 1, "moe_layer_freq": 1,
+           "num_key_value_heads": 4, "head_dim": 16,
            "tie_word_embeddings": False, "sliding_window": 1024, "use_sliding_window": True,
            "max_position_embeddings": 4096, "attention_bias": False, "multi_query": False,
            "mlp_only_layers": [2], "decoder_sparse_step": 1, "shared_expert_intermediate_size": 64,
@@ -211,11 +214,12 @@ def test_null_means_absent_for_every_optional_field(tmp_path, key):
         path.write_text(json.dumps(cfg))
         try:
             m = load_config(path, name="m")
-        except KvlabError as exc:  # required here (an MoE needs num_experts_per_tok): the same error
+        except KvlabError as exc:  # required here (an MoE needs num_experts_per_tok): same error
             return str(exc).split(": ", 1)[1]
         return dataclasses.replace(m, source=""), m.params
 
-    assert outcome({**MOE_MLA, key: None}) == outcome({k: v for k, v in MOE_MLA.items() if k != key})
+    absent = {k: v for k, v in MOE_MLA.items() if k != key}
+    assert outcome({**MOE_MLA, key: None}) == outcome(absent)
 
 
 def test_tie_word_embeddings_takes_json_booleans_only(tmp_path):
@@ -223,7 +227,8 @@ def test_tie_word_embeddings_takes_json_booleans_only(tmp_path):
         load_config(_write(tmp_path, {**BASE, "tie_word_embeddings": "false"}))
     with pytest.raises(KvlabError, match="tie_word_embeddings must be true or false, got 0"):
         load_config(_write(tmp_path, {**BASE, "tie_word_embeddings": 0}))
-    assert not load_config(_write(tmp_path, {**BASE, "tie_word_embeddings": False})).tie_word_embeddings
+    untied = load_config(_write(tmp_path, {**BASE, "tie_word_embeddings": False}))
+    assert not untied.tie_word_embeddings
 
 
 @pytest.mark.parametrize("num_parameters", [-7e9, 0, "7B", [7e9], True, 1e16])
@@ -250,12 +255,15 @@ def test_a_nan_parameter_count_from_the_api_is_refused():
     ('{"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 100, '
      '"_kvlab": [1]}', "_kvlab must be a JSON object"),
     ('{"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 100, '
-     '"num_experts": 4, "num_experts_per_tok": 2, "mlp_only_layers": "0,1"}', "mlp_only_layers must be a list"),
+     '"num_experts": 4, "num_experts_per_tok": 2, "mlp_only_layers": "0,1"}',
+     "mlp_only_layers must be a list"),
     ('{"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 100, '
-     '"num_experts": 4, "num_experts_per_tok": 2, "mlp_only_layers": [0.5]}', "mlp_only_layers must be a list"),
+     '"num_experts": 4, "num_experts_per_tok": 2, "mlp_only_layers": [0.5]}',
+     "mlp_only_layers must be a list"),
     ('{"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 100, '
      '"text_config": "llama"}', "text_config must be a JSON object"),
-    ('{"num_hidden_layers": ' + str(10**40) + ', "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 100}',
+    ('{"num_hidden_layers": ' + str(10**40)
+     + ', "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 100}',
      "an integer of about 41 digits"),
 ])
 def test_hostile_config_files_are_one_clear_error(tmp_path, text, message):

@@ -323,20 +323,27 @@ def test_trace_commands_do_not_import_heavy_modules():
 # ------------------------------------------------------------------ hostile input
 
 @pytest.mark.parametrize("bad, message", [
-    ('{"timestamp": 5, "input_length": 600, "output_length": ' + "1" + "0" * 400 + ', "hash_ids": [1, 2]}',
+    ('{"timestamp": 5, "input_length": 600, "output_length": ' + "1" + "0" * 400
+     + ', "hash_ids": [1, 2]}',
      "'output_length' must be <= 1e\\+08, got an integer of about 401 digits"),
-    ('{"timestamp": 5, "input_length": 600, "output_length": ' + "9" * 5000 + ', "hash_ids": [1, 2]}',
+    ('{"timestamp": 5, "input_length": 600, "output_length": ' + "9" * 5000
+     + ', "hash_ids": [1, 2]}',
      "line 2: not valid JSON"),
     ('{"timestamp": 5, "input_length": 600, "output_length": 1e400, "hash_ids": [1, 2]}',
      "'output_length' must be a whole number, got inf"),
     ('{"timestamp": NaN, "input_length": 600, "output_length": 3, "hash_ids": [1, 2]}',
      "'timestamp' must be a whole number, got nan"),
-    ('{"timestamp": 1e20, "input_length": 600, "output_length": 3, "hash_ids": [1, 2]}', "'timestamp' must be <="),
-    ('{"timestamp": 5, "input_length": 600, "output_length": true, "hash_ids": [1, 2]}', "whole number, got True"),
-    ('{"timestamp": 5, "input_length": 600, "output_length": 3, "hash_ids": [1, ' + str(2**64) + ']}',
+    ('{"timestamp": 1e20, "input_length": 600, "output_length": 3, "hash_ids": [1, 2]}',
+     "'timestamp' must be <="),
+    ('{"timestamp": 5, "input_length": 600, "output_length": true, "hash_ids": [1, 2]}',
+     "whole number, got True"),
+    ('{"timestamp": 5, "input_length": 600, "output_length": 3, "hash_ids": [1, '
+     + str(2**64) + ']}',
      "'hash_ids' must be a list of whole numbers"),
-    ('{"timestamp": 5, "input_length": 600, "output_length": 3, "hash_ids": [1, true]}', "'hash_ids' must be"),
-    ('{"timestamp": 5, "input_length": 600, "output_length": 3, "hash_ids": "1,2"}', "'hash_ids' must be"),
+    ('{"timestamp": 5, "input_length": 600, "output_length": 3, "hash_ids": [1, true]}',
+     "'hash_ids' must be"),
+    ('{"timestamp": 5, "input_length": 600, "output_length": 3, "hash_ids": "1,2"}',
+     "'hash_ids' must be"),
     ("[" * 100_000 + "]" * 100_000, "line 2: nested too deeply"),
 ])
 def test_hostile_lines_are_one_clear_error(tmp_path, bad, message):
@@ -350,7 +357,8 @@ def test_one_instant_trace_has_no_rate_and_json_says_null(tmp_path, capsys):
     JSON can hold, so `--json` prints null, as kvlab does for every unbounded value."""
     path = write(tmp_path, line(7, 600, 3, [1, 2]))
     s = trace_stats(read_jsonl(path))
-    assert s.duration_s == 0 and s.requests_per_s == math.inf and s.to_dict()["requests_per_s"] is None
+    assert s.duration_s == 0 and s.requests_per_s == math.inf
+    assert s.to_dict()["requests_per_s"] is None
     assert main(["trace", "stats", str(path), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["requests_per_s"] is None and out["duration_s"] == 0
@@ -370,7 +378,8 @@ def test_names_longer_than_the_file_system_allows(capsys):
 def test_a_trace_through_a_pipe(tmp_path):
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    writer = threading.Thread(target=lambda: fifo.write_text(line(0) + "\n" + line(5) + "\n"), daemon=True)
+    body = line(0) + "\n" + line(5) + "\n"
+    writer = threading.Thread(target=lambda: fifo.write_text(body), daemon=True)
     writer.start()
     assert len(load_trace(str(fifo))) == 2
     assert len(load_trace(str(fifo))) == 2  # read once, remembered
@@ -383,7 +392,8 @@ def test_download_refuses_a_bad_base_url_before_creating_anything(tmp_path, monk
     for url in ("not a url", "ftp://example.org/x/", "http://", "javascript:alert(1)"):
         assert main(["trace", "download", "synthetic", "--base-url", url]) == 2
         err = capsys.readouterr().err
-        assert "base URL must be an http://, https:// or file:// URL" in err and err.count("\n") == 1
+        assert "base URL must be an http://, https:// or file:// URL" in err
+        assert err.count("\n") == 1
     assert not (tmp_path / "cache").exists()  # not even an empty ~/.cache/kvlab/traces
 
 
@@ -398,7 +408,8 @@ def test_a_failed_download_leaves_no_empty_folders(tmp_path, server, monkeypatch
     assert "HTTP 404" in capsys.readouterr().err
     assert not (tmp_path / "cache").exists()
     (tmp_path / "mine").mkdir()
-    assert main(["trace", "download", "synthetic", "--base-url", url, "--dir", str(tmp_path / "mine" / "a" / "b")]) == 2
+    nested = str(tmp_path / "mine" / "a" / "b")
+    assert main(["trace", "download", "synthetic", "--base-url", url, "--dir", nested]) == 2
     assert (tmp_path / "mine").is_dir() and list((tmp_path / "mine").iterdir()) == []
     capsys.readouterr()
     long_dir = str(tmp_path / ("z" * 300))
@@ -407,7 +418,7 @@ def test_a_failed_download_leaves_no_empty_folders(tmp_path, server, monkeypatch
     assert err.count("\n") == 1 and "Traceback" not in err
 
 
-# ------------------------------------------------------------------ the fast path agrees with the careful one
+# ------------------------------------------------------------------ fast path = careful path
 
 def _careful(lines):
     """What `read_jsonl` must return: every line through `parse_line`, in order."""
@@ -430,7 +441,12 @@ def _outcome(fn, *args):
         return str(exc).split(":")[0]  # which line failed
 
 
-field_value = st.one_of(st.integers(-5, 3000), st.floats(-1, 3000), st.booleans(), st.none(), st.text(max_size=3))
+def _blocks(tokens):
+    return -(-tokens // 512)
+
+
+field_value = st.one_of(st.integers(-5, 3000), st.floats(-1, 3000), st.booleans(), st.none(),
+                        st.text(max_size=3))
 request_dict = st.fixed_dictionaries({
     "timestamp": st.one_of(st.integers(0, 10_000), field_value),
     "input_length": st.one_of(st.integers(1, 2000), field_value),
@@ -438,8 +454,9 @@ request_dict = st.fixed_dictionaries({
 }).flatmap(lambda d: st.fixed_dictionaries({
     **{k: st.just(v) for k, v in d.items()},
     "hash_ids": st.one_of(
-        st.lists(st.integers(0, 40), min_size=-(-d["input_length"] // 512), max_size=-(-d["input_length"] // 512),
-                 unique=True) if isinstance(d["input_length"], int) and 0 < d["input_length"] <= 2000
+        st.lists(st.integers(0, 40), min_size=_blocks(d["input_length"]),
+                 max_size=_blocks(d["input_length"]), unique=True)
+        if isinstance(d["input_length"], int) and 0 < d["input_length"] <= 2000
         else st.lists(st.integers(0, 40), max_size=4),
         st.lists(field_value, max_size=4)),
 }))

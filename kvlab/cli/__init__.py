@@ -22,11 +22,12 @@ COMMANDS = {
     "budget": ("kvlab.cli.budget", "bytes, FLOPs, time and memory fit of one decode step"),
     "bench": ("kvlab.cli.bench", "microbenchmarks: results as JSON under results/<machine>/"),
     "trace": ("kvlab.cli.trace", "request traces: statistics, download"),
-    "prefix-cache": ("kvlab.cli.prefix",
-                     "replay a trace through a prefix cache: block and token hit ratios, prefill saved"),
-    "diagnose": ("kvlab.cli.diagnose", "why is decode slow? the five-step diagnosis of a measurement"),
-    "simulate": ("kvlab.cli.simulate",
-                 "replay a trace on a colocated, disaggregated or KV-centric cluster (discrete-event)"),
+    "prefix-cache": ("kvlab.cli.prefix", "replay a trace through a prefix cache: block and token "
+                     "hit ratios, prefill saved"),
+    "diagnose": ("kvlab.cli.diagnose",
+                 "why is decode slow? the five-step diagnosis of a measurement"),
+    "simulate": ("kvlab.cli.simulate", "replay a trace on a colocated, disaggregated or KV-centric "
+                 "cluster (discrete-event)"),
 }
 
 EXIT_USAGE = 2  # bad input: one line on stderr
@@ -64,7 +65,10 @@ def build_parser(command: str | None = ALL) -> Parser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
     modules = dict.fromkeys(module for module, _ in COMMANDS.values())
-    wanted = [COMMANDS[command][0]] if command in COMMANDS else list(modules) if command == ALL else []
+    if command in COMMANDS:
+        wanted = [COMMANDS[command][0]]
+    else:
+        wanted = list(modules) if command == ALL else []
     registered = set()
     for name in wanted:
         before = set(sub.choices)

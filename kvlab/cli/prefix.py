@@ -11,7 +11,6 @@ import math
 
 from .args import count, print_json
 
-
 UNLIMITED = ("inf", "infinite", "unlimited")
 RESIDENT = ("hbm", "resident", "local")
 
@@ -24,8 +23,8 @@ def capacity(text: str) -> float:
         return math.inf
     value = count(text)
     if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"expected a finite count such as 20000 or 20k, or 'inf' for an "
-                                         f"unlimited cache, got {text[:40]!r}")
+        raise argparse.ArgumentTypeError(f"expected a finite count such as 20000 or 20k, or 'inf' "
+                                         f"for an unlimited cache, got {text[:40]!r}")
     return value
 
 

@@ -8,7 +8,6 @@ one without those two links, so the page makes no request off the machine.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -62,7 +61,8 @@ def parse_port(text: str) -> int:
     except ValueError:
         port = -1
     if not 0 <= port <= 65535:
-        raise ValueError(f"expected a port from 1 to 65535 (0: any free port), got {str(text)[:40]!r}")
+        raise ValueError(f"expected a port from 1 to 65535 (0: any free port), "
+                         f"got {str(text)[:40]!r}")
     return port
 
 
@@ -99,7 +99,8 @@ def start(notebook: Path = DASHBOARD, port: int | None = None, home: str | None 
         proc = subprocess.Popen(
             [str(voila), str(notebook), "--no-browser", f"--port={port}", "--Voila.port_retries=0",
              "--Voila.ip=127.0.0.1", f"--template={TEMPLATE}"],
-            env=env, stdout=subprocess.DEVNULL, stderr=log, cwd=str(notebook.parent), start_new_session=True,
+            env=env, stdout=subprocess.DEVNULL, stderr=log, cwd=str(notebook.parent),
+            start_new_session=True,
         )
     url = f"http://127.0.0.1:{port}/"
     deadline = time.monotonic() + 60
@@ -177,11 +178,13 @@ def main(argv=None) -> int:
 
     parser = Parser(prog="python -m kvlab.viz.serve", description=__doc__.splitlines()[0])
     parser.add_argument("notebook", nargs="?", default=str(DASHBOARD))
-    parser.add_argument("--port", help=f"port on 127.0.0.1 (default ${PORT_ENV}, else {DEFAULT_PORT}; 0: any free)")
+    parser.add_argument("--port", help=f"port on 127.0.0.1 (default ${PORT_ENV}, else "
+                        f"{DEFAULT_PORT}; 0: any free)")
     args = parser.parse_args(argv)
     source = "--port" if args.port is not None else PORT_ENV
     try:
-        port = parse_port(args.port if args.port is not None else os.environ.get(PORT_ENV, DEFAULT_PORT))
+        given = args.port if args.port is not None else os.environ.get(PORT_ENV, DEFAULT_PORT)
+        port = parse_port(given)
     except ValueError as exc:
         raise KvlabError(f"{source}: {exc}") from None
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
@@ -191,7 +194,8 @@ def main(argv=None) -> int:
         print(f"The kvlab dashboard is served at {url} (Ctrl-C stops it)", flush=True)
         code = proc.wait()
         if code:
-            raise KvlabError(f"voila stopped with exit status {code}; see {ROOT / '_build' / 'voila'}")
+            logs = ROOT / "_build" / "voila"
+            raise KvlabError(f"voila stopped with exit status {code}; see {logs}")
     except (KeyboardInterrupt, _Stopped):
         pass
     finally:
