@@ -121,13 +121,17 @@ def _is_file(path: Path) -> bool:
 
 
 def _base_url(base_url: str | None) -> str:
-    """The mirror to fetch from, checked before anything is created: http(s) or file URLs."""
-    base = base_url or os.environ.get(BASE_URL_ENV) or DEFAULT_BASE_URL
+    """The mirror to fetch from, checked before anything is created: http(s) or file URLs.
+    An empty --base-url is an error (not the default), an empty variable counts as unset."""
+    if base_url is not None:
+        base, source = base_url, "--base-url"
+    else:
+        base, source = os.environ.get(BASE_URL_ENV) or DEFAULT_BASE_URL, BASE_URL_ENV
     parts = urllib.parse.urlsplit(base)
     no_host = parts.scheme != "file" and not parts.netloc
     if parts.scheme not in ("http", "https", "file") or no_host:
         raise KvlabError(f"the trace base URL must be an http://, https:// or file:// URL, "
-                         f"got {_clip(base)!r} (from {'--base-url' if base_url else BASE_URL_ENV})")
+                         f"got {_clip(base)!r} (from {source})")
     return base
 
 

@@ -262,6 +262,14 @@ def test_names_as_traces():
     fuzz_names(lambda v: ["prefix-cache", v, "--capacity-blocks", "4", "--json"])
 
 
+def test_trace_download_names_and_urls(tmp_path):
+    """Never reaches the network: every value here is refused before a connection is made."""
+    for value in NAMES:
+        run(["trace", "download", "synthetic", "--base-url", value, "--dir", str(tmp_path / "d")])
+        run(["trace", "download", value, "--dir", str(tmp_path / "d")])
+    assert not (tmp_path / "d").exists()
+
+
 def test_catalogues_and_trace_stats(tiny_trace):
     for argv in (["models", "--json"], ["hardware", "--json"],
                  ["trace", "stats", tiny_trace, "--json"],
