@@ -8,7 +8,9 @@ One JSON object per line, sorted by arrival:
 Traces are data, not part of the package: they are looked up in `$KVLAB_TRACE_DIR`, then in
 the download cache (`kvlab trace download`, see `kvlab.traces_download`), then in the shared
 data folder beside the repository (`../shared/data/mooncake`). Where none is present the
-book uses a generated stand-in (`kvlab.traces_gen`), always labelled as generated.
+book uses a generated stand-in (`kvlab.traces_gen`), always labelled as generated. A trace
+file, once validated, is kept parsed on disk (`kvlab.traces_cache`; KVLAB_TRACE_CACHE=0
+turns that off).
 """
 from __future__ import annotations
 
@@ -168,7 +170,7 @@ def read_jsonl(path: str | Path, name: str | None = None) -> Trace:
     requests = _parse_lines(data, path.name)
     if not requests:
         raise KvlabError(f"trace {_show(str(path))} holds no requests")
-    return Trace(name or path.stem.removesuffix("_trace"), tuple(requests), source=str(path))
+    return Trace(_trace_name(path, name), tuple(requests), source=str(path))
 
 
 def _unreadable(path: Path, exc: Exception) -> KvlabError:
@@ -270,8 +272,27 @@ def _read_cached(path: Path, name: str | None) -> Trace:
     if key not in _LOADED:
         if len(_LOADED) >= 8:
             _LOADED.clear()
-        _LOADED[key] = read_jsonl(path, name=name)
+        _LOADED[key] = _read_file(path, name, st)
     return _LOADED[key]
+
+
+def _read_file(path: Path, name: str | None, st: os.stat_result) -> Trace:
+    """A regular file's requests come from the parsed-trace cache when this version of it
+    was validated before (kvlab.traces_cache), else from read_jsonl, which fills the cache."""
+    from . import traces_cache
+
+    if not stat.S_ISREG(st.st_mode):
+        return read_jsonl(path, name=name)
+    requests = traces_cache.load(path, st, BLOCK_TOKENS)
+    if requests:
+        return Trace(_trace_name(path, name), requests, source=str(path))
+    trace = read_jsonl(path, name=name)
+    traces_cache.store(path, st, BLOCK_TOKENS, trace.requests)
+    return trace
+
+
+def _trace_name(path: Path, name: str | None) -> str:
+    return name or path.stem.removesuffix("_trace")
 
 
 def _is_path(text: str) -> bool:

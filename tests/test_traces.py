@@ -468,3 +468,48 @@ request_dict = st.fixed_dictionaries({
 def test_the_fast_path_agrees_with_parse_line(lines):
     got = _outcome(traces._parse_lines, "\n".join(lines).encode(), "t.jsonl")
     assert got == _outcome(_careful, lines)
+
+
+# ------------------------------------------------------------------ parsed traces kept on disk
+
+def test_a_validated_trace_is_kept_parsed_and_used_while_the_file_is_unchanged(tmp_path, monkeypatch):
+    from kvlab import traces_cache
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("KVLAB_TRACE_CACHE", raising=False)
+    monkeypatch.setattr(traces, "_LOADED", {})
+    path = write(tmp_path, line(0, 1000, 5, [7, 8]), line(1500, 512, 3, [7]))
+    first = load_trace(str(path))
+    kept = list((tmp_path / "cache" / "kvlab" / "parsed").iterdir())
+    assert len(kept) == 1
+
+    def no_parsing(*args, **kwargs):
+        raise AssertionError("parsed again")
+
+    monkeypatch.setattr(traces, "read_jsonl", no_parsing)
+    monkeypatch.setattr(traces, "_LOADED", {})
+    again = load_trace(str(path))
+    assert again.requests == first.requests and again.name == "t" and again.source == str(path)
+    # a changed file is parsed again (and so is a damaged cache file)
+    monkeypatch.undo()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(traces, "_LOADED", {})
+    path.write_text(line(0, 600, 5, [1, 2]) + "\n")
+    assert load_trace(str(path)).requests == (Request(0.0, 600, 5, (1, 2)),)
+    kept[0].write_bytes(kept[0].read_bytes()[:-3] + b"xyz")
+    assert traces_cache.load(path, path.stat(), traces.BLOCK_TOKENS) is None
+    monkeypatch.setattr(traces, "_LOADED", {})
+    assert len(load_trace(str(path))) == 1
+
+
+def test_an_invalid_trace_is_never_kept_and_the_cache_can_be_off(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(traces, "_LOADED", {})
+    bad = write(tmp_path, line(0), "{oops", name="bad.jsonl")
+    for _ in range(2):
+        with pytest.raises(KvlabError, match="bad.jsonl line 2"):
+            load_trace(str(bad))
+    assert not (tmp_path / "cache").exists()
+    monkeypatch.setenv("KVLAB_TRACE_CACHE", "0")
+    load_trace(str(write(tmp_path, line(0))))
+    assert not (tmp_path / "cache").exists()
