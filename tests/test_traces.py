@@ -472,7 +472,7 @@ def test_the_fast_path_agrees_with_parse_line(lines):
 
 # ------------------------------------------------------------------ parsed traces kept on disk
 
-def test_a_validated_trace_is_kept_parsed_and_used_while_the_file_is_unchanged(tmp_path, monkeypatch):
+def test_a_validated_trace_is_kept_parsed_while_the_file_is_unchanged(tmp_path, monkeypatch):
     from kvlab import traces_cache
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
