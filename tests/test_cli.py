@@ -1,5 +1,6 @@
 """The `kvlab` command line: the JSON contract, readable tables, bad input -> exit 2."""
 import json
+import os
 import subprocess
 import sys
 
@@ -222,3 +223,16 @@ def test_prefix_cache_checks_options_it_would_not_use(capsys, argv, fragment):
     still an error, not silently ignored."""
     code, out, err = run(capsys, "prefix-cache", "generated", "--capacity-blocks", "100", *argv)
     assert code == 2 and out == "" and fragment in err
+
+
+def test_blas_threads_are_not_started_for_element_wise_commands():
+    code = ("import io, os, sys, contextlib\n"
+            "from kvlab.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    main([sys.argv[1], '--json'])\n"
+            "print(os.environ.get('OPENBLAS_NUM_THREADS'))")
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    for command, expected in (("models", "1"), ("bench", "None")):
+        done = subprocess.run([sys.executable, "-c", code, command], capture_output=True, text=True,
+                              env=env)
+        assert done.stdout.strip() == expected, (command, done.stderr)
