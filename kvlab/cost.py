@@ -18,12 +18,17 @@ from .dtypes import DType, parse_dtype
 from .errors import KvlabError, check_number
 from .hardware import Device, get_device
 from .models import ModelSpec, expected_experts_touched, get_model
+from .prompt import served_tokens
 
 #: Upper bounds beyond which an input is a typo rather than a configuration.
 MAX_BATCH = 1_000_000
 MAX_CONTEXT_TOKENS = 100_000_000
 MAX_BANDWIDTH_BYTES_PER_S = 1e15  # 1 PB/s: 200x an H200
 MAX_FLOPS_PER_S = 1e18
+#: Lower bounds, likewise: below them a step takes longer than a float can say (1e-300 B/s).
+MIN_BANDWIDTH_BYTES_PER_S = 1e3  # 1 kB/s: slower than any memory or link KV crosses
+MIN_FLOPS_PER_S = 1e6
+MIN_EFFICIENCY = 1e-3  # 0.1% of peak
 MAX_CAPACITY_BYTES = 1e14
 #: Attention without FlashAttention writes the score matrix S and the probabilities P to
 #: memory and reads both back: 4 passes over heads x query-key pairs, fp16 elements.
@@ -177,7 +182,7 @@ def _is_measured(efficiency) -> bool:
 def _check_efficiency(efficiency):
     if isinstance(efficiency, str) and not _is_measured(efficiency):
         raise KvlabError(f"efficiency must be a number in (0, 1] or 'measured', got {efficiency!r}")
-    return check_number("efficiency", efficiency, maximum=1.0)
+    return check_number("efficiency", efficiency, minimum=MIN_EFFICIENCY, allow_equal_min=True, maximum=1.0)
 
 
 def decode_step(
@@ -210,7 +215,8 @@ def decode_step(
         raise KvlabError("efficiency 'measured' times kernels from their tables; "
                          "a bandwidth override does not apply to it")
     bandwidth = dev.memory_bandwidth_bytes_per_s if bandwidth_bytes_per_s is None else check_number(
-        "bandwidth (bytes/s)", bandwidth_bytes_per_s, maximum=MAX_BANDWIDTH_BYTES_PER_S)
+        "bandwidth (bytes/s)", bandwidth_bytes_per_s, minimum=MIN_BANDWIDTH_BYTES_PER_S, allow_equal_min=True,
+        maximum=MAX_BANDWIDTH_BYTES_PER_S)
     eff = 1.0 if measured else _check_efficiency(efficiency)
     capacity = dev.capacity_bytes if capacity_bytes is None else check_number(
         "capacity (bytes)", capacity_bytes, maximum=MAX_CAPACITY_BYTES)
@@ -347,6 +353,9 @@ def prefill(
         bad = int(np.max(c_arr - p_arr))
         raise KvlabError(f"cached_tokens cannot exceed prompt_tokens (by {bad:,} tokens here); "
                          "a prefix hit covers at most the whole prompt")
+    # the last prompt token is always computed (its logits give the first output token)
+    c_arr = np.asarray(served_tokens(c_arr, p_arr), dtype=float)
+    cached = int(c_arr) if c_arr.ndim == 0 else c_arr.astype(np.int64)
     n = p_arr - c_arr
     pairs = n * c_arr + n * (n + 1) / 2
     p = _params(m)
@@ -361,9 +370,10 @@ def prefill(
     w_read = weight_read_bytes(m, b * np.maximum(n, 1), wdt)
     bytes_moved = w_read + attention_bytes
     peak = dev.peak_flops_per_s(wdt.compute) if flops_per_s is None else check_number(
-        "flops_per_s", flops_per_s, maximum=MAX_FLOPS_PER_S)
+        "flops_per_s", flops_per_s, minimum=MIN_FLOPS_PER_S, allow_equal_min=True, maximum=MAX_FLOPS_PER_S)
     bandwidth = dev.memory_bandwidth_bytes_per_s if bandwidth_bytes_per_s is None else check_number(
-        "bandwidth (bytes/s)", bandwidth_bytes_per_s, maximum=MAX_BANDWIDTH_BYTES_PER_S)
+        "bandwidth (bytes/s)", bandwidth_bytes_per_s, minimum=MIN_BANDWIDTH_BYTES_PER_S, allow_equal_min=True,
+        maximum=MAX_BANDWIDTH_BYTES_PER_S)
     compute_time = np.where(n > 0, flops / (np.asarray(peak) * eff), 0.0)
     memory_time = np.where(n > 0, bytes_moved / (np.asarray(bandwidth) * eff), 0.0)
     dense_w = p.streamed_dense * wdt.bytes_per_element
