@@ -8,7 +8,6 @@ comes from kvlab.cost and kvlab.tiers.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -16,11 +15,15 @@ import numpy as np
 from . import cost, fmt
 from .errors import KvlabError, check_number
 from .hardware import get_device, get_tier
+from .jsonsafe import jsonable
 from .models import get_model
 
 BANDWIDTH_BOUND_UTILISATION = 0.80  # the article: >= 80% of peak memory throughput
 LOW_UTILISATION = 0.30  # ~30%: the time goes somewhere else (scheduling, waits, overheads)
 CLOSE_TO_CEILING = 0.80  # measured >= 80% of the ceiling: stop tuning schedulers
+#: With a profiler's bandwidth: kernels stream at >= BANDWIDTH_BOUND_UTILISATION while they
+#: run, yet the wall clock moves less than this share of it: the rest is gaps between kernels.
+BUSY_SHARE_FOR_GAPS = 0.70
 BATCH_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 
@@ -37,7 +40,8 @@ class Finding:
 
 @dataclass(frozen=True)
 class Diagnosis:
-    # "memory bandwidth", "compute", "KV tier", "network", "overheads" or "memory capacity"
+    # "memory bandwidth", "compute", "KV tier", "network", "overheads", "launch and host
+    # overheads" or "memory capacity"
     bound: str
     findings: list[Finding]
     fit: Finding | None = None  # step 0, memory fit: always computed, reported first when it fails
@@ -48,9 +52,9 @@ class Diagnosis:
 
     def to_dict(self) -> dict:
         out = {"bound": self.bound, "fits": self.fits,
-               "findings": [_finite(asdict(f)) for f in self.findings]}
+               "findings": [jsonable(asdict(f)) for f in self.findings]}
         if self.fit is not None:
-            out["fit"] = _finite(asdict(self.fit))
+            out["fit"] = jsonable(asdict(self.fit))
         return out
 
     def report(self) -> str:
@@ -60,17 +64,6 @@ class Diagnosis:
             lines.append(f"{f.step}. {f.check}: {f.verdict}")
             lines += [f"   - {a}" for a in f.advice]
         return "\n".join(lines)
-
-
-def _finite(obj):
-    """JSON has no infinity: a non-finite number becomes null (as everywhere in kvlab)."""
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_finite(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
 
 
 @dataclass(frozen=True)
@@ -156,8 +149,8 @@ def diagnose(
     step = cost.decode_step(d.model, d.device, d.batch, d.context, d.weight_dtype, d.kv_dtype)
     fit = _memory_fit(d, step)
     throughput = _memory_throughput(d, step)
-    tier, tier_bound = _kv_tier(d)
-    findings = [throughput, _ceiling(d, step), _weights_or_kv(d, step), tier, _network(d, step)]
+    tier, tier_bound, tiered = _kv_tier(d)
+    findings = [throughput, _ceiling(d, step, tiered), _weights_or_kv(d, step), tier, _network(d, step)]
     bound = _bound(step, throughput, tier_bound, findings[4])
     return Diagnosis("memory capacity" if not fit.numbers["fits"] else bound, findings, fit)
 
@@ -186,17 +179,33 @@ def _memory_fit(d: _Inputs, step) -> Finding:
 
 
 def _memory_throughput(d: _Inputs, step) -> Finding:
-    """1. Memory throughput utilisation."""
+    """1. Memory throughput utilisation: a profiler's figure (kernels only) if given, else
+    the wall-clock figure tokens/s x bytes per step (which is step 2's fraction again)."""
     steps_per_s = d.measured_tokens_per_s / step.batch
-    measured = d.measured_bandwidth_bytes_per_s
-    achieved = measured if measured is not None else steps_per_s * step.step_bytes
-    achieved = check_number("measured bandwidth (bytes/s)", achieved,
-                            maximum=cost.MAX_BANDWIDTH_BYTES_PER_S)
+    wall = check_number("measured bandwidth (bytes/s)", steps_per_s * step.step_bytes,
+                        maximum=cost.MAX_BANDWIDTH_BYTES_PER_S)
     peak = d.device.memory_bandwidth_bytes_per_s
+    measured = d.measured_bandwidth_bytes_per_s
+    achieved = measured if measured is not None else wall
     utilisation = achieved / peak
-    source = "as measured" if measured is not None else "inferred from tokens/s x bytes per step"
+    numbers = {"achieved_bytes_per_s": achieved, "peak_bytes_per_s": peak, "utilisation": utilisation,
+               "wall_clock_bytes_per_s": wall,
+               "source": "as measured (a profiler)" if measured is not None
+               else "inferred from tokens/s x bytes per step"}
+    advice = []
+    if measured is None:
+        advice.append("inferred from tokens/s, this repeats step 2: a profiler's memory throughput "
+                      "(Nsight Compute dram__throughput) tells slow kernels from gaps between them")
+    busy = min(wall / achieved, 1.0) if measured is not None else 1.0
+    numbers["busy_share"] = busy
     if step.bound == "compute":
         verdict = "the step is compute-bound at this batch: memory throughput is not the limit"
+    elif utilisation >= BANDWIDTH_BOUND_UTILISATION and busy < BUSY_SHARE_FOR_GAPS:
+        verdict = (f"kernels stream at {fmt.percent(utilisation)} of peak bandwidth while they run, but "
+                   f"the wall clock moves only {fmt.percent(wall / peak)}: about {fmt.percent(1 - busy)} "
+                   "of each step no kernel is reading memory")
+        advice.append("the gaps are launches and host work (scheduling, sampling, Python): capture the "
+                      "step in a CUDA graph, overlap the scheduler with the GPU, fuse small kernels")
     elif utilisation >= BANDWIDTH_BOUND_UTILISATION:
         verdict = f"{fmt.percent(utilisation)} of peak memory bandwidth: bandwidth-bound"
     elif utilisation <= LOW_UTILISATION:
@@ -204,16 +213,18 @@ def _memory_throughput(d: _Inputs, step) -> Finding:
                    "elsewhere (scheduling, waiting, launch overheads, a slow KV tier)")
     else:
         verdict = f"{fmt.percent(utilisation)} of peak memory bandwidth: partly bandwidth-bound"
-    return Finding(1, "memory throughput", verdict,
-                   {"achieved_bytes_per_s": achieved, "peak_bytes_per_s": peak,
-                    "utilisation": utilisation, "source": source})
+    return Finding(1, "memory throughput", verdict, numbers, advice)
 
 
-def _ceiling(d: _Inputs, step) -> Finding:
-    """2. The distance to the ceiling the ledger allows."""
-    measured, ceiling = d.measured_tokens_per_s, step.tokens_per_s
+def _ceiling(d: _Inputs, step, tiered) -> Finding:
+    """2. The distance to the ceiling the ledger allows (with the KV read from its real
+    tier when step 4 says it is not in HBM)."""
+    measured = d.measured_tokens_per_s
+    ceiling = step.tokens_per_s if tiered is None else tiered.tokens_per_s
     fraction = measured / ceiling
     rate, limit = fmt.rate(measured), fmt.rate(ceiling)
+    if tiered is not None:
+        limit = f"{limit} (KV read from {tiered.placement})"
     if fraction > 1.02:
         verdict = (f"{rate} tokens/s is above the {limit} tokens/s that the hardware allows for "
                    "these settings")
@@ -230,6 +241,7 @@ def _ceiling(d: _Inputs, step) -> Finding:
                   "HBM"]
     return Finding(2, "distance to the ceiling", verdict,
                    {"ceiling_tokens_per_s": ceiling, "fraction_of_ceiling": fraction,
+                    "hbm_ceiling_tokens_per_s": step.tokens_per_s,
                     "step_bytes": step.step_bytes, "step_time_s": step.step_time_s}, advice)
 
 
@@ -267,12 +279,12 @@ def _weights_or_kv(d: _Inputs, step) -> Finding:
                     "kv_share": kv_share, "knee_batch": knee}, advice)
 
 
-def _kv_tier(d: _Inputs) -> tuple[Finding, str | None]:
+def _kv_tier(d: _Inputs) -> tuple[Finding, str | None, object]:
     """4. Where the KV really lives (and whether that tier, not HBM, bounds the step)."""
     from . import tiers
 
     if d.kv_tier.lower() == tiers.HBM:
-        return Finding(4, "KV storage tier", "the KV is read from HBM", {"tier": tiers.HBM}), None
+        return Finding(4, "KV storage tier", "the KV is read from HBM", {"tier": tiers.HBM}), None, None
     t = tiers.tiered_decode_step(d.model, d.device, d.batch, d.context, d.kv_tier,
                                  weight_dtype=d.weight_dtype, kv_dtype=d.kv_dtype)
     verdict = (f"KV read every step from {t.placement}: {fmt.rate(t.tokens_per_s)} tokens/s "
@@ -282,7 +294,7 @@ def _kv_tier(d: _Inputs) -> tuple[Finding, str | None]:
                "hbm_tokens_per_s": t.hbm_tokens_per_s, "slowdown": t.slowdown}
     advice = ["move the KV into HBM before decode (one transfer), prefetch the next batch's KV "
               "while computing, and count hits by the tier that served them"]
-    return Finding(4, "KV storage tier", verdict, numbers, advice), t.bound
+    return Finding(4, "KV storage tier", verdict, numbers, advice), t.bound, t
 
 
 def _network(d: _Inputs, step) -> Finding:
@@ -316,4 +328,6 @@ def _bound(step, throughput: Finding, tier_bound: str | None, network: Finding) 
         bound = "network"
     if bound == "memory bandwidth" and utilisation <= LOW_UTILISATION:
         bound = "overheads"
+    if bound == "memory bandwidth" and throughput.numbers["busy_share"] < BUSY_SHARE_FOR_GAPS:
+        bound = "launch and host overheads"
     return bound

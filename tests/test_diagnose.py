@@ -7,6 +7,7 @@ from kvlab import cost
 from kvlab.cli import main
 from kvlab.diagnose import diagnose
 from kvlab.errors import KvlabError
+from kvlab.tiers import tiered_decode_step
 
 
 def ceiling(**kw):
@@ -142,9 +143,9 @@ def test_the_steps_are_functions_and_agree_with_the_whole():
     inputs = module._check_inputs("llama-3.1-8b", "h100-sxm", 8, 16384, 30, "fp16", "fp16", None,
                                   "host-pcie5", "ib-200g", 4096 * 131072)
     step = cost.decode_step("llama-3.1-8b", "h100-sxm", 8, 16384)
-    assert d.findings == [module._memory_throughput(inputs, step), module._ceiling(inputs, step),
-                          module._weights_or_kv(inputs, step), module._kv_tier(inputs)[0],
-                          module._network(inputs, step)]
+    tier, _, tiered = module._kv_tier(inputs)
+    assert d.findings == [module._memory_throughput(inputs, step), module._ceiling(inputs, step, tiered),
+                          module._weights_or_kv(inputs, step), tier, module._network(inputs, step)]
 
 
 def test_numbers_far_from_one_print_in_scientific_notation():
@@ -155,3 +156,33 @@ def test_numbers_far_from_one_print_in_scientific_notation():
     assert fmt.sig(2.5e22, 3) == "2.50e+22"
     # the usual range is unchanged
     assert fmt.sig(0.00123, 3) == "0.00123" and fmt.sig(137.6, 4) == "137.6"
+
+
+def test_a_profiler_tells_kernels_from_gaps():
+    """Kernels at 85% of the bandwidth while they run, the wall clock at 50% of the ceiling:
+    the missing time is gaps between kernels (launches, host work), not bandwidth."""
+    step = cost.decode_step("llama-3.1-8b", "h100-sxm", 8, 16384)
+    peak = step.bandwidth_bytes_per_s
+    d = diagnose("llama-3.1-8b", "h100-sxm", 8, 16384, 0.5 * step.tokens_per_s,
+                 measured_bandwidth_bytes_per_s=0.85 * peak)
+    one, two = d.findings[0], d.findings[1]
+    assert d.bound == "launch and host overheads"
+    assert one.numbers["utilisation"] == pytest.approx(0.85)
+    assert one.numbers["busy_share"] == pytest.approx(0.5 / 0.85)
+    assert two.numbers["fraction_of_ceiling"] == pytest.approx(0.5)
+    assert any("CUDA graph" in a for a in one.advice)
+    # without a profiler, step 1 says it only repeats step 2
+    plain = diagnose("llama-3.1-8b", "h100-sxm", 8, 16384, 0.5 * step.tokens_per_s)
+    assert plain.findings[0].numbers["utilisation"] == pytest.approx(plain.findings[1].numbers["fraction_of_ceiling"])
+    assert any("repeats step 2" in a for a in plain.findings[0].advice)
+
+
+def test_a_slow_tier_sets_the_ceiling():
+    """KV served from host memory: step 2 measures against that tier's ceiling, and a
+    measurement above it is flagged as not describing what ran."""
+    t = tiered_decode_step("llama-3.1-8b", "h100-sxm", 8, 16384, "host-pcie5")
+    ok = diagnose("llama-3.1-8b", "h100-sxm", 8, 16384, 0.9 * t.tokens_per_s, kv_tier="host-pcie5")
+    assert ok.findings[1].numbers["ceiling_tokens_per_s"] == pytest.approx(t.tokens_per_s)
+    assert ok.findings[1].numbers["fraction_of_ceiling"] == pytest.approx(0.9)
+    too_fast = diagnose("llama-3.1-8b", "h100-sxm", 8, 16384, 2 * t.tokens_per_s, kv_tier="host-pcie5")
+    assert "above" in too_fast.findings[1].verdict and "settings do not describe" in too_fast.findings[1].advice[0]
