@@ -236,3 +236,14 @@ def test_blas_threads_are_not_started_for_element_wise_commands():
         done = subprocess.run([sys.executable, "-c", code, command], capture_output=True, text=True,
                               env=env)
         assert done.stdout.strip() == expected, (command, done.stderr)
+
+
+def test_models_shows_mla_as_a_latent(capsys):
+    """MLA caches one latent and a RoPE key per token and layer, not K/V heads."""
+    assert main(["models", "--json"]) == 0
+    v3 = json.loads(capsys.readouterr().out)["deepseek-v3"]
+    assert v3["kv_heads"] is None and (v3["kv_latent_dim"], v3["kv_rope_dim"]) == (512, 64)
+    assert v3["kv_bytes_per_token_fp16"] == (512 + 64) * 61 * 2
+    assert main(["models"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("deepseek-v3"))
+    assert "128/latent" in row and "512+64 rope" in row

@@ -43,11 +43,14 @@ def test_kv_elements_gqa_mha_mla():
     assert get_model("llama-2-7b").kv_elements_per_token == 2 * 32 * 32 * 128
     assert get_model("qwen2.5-7b").kv_elements_per_token == 2 * 28 * 4 * 128
     assert get_model("deepseek-v3").kv_elements_per_token == (512 + 64) * 61
+    # DeepSeek-V2-Lite: 31,104 bytes per token in fp16, against the article 7B's 131,072
+    assert get_model("deepseek-v2-lite").kv_elements_per_token * 2 == 31_104
 
 
-def test_catalogue_has_the_eight_models():
+def test_catalogue_has_the_nine_models():
     assert set(models()) == {"article-7b", "llama-2-7b", "llama-3.1-8b", "mistral-7b",
-                             "qwen2.5-7b", "llama-3.1-70b", "mixtral-8x7b", "deepseek-v3"}
+                             "qwen2.5-7b", "llama-3.1-70b", "mixtral-8x7b", "deepseek-v2-lite",
+                             "deepseek-v3"}
     assert all(m.source for m in models().values())
 
 
