@@ -178,3 +178,16 @@ def test_flash_attention_shows_per_operator():
     assert e["attention_intensity_naive"] == pytest.approx(64.0, rel=0.02)  # + the KV it reads
     assert e["attention_intensity_flash"] > 295 > e["attention_intensity_naive"]
     assert 1.1 < e["time_ratio"] < flash_attention_effect("llama-3.1-8b", "h100-sxm", 32768)["time_ratio"]
+
+
+def test_the_hit_slower_than_a_miss_needs_all_its_conditions():
+    from kvlab.book.beyond_hbm import hit_conditions
+
+    c = hit_conditions()
+    assert not c["anecdote"]["pays"]
+    for changed in ("pcie5", "gqa", "realistic", "realistic_both"):
+        assert c[changed]["pays"], changed
+    assert not c["overlap"]["pays"]  # a full hit leaves nothing to overlap with
+    assert not c["remote_10gbe"]["pays"] and not c["block_copies"]["pays"]
+    assert c["block_copies"]["copies"] == 4096 // 16 * 32 * 2
+    assert 100 < c["short_prompt_tokens"] < 1000
