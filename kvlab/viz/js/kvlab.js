@@ -1,7 +1,9 @@
 // kvlab's browser side: formatting and the ledger, mirrored from kvlab/fmt.py and
 // kvlab/cost.py so that static panels can recombine terms Python computed at build time.
-// Every operation follows the Python order of operations; the browser test checks that
-// each readout equals `kvlab budget --json` for the same settings.
+// Every operation follows the Python order of operations. The panels' own functions live
+// beside this file (kvlab/viz/js/*.js) and register in KVLAB.panels; the book ships all of
+// them once per site. tests/test_js.py runs every twin here and every panel function under
+// node against the Python it mirrors.
 window.KVLAB = window.KVLAB || (function () {
   "use strict";
 
@@ -18,8 +20,9 @@ window.KVLAB = window.KVLAB || (function () {
     // toFixed rounds half away from zero on the exact binary value, like Python's
     // Decimal(x).quantize(ROUND_HALF_UP); past 1e21 it turns exponential, and every such
     // double is a whole number, which BigInt prints exactly.
-    let text = Math.abs(x) >= 1e21 ? BigInt(Math.abs(x)).toString() + (decimals ? "." + "0".repeat(decimals) : "")
-                                   : Math.abs(x).toFixed(decimals);
+    let text = Math.abs(x) >= 1e21
+      ? BigInt(Math.abs(x)).toString() + (decimals ? "." + "0".repeat(decimals) : "")
+      : Math.abs(x).toFixed(decimals);
     const parts = text.split(".");
     parts[0] = parts[0].replace(/\B(?=(\d{3})+(?!\d))/g, ",");
     text = parts.join(".");
@@ -66,15 +69,18 @@ window.KVLAB = window.KVLAB || (function () {
     ratio: (v) => sig(v, 3) + "×",
     intensity: (v) => sig(v, 3) + " FLOP/B",
     yesno: (v) => (v ? "yes" : "no"),
+    count_or_unbounded: (v) => (v === null ? "unbounded" : fixed(v, 0)),  // null: a window caps KV
     text: (v) => String(v),
   };
   function escape(text) {
-    return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;").replace(/"/g, "&quot;");
+    return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;")
+      .replace(/"/g, "&quot;");
   }
   function readoutHtml(spec, values) {
     let html = '<table class="kvlab-readout">';
     for (const [key, label, kind] of spec) {
-      const v = values[key];
+      let v = values[key];
+      if (typeof v === "number" && !isFinite(v)) v = null;  // as Python's readout: no infinity
       const raw = (typeof v === "number") ? v.toPrecision(17) : (v === null ? "None" : String(v));
       html += '<tr><th>' + escape(label) + '</th><td data-key="' + key + '" data-value="' +
         escape(raw) + '">' + escape(FORMATS[kind](v)) + '</td></tr>';
@@ -86,7 +92,8 @@ window.KVLAB = window.KVLAB || (function () {
   function weightReadElements(m, batchTokens) {
     let elements = m.streamed_dense;
     if (m.num_experts > 0) {
-      const touched = m.num_experts * (1.0 - Math.pow(1.0 - m.experts_per_token / m.num_experts, batchTokens));
+      const untouched = Math.pow(1.0 - m.experts_per_token / m.num_experts, batchTokens);
+      const touched = m.num_experts * (1.0 - untouched);
       elements = elements + m.moe_layers * touched * m.expert;
     }
     return elements;
@@ -116,7 +123,9 @@ window.KVLAB = window.KVLAB || (function () {
     const memory_needed_bytes = weight_bytes + kv_cache_bytes;
     const per_seq_kv = Math.max(attended, 1.0) * kv_bytes_per_token;
     return {
-      batch: b, context: s.context, weight_bytes, weight_read_bytes, kv_bytes_per_token,
+      model: s.model, hardware: s.hardware, weight_dtype: s.weight_dtype, kv_dtype: s.kv_dtype,
+      batch: b, context: s.context, bandwidth_bytes_per_s: bandwidth, efficiency: eff,
+      weight_bytes, weight_read_bytes, kv_bytes_per_token,
       kv_read_bytes, kv_write_bytes, step_bytes, flops,
       arithmetic_intensity: flops / step_bytes, ridge_flops_per_byte: peak / bandwidth,
       memory_time_s, compute_time_s, step_time_s,
@@ -126,6 +135,30 @@ window.KVLAB = window.KVLAB || (function () {
       fits: memory_needed_bytes <= d.capacity_bytes,
       max_batch: Math.floor(Math.max(d.capacity_bytes - weight_bytes, 0.0) / per_seq_kv),
     };
+  }
+  // Mirrors kvlab.cost.memory_fit for scalar inputs: the longest context is unbounded
+  // (Infinity) when a sliding window caps every sequence's KV and the batch of windows fits.
+  function memoryFit(T, s) {
+    const r = step(T, s), m = T.models[s.model];
+    const room = Math.max(r.capacity_bytes - r.weight_bytes, 0.0);
+    let max_context = Math.floor(room / (r.batch * r.kv_bytes_per_token));
+    if (m.sliding_window && r.batch * m.sliding_window * r.kv_bytes_per_token <= room) {
+      max_context = Infinity;
+    }
+    return { weight_bytes: r.weight_bytes, kv_cache_bytes: r.kv_cache_bytes,
+             needed_bytes: r.memory_needed_bytes, capacity_bytes: r.capacity_bytes, fits: r.fits,
+             max_batch: r.max_batch, max_context };
+  }
+  // Mirrors kvlab.cost.batch_knee: in steps over a grid of batches, the first index where
+  // KV reads reach the weight reads or compute takes over; the last index if none does.
+  function batchKnee(steps) {
+    const k = steps.findIndex((r) => r.kv_read_bytes >= r.weight_read_bytes
+                                     || r.bound === "compute");
+    return k < 0 ? steps.length - 1 : k;
+  }
+  // Mirrors kvlab.prompt.served_tokens: a hit never serves the prompt's last token.
+  function servedTokens(hitTokens, promptTokens) {
+    return Math.max(0, Math.min(hitTokens, promptTokens - 1));
   }
   // Mirrors kvlab.cost.prefill for scalar inputs.
   function prefill(T, s) {
@@ -138,13 +171,17 @@ window.KVLAB = window.KVLAB || (function () {
     const pairs = n * c + n * (n + 1) / 2;
     const flops = b * (2.0 * m.active_params * n + m.attention_flops_per_cached_token * pairs);
     const kv_tok = m.kv_elements_per_token * kdt.bytes_per_element;
-    let bytes_moved = weightReadElements(m, b * Math.max(n, 1)) * wdt.bytes_per_element + b * (c + n) * kv_tok;
-    if (s.flash_attention === false) bytes_moved = bytes_moved + b * m.heads_x_layers * pairs * 4 * 2;
+    let bytes_moved = weightReadElements(m, b * Math.max(n, 1)) * wdt.bytes_per_element
+      + b * (c + n) * kv_tok;
+    if (s.flash_attention === false) {  // the score matrices' round trips through memory
+      bytes_moved = bytes_moved + b * m.heads_x_layers * pairs * T.naive_attention_bytes_per_pair;
+    }
     const compute_time_s = n > 0 ? flops / (peakFlops(d, wdt) * eff) : 0.0;
     const memory_time_s = n > 0 ? bytes_moved / (bandwidth * eff) : 0.0;
     const time_s = Math.max(compute_time_s, memory_time_s);
-    return { computed_tokens: n, flops, bytes_moved, compute_time_s, memory_time_s, time_s,
-             ttft_s: time_s, bound: compute_time_s >= memory_time_s ? "compute" : "memory" };
+    return { batch: b, prompt_tokens: p, cached_tokens: c, computed_tokens: n, flops, bytes_moved,
+             compute_time_s, memory_time_s, time_s,
+             bound: compute_time_s >= memory_time_s ? "compute" : "memory", ttft_s: time_s };
   }
 
   // ------------------------------------------------------------ panel plumbing
@@ -165,6 +202,10 @@ window.KVLAB = window.KVLAB || (function () {
     window.KVLAB.updates = (window.KVLAB.updates || 0) + 1;  // tests wait on this
   }
 
+  // Each static panel's browser twin of its Python `compute`, by the name Panel.js gives:
+  // KVLAB.panels[name](K, T, s) with K this library, T the panel's build-time terms and s
+  // the state; lookup panels' source builders register in KVLAB.sources the same way.
   return { decimalsFor, fixed, sig, si, seconds, rate, percent, FORMATS, readoutHtml,
-           weightReadElements, step, prefill, state, apply };
+           weightReadElements, step, prefill, memoryFit, batchKnee, servedTokens, state, apply,
+           panels: {}, sources: {}, tables: {} };
 })();
