@@ -273,8 +273,7 @@ def _decode_fields(m, dev, wdt, kdt, batch, context, bandwidth, eff, capacity, s
         max_batch = _out(np.floor(room / per_seq_kv).astype(np.int64))
         fits = _out(np.asarray(needed <= capacity))
     out = _out if not scalar else (lambda x: x)
-    plain = eff == 1.0 if scalar else bool(np.all(np.asarray(eff) == 1.0))
-    source = "the sheet's bandwidth and FLOP/s" + ("" if plain else " x the given efficiency")
+    source = "the sheet's bandwidth and FLOP/s x efficiency"
     return dict(
         bandwidth_bytes_per_s=out(np.asarray(bandwidth)) if not scalar else bandwidth,
         weight_bytes=w_total, weight_read_bytes=out(w_read), kv_bytes_per_token=kv_tok,
@@ -383,8 +382,7 @@ def prefill(
                                         (attention_bytes, attention_flops)),
                                        np.asarray(bandwidth), np.asarray(peak), False), 0.0)
     time_s = ceiling / eff
-    source = "the sheet's bandwidth and FLOP/s"
-    source += "" if np.all(eff == 1.0) else " x the given efficiency"
+    source = "the sheet's bandwidth and FLOP/s x efficiency"
     if measured:
         from .measured.timing import measured_prefill_time
 
