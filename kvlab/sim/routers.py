@@ -18,6 +18,7 @@ batch slot):
 Equal prefill scores go to the GPU holding the fewest sequences (colocated GPUs also
 decode), then to the lowest index, so routing is deterministic.
 """
+
 from __future__ import annotations
 
 from ..prompt import served_from_blocks
@@ -31,7 +32,7 @@ def prefill_estimates(sim, now: float, req, workers) -> tuple[list, list]:
     host, link, nic_free = sim.network.host_link, sim.network.link, sim.network.nic_free_s
     prefill, overlap, layers = sim.cost.prefill_times_s, sim.overlap, sim.layers
     waits, jobs = [], []
-    for w, kw, lw in zip(workers, k.tolist(), local.tolist()):
+    for w, kw, lw in zip(workers, k.tolist(), local.tolist(), strict=True):
         cached = served_from_blocks(kw, bt, prompt)
         local_tok = min(lw * bt, cached)
         remote_tok = cached - local_tok
@@ -72,7 +73,7 @@ def route_prefill(sim, now: float, req, workers):
     """(worker, its estimated job seconds, its estimated wait seconds) for a new request."""
     wait, job = prefill_estimates(sim, now, req, workers)
     score = PREFILL_ROUTERS[sim.config.prefill_router]
-    scores = [score(w, j) for w, j in zip(wait, job)]
+    scores = [score(w, j) for w, j in zip(wait, job, strict=True)]
     # equal scores (idle queues) go to the GPU holding the fewest sequences, then the lowest index
     i = min(range(len(scores)), key=lambda i: (scores[i], getattr(workers[i], "slots", 0), i))
     return workers[i], job[i], wait[i]
