@@ -336,6 +336,29 @@ def test_remote_steps_reproduce_tiered_decode_step():
         LedgerCost("llama-3.1-8b", "h100-sxm").remote_decode_times_s(1, 100)
 
 
+@pytest.mark.parametrize("model", ["llama-3.1-8b", "mixtral-8x7b", "llama-2-7b"])
+def test_prefill_times_are_the_ledgers(model):
+    """LedgerCost reads the prefill's terms off the ledger once; it must stay the ledger."""
+    lc = LedgerCost(model, "h100-sxm")
+    for prompt, cached in ((1, 0), (100, 0), (4096, 2048), (50_000, 1_000), (8192, 8191)):
+        want = cost.prefill(model, "h100-sxm", prompt, cached)
+        got = lc.prefill_times_s(prompt, cached)
+        assert got == pytest.approx((want.time_s, want.compute_time_s, want.memory_time_s), rel=1e-9)
+    cached = np.array([0, 10, 4000])
+    got, _, _ = lc.prefill_times_s(4096, cached)
+    assert got == pytest.approx(cost.prefill(model, "h100-sxm", 4096, cached).time_s, rel=1e-9)
+
+
+def test_an_iteration_of_several_chunks_reads_the_weights_once():
+    lc = LedgerCost("llama-3.1-8b", "h100-sxm")
+    chunks = [(512, 0), (3000, 2500), (100, 0)]
+    alone = [float(lc.prefill_times_s(end, start)[0]) for end, start in chunks]
+    together = lc.iteration_time_s(0, 0.0, chunks)
+    assert max(alone) <= together < sum(alone)
+    assert lc.iteration_time_s(0, 0.0, chunks[:1]) == pytest.approx(alone[0])
+    assert lc.iteration_time_s(0, 0.0, []) == 0.0
+
+
 def test_fused_iteration_shares_one_weight_read():
     lc = LedgerCost("llama-3.1-8b", "h100-sxm")
     prefill = cost.prefill("llama-3.1-8b", "h100-sxm", 4096, 2048).time_s

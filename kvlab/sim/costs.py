@@ -192,7 +192,7 @@ class LedgerCost:
         """(time, compute time, memory time) of prefilling `prompt_tokens` of which
         `cached_tokens` (scalar or array) come from a prefix cache."""
         a, b, k = self._prefill_terms()
-        if np.ndim(prompt_tokens) == 0 and np.ndim(cached_tokens) == 0:
+        if not isinstance(prompt_tokens, np.ndarray) and not isinstance(cached_tokens, np.ndarray):
             n, c = prompt_tokens - cached_tokens, cached_tokens
             if n <= 0:
                 return 0.0, 0.0, 0.0
