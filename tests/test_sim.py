@@ -343,7 +343,9 @@ def test_prefill_times_are_the_ledgers(model):
     for prompt, cached in ((1, 0), (100, 0), (4096, 2048), (50_000, 1_000), (8192, 8191)):
         want = cost.prefill(model, "h100-sxm", prompt, cached)
         got = lc.prefill_times_s(prompt, cached)
-        assert got == pytest.approx((want.time_s, want.compute_time_s, want.memory_time_s), rel=1e-9)
+        assert got == pytest.approx(
+            (want.time_s, want.compute_time_s, want.memory_time_s), rel=1e-9
+        )
     cached = np.array([0, 10, 4000])
     got, _, _ = lc.prefill_times_s(4096, cached)
     assert got == pytest.approx(cost.prefill(model, "h100-sxm", 4096, cached).time_s, rel=1e-9)
