@@ -159,7 +159,7 @@ def hit_conditions() -> dict[str, dict]:
 def mla_numbers(hardware: str = "h100-sxm", context: int = 4096) -> dict[str, str]:
     """Multi-head latent attention: KV bytes per token, and the FLOPs per byte a large
     batch reaches at `context` (chapter 2's intensity limit), against GQA models."""
-    from ..models import get_model
+    from ..models import describe_params, get_model
     from .bandwidth_wall import large_batch_intensity
 
     v3 = get_model("deepseek-v3")
@@ -169,6 +169,7 @@ def mla_numbers(hardware: str = "h100-sxm", context: int = 4096) -> dict[str, st
         "mla_v3": fmt.fixed(cost.kv_bytes_per_token("deepseek-v3"), 0),
         "mla_article": fmt.fixed(cost.kv_bytes_per_token(ARTICLE_MODEL), 0),
         "mla_v3_heads": fmt.fixed(v3.num_heads, 0),
+        "mla_v3_params": describe_params(v3.params.total),
         "mla_context": fmt.fixed(context, 0),
         "mla_v3_intensity": fmt.sig(large_batch_intensity("deepseek-v3", hardware, context), 2),
         "mla_gqa_intensity": fmt.sig(large_batch_intensity("llama-3.1-8b", hardware, context), 2),
