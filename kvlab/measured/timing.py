@@ -27,7 +27,7 @@ from ..dtypes import DType, parse_dtype
 from ..errors import KvlabError
 from ..hardware import Device, get_device
 from ..models import ModelSpec, expected_experts_touched, get_model
-from ..operators import ACTIVATION_BYTES, decode_operators, kv_bytes_per_token_per_gpu, layer_shapes
+from ..operators import decode_operators, kv_bytes_per_token_per_gpu, layer_shapes
 from .tables import DTYPE_KEYS, Curve, load
 
 #: Operators timed from the tables, and how each small kernel is timed.
@@ -155,10 +155,10 @@ class Kernels:
                                     ok, SMALL_KERNELS, "any size"))
         if self.all_reduce is not None:
             calls = 2 * self.model.num_layers
-            t, ok = self.all_reduce(tokens * self.model.hidden_size * ACTIVATION_BYTES)
+            t, ok = self.all_reduce(tokens * self.model.hidden_size)  # bf16 elements
             out.append(OperatorTime("all_reduce", "allreduce", calls, calls * t, 0.0 * t, ok,
                                     f"all-reduce over {self.tp} GPUs",
-                                    _range(self.all_reduce, "message bytes")))
+                                    _range(self.all_reduce, "message elements")))
         return out
 
     @property
