@@ -52,6 +52,11 @@ def _out(x):
     return x.item() if isinstance(x, np.ndarray) and x.ndim == 0 else x
 
 
+def _plain(x):
+    """0-d arrays and numpy scalars -> Python numbers, arrays unchanged."""
+    return x.item() if isinstance(x, (np.ndarray, np.generic)) and np.ndim(x) == 0 else x
+
+
 @dataclass(frozen=True)
 class Result:
     """Base for ledger results: `to_dict()` gives JSON-ready values."""
@@ -381,9 +386,7 @@ def _operator_fields(m, dev, wdt, kdt, batch, context, bandwidth, eff, capacity,
     w_total = weight_bytes_per_gpu(m, wdt, tp)
     room = np.maximum(capacity - w_total, 0.0)
     bound = np.where(compute_time > memory_time, "compute", "memory")
-    def out(x):  # 0-d arrays and numpy scalars -> Python numbers
-        return x.item() if isinstance(x, (np.ndarray, np.generic)) and np.ndim(x) == 0 else x
-
+    out = _plain
     reduce_time = latency + link_time / eff + 0.0 * b
     return dict(
         bandwidth_bytes_per_s=out(bw), weight_bytes=w_total,
@@ -393,7 +396,8 @@ def _operator_fields(m, dev, wdt, kdt, batch, context, bandwidth, eff, capacity,
         ridge_flops_per_byte=out(peak / bw), memory_time_s=out(memory_time),
         compute_time_s=out(compute_time), step_time_s=out(step_time),
         bound=bound.item() if bound.ndim == 0 else bound,
-        tokens_per_s=out(b * queries / step_time), tokens_per_s_per_sequence=out(queries / step_time),
+        tokens_per_s=out(b * queries / step_time),
+        tokens_per_s_per_sequence=out(queries / step_time),
         kv_cache_bytes=out(kv_read), memory_needed_bytes=out(w_total + kv_read),
         capacity_bytes=capacity, fits=out(np.asarray(w_total + kv_read <= capacity)),
         max_batch=out(np.floor(room / (np.maximum(attended, 1.0) * kv_tok)).astype(np.int64)),
@@ -568,8 +572,8 @@ def memory_fit(
 ) -> MemoryFit:
     """Does weights + batch x context of KV fit; the largest batch and the longest context
     that do (per GPU at `tensor_parallel` N: each holds its share of weights and KV)."""
-    step = decode_step(model, hardware, batch, context, weight_dtype, kv_dtype, capacity_bytes=capacity_bytes,
-                       tensor_parallel=tensor_parallel)
+    step = decode_step(model, hardware, batch, context, weight_dtype, kv_dtype,
+                       capacity_bytes=capacity_bytes, tensor_parallel=tensor_parallel)
     m = get_model(model)
     room = np.maximum(step.capacity_bytes - step.weight_bytes, 0.0)
     max_context = np.floor(room / (np.asarray(step.batch, dtype=float) * step.kv_bytes_per_token))

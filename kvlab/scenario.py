@@ -38,7 +38,8 @@ class Scenario:
     def decode_step(self, batch=1, context=4096) -> cost.DecodeStep:
         return cost.decode_step(self.model, self.hardware, batch, context, self.weight_dtype, self.kv_dtype,
                                 bandwidth_bytes_per_s=self.bandwidth_bytes_per_s, efficiency=self.efficiency,
-                                capacity_bytes=self.capacity_bytes, tensor_parallel=self.tensor_parallel)
+                                capacity_bytes=self.capacity_bytes,
+                                tensor_parallel=self.tensor_parallel)
 
     def prefill(self, prompt_tokens, cached_tokens=0, batch=1, flash_attention: bool = True) -> cost.Prefill:
         return cost.prefill(self.model, self.hardware, prompt_tokens, cached_tokens, batch, self.weight_dtype,

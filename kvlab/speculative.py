@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import cost
-from .cost import MAX_BATCH, MAX_SPECULATIVE_TOKENS, Result
+from .cost import MAX_BATCH, MAX_SPECULATIVE_TOKENS, Result, _plain
 from .dtypes import parse_dtype
 from .errors import KvlabError, check_number
 from .hardware import get_device
@@ -158,13 +158,6 @@ def speculative_step(model, hardware, batch=1, context=4096, speculative_tokens=
         fits=_plain(np.asarray(needed <= base.capacity_bytes)),
         max_batch=_plain(np.floor(room / per_seq).astype(np.int64)),
         efficiency_source=verify.efficiency_source, notes=notes)
-
-
-def _plain(x):
-    """0-d arrays and numpy scalars as Python numbers, arrays as they are."""
-    if isinstance(x, (np.ndarray, np.generic)) and np.ndim(x) == 0:
-        return x.item()
-    return x
 
 
 def _measured_note(verify) -> tuple:

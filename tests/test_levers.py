@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from kvlab import cost, speculative
 from kvlab.cli import main
 from kvlab.errors import KvlabError
-from kvlab.hardware import devices, get_device, gpu_link
+from kvlab.hardware import devices, gpu_link
 from kvlab.measured import load
 from kvlab.models import models
 from kvlab.parallel import allreduce_link

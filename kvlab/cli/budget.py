@@ -100,7 +100,8 @@ def budget(model, hardware, batch, context, weight_dtype="fp16", kv_dtype="fp16"
         if efficiency != "measured":
             raise
         notes.append(f"TTFT not measured: {exc}")
-        first = prefill(model, hardware, max(context, 1), cached_tokens=cached, **kwargs, **tp).to_dict()
+        first = prefill(model, hardware, max(context, 1), cached_tokens=cached, **kwargs,
+                        **tp).to_dict()
         first["ttft_s"] = None
     from ..ledger_rows import operator_table
 
