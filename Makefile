@@ -16,7 +16,7 @@ RUN_HOME    := $(CURDIR)/$(BUILD_DIR)/home
 SUDO        := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PACKAGES := chromium libibverbs1
 
-.PHONY: help venv system-deps book test test-fast dashboard labs jupyter bench bench-gpu clean
+.PHONY: help venv system-deps book test test-fast dashboard labs jupyter bench bench-gpu gpu-session clean
 
 help:
 	@echo "make book       build the book (HTML in $(HTML_DIR)/index.html)"
@@ -26,6 +26,7 @@ help:
 	@echo "make jupyter    JupyterLab on 127.0.0.1 for working through the labs"
 	@echo "make bench      CPU microbenchmarks into results/<machine>/"
 	@echo "make bench-gpu  the GPU sweeps (on a CUDA box, under 10 minutes)"
+	@echo "make gpu-session OUT=DIR  one bounded GPU run, everything into DIR"
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -85,9 +86,19 @@ bench: $(STAMP)
 	$(CPU_LOCK) $(BIN)/python -m kvlab bench all --device cpu
 
 # On a CUDA box with only python3 + numpy + torch: no venv, no installs, under 10 minutes;
-# results land in results/<gpu>/ (commit them).
+# results land in results/<gpu>/ (commit them), or in $(KVLAB_RESULTS_DIR)/<gpu>/ when set.
+# GPU_BUDGET trims the suite (seconds); `make bench-gpu GPU_PLAN=1` prints the plan instead.
+GPU_BUDGET  ?= 480
 bench-gpu:
-	PYTHONPATH=$(CURDIR) $(PYTHON) -m kvlab bench gpu-suite
+	PYTHONPATH=$(CURDIR) $(PYTHON) -m kvlab bench gpu-suite --budget $(GPU_BUDGET) \
+	  $(if $(GPU_PLAN),--plan h200)
+
+# A borrowed GPU from which only the folder OUT comes back: facts, plan, suite, GPU tests,
+# findings, in one call under 7 minutes (kvlab/bench/gpu_session.py; book page "Running on
+# a GPU box").
+gpu-session:
+	@test -n "$(OUT)" || { echo "set OUT to the folder that comes back: make gpu-session OUT=..."; exit 2; }
+	PYTHONPATH=$(CURDIR) $(PYTHON) -m kvlab.bench.gpu_session --out "$(OUT)"
 
 clean:
 	rm -rf $(BUILD_DIR) labs

@@ -32,12 +32,17 @@ from .operators import (
     weight_bytes_per_gpu,
 )
 from .parallel import allreduce_link, check_tensor_parallel, tensor_parallel_notes
+from .prompt import served_tokens
 
 #: Upper bounds beyond which an input is a typo rather than a configuration.
 MAX_BATCH = 1_000_000
 MAX_CONTEXT_TOKENS = 100_000_000
 MAX_BANDWIDTH_BYTES_PER_S = 1e15  # 1 PB/s: 200x an H200
 MAX_FLOPS_PER_S = 1e18
+#: Lower bounds, likewise: below them a step takes longer than a float can say (1e-300 B/s).
+MIN_BANDWIDTH_BYTES_PER_S = 1e3  # 1 kB/s: slower than any memory or link KV crosses
+MIN_FLOPS_PER_S = 1e6
+MIN_EFFICIENCY = 1e-3  # 0.1% of peak
 MAX_CAPACITY_BYTES = 1e14
 #: Drafted tokens per verification beyond which acceptance makes more of them pointless.
 MAX_SPECULATIVE_TOKENS = 16
@@ -202,7 +207,7 @@ def _is_measured(efficiency) -> bool:
 def _check_efficiency(efficiency):
     if isinstance(efficiency, str) and not _is_measured(efficiency):
         raise KvlabError(f"efficiency must be a number in (0, 1] or 'measured', got {efficiency!r}")
-    return check_number("efficiency", efficiency, maximum=1.0)
+    return check_number("efficiency", efficiency, minimum=MIN_EFFICIENCY, allow_equal_min=True, maximum=1.0)
 
 
 def decode_step(
@@ -274,7 +279,8 @@ def _step(model, hardware, batch, context, weight_dtype, kv_dtype, bandwidth_byt
         raise KvlabError("efficiency 'measured' times kernels from their tables; "
                          "a bandwidth override does not apply to it")
     bandwidth = dev.memory_bandwidth_bytes_per_s if bandwidth_bytes_per_s is None else check_number(
-        "bandwidth (bytes/s)", bandwidth_bytes_per_s, maximum=MAX_BANDWIDTH_BYTES_PER_S)
+        "bandwidth (bytes/s)", bandwidth_bytes_per_s, minimum=MIN_BANDWIDTH_BYTES_PER_S, allow_equal_min=True,
+        maximum=MAX_BANDWIDTH_BYTES_PER_S)
     eff = 1.0 if measured else _check_efficiency(efficiency)
     capacity = dev.capacity_bytes if capacity_bytes is None else check_number(
         "capacity (bytes)", capacity_bytes, maximum=MAX_CAPACITY_BYTES)
@@ -474,11 +480,15 @@ def prefill(
         bad = int(np.max(c_arr - p_arr))
         raise KvlabError(f"cached_tokens cannot exceed prompt_tokens (by {bad:,} tokens here); "
                          "a prefix hit covers at most the whole prompt")
+    # the last prompt token is always computed (its logits give the first output token)
+    c_arr = np.asarray(served_tokens(c_arr, p_arr), dtype=float)
+    cached = int(c_arr) if c_arr.ndim == 0 else c_arr.astype(np.int64)
     n = p_arr - c_arr
     peak = dev.peak_flops_per_s(wdt.compute) if flops_per_s is None else check_number(
-        "flops_per_s", flops_per_s, maximum=MAX_FLOPS_PER_S)
+        "flops_per_s", flops_per_s, minimum=MIN_FLOPS_PER_S, allow_equal_min=True, maximum=MAX_FLOPS_PER_S)
     bandwidth = dev.memory_bandwidth_bytes_per_s if bandwidth_bytes_per_s is None else check_number(
-        "bandwidth (bytes/s)", bandwidth_bytes_per_s, maximum=MAX_BANDWIDTH_BYTES_PER_S)
+        "bandwidth (bytes/s)", bandwidth_bytes_per_s, minimum=MIN_BANDWIDTH_BYTES_PER_S,
+        allow_equal_min=True, maximum=MAX_BANDWIDTH_BYTES_PER_S)
     tp = 1 if type(tensor_parallel) is int and tensor_parallel == 1 else \
         check_tensor_parallel(m, tensor_parallel)
     if tp == 1:
@@ -537,12 +547,9 @@ def _prefill_parallel(m, dev, wdt, kdt, batch, prompt, cached, flash, tp, bandwi
     link = allreduce_link(dev, tp)
     reduce = next(op for op in ops if op.kind == "allreduce")
     latency, link_time = allreduce_s(reduce, link.bandwidth_bytes_per_s, link.latency_s)
-    done = np.asarray(prompt) <= np.asarray(cached)  # a full hit computes nothing
     work = ceiling_s(local, np.asarray(bandwidth), np.asarray(peak))
-    ceiling = np.where(done, 0.0, work + latency + link_time)
-    time_s = np.where(done, 0.0, work / eff + latency + link_time / eff)
-    return (sum(op.flops for op in local), np.asarray(sum(op.bytes for op in local)), ceiling,
-            time_s)
+    return (sum(op.flops for op in local), np.asarray(sum(op.bytes for op in local)),
+            work + latency + link_time, work / eff + latency + link_time / eff)
 
 
 # --------------------------------------------------------------------- memory fit

@@ -13,13 +13,17 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from . import cost, fmt
-from .errors import check_number
+from .errors import KvlabError, check_number
 from .hardware import get_device, get_tier
+from .jsonsafe import jsonable
 from .models import get_model
 
 BANDWIDTH_BOUND_UTILISATION = 0.80  # the article: >= 80% of peak memory throughput
 LOW_UTILISATION = 0.30  # ~30%: the time goes somewhere else (scheduling, waits, overheads)
 CLOSE_TO_CEILING = 0.80  # measured >= 80% of the ceiling: stop tuning schedulers
+#: With a profiler's bandwidth: kernels stream at >= BANDWIDTH_BOUND_UTILISATION while they
+#: run, yet the wall clock moves less than this share of it: the rest is gaps between kernels.
+BUSY_SHARE_FOR_GAPS = 0.70
 BATCH_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 
@@ -36,18 +40,84 @@ class Finding:
 
 @dataclass(frozen=True)
 class Diagnosis:
-    bound: str  # "memory bandwidth", "compute", "KV tier", "network" or "overheads"
+    # "memory bandwidth", "compute", "KV tier", "network", "overheads", "launch and host
+    # overheads" or "memory capacity"
+    bound: str
     findings: list[Finding]
+    fit: Finding | None = None  # step 0, memory fit: always computed, reported first when it fails
+
+    @property
+    def fits(self) -> bool:
+        return self.fit is None or bool(self.fit.numbers["fits"])
 
     def to_dict(self) -> dict:
-        return {"bound": self.bound, "findings": [asdict(f) for f in self.findings]}
+        out = {"bound": self.bound, "fits": self.fits,
+               "findings": [jsonable(asdict(f)) for f in self.findings]}
+        if self.fit is not None:
+            out["fit"] = jsonable(asdict(self.fit))
+        return out
 
     def report(self) -> str:
         lines = [f"Diagnosis: {self.bound}-bound", ""]
-        for f in self.findings:
+        shown = self.findings if self.fits else [self.fit, *self.findings]
+        for f in shown:
             lines.append(f"{f.step}. {f.check}: {f.verdict}")
             lines += [f"   - {a}" for a in f.advice]
         return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    """What was deployed and measured, every value checked before any step runs (a value
+    that a step would not use is checked too: a typo is never silently ignored)."""
+
+    model: object
+    device: object
+    batch: int
+    context: int
+    measured_tokens_per_s: float
+    weight_dtype: str
+    kv_dtype: str
+    measured_bandwidth_bytes_per_s: float | None
+    kv_tier: str
+    network_bytes_per_s: float | None
+    kv_bytes_per_request: float | None
+
+
+def _bandwidth(name: str, value) -> float:
+    return check_number(name, value, minimum=cost.MIN_BANDWIDTH_BYTES_PER_S, allow_equal_min=True,
+                        maximum=cost.MAX_BANDWIDTH_BYTES_PER_S)
+
+
+def _check_inputs(model, hardware, batch, context, measured_tokens_per_s, weight_dtype, kv_dtype,
+                  measured_bandwidth_bytes_per_s, kv_tier, network,
+                  kv_bytes_per_request) -> _Inputs:
+    from . import tiers
+
+    m, dev = get_model(model), get_device(hardware)
+    measured = check_number("measured tokens/s", measured_tokens_per_s, maximum=1e9)
+    if measured_bandwidth_bytes_per_s is not None:
+        measured_bandwidth_bytes_per_s = _bandwidth("measured bandwidth (bytes/s)",
+                                                    measured_bandwidth_bytes_per_s)
+    if not isinstance(kv_tier, str):
+        raise KvlabError(f"kv_tier must be a placement name such as hbm or host-pcie5, "
+                         f"got {kv_tier!r}")
+    if kv_tier.lower() != tiers.HBM:
+        tiers.get_placement(kv_tier)
+    bandwidth = None
+    if isinstance(network, str):
+        bandwidth = get_tier(network).bandwidth_bytes_per_s
+    elif network is not None:
+        bandwidth = _bandwidth("network bandwidth (bytes/s)", network)
+    if kv_bytes_per_request is not None:
+        kv_bytes_per_request = check_number("KV bytes per request", kv_bytes_per_request,
+                                            maximum=1e15)
+    if (bandwidth is None) != (kv_bytes_per_request is None):
+        raise KvlabError("the network check needs both the network bandwidth and the KV bytes "
+                         "each request sends (--network and --kv-bytes-per-request); give both "
+                         "or neither")
+    return _Inputs(m, dev, batch, context, measured, weight_dtype, kv_dtype,
+                   measured_bandwidth_bytes_per_s, kv_tier, bandwidth, kv_bytes_per_request)
 
 
 def diagnose(
@@ -69,119 +139,195 @@ def diagnose(
     is inferred from tokens/s and the ledger's bytes per step). `kv_tier`: where the KV
     is really read from each step ('hbm', or a placement such as 'host-pcie5').
     `network_bandwidth_bytes_per_s` (bytes/s or a link name) and `kv_bytes_per_request`:
-    for disaggregated serving, the KV each request sends between nodes.
+    for disaggregated serving, the KV each request sends between nodes (give both or
+    neither). A deployment that does not fit in memory is said so first (step 0), and
+    its bound is "memory capacity".
     """
-    from . import tiers
+    d = _check_inputs(model, hardware, batch, context, measured_tokens_per_s, weight_dtype,
+                      kv_dtype, measured_bandwidth_bytes_per_s, kv_tier,
+                      network_bandwidth_bytes_per_s, kv_bytes_per_request)
+    step = cost.decode_step(d.model, d.device, d.batch, d.context, d.weight_dtype, d.kv_dtype)
+    fit = _memory_fit(d, step)
+    throughput = _memory_throughput(d, step)
+    tier, tier_bound, tiered = _kv_tier(d)
+    findings = [throughput, _ceiling(d, step, tiered), _weights_or_kv(d, step), tier, _network(d, step)]
+    bound = _bound(step, throughput, tier_bound, findings[4])
+    return Diagnosis("memory capacity" if not fit.numbers["fits"] else bound, findings, fit)
 
-    m, dev = get_model(model), get_device(hardware)
-    measured = check_number("measured tokens/s", measured_tokens_per_s, maximum=1e9)
-    step = cost.decode_step(m, dev, batch, context, weight_dtype, kv_dtype)
-    steps_per_s = measured / step.batch
-    findings = []
 
-    # 1. memory throughput utilisation
-    achieved = (measured_bandwidth_bytes_per_s if measured_bandwidth_bytes_per_s is not None
-                else steps_per_s * step.step_bytes)
-    achieved = check_number("measured bandwidth (bytes/s)", achieved, maximum=cost.MAX_BANDWIDTH_BYTES_PER_S)
-    utilisation = achieved / dev.memory_bandwidth_bytes_per_s
-    source = "as measured" if measured_bandwidth_bytes_per_s is not None else "inferred from tokens/s x bytes per step"
+def _memory_fit(d: _Inputs, step) -> Finding:
+    """0. Weights plus every sequence's KV against the device's memory."""
+    numbers = {"fits": bool(step.fits), "needed_bytes": step.memory_needed_bytes,
+               "capacity_bytes": step.capacity_bytes, "weight_bytes": step.weight_bytes,
+               "kv_cache_bytes": step.kv_cache_bytes, "max_batch": int(step.max_batch)}
+    needed, capacity = fmt.si(step.memory_needed_bytes, "B"), fmt.si(step.capacity_bytes, "B")
+    if step.fits:
+        return Finding(0, "memory fit", f"{needed} of {capacity}: fits", numbers)
+    verdict = (f"does NOT fit: {needed} needed (weights {fmt.si(step.weight_bytes, 'B')}, KV "
+               f"{fmt.si(step.kv_cache_bytes, 'B')}), the {d.device.name} has {capacity}; this "
+               "deployment cannot run as described, so the steps below say what it would do if "
+               "it could")
+    if step.weight_bytes >= step.capacity_bytes:
+        int4 = fmt.si(cost.weight_bytes(d.model, "int4"), "B")
+        advice = [f"the weights alone exceed the memory: quantize them (int4: {int4}), or split "
+                  "the model over more devices"]
+    else:
+        advice = [f"at a context of {fmt.fixed(d.context, 0)} tokens at most "
+                  f"{fmt.fixed(step.max_batch, 0)} sequences fit beside the weights: lower the "
+                  "batch or the context, or quantize the KV cache"]
+    return Finding(0, "memory fit", verdict, numbers, advice)
+
+
+def _memory_throughput(d: _Inputs, step) -> Finding:
+    """1. Memory throughput utilisation: a profiler's figure (kernels only) if given, else
+    the wall-clock figure tokens/s x bytes per step (which is step 2's fraction again)."""
+    steps_per_s = d.measured_tokens_per_s / step.batch
+    wall = check_number("measured bandwidth (bytes/s)", steps_per_s * step.step_bytes,
+                        maximum=cost.MAX_BANDWIDTH_BYTES_PER_S)
+    peak = d.device.memory_bandwidth_bytes_per_s
+    measured = d.measured_bandwidth_bytes_per_s
+    achieved = measured if measured is not None else wall
+    utilisation = achieved / peak
+    numbers = {"achieved_bytes_per_s": achieved, "peak_bytes_per_s": peak, "utilisation": utilisation,
+               "wall_clock_bytes_per_s": wall,
+               "source": "as measured (a profiler)" if measured is not None
+               else "inferred from tokens/s x bytes per step"}
+    advice = []
+    if measured is None:
+        advice.append("inferred from tokens/s, this repeats step 2: a profiler's memory throughput "
+                      "(Nsight Compute dram__throughput) tells slow kernels from gaps between them")
+    busy = min(wall / achieved, 1.0) if measured is not None else 1.0
+    numbers["busy_share"] = busy
     if step.bound == "compute":
         verdict = "the step is compute-bound at this batch: memory throughput is not the limit"
+    elif utilisation >= BANDWIDTH_BOUND_UTILISATION and busy < BUSY_SHARE_FOR_GAPS:
+        verdict = (f"kernels stream at {fmt.percent(utilisation)} of peak bandwidth while they run, but "
+                   f"the wall clock moves only {fmt.percent(wall / peak)}: about {fmt.percent(1 - busy)} "
+                   "of each step no kernel is reading memory")
+        advice.append("the gaps are launches and host work (scheduling, sampling, Python): capture the "
+                      "step in a CUDA graph, overlap the scheduler with the GPU, fuse small kernels")
     elif utilisation >= BANDWIDTH_BOUND_UTILISATION:
         verdict = f"{fmt.percent(utilisation)} of peak memory bandwidth: bandwidth-bound"
     elif utilisation <= LOW_UTILISATION:
-        verdict = (f"only {fmt.percent(utilisation)} of peak memory bandwidth: the time goes elsewhere "
-                   "(scheduling, waiting, launch overheads, a slow KV tier)")
+        verdict = (f"only {fmt.percent(utilisation)} of peak memory bandwidth: the time goes "
+                   "elsewhere (scheduling, waiting, launch overheads, a slow KV tier)")
     else:
         verdict = f"{fmt.percent(utilisation)} of peak memory bandwidth: partly bandwidth-bound"
-    findings.append(Finding(1, "memory throughput", verdict,
-                            {"achieved_bytes_per_s": achieved, "peak_bytes_per_s": dev.memory_bandwidth_bytes_per_s,
-                             "utilisation": utilisation, "source": source}))
+    return Finding(1, "memory throughput", verdict, numbers, advice)
 
-    # 2. the ceiling
-    ceiling = step.tokens_per_s
+
+def _ceiling(d: _Inputs, step, tiered) -> Finding:
+    """2. The distance to the ceiling the ledger allows (with the KV read from its real
+    tier when step 4 says it is not in HBM)."""
+    measured = d.measured_tokens_per_s
+    ceiling = step.tokens_per_s if tiered is None else tiered.tokens_per_s
     fraction = measured / ceiling
-    advice = []
+    rate, limit = fmt.rate(measured), fmt.rate(ceiling)
+    if tiered is not None:
+        limit = f"{limit} (KV read from {tiered.placement})"
     if fraction > 1.02:
-        verdict = (f"{fmt.rate(measured)} tokens/s is above the {fmt.rate(ceiling)} tokens/s that the "
-                   "hardware allows for these settings")
-        advice.append("the settings do not describe what ran: check the dtypes (an fp8 or int4 model?), the "
-                      "batch, the context and the device")
+        verdict = (f"{rate} tokens/s is above the {limit} tokens/s that the hardware allows for "
+                   "these settings")
+        advice = ["the settings do not describe what ran: check the dtypes (an fp8 or int4 "
+                  "model?), the batch, the context and the device"]
     elif fraction >= CLOSE_TO_CEILING:
-        verdict = f"{fmt.rate(measured)} tokens/s is {fmt.percent(fraction)} of the {fmt.rate(ceiling)} ceiling"
-        advice.append("stop tuning the scheduler: only fewer bytes per step (or a faster memory) will help")
+        verdict = f"{rate} tokens/s is {fmt.percent(fraction)} of the {limit} ceiling"
+        advice = ["stop tuning the scheduler: only fewer bytes per step (or a faster memory) "
+                  "will help"]
     else:
-        verdict = (f"{fmt.rate(measured)} tokens/s is {fmt.percent(fraction)} of the {fmt.rate(ceiling)} "
-                   "ceiling: there is headroom before physics stops you")
-        advice.append("look for stalls first: preemption, host overheads, small kernels, KV outside HBM")
-    findings.append(Finding(2, "distance to the ceiling", verdict,
-                            {"ceiling_tokens_per_s": ceiling, "fraction_of_ceiling": fraction,
-                             "step_bytes": step.step_bytes, "step_time_s": step.step_time_s}, advice))
+        verdict = (f"{rate} tokens/s is {fmt.percent(fraction)} of the {limit} ceiling: there "
+                   "is headroom before physics stops you")
+        advice = ["look for stalls first: preemption, host overheads, small kernels, KV outside "
+                  "HBM"]
+    return Finding(2, "distance to the ceiling", verdict,
+                   {"ceiling_tokens_per_s": ceiling, "fraction_of_ceiling": fraction,
+                    "hbm_ceiling_tokens_per_s": step.tokens_per_s,
+                    "step_bytes": step.step_bytes, "step_time_s": step.step_time_s}, advice)
 
-    # 3. weights or KV, and the batch knee
+
+def _weights_or_kv(d: _Inputs, step) -> Finding:
+    """3. Whether weights or KV dominate the bytes, and where the batch knee is."""
+    m, dev, ceiling = d.model, d.device, step.tokens_per_s
     kv_share = step.kv_read_bytes / step.step_bytes
-    grid = np.array(BATCH_GRID, dtype=float)
-    knee = float(grid[cost.batch_knee(cost.decode_step(m, dev, grid, context, weight_dtype, kv_dtype))])
+    grid = cost.decode_step(m, dev, np.array(BATCH_GRID, dtype=float), d.context,
+                            d.weight_dtype, d.kv_dtype)
+    knee = float(BATCH_GRID[cost.batch_knee(grid)])
     advice = []
     if kv_share < 0.5:
         verdict = f"weights are {fmt.percent(1 - kv_share)} of the bytes"
-        if weight_dtype not in ("int4",):
-            q = cost.decode_step(m, dev, batch, context, "int4", kv_dtype)
-            advice.append(f"quantize the weights to int4: ceiling {fmt.rate(q.tokens_per_s)} tokens/s "
-                          f"({fmt.sig(q.tokens_per_s / ceiling, 3)}x)")
+        if d.weight_dtype not in ("int4",):
+            q = cost.decode_step(m, dev, d.batch, d.context, "int4", d.kv_dtype)
+            advice.append(f"quantize the weights to int4: ceiling {fmt.rate(q.tokens_per_s)} "
+                          f"tokens/s ({fmt.sig(q.tokens_per_s / ceiling, 3)}x)")
     else:
         verdict = f"the KV history is {fmt.percent(kv_share)} of the bytes"
-        if kv_dtype not in ("fp8", "int8", "int4"):
-            q = cost.decode_step(m, dev, batch, context, weight_dtype, "fp8")
-            advice.append(f"quantize the KV cache to fp8: ceiling {fmt.rate(q.tokens_per_s)} tokens/s "
-                          f"({fmt.sig(q.tokens_per_s / ceiling, 3)}x)")
-    if batch < knee and step.bound == "memory":
-        at_knee = cost.decode_step(m, dev, knee, context, weight_dtype, kv_dtype)
+        if d.kv_dtype not in ("fp8", "int8", "int4"):
+            q = cost.decode_step(m, dev, d.batch, d.context, d.weight_dtype, "fp8")
+            advice.append(f"quantize the KV cache to fp8: ceiling {fmt.rate(q.tokens_per_s)} "
+                          f"tokens/s ({fmt.sig(q.tokens_per_s / ceiling, 3)}x)")
+    if d.batch < knee and step.bound == "memory":
+        at_knee = cost.decode_step(m, dev, knee, d.context, d.weight_dtype, d.kv_dtype)
         fits = "fits" if at_knee.fits else "does not fit in memory"
-        advice.append(f"raise the batch towards the knee at {fmt.fixed(knee, 0)}: {fmt.rate(at_knee.tokens_per_s)} "
-                      f"tokens/s at a TPOT of {fmt.seconds(at_knee.step_time_s)} ({fits})")
-    elif batch > knee:
-        advice.append(f"the batch is past the knee ({fmt.fixed(knee, 0)}): more sequences mostly add KV traffic "
-                      "and TPOT; watch the tail")
-    findings.append(Finding(3, "weights or KV", verdict,
-                            {"weight_bytes": step.weight_read_bytes, "kv_read_bytes": step.kv_read_bytes,
-                             "kv_share": kv_share, "knee_batch": knee}, advice))
+        advice.append(f"raise the batch towards the knee at {fmt.fixed(knee, 0)}: "
+                      f"{fmt.rate(at_knee.tokens_per_s)} tokens/s at a TPOT of "
+                      f"{fmt.seconds(at_knee.step_time_s)} ({fits})")
+    elif d.batch > knee:
+        advice.append(f"the batch is past the knee ({fmt.fixed(knee, 0)}): more sequences "
+                      "mostly add KV traffic and TPOT; watch the tail")
+    return Finding(3, "weights or KV", verdict,
+                   {"weight_bytes": step.weight_read_bytes, "kv_read_bytes": step.kv_read_bytes,
+                    "kv_share": kv_share, "knee_batch": knee}, advice)
 
-    # 4. where the KV really lives
+
+def _kv_tier(d: _Inputs) -> tuple[Finding, str | None, object]:
+    """4. Where the KV really lives (and whether that tier, not HBM, bounds the step)."""
+    from . import tiers
+
+    if d.kv_tier.lower() == tiers.HBM:
+        return Finding(4, "KV storage tier", "the KV is read from HBM", {"tier": tiers.HBM}), None, None
+    t = tiers.tiered_decode_step(d.model, d.device, d.batch, d.context, d.kv_tier,
+                                 weight_dtype=d.weight_dtype, kv_dtype=d.kv_dtype)
+    verdict = (f"KV read every step from {t.placement}: {fmt.rate(t.tokens_per_s)} tokens/s "
+               f"against {fmt.rate(t.hbm_tokens_per_s)} with the KV in HBM "
+               f"({fmt.sig(t.slowdown, 3)}x slower)")
+    numbers = {"tier": t.placement, "tier_bytes": t.tier_bytes, "tokens_per_s": t.tokens_per_s,
+               "hbm_tokens_per_s": t.hbm_tokens_per_s, "slowdown": t.slowdown}
+    advice = ["move the KV into HBM before decode (one transfer), prefetch the next batch's KV "
+              "while computing, and count hits by the tier that served them"]
+    return Finding(4, "KV storage tier", verdict, numbers, advice), t.bound, t
+
+
+def _network(d: _Inputs, step) -> Finding:
+    """5. The KV a request sends between nodes (disaggregated serving)."""
+    from . import tiers
+
+    if d.network_bytes_per_s is None:
+        return Finding(5, "network",
+                       "not checked (give the network bandwidth and KV bytes per request)")
+    moved = d.kv_bytes_per_request
+    transfer = tiers.transfer_time_s(moved, d.network_bytes_per_s)
+    per_step = transfer / step.step_time_s
+    verdict = (f"{fmt.si(moved, 'B')} per request takes {fmt.seconds(transfer)} over the "
+               f"network, {fmt.sig(per_step, 3)} decode steps' worth")
+    advice = ["overlap the transfer with prefill layer by layer so it leaves the critical path",
+              "never read KV over the network every step: pull it into the decode node's HBM once"]
+    return Finding(5, "network", verdict,
+                   {"transfer_s": transfer, "network_bytes_per_s": d.network_bytes_per_s,
+                    "transfer_in_decode_steps": per_step}, advice)
+
+
+def _bound(step, throughput: Finding, tier_bound: str | None, network: Finding) -> str:
+    """Which bound the five steps point at."""
+    utilisation = throughput.numbers["utilisation"]
     bound = "compute" if step.bound == "compute" else "memory bandwidth"
-    if kv_tier.lower() == tiers.HBM:
-        findings.append(Finding(4, "KV storage tier", "the KV is read from HBM", {"tier": tiers.HBM}))
-    else:
-        t = tiers.tiered_decode_step(m, dev, batch, context, kv_tier, weight_dtype=weight_dtype, kv_dtype=kv_dtype)
-        verdict = (f"KV read every step from {t.placement}: {fmt.rate(t.tokens_per_s)} tokens/s against "
-                   f"{fmt.rate(t.hbm_tokens_per_s)} with the KV in HBM ({fmt.sig(t.slowdown, 3)}x slower)")
-        findings.append(Finding(4, "KV storage tier", verdict,
-                                {"tier": t.placement, "tier_bytes": t.tier_bytes, "tokens_per_s": t.tokens_per_s,
-                                 "hbm_tokens_per_s": t.hbm_tokens_per_s, "slowdown": t.slowdown},
-                                ["move the KV into HBM before decode (one transfer), prefetch the next "
-                                 "batch's KV while computing, and count hits by the tier that served them"]))
-        if t.bound == "tier":
-            bound = "KV tier"
-
-    # 5. the network
-    if network_bandwidth_bytes_per_s is not None and kv_bytes_per_request is not None:
-        link = network_bandwidth_bytes_per_s
-        bandwidth = get_tier(link).bandwidth_bytes_per_s if isinstance(link, str) else check_number(
-            "network bandwidth (bytes/s)", link, maximum=cost.MAX_BANDWIDTH_BYTES_PER_S)
-        moved = check_number("KV bytes per request", kv_bytes_per_request, maximum=1e15)
-        transfer = tiers.transfer_time_s(moved, bandwidth)
-        per_step = transfer / step.step_time_s
-        verdict = (f"{fmt.si(moved, 'B')} per request takes {fmt.seconds(transfer)} over the network, "
-                   f"{fmt.sig(per_step, 3)} decode steps' worth")
-        advice = ["overlap the transfer with prefill layer by layer so it leaves the critical path",
-                  "never read KV over the network every step: pull it into the decode node's HBM once"]
-        findings.append(Finding(5, "network", verdict,
-                                {"transfer_s": transfer, "network_bytes_per_s": bandwidth,
-                                 "transfer_in_decode_steps": per_step}, advice))
-        if per_step > 1 and bound == "memory bandwidth" and utilisation < LOW_UTILISATION:
-            bound = "network"
-    else:
-        findings.append(Finding(5, "network", "not checked (give the network bandwidth and KV bytes per request)"))
+    if tier_bound == "tier":
+        bound = "KV tier"
+    per_step = network.numbers.get("transfer_in_decode_steps")
+    low = utilisation < LOW_UTILISATION
+    if per_step is not None and per_step > 1 and bound == "memory bandwidth" and low:
+        bound = "network"
     if bound == "memory bandwidth" and utilisation <= LOW_UTILISATION:
         bound = "overheads"
-    return Diagnosis(bound, findings)
+    if bound == "memory bandwidth" and throughput.numbers["busy_share"] < BUSY_SHARE_FOR_GAPS:
+        bound = "launch and host overheads"
+    return bound

@@ -10,8 +10,6 @@ import difflib
 import math
 from typing import Iterable
 
-import numpy as np
-
 
 class KvlabError(ValueError):
     """Bad input: an unknown name, a nonsense number, a malformed file."""
@@ -42,7 +40,10 @@ def check_number(
     otherwise produce meaningless but plausible-looking output.
     """
     if type(value) in (int, float):  # fast path: a plain Python number, no numpy
-        v = float(value)
+        try:
+            v = float(value)
+        except OverflowError:  # an int too big for a float
+            raise KvlabError(f"{name} must be <= {maximum:g}, got a {len(str(value))}-digit number") from None
         requirement = None
         if not math.isfinite(v):
             requirement = "a finite number"
@@ -55,6 +56,8 @@ def check_number(
         if requirement:
             raise KvlabError(f"{name} must be {requirement}, got {value!r}")
         return int(v) if integer else v
+    import numpy as np  # here, not at the top: `kvlab --help` must not pay numpy's import
+
     try:
         arr = np.asarray(value, dtype=float)
     except (TypeError, ValueError):

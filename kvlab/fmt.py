@@ -53,8 +53,18 @@ def percent(fraction: float, digits: int = 3) -> str:
     return f"{sig(100 * fraction, digits)}%"
 
 
+#: Beyond these magnitudes fixed-point text is a wall of zeros (1e-300 would print 300 of
+#: them), so `sig` writes scientific notation instead; no readout of the book gets there.
+SCIENTIFIC_BELOW = 1e-6
+SCIENTIFIC_FROM = 1e21
+
+
 def sig(x: float, digits: int) -> str:
-    """`digits` significant digits (never fewer than the integer part), with separators."""
+    """`digits` significant digits (never fewer than the integer part), with separators;
+    scientific notation (1.00e-300) outside [1e-6, 1e21)."""
+    a = abs(x)
+    if math.isfinite(a) and a != 0 and not SCIENTIFIC_BELOW <= a < SCIENTIFIC_FROM:
+        return f"{float(x):.{max(digits - 1, 0)}e}"
     return fixed(x, decimals_for(x, digits))
 
 

@@ -257,48 +257,127 @@ def blank_answers(source: str) -> str:
     return "".join(out)
 
 
-def write_student_copies(notebooks: list[Path], out_dir: Path) -> list[Path]:
-    """Write copies of the notebooks with answers blanked and outputs cleared."""
+def write_student_copies(notebooks: list[Path], out_dir: Path, force: bool = False) -> list[Path]:
+    """Write copies of the notebooks with answers blanked and outputs cleared.
+
+    Nothing is written unless all of it can be: every notebook is read (a malformed one is
+    named) and every target checked first. A target that is one of the source notebooks is
+    refused even with `force`; any other existing file (a student's copy holds their
+    answers) is replaced only with `force`. Each file is written atomically.
+    """
     import nbformat
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
+    out_dir = Path(out_dir)
+    sources = {_resolved(p) for p in notebooks}
+    plans = []
     for path in notebooks:
-        nb = nbformat.read(path, as_version=4)
-        blanked = 0
-        for cell in nb.cells:
-            if cell.cell_type == "code":
-                new = blank_answers(cell.source)
-                blanked += new != cell.source
-                cell.source = new
-                cell.outputs, cell.execution_count = [], None
-        if not blanked:
-            continue
-        target = out_dir / path.name
-        tmp = target.with_suffix(".partial.ipynb")
-        nbformat.write(nb, tmp)
-        tmp.replace(target)
+        nb = _read_notebook(path, nbformat)
+        if _blank_notebook(nb):
+            plans.append((out_dir / Path(path).name, nb, path))
+    for target, _, _ in plans:
+        _check_target(target, sources, force)
+    if plans:
+        _make_dirs(out_dir)
+    written = []
+    for target, nb, _ in plans:
+        tmp = target.with_name(f".{target.name}.partial")
+        try:
+            nbformat.write(nb, str(tmp))
+            tmp.replace(target)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise KvlabError(f"cannot write {target}: {exc.strerror or exc}") from None
         written.append(target)
     return written
 
 
+def _resolved(path) -> Path:
+    try:
+        return Path(path).resolve()
+    except (OSError, RuntimeError):
+        return Path(path).absolute()
+
+
+def _read_notebook(path, nbformat):
+    try:
+        return nbformat.read(str(path), as_version=4)
+    except OSError as exc:
+        raise KvlabError(f"cannot read notebook {path}: {exc.strerror or exc}") from None
+    except Exception as exc:  # noqa: BLE001 - nbformat raises JSON, validation and key errors alike
+        raise KvlabError(f"{path} is not a readable notebook ({type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+
+
+def _blank_notebook(nb) -> int:
+    """Blank the answers and clear the outputs in place; returns the cells that held answers."""
+    blanked = 0
+    cells = nb.get("cells")
+    if not isinstance(cells, list):
+        raise KvlabError("a notebook without a list of cells")
+    for cell in cells:
+        if cell.get("cell_type") == "code":
+            source = cell.get("source", "")
+            source = "".join(source) if isinstance(source, list) else str(source)
+            new = blank_answers(source)
+            blanked += new != source
+            cell["source"] = new
+            cell["outputs"], cell["execution_count"] = [], None
+    return blanked
+
+
+def _check_target(target: Path, sources: set, force: bool) -> None:
+    if _resolved(target) in sources:
+        raise KvlabError(f"refusing to write a student copy over the notebook it comes from "
+                         f"({target}): the reference answers would be lost; choose another output "
+                         "folder")
+    if not target.exists() and not target.is_symlink():
+        return
+    if target.is_dir() or not target.is_file():
+        raise KvlabError(f"{target} exists and is not a file")
+    if not force:
+        raise KvlabError(f"{target} exists (it may hold a student's answers); pass --force to "
+                         "replace it")
+
+
+def _make_dirs(out_dir: Path) -> None:
+    if out_dir.exists() and not out_dir.is_dir():
+        raise KvlabError(f"the output {out_dir} is a file, not a folder")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise KvlabError(f"cannot create {out_dir}: {exc.strerror or exc}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
-    """`python -m kvlab.labs [NOTEBOOK_DIR] [OUT_DIR]`: write the student copies."""
-    argv = sys.argv[1:] if argv is None else argv
-    src = Path(argv[0]) if argv else Path("notebooks")
-    out = Path(argv[1]) if len(argv) > 1 else Path("labs")
+    """`python -m kvlab.labs [NOTEBOOK_DIR] [OUT_DIR] [--force]`: write the student copies."""
+    from .cli import Parser
+
+    parser = Parser(prog="python -m kvlab.labs", description="Write student copies of "
+                                     "the chapter notebooks: answers blanked, outputs cleared.")
+    parser.add_argument("src", nargs="?", default="notebooks", help="folder of chapter notebooks")
+    parser.add_argument("out", nargs="?", default="labs",
+                        help="folder for the copies (default labs)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace files already there (a student copy holds answers)")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    src, out = Path(args.src), Path(args.out)
     if not src.is_dir():
-        raise SystemExit(f"kvlab labs: error: {src} is not a folder of notebooks")
-    written = write_student_copies(sorted(src.glob("[0-9]*.ipynb")), out)
+        raise KvlabError(f"{src} is not a folder of notebooks")
+    if out.exists() and not out.is_dir():
+        raise KvlabError(f"the output {out} is a file, not a folder")
+    if _resolved(out) == _resolved(src) or _resolved(src) in _resolved(out).parents:
+        raise KvlabError(f"refusing to write the student copies into {out}: it is (or is inside) "
+                         f"the notebook folder {src}, and the copies would replace the reference "
+                         "answers")
+    written = write_student_copies(sorted(src.glob("[0-9]*.ipynb")), out, force=args.force)
     for path in written:
         print(f"wrote {path}")
     if not written:
-        raise SystemExit("kvlab labs: error: no notebook holds an exercise (`# ANSWER` lines)")
+        raise KvlabError(f"no notebook in {src} holds an exercise (`# ANSWER` lines)")
     return 0
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KvlabError as exc:
-        sys.exit(f"kvlab labs: error: {exc}")
+    from .cli import guarded
+
+    sys.exit(guarded(main, "kvlab labs"))

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from importlib import resources
 from pathlib import Path
 
@@ -29,6 +31,8 @@ UNTIED_BY_DEFAULT = {
 }
 #: Families with a bias on the q, k and v projections (but not o).
 QKV_BIAS = {"qwen2", "qwen2_moe"}
+#: Families that RMS-normalise each query and key head (a head_dim weight each, per layer).
+QK_NORM = {"qwen3", "qwen3_moe"}
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,7 @@ class ModelSpec:
     tie_word_embeddings: bool = False
     gated_mlp: bool = True
     qkv_bias: bool = False
+    qk_norm: bool = False
     sliding_window: int | None = None  # attention span in tokens, None = full context
     max_position_embeddings: int | None = None
     # MLA (DeepSeek-V2/V3): KV cached as one latent of kv_lora_rank + a shared RoPE key.
@@ -99,8 +104,9 @@ class ModelSpec:
             per_layer = 4 * self.num_heads * self.head_dim
         return float(per_layer * self.num_layers)
 
-    @property
+    @cached_property
     def params(self) -> "ParameterCounts":
+        """Derived once per spec (the ledger asks for it on every call)."""
         return parameter_counts(self)
 
     def effective_context(self, context):
@@ -167,6 +173,8 @@ def _attention_params(m: ModelSpec) -> int:
     params = h * q_out + 2 * h * kv_out + q_out * h
     if m.qkv_bias:
         params += q_out + 2 * kv_out
+    if m.qk_norm:
+        params += 2 * m.head_dim
     return params
 
 
@@ -183,6 +191,13 @@ def expected_experts_touched(num_experts: int, experts_per_token: int, batch_tok
 
 # --------------------------------------------------------------------------- loading
 
+#: A real config.json is a few kB; reading stops here (`--model /dev/zero` ends at once).
+MAX_CONFIG_BYTES = 16 * 2**20
+#: Any shape beyond this is a typo, not a model (1e9 layers, heads or widths).
+MAX_SHAPE = 10**9
+#: A stated parameter count beyond this is a typo (1000x the largest published model).
+MAX_PARAMETERS = 1e15
+
 _KEYS = {
     "num_layers": ("num_hidden_layers", "n_layer", "num_layers"),
     "hidden_size": ("hidden_size", "n_embd", "d_model"),
@@ -191,129 +206,269 @@ _KEYS = {
 }
 
 
-def _int(cfg: dict, key: str, where: str, default=None, minimum: int = 1) -> int:
-    value = cfg.get(key, default)
-    if value is None:
-        raise KvlabError(f"{where}: {key} is missing")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
-        raise KvlabError(f"{where}: {key} must be a whole number, got {value!r}")
-    if value < minimum or value > 1e9:
-        raise KvlabError(f"{where}: {key} must be between {minimum} and 1e9, got {value!r}")
-    return int(value)
+def _show(value) -> str:
+    """A value for an error message, cut short (a hostile file can hold a megabyte string)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 100:
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+    return _clip(repr(value))
 
 
-def _first(cfg: dict, keys: tuple[str, ...]):
-    for key in keys:
-        if cfg.get(key) is not None:
-            return key
-    return None
+def _clip(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class _Config:
+    """A config dict read the Hugging Face way: a key set to null is a key not given."""
+
+    def __init__(self, cfg: dict, where: str):
+        self.cfg, self.where = cfg, where
+
+    def get(self, key: str, default=None):
+        value = self.cfg.get(key)
+        return default if value is None else value
+
+    def first(self, keys: tuple[str, ...]) -> str | None:
+        return next((key for key in keys if self.cfg.get(key) is not None), None)
+
+    def whole(self, key: str, default=None, minimum: int = 1) -> int:
+        """A whole number within [minimum, 1e9]; `default` when absent or null."""
+        value = self.get(key, default)
+        if value is None:
+            raise KvlabError(f"{self.where}: {key} is missing")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+                isinstance(value, float) and not value.is_integer()):
+            raise KvlabError(f"{self.where}: {key} must be a whole number, got {_show(value)}")
+        if not minimum <= value <= MAX_SHAPE:
+            raise KvlabError(f"{self.where}: {key} must be between {minimum} and 1e9, "
+                             f"got {_show(value)}")
+        return int(value)
+
+    def optional_whole(self, key: str, minimum: int = 1) -> int | None:
+        return None if self.cfg.get(key) is None else self.whole(key, minimum=minimum)
+
+    def flag(self, key: str, default: bool) -> bool:
+        """A JSON boolean (the string "false" is not one: it would read as true)."""
+        value = self.get(key, default)
+        if not isinstance(value, bool):
+            raise KvlabError(f"{self.where}: {key} must be true or false, got {_show(value)}")
+        return value
+
+    def text(self, key: str, default: str = "") -> str:
+        value = self.get(key, default)
+        if not isinstance(value, str):
+            raise KvlabError(f"{self.where}: {key} must be a string, got {_show(value)}")
+        return value
+
+
+def _language_model(cfg: dict, where: str) -> dict:
+    """Multimodal wrappers keep the language model's shapes under `text_config`."""
+    text = cfg.get("text_config")
+    if text is None:
+        return cfg
+    if not isinstance(text, dict):
+        raise KvlabError(f"{where}: text_config must be a JSON object, got {_show(text)}")
+    return {**text, "model_type": text.get("model_type") or cfg.get("model_type")}
+
+
+def _metadata(cfg: dict, where: str) -> dict:
+    """kvlab's own `_kvlab` block: display_name, source, and a stated num_parameters."""
+    meta = cfg.get("_kvlab")
+    if meta is None:
+        return {}
+    if not isinstance(meta, dict):
+        raise KvlabError(f"{where}: _kvlab must be a JSON object, got {_show(meta)}")
+    c = _Config(meta, f"{where}: _kvlab")
+    out = {"display_name": c.text("display_name", ""), "source": c.text("source", "")}
+    n = meta.get("num_parameters")
+    if n is not None:
+        if isinstance(n, bool) or not isinstance(n, (int, float)) or not 0 < n <= MAX_PARAMETERS:
+            raise KvlabError(f"{where}: _kvlab.num_parameters must be a parameter count > 0 and "
+                             f"<= 1e15, got {_show(n)}")
+        out["num_parameters"] = float(n)
+    return out
 
 
 def spec_from_config(cfg: dict, name: str = "custom", where: str = "config") -> ModelSpec:
-    """Build a ModelSpec from a Hugging Face config dict (validated, with clear errors)."""
+    """Build a ModelSpec from a Hugging Face config dict (validated, with clear errors).
+
+    As in transformers, a key set to null means the key is absent (DeepSeek-V2-Lite's
+    `"q_lora_rank": null`: no query compression)."""
     if not isinstance(cfg, dict):
         raise KvlabError(f"{where}: expected a JSON object, got {type(cfg).__name__}")
-    meta = cfg.get("_kvlab", {})
-    if isinstance(cfg.get("text_config"), dict):  # multimodal wrappers keep the LM here
-        cfg = {**cfg["text_config"], "model_type": cfg["text_config"].get("model_type", cfg.get("model_type"))}
-    missing = [main for main, keys in _KEYS.items() if _first(cfg, keys) is None]
+    meta = _metadata(cfg, where)
+    c = _Config(_language_model(cfg, where), where)
+    missing = [main for main, keys in _KEYS.items() if c.first(keys) is None]
     if missing:
         wanted = ", ".join(_KEYS[m][0] for m in missing)
         raise KvlabError(f"{where}: not a usable model config, missing {wanted}")
-    get = {k: _int(cfg, _first(cfg, keys), where) for k, keys in _KEYS.items()}
+    get = {k: c.whole(c.first(keys)) for k, keys in _KEYS.items()}
     layers, hidden, heads = get["num_layers"], get["hidden_size"], get["num_heads"]
-    model_type = str(cfg.get("model_type", ""))
-    kv_heads = _int(cfg, "num_key_value_heads", where, default=1 if cfg.get("multi_query") else heads)
+    model_type = c.text("model_type")
+    kv_heads = c.whole("num_key_value_heads", 1 if c.flag("multi_query", False) else heads)
     if heads % kv_heads:
-        raise KvlabError(f"{where}: num_attention_heads ({heads}) is not a multiple of num_key_value_heads ({kv_heads})")
-    if cfg.get("head_dim") is not None:
-        head_dim = _int(cfg, "head_dim", where)
-    elif hidden % heads:
-        raise KvlabError(f"{where}: hidden_size ({hidden}) is not divisible by num_attention_heads ({heads}); give head_dim")
-    else:
+        raise KvlabError(f"{where}: num_attention_heads ({heads}) is not a multiple of "
+                         f"num_key_value_heads ({kv_heads})")
+    head_dim = c.optional_whole("head_dim")
+    if head_dim is None:
+        if hidden % heads:
+            raise KvlabError(f"{where}: hidden_size ({hidden}) is not divisible by "
+                             f"num_attention_heads ({heads}); give head_dim")
         head_dim = hidden // heads
-    inter_key = _first(cfg, ("intermediate_size", "n_inner", "ffn_dim"))
-    intermediate = _int(cfg, inter_key, where) if inter_key else 4 * hidden
-    tied = cfg.get("tie_word_embeddings", model_type not in UNTIED_BY_DEFAULT)
-    window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
+    inter_key = c.first(("intermediate_size", "n_inner", "ffn_dim"))
+    intermediate = c.whole(inter_key) if inter_key else 4 * hidden
+    window = c.optional_whole("sliding_window", minimum=0)
     fields = dict(
-        name=name,
-        num_layers=layers,
-        hidden_size=hidden,
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=head_dim,
-        vocab_size=get["vocab_size"],
-        intermediate_size=intermediate,
-        tie_word_embeddings=bool(tied),
+        name=name, num_layers=layers, hidden_size=hidden, num_heads=heads, num_kv_heads=kv_heads,
+        head_dim=head_dim, vocab_size=get["vocab_size"], intermediate_size=intermediate,
+        tie_word_embeddings=c.flag("tie_word_embeddings", model_type not in UNTIED_BY_DEFAULT),
         gated_mlp=model_type not in NON_GATED_MLP,
-        qkv_bias=bool(cfg.get("attention_bias")) or model_type in QKV_BIAS,
-        sliding_window=_int(cfg, "sliding_window", where) if window else None,
-        max_position_embeddings=cfg.get("max_position_embeddings"),
-        display_name=meta.get("display_name", name),
-        source=meta.get("source", where),
+        qkv_bias=c.flag("attention_bias", False) or model_type in QKV_BIAS,
+        qk_norm=model_type in QK_NORM,
+        sliding_window=(window or None) if c.flag("use_sliding_window", True) else None,
+        max_position_embeddings=c.optional_whole("max_position_embeddings"),
+        display_name=meta.get("display_name") or name,
+        source=meta.get("source") or where,
+        num_parameters_override=meta.get("num_parameters"),
     )
-    if cfg.get("kv_lora_rank"):
-        fields.update(
-            kv_lora_rank=_int(cfg, "kv_lora_rank", where),
-            qk_rope_head_dim=_int(cfg, "qk_rope_head_dim", where),
-            qk_nope_head_dim=_int(cfg, "qk_nope_head_dim", where),
-            v_head_dim=_int(cfg, "v_head_dim", where),
-            q_lora_rank=_int(cfg, "q_lora_rank", where, default=0, minimum=0),
-        )
-    fields.update(_moe_fields(cfg, layers, intermediate, where))
-    if "num_parameters" in meta:
-        fields["num_parameters_override"] = float(meta["num_parameters"])
+    fields.update(_mla_fields(c))
+    fields.update(_moe_fields(c, layers, intermediate))
     return ModelSpec(**fields)
 
 
-def _moe_fields(cfg: dict, layers: int, intermediate: int, where: str) -> dict:
-    """MoE shapes in the Mixtral (num_local_experts), Qwen-MoE and DeepSeek styles."""
-    key = _first(cfg, ("num_local_experts", "n_routed_experts", "num_experts"))
-    if key is None or not cfg.get(key):
+def _mla_fields(c: _Config) -> dict:
+    """MLA (DeepSeek-V2/V3): a compressed KV latent; the query is compressed only when
+    q_lora_rank is given (V2-Lite has none)."""
+    if not c.whole("kv_lora_rank", 0, minimum=0):
         return {}
-    experts = _int(cfg, key, where)
-    per_token = _int(cfg, "num_experts_per_tok", where)
+    return dict(
+        kv_lora_rank=c.whole("kv_lora_rank"),
+        qk_rope_head_dim=c.whole("qk_rope_head_dim"),
+        qk_nope_head_dim=c.whole("qk_nope_head_dim"),
+        v_head_dim=c.whole("v_head_dim"),
+        q_lora_rank=c.whole("q_lora_rank", 0, minimum=0),
+    )
+
+
+def _dense_only_layers(c: _Config) -> set[int]:
+    """Qwen-MoE's `mlp_only_layers`: layer numbers that keep a dense MLP."""
+    value = c.get("mlp_only_layers", [])
+    if not isinstance(value, list) or not all(
+            isinstance(i, int) and not isinstance(i, bool) for i in value):
+        raise KvlabError(f"{c.where}: mlp_only_layers must be a list of layer numbers, "
+                         f"got {_show(value)}")
+    return set(value)
+
+
+def _moe_fields(c: _Config, layers: int, intermediate: int) -> dict:
+    """MoE shapes in the Mixtral (num_local_experts), Qwen-MoE and DeepSeek styles."""
+    key = c.first(("num_local_experts", "n_routed_experts", "num_experts"))
+    experts = c.whole(key, minimum=0) if key else 0
+    if not experts:
+        return {}
+    per_token = c.whole("num_experts_per_tok")
     if per_token > experts:
-        raise KvlabError(f"{where}: num_experts_per_tok ({per_token}) exceeds {key} ({experts})")
-    expert_width = _int(cfg, "moe_intermediate_size", where, default=intermediate)
-    shared_width = 0
-    if cfg.get("n_shared_experts"):  # DeepSeek: n shared experts of the expert width
-        shared_width = _int(cfg, "n_shared_experts", where) * expert_width
-    elif cfg.get("shared_expert_intermediate_size"):  # Qwen-MoE: one wide shared expert
-        shared_width = _int(cfg, "shared_expert_intermediate_size", where)
-    first_dense = _int(cfg, "first_k_dense_replace", where, default=0, minimum=0)
-    freq = _int(cfg, "moe_layer_freq", where, default=1)
-    step = _int(cfg, "decoder_sparse_step", where, default=1)
-    dense_only = set(cfg.get("mlp_only_layers") or [])
+        raise KvlabError(f"{c.where}: num_experts_per_tok ({per_token}) exceeds {key} ({experts})")
+    expert_width = c.whole("moe_intermediate_size", intermediate)
+    shared = c.whole("n_shared_experts", 0, minimum=0)
+    if shared:  # DeepSeek: n shared experts of the expert width
+        shared_width = shared * expert_width
+    else:  # Qwen-MoE: one wide shared expert (or none)
+        shared_width = c.whole("shared_expert_intermediate_size", 0, minimum=0)
+    first_dense = c.whole("first_k_dense_replace", 0, minimum=0)
+    freq = c.whole("moe_layer_freq", 1)
+    step = c.whole("decoder_sparse_step", 1)
+    dense_only = _dense_only_layers(c)
     indices = tuple(
         i for i in range(layers)
         if i >= first_dense and i % freq == 0 and (i + 1) % step == 0 and i not in dense_only
     )
     return dict(
-        num_experts=experts,
-        experts_per_token=per_token,
-        expert_intermediate_size=expert_width,
-        num_shared_experts=_int(cfg, "n_shared_experts", where, default=0, minimum=0),
-        shared_expert_intermediate_size=shared_width,
+        num_experts=experts, experts_per_token=per_token, expert_intermediate_size=expert_width,
+        num_shared_experts=shared, shared_expert_intermediate_size=shared_width,
         moe_layer_indices=indices,
     )
 
 
-def load_config(path: str | Path, name: str | None = None) -> ModelSpec:
-    """Load a Hugging Face style config.json (or a folder holding one)."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "config.json"
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:40]} is too large for a float")
+    return value
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number (JSON has no NaN or Infinity)")
+
+
+def parse_json(data: bytes, where: str):
+    """Parse a JSON document strictly: no NaN/Infinity, no overflowing numbers, bounded
+    nesting; every failure is a KvlabError that names the file."""
     try:
-        cfg = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise KvlabError(f"model config {str(path)!r} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise KvlabError(f"cannot read model config {str(path)!r}: {exc}") from None
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise KvlabError(f"{where}: not UTF-8 text") from None
+    try:
+        return json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
     except json.JSONDecodeError as exc:
-        raise KvlabError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
-    return spec_from_config(cfg, name=name or path.parent.name or path.stem, where=str(path))
+        raise KvlabError(f"{where}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    except RecursionError:
+        raise KvlabError(f"{where}: nested too deeply to be a config") from None
+    except ValueError as exc:  # NaN, 1e400, an integer of more than 4300 digits
+        raise KvlabError(f"{where}: not valid JSON ({exc})") from None
+
+
+_LOADED: dict[tuple, ModelSpec] = {}
+
+
+def _file_key(st: os.stat_result, name: str | None) -> tuple:
+    """Identity of a config file: a regular file by its contents' version, anything else
+    (a pipe, `--model <(cat config.json)`) by itself, since it can be read only once."""
+    if stat.S_ISREG(st.st_mode):
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, name)
+    return (st.st_dev, st.st_ino, name)
+
+
+def _read_limited(path: Path) -> bytes:
+    with open(path, "rb") as handle:
+        data = handle.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise KvlabError(f"{path}: larger than {MAX_CONFIG_BYTES // 2**20} MiB; not a model config")
+    return data
+
+
+def load_config(path: str | Path, name: str | None = None) -> ModelSpec:
+    """Load a Hugging Face style config.json (or a folder holding one).
+
+    Each file is read once per process (a pipe can be read only once); a regular file is
+    read again when it changes."""
+    path = Path(path)
+    try:
+        st = path.stat()
+        if stat.S_ISDIR(st.st_mode):
+            path = path / "config.json"
+            st = path.stat()
+        key = _file_key(st, name)
+        if key not in _LOADED:
+            spec = spec_from_config(parse_json(_read_limited(path), str(path)),
+                                    name=name or _default_name(path), where=str(path))
+            if len(_LOADED) >= 32:
+                _LOADED.clear()
+            _LOADED[key] = spec
+        return _LOADED[key]
+    except (FileNotFoundError, NotADirectoryError):
+        raise KvlabError(f"model config {_show(str(path))} does not exist") from None
+    except OSError as exc:
+        raise KvlabError(f"cannot read model config {_show(str(path))}: "
+                         f"{exc.strerror or exc}") from None
+    except ValueError as exc:  # a NUL byte in the path
+        if isinstance(exc, KvlabError):
+            raise
+        raise KvlabError(f"model config {_show(str(path))} is not a usable path ({exc})") from None
+
+
+def _default_name(path: Path) -> str:
+    """A Hugging Face checkout names the model by its folder; any other file by its stem."""
+    return (path.parent.name if path.name == "config.json" else path.stem) or "custom"
 
 
 @lru_cache(maxsize=1)
@@ -323,13 +478,24 @@ def _catalogue() -> dict[str, ModelSpec]:
     for entry in folder.iterdir():
         if entry.name.endswith(".json"):
             name = entry.name[: -len(".json")]
-            specs[name] = spec_from_config(json.loads(entry.read_text()), name=name, where=f"catalogue {name}")
+            where = f"catalogue {name}"
+            cfg = parse_json(entry.read_bytes(), where)
+            specs[name] = spec_from_config(cfg, name=name, where=where)
     return dict(sorted(specs.items()))
 
 
 def models() -> dict[str, ModelSpec]:
     """All catalogued models by name."""
     return dict(_catalogue())
+
+
+def _is_path(text: str) -> bool:
+    if text.endswith(".json") or "/" in text or os.sep in text:
+        return True
+    try:
+        return Path(text).exists()
+    except (OSError, ValueError):  # a name longer than the file system allows, a NUL byte
+        return False
 
 
 def get_model(name_or_path: str | Path | ModelSpec) -> ModelSpec:
@@ -339,9 +505,9 @@ def get_model(name_or_path: str | Path | ModelSpec) -> ModelSpec:
     text = str(name_or_path)
     if text.lower() in _catalogue():
         return _catalogue()[text.lower()]
-    if text.endswith(".json") or "/" in text or Path(text).exists():
+    if text.strip() and _is_path(text):
         return load_config(text)
-    raise unknown_name("model", text, _catalogue(), also="a path to a config.json")
+    raise unknown_name("model", _clip(text), _catalogue(), also="a path to a config.json")
 
 
 def describe_params(n: float) -> str:

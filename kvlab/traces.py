@@ -8,15 +8,19 @@ One JSON object per line, sorted by arrival:
 Traces are data, not part of the package: they are looked up in `$KVLAB_TRACE_DIR`, then in
 the download cache (`kvlab trace download`, see `kvlab.traces_download`), then in the shared
 data folder beside the repository (`../shared/data/mooncake`). Where none is present the
-book uses a generated stand-in (`kvlab.traces_gen`), always labelled as generated.
+book uses a generated stand-in (`kvlab.traces_gen`), always labelled as generated. A trace
+file, once validated, is kept parsed on disk (`kvlab.traces_cache`; KVLAB_TRACE_CACHE=0
+turns that off).
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 import json
+import json.scanner
 import math
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,33 +81,73 @@ class Trace:
         return f"{self.name} (generated)" if self.generated else self.name
 
 
-def _int_field(obj: dict, key: str, where: str, minimum: int) -> int:
+#: Bounds beyond which a field is a typo or an attack, not a request: a prompt or an answer
+#: of more than 1e8 tokens, a timestamp past 1e15 ms (31,000 years), an id that is not a
+#: 64-bit hash.
+MAX_TOKENS = 100_000_000
+MAX_TIMESTAMP_MS = 10**15
+MAX_HASH_ID = 2**63 - 1
+
+
+def _int_field(obj: dict, key: str, where: str, minimum: int, maximum: int) -> int:
     if key not in obj:
         raise KvlabError(f"{where}: missing {key!r}")
     value = obj[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value != int(value):
-        raise KvlabError(f"{where}: {key!r} must be a whole number, got {value!r}")
+    if type(value) is int:
+        if minimum <= value <= maximum:
+            return value
+    elif type(value) is not float or not value.is_integer():  # bool, str, nan, inf, 6.5
+        raise KvlabError(f"{where}: {key!r} must be a whole number, got {_show(value)}")
+    elif minimum <= value <= maximum:
+        return int(value)
     if value < minimum:
-        raise KvlabError(f"{where}: {key!r} must be >= {minimum}, got {value!r}")
-    return int(value)
+        raise KvlabError(f"{where}: {key!r} must be >= {minimum}, got {_show(value)}")
+    raise KvlabError(f"{where}: {key!r} must be <= {maximum:.0e}, got {_show(value)}")
+
+
+def _show(value) -> str:
+    if type(value) is int and value.bit_length() > 100:
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+    return _clip(repr(value))
+
+
+def _clip(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _hash_ids(obj: dict, where: str) -> list:
+    ids = obj.get("hash_ids")
+    if type(ids) is not list or (ids and (
+            set(map(type, ids)) != {int} or min(ids) < 0 or max(ids) > MAX_HASH_ID)):
+        raise KvlabError(f"{where}: 'hash_ids' must be a list of whole numbers from 0 to 2**63 - 1")
+    if len(set(ids)) != len(ids):
+        raise KvlabError(f"{where}: 'hash_ids' repeats an id; each id names a different prefix "
+                         "of the prompt")
+    return ids
+
+
+def _loads(text: str, where: str):
+    """One JSON value; every way it can fail (bad syntax, nesting past the recursion limit,
+    an integer of thousands of digits) is a KvlabError naming the line."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise KvlabError(f"{where}: not valid JSON ({exc.msg})") from None
+    except RecursionError:
+        raise KvlabError(f"{where}: nested too deeply to be a request") from None
+    except ValueError as exc:
+        raise KvlabError(f"{where}: not valid JSON ({exc})") from None
 
 
 def parse_line(text: str, where: str, block_tokens: int = BLOCK_TOKENS) -> Request:
     """Parse and validate one JSONL line; `where` ('trace.jsonl line 17') prefixes errors."""
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise KvlabError(f"{where}: not valid JSON ({exc.msg})") from None
-    if not isinstance(obj, dict):
+    obj = _loads(text, where)
+    if type(obj) is not dict:
         raise KvlabError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-    timestamp_ms = _int_field(obj, "timestamp", where, 0)
-    input_tokens = _int_field(obj, "input_length", where, 1)
-    output_tokens = _int_field(obj, "output_length", where, 1)
-    ids = obj.get("hash_ids")
-    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
-        raise KvlabError(f"{where}: 'hash_ids' must be a list of non-negative whole numbers")
-    if len(set(ids)) != len(ids):
-        raise KvlabError(f"{where}: 'hash_ids' repeats an id; each id names a different prefix of the prompt")
+    timestamp_ms = _int_field(obj, "timestamp", where, 0, MAX_TIMESTAMP_MS)
+    input_tokens = _int_field(obj, "input_length", where, 1, MAX_TOKENS)
+    output_tokens = _int_field(obj, "output_length", where, 1, MAX_TOKENS)
+    ids = _hash_ids(obj, where)
     blocks = -(-input_tokens // block_tokens)
     if len(ids) != blocks:
         raise KvlabError(
@@ -117,32 +161,61 @@ def read_jsonl(path: str | Path, name: str | None = None) -> Trace:
     """Load a Mooncake-format JSONL file, validating every line (errors name the line)."""
     path = Path(path)
     try:
-        handle = path.open("rb")
+        with path.open("rb") as handle:
+            data = handle.read()
     except FileNotFoundError:
-        raise KvlabError(f"trace file {str(path)!r} does not exist") from None
-    except OSError as exc:
-        raise KvlabError(f"cannot read trace {str(path)!r}: {exc.strerror}") from None
+        raise KvlabError(f"trace file {_show(str(path))} does not exist") from None
+    except (OSError, ValueError) as exc:  # a folder, /proc/self/mem, a NUL byte in the name
+        raise _unreadable(path, exc) from None
+    requests = _parse_lines(data, path.name)
+    if not requests:
+        raise KvlabError(f"trace {_show(str(path))} holds no requests")
+    return Trace(_trace_name(path, name), tuple(requests), source=str(path))
+
+
+def _unreadable(path: Path, exc: Exception) -> KvlabError:
+    reason = getattr(exc, "strerror", None) or exc
+    return KvlabError(f"cannot read trace {_show(str(path))}: {reason}")
+
+
+#: The C scanner that json.loads ends in, called directly (a third of the per-line cost saved).
+_SCAN = json.scanner.make_scanner(json.JSONDecoder())
+
+
+def _parse_lines(data: bytes, filename: str, block_tokens: int = BLOCK_TOKENS) -> list[Request]:
+    """Every line, the common case checked inline; anything unusual goes through
+    `parse_line`, which says exactly what is wrong and where."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        number = data.count(b"\n", 0, exc.start) + 1
+        raise KvlabError(f"{filename} line {number}: not UTF-8 text") from None
     requests: list[Request] = []
     last_arrival = 0.0
-    with handle:
-        for number, raw in enumerate(handle, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                raise KvlabError(f"{path.name} line {number}: not UTF-8 text") from None
-            if not line.strip():
-                continue
-            req = parse_line(line, f"{path.name} line {number}")
-            if req.arrival_s < last_arrival:
-                raise KvlabError(
-                    f"{path.name} line {number}: timestamp {req.arrival_s * 1000:.0f} ms goes back in "
-                    f"time (previous {last_arrival * 1000:.0f} ms); traces must be sorted by arrival"
-                )
-            last_arrival = req.arrival_s
-            requests.append(req)
-    if not requests:
-        raise KvlabError(f"trace {str(path)!r} holds no requests")
-    return Trace(name or path.stem.removesuffix("_trace"), tuple(requests), source=str(path))
+    for number, line in enumerate(text.split("\n"), start=1):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            obj, end = _SCAN(line, 0)
+            ts, inp, out = obj["timestamp"], obj["input_length"], obj["output_length"]
+            ids = obj["hash_ids"]
+            ok = (end == len(line) and type(ts) is type(inp) is type(out) is int
+                  and type(ids) is list and 0 <= ts <= MAX_TIMESTAMP_MS
+                  and 0 < inp <= MAX_TOKENS and 0 < out <= MAX_TOKENS
+                  and len(ids) == -(-inp // block_tokens) and set(map(type, ids)) == {int}
+                  and 0 <= min(ids) and max(ids) <= MAX_HASH_ID and len(set(ids)) == len(ids))
+        except Exception:  # noqa: BLE001 - any surprise: the careful path below names it
+            ok = False
+        req = (Request(ts / 1000.0, inp, out, tuple(ids)) if ok
+               else parse_line(line, f"{filename} line {number}", block_tokens))
+        if req.arrival_s < last_arrival:
+            raise KvlabError(f"{filename} line {number}: timestamp {req.arrival_s * 1000:.0f} ms "
+                             f"goes back in time (previous {last_arrival * 1000:.0f} ms); traces "
+                             "must be sorted by arrival")
+        last_arrival = req.arrival_s
+        requests.append(req)
+    return requests
 
 
 def cache_dir() -> Path:
@@ -182,14 +255,53 @@ _LOADED: dict[tuple, Trace] = {}
 
 
 def _read_cached(path: Path, name: str | None) -> Trace:
-    """read_jsonl, remembered per (file, size, mtime): a book build asks for the same trace often."""
-    st = path.stat()
-    key = (str(path.resolve()), st.st_size, st.st_mtime_ns, name)
+    """read_jsonl, remembered per file version: a book build asks for the same trace often,
+    and a pipe (`<(zcat trace.jsonl.gz)`) can be read only once."""
+    try:
+        st = path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        raise KvlabError(f"trace file {_show(str(path))} does not exist") from None
+    except (OSError, ValueError) as exc:  # a name longer than the file system allows, a NUL byte
+        raise _unreadable(path, exc) from None
+    if stat.S_ISREG(st.st_mode):
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, name)
+    elif stat.S_ISFIFO(st.st_mode):
+        key = (st.st_dev, st.st_ino, name)
+    else:
+        raise KvlabError(f"trace {_show(str(path))} is not a file")
     if key not in _LOADED:
         if len(_LOADED) >= 8:
             _LOADED.clear()
-        _LOADED[key] = read_jsonl(path, name=name)
+        _LOADED[key] = _read_file(path, name, st)
     return _LOADED[key]
+
+
+def _read_file(path: Path, name: str | None, st: os.stat_result) -> Trace:
+    """A regular file's requests come from the parsed-trace cache when this version of it
+    was validated before (kvlab.traces_cache), else from read_jsonl, which fills the cache."""
+    from . import traces_cache
+
+    if not stat.S_ISREG(st.st_mode):
+        return read_jsonl(path, name=name)
+    requests = traces_cache.load(path, st, BLOCK_TOKENS)
+    if requests:
+        return Trace(_trace_name(path, name), requests, source=str(path))
+    trace = read_jsonl(path, name=name)
+    traces_cache.store(path, st, BLOCK_TOKENS, trace.requests)
+    return trace
+
+
+def _trace_name(path: Path, name: str | None) -> str:
+    return name or path.stem.removesuffix("_trace")
+
+
+def _is_path(text: str) -> bool:
+    if text.endswith(".jsonl") or os.sep in text:
+        return True
+    try:
+        return Path(text).exists()
+    except (OSError, ValueError):  # too long for the file system, a NUL byte
+        return False
 
 
 @functools.lru_cache(maxsize=8)
@@ -224,12 +336,10 @@ def load_trace(name_or_path: str | Path) -> Trace:
         return _read_cached(path, text)
     if text == GENERATED or text.startswith(GENERATED + ":"):
         return _generated(text)
-    if text.endswith(".jsonl") or os.sep in text or Path(text).exists():
-        path = Path(text)
-        if not path.is_file():
-            raise KvlabError(f"trace file {text!r} does not exist")
-        return _read_cached(path, None)
-    raise unknown_name("trace", text, KNOWN_TRACES, also="'generated[:PRESET][:SEED]' or a path to a .jsonl file")
+    if _is_path(text):
+        return _read_cached(Path(text), None)
+    raise unknown_name("trace", _clip(text), KNOWN_TRACES,
+                       also="'generated[:PRESET][:SEED]' or a path to a .jsonl file")
 
 
 def trace_or_generated(name: str = "conversation", seed: int = 0) -> Trace:
@@ -270,7 +380,10 @@ class TraceStats:
     block_tokens: int
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """JSON-ready: a rate that is infinite (every request at one instant) becomes null."""
+        out = dataclasses.asdict(self)
+        return {k: None if isinstance(v, float) and not math.isfinite(v) else v
+                for k, v in out.items()}
 
 
 def trace_stats(trace: Trace) -> TraceStats:

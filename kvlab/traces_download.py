@@ -14,6 +14,7 @@ import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,8 +89,9 @@ def download_trace(name: str, dest_dir: str | Path | None = None, base_url: str 
                    force: bool = False, timeout_s: float = 60.0, progress=None) -> Downloaded:
     """Download one known trace (`conversation`, `synthetic`) into `dest_dir` (default: the cache).
 
-    Raises KvlabError on a network error or a checksum mismatch; nothing is left behind then.
-    Progress goes to `progress` (default sys.stderr; False for none).
+    Raises KvlabError on a bad URL, a network error or a checksum mismatch; nothing is left
+    behind then, not even a folder it created. Progress goes to `progress` (default
+    sys.stderr; False for none).
     """
     progress = sys.stderr if progress is None else progress
     if name not in KNOWN_TRACES:
@@ -98,28 +100,70 @@ def download_trace(name: str, dest_dir: str | Path | None = None, base_url: str 
     expected = SHA256[filename]
     folder = Path(dest_dir).expanduser() if dest_dir is not None else cache_dir()
     target = folder / filename
-    if target.is_file() and not force:
-        if sha256_file(target) == expected:
-            return Downloaded(name, str(target), target.stat().st_size, expected, fetched=False)
-    base = base_url or os.environ.get(BASE_URL_ENV) or DEFAULT_BASE_URL
-    url = base.rstrip("/") + "/" + filename
+    if not force and _is_file(target) and sha256_file(target) == expected:
+        return Downloaded(name, str(target), target.stat().st_size, expected, fetched=False)
+    url = _base_url(base_url).rstrip("/") + "/" + filename
+    created = _make_folder(folder)
     try:
+        done = _fetch(url, folder, target, expected, timeout_s, progress)
+    except BaseException:
+        _remove_empty(created)
+        raise
+    return Downloaded(name, str(target), done, expected, fetched=True)
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError as exc:  # a folder name longer than the file system allows
+        raise KvlabError(f"cannot use trace folder {_clip(str(path.parent))}: "
+                         f"{exc.strerror or exc}") from None
+
+
+def _base_url(base_url: str | None) -> str:
+    """The mirror to fetch from, checked before anything is created: http(s) or file URLs.
+    An empty --base-url is an error (not the default), an empty variable counts as unset."""
+    if base_url is not None:
+        base, source = base_url, "--base-url"
+    else:
+        base, source = os.environ.get(BASE_URL_ENV) or DEFAULT_BASE_URL, BASE_URL_ENV
+    parts = urllib.parse.urlsplit(base)
+    no_host = parts.scheme != "file" and not parts.netloc
+    if parts.scheme not in ("http", "https", "file") or no_host:
+        raise KvlabError(f"the trace base URL must be an http://, https:// or file:// URL, "
+                         f"got {_clip(base)!r} (from {source})")
+    return base
+
+
+def _make_folder(folder: Path) -> list[Path]:
+    """Create `folder` and its missing parents; returns those created, outermost first."""
+    try:
+        created = [p for p in reversed([folder, *folder.parents]) if not p.exists()]
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise KvlabError(f"cannot create trace folder {str(folder)!r}: {exc.strerror}") from None
+        raise KvlabError(f"cannot create trace folder {_clip(str(folder))!r}: "
+                         f"{exc.strerror or exc}") from None
+    return created
+
+
+def _remove_empty(created: list[Path]) -> None:
+    """Undo `_make_folder`: remove the folders it created, innermost first, while empty."""
+    for path in reversed(created):
+        try:
+            path.rmdir()
+        except OSError:
+            return
+
+
+def _fetch(url: str, folder: Path, target: Path, expected: str, timeout_s: float, progress) -> int:
+    """Stream `url` into a temporary file beside `target`; rename it into place once its
+    sha256 matches. Returns the bytes written."""
+    filename = target.name
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{filename}.", suffix=".partial")
     digest, done = hashlib.sha256(), 0
     try:
         with os.fdopen(fd, "wb") as out:
-            try:
-                response = urllib.request.urlopen(url, timeout=timeout_s)
-            except urllib.error.HTTPError as exc:
-                raise KvlabError(f"cannot download {url}: HTTP {exc.code} {exc.reason}") from None
-            except (urllib.error.URLError, OSError) as exc:
-                reason = getattr(exc, "reason", exc)
-                raise KvlabError(f"cannot download {url}: {reason}; check the network, or pass --base-url "
-                                 f"(or set {BASE_URL_ENV}) to a mirror") from None
-            with response:
+            with _open_url(url, timeout_s) as response:
                 length = response.headers.get("Content-Length")
                 bar = _Progress(filename, int(length) if length and length.isdigit() else None, progress)
                 try:
@@ -144,4 +188,19 @@ def download_trace(name: str, dest_dir: str | Path | None = None, base_url: str 
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return Downloaded(name, str(target), done, expected, fetched=True)
+    return done
+
+
+def _open_url(url: str, timeout_s: float):
+    try:
+        return urllib.request.urlopen(url, timeout=timeout_s)
+    except urllib.error.HTTPError as exc:
+        raise KvlabError(f"cannot download {url}: HTTP {exc.code} {exc.reason}") from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise KvlabError(f"cannot download {url}: {reason}; check the network, or pass --base-url "
+                         f"(or set {BASE_URL_ENV}) to a mirror") from None
+
+
+def _clip(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."

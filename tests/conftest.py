@@ -18,6 +18,14 @@ if not os.environ.get("KVLAB_KEEP_HOME"):
     os.environ.setdefault("JUPYTER_DATA_DIR", os.path.join(_home, ".local", "share", "jupyter"))
 
 
+def pytest_configure(config):
+    """Without pytest-timeout (a GPU box has pytest only), its marker is declared so that
+    --strict-markers accepts the tests that use it. (notebooks/conftest.py sets nbval up.)"""
+    if not config.pluginmanager.hasplugin("timeout"):
+        config.addinivalue_line("markers",
+                                "timeout(seconds): a time limit (pytest-timeout; unenforced here)")
+
+
 @pytest.fixture(scope="session")
 def root() -> Path:
     return ROOT

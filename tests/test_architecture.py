@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "kvlab"
 PRESENTATION = {"book", "viz", "labs", "cli", "__main__"}
-DOMAIN = {"tiers", "traces", "traces_gen", "traces_download", "prefix", "sim", "decoder", "bench", "transfer",
+DOMAIN = {"tiers", "traces", "traces_gen", "traces_download", "traces_cache", "prefix", "sim", "decoder", "bench", "transfer",
           "diagnose", "metrics", "native"}
 GUI = ("bokeh", "ipywidgets", "IPython", "myst_nb", "jupyter_bokeh", "voila")
 

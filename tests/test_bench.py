@@ -16,8 +16,8 @@ from kvlab.bench.results import machine_slug, write_result  # noqa: E402
 from kvlab.bench.timing import Budget, time_call  # noqa: E402
 from kvlab.cli import main  # noqa: E402
 
-DECODE_KEYS = {"batch", "context", "placement", "kv_dtype", "measured_step_s", "predicted_step_s", "error",
-               "achieved_bytes_per_s", "fraction_of_bandwidth", "step_bytes"}
+DECODE_KEYS = {"batch", "context", "placement", "kv_dtype", "measured_step_s", "predicted_step_s",
+               "error", "achieved_bytes_per_s", "fraction_of_bandwidth", "step_bytes"}
 
 
 @pytest.fixture()
@@ -53,22 +53,41 @@ def test_transfer_quick(results, capsys):
 
 
 def test_decode_quick_points_carry_the_contract(results, capsys):
+    """Every point carries the contract's keys and is self-consistent; comparisons between
+    points use the ledger at one fixed bandwidth (each point's own prediction uses the copy
+    bandwidth measured around it, which a busy machine moves between points)."""
+    from kvlab.decoder import ledger
+
     r = bench(capsys, "decode", "--quick")
     assert r["points"] and not r["skipped"]
+    flops = r["machine"]["flops_per_s"]
     for p in r["points"]:
         assert DECODE_KEYS <= set(p)
         assert p["measured_step_s"] > 0 and p["predicted_step_s"] > 0
         assert p["error"] == pytest.approx(p["measured_step_s"] / p["predicted_step_s"] - 1)
         assert p["achieved_bytes_per_s"] == pytest.approx(p["step_bytes"] / p["measured_step_s"])
+        # the prediction is the ledger's at the bandwidth recorded with the point
+        at_point = ledger.measured_device("x", p["bandwidth_bytes_per_s"], flops, 1e12)
+        again = ledger.predict_decode(p["preset"], at_point, p["batch"], p["context"],
+                                      p["weight_dtype"], p["kv_dtype"], p["placement"],
+                                      p["prefetch"], r["machine"].get("link_bytes_per_s"))
+        assert p["predicted_step_s"] == pytest.approx(again["predicted_step_s"])
     assert {p["placement"] for p in r["points"]} == {"device", "host"}
     assert {p["kv_dtype"] for p in r["points"]} == {"bf16", "int8"}
     # the ledger counts the bytes: more context, more bytes; int8 KV moves fewer than bf16
     by = {(p["placement"], p["kv_dtype"], p["batch"], p["context"]): p for p in r["points"]}
-    assert by[("device", "bf16", 2, 1024)]["step_bytes"] > by[("device", "bf16", 2, 256)]["step_bytes"]
-    assert by[("device", "int8", 2, 1024)]["step_bytes"] < by[("device", "bf16", 2, 1024)]["step_bytes"]
+    step = {key: p["step_bytes"] for key, p in by.items()}
+    assert step[("device", "bf16", 2, 1024)] > step[("device", "bf16", 2, 256)]
+    assert step[("device", "int8", 2, 1024)] < step[("device", "bf16", 2, 1024)]
     host, dev = by[("host", "bf16", 2, 1024)], by[("device", "bf16", 2, 1024)]
-    assert host["predicted_step_s"] > dev["predicted_step_s"] and host["fetch_bytes"] == dev["kv_read_bytes"]
-    assert r["model"]["streamed_weight_bytes"] == pytest.approx(r["model"]["ledger_weight_read_bytes"])
+    assert host["fetch_bytes"] == dev["kv_read_bytes"]
+    fixed = ledger.measured_device("fixed", 10e9, flops, 1e12)  # one bandwidth for both
+    args = (r["model"]["preset"], fixed, 2, 1024, "bf16", "bf16")
+    link = r["machine"]["link_bytes_per_s"]
+    assert ledger.predict_decode(*args, "host", False, link)["predicted_step_s"] > \
+        ledger.predict_decode(*args, "device")["predicted_step_s"]
+    model = r["model"]
+    assert model["streamed_weight_bytes"] == pytest.approx(model["ledger_weight_read_bytes"])
     assert (results / machine_slug("cpu") / "decode-quick.json").exists()
 
 
@@ -77,7 +96,8 @@ def test_decode_compares_kernels_point_by_point(results, capsys):
 
     if not native.available():
         pytest.skip(f"needs kvlab's native kernels: {native.status()}")
-    r = bench(capsys, "decode", "--quick", "--batches", "1", "--contexts", "512", "--compare-kernels")
+    r = bench(capsys, "decode", "--quick", "--batches", "1", "--contexts", "512",
+              "--compare-kernels")
     assert {p["kernels"]["attention"] for p in r["points"]} == {"native"}
     written = results / machine_slug("cpu") / "decode-torch-kernels-quick.json"
     other = json.loads(written.read_text())
@@ -85,15 +105,19 @@ def test_decode_compares_kernels_point_by_point(results, capsys):
     assert [(p["placement"], p["kv_dtype"]) for p in other["points"]] == \
         [(p["placement"], p["kv_dtype"]) for p in r["points"] if p["placement"] == "device"]
     assert {p["kernels"]["attention"] for p in other["points"]} == {"torch"}
-    assert other["environment"]["kernels"] == "torch" and r["comparison_summary"] == other["summary"]
-    # same shapes, same bytes: the ledger's prediction differs only by the bandwidth around each point
-    for a, b in zip([p for p in r["points"] if p["placement"] == "device"], other["points"]):
+    assert other["environment"]["kernels"] == "torch"
+    assert r["comparison_summary"] == other["summary"]
+    # same shapes, same bytes: the ledger's prediction differs only by the bandwidth around
+    # each point
+    on_device = [p for p in r["points"] if p["placement"] == "device"]
+    for a, b in zip(on_device, other["points"], strict=True):
         assert a["step_bytes"] == b["step_bytes"]
 
 
 def test_decode_time_budget_skips_points(results, capsys):
     r = bench(capsys, "decode", "--quick", "--preset", "tiny", "--budget", "0.01", "--no-write")
-    assert not r["points"] and r["skipped"] and all(s["reason"] == "time budget exhausted" for s in r["skipped"])
+    assert not r["points"] and r["skipped"]
+    assert all(s["reason"] == "time budget exhausted" for s in r["skipped"])
     assert not (results / machine_slug("cpu")).exists()
 
 
@@ -114,7 +138,8 @@ def test_all_quick_writes_every_benchmark(results, capsys):
     folder = results / machine_slug("cpu")
     from kvlab import native
 
-    expected = ["decode-quick.json", "memory-quick.json", "recompute-vs-fetch-quick.json", "transfer-quick.json"]
+    expected = ["decode-quick.json", "memory-quick.json", "recompute-vs-fetch-quick.json",
+                "transfer-quick.json"]
     if native.available():  # the decode points timed again with PyTorch's kernels
         expected.insert(1, "decode-torch-kernels-quick.json")
     assert sorted(p.name for p in folder.glob("*.json")) == expected
@@ -126,11 +151,26 @@ def test_all_quick_writes_every_benchmark(results, capsys):
     (["decode", "--contexts", "0"], "whole numbers >= 1"),
     (["decode", "--kv-dtypes", "int3"], "unknown kv dtype"),
     (["decode", "--preset", "huge"], "unknown decoder preset"),
-    (["memory", "--budget", "-1"], "--budget must be > 0"),
+    (["memory", "--budget", "-1"], "expected seconds > 0"),
+    (["memory", "--budget", "nan"], "expected seconds > 0"),
     (["memory", "--device", "tpu"], "not a torch device"),
+    (["memory", "--device", "meta"], "run on cpu or cuda"),
+    (["memory", "--threads", "nan"], "--threads: expected a whole number in 1..4,096, got 'nan'"),
+    (["memory", "--threads", "1.5"], "--threads: expected a whole number"),
+    (["memory", "--repeats", "nan"], "--repeats: expected a whole number in 1..1,000, got 'nan'"),
+    (["memory", "--repeats", "1e400"], "--repeats: expected a whole number"),
+    (["decode", "--contexts", "inf"], "--contexts: expected whole numbers >= 1"),
+    (["decode", "--contexts", "100M"],
+     "100M = 104,857,600 is above the limit of 100,000,000 tokens"),
+    (["decode", "--batches", "1e30"],
+     "--batches: 1e30 = 1,000,000,000,000,000,019,884,624,838,656 is above"),
+    (["decode", "--plan", "h900"], "unknown hardware 'h900'"),
+    (["decode", "--plan", "h200", "--plan-link", "hbm3"], "not a link"),
+    (["all", "--only", "decod"], "--only: unknown benchmark 'decod'"),
 ])
 def test_bad_input_is_one_line(results, capsys, argv, fragment):
-    code = main(["bench", *argv, "--quick", "--no-write"] + ([] if "--device" in argv else ["--device", "cpu"]))
+    device = [] if "--device" in argv else ["--device", "cpu"]
+    code = main(["bench", *argv, "--quick", "--no-write", *device])
     err = capsys.readouterr().err.strip()
     assert code == 2 and fragment in err and len(err.splitlines()) == 1
 
@@ -157,7 +197,8 @@ def test_crossover_hand_checked():
 def test_time_call_statistics():
     calls = []
     t = time_call(lambda: calls.append(1), "cpu", repeats=5, warmup=2, inner=3)
-    assert len(calls) == 2 + 5 * 3 and t.repeats == 5 and t.min_s <= t.p25_s <= t.median_s <= t.p75_s <= t.max_s
+    assert len(calls) == 2 + 5 * 3 and t.repeats == 5
+    assert t.min_s <= t.p25_s <= t.median_s <= t.p75_s <= t.max_s
     assert Budget(None).allows(1e9) and not Budget(1.0).allows(2.0)
 
 
@@ -167,9 +208,10 @@ def _fake_decode(machine_dir, device_name, error):
         for batch in (1, 8):
             for ctx in (1024, 4096):
                 measured = 0.01 * (1 + error) * batch
-                points.append({"batch": batch, "context": ctx, "placement": placement, "prefetch": False,
-                               "kv_dtype": "bf16", "measured_step_s": measured, "predicted_step_s": 0.01 * batch,
-                               "error": error, "achieved_bytes_per_s": 1e9, "fraction_of_bandwidth": 0.8 - error,
+                points.append({"batch": batch, "context": ctx, "placement": placement,
+                               "prefetch": False, "kv_dtype": "bf16", "measured_step_s": measured,
+                               "predicted_step_s": 0.01 * batch, "error": error,
+                               "achieved_bytes_per_s": 1e9, "fraction_of_bandwidth": 0.8 - error,
                                "step_bytes": 1e7, "spread": 0.01, "bandwidth_bytes_per_s": 2e9})
     return {"benchmark": "decode", "environment": {"device_name": device_name, "device": "cpu"},
             "model": {"preset": "cpu-bench", "weight_dtype": "bf16"}, "bandwidth_bytes_per_s": 2e9,
@@ -198,7 +240,8 @@ def test_report_keeps_the_pytorch_kernel_run_apart(results):
     write_result("decode-torch-kernels", _fake_decode("a", "CPU A", 0.5), machine="cpu-a")
     [default] = report.decode_comparison("device")
     [torch_run] = report.decode_comparison("device", kernels="torch")
-    assert default["kernels"] == "native" and torch_run["kernels"] == "torch"  # older files: PyTorch
+    # older files: PyTorch
+    assert default["kernels"] == "native" and torch_run["kernels"] == "torch"
     np.testing.assert_allclose(torch_run["points"]["error"], 0.5)
     assert report.targets(kernels="torch")[0]["rows"][0]["max_abs_error"] == pytest.approx(0.5)
     with pytest.raises(ValueError, match="kernels"):
@@ -207,19 +250,21 @@ def test_report_keeps_the_pytorch_kernel_run_apart(results):
     from kvlab.viz import measured
 
     assert chapter.decode_summary() == (
-        "On CPU A with kvlab's kernels (bf16 KV): at batch 1 the steps used at least 75.0% of the copy bandwidth "
-        "and the ledger was within 5.00%; at batch 8 the steps used at least 75.0% of the copy bandwidth and the "
-        "ledger was within 5.00%.")
-    assert chapter.decode_summary("torch").startswith("On CPU A with PyTorch's kernels (bf16 KV): at batch 1 the "
-                                                       "steps used at least 30.0% of the copy bandwidth and the "
-                                                       "ledger was within 50.0%")
+        "On CPU A with kvlab's kernels (bf16 KV): at batch 1 the steps used at least 75.0% of the "
+        "copy bandwidth and the ledger was within 5.00%; at batch 8 the steps used at least 75.0% "
+        "of the copy bandwidth and the ledger was within 5.00%.")
+    assert chapter.decode_summary("torch").startswith(
+        "On CPU A with PyTorch's kernels (bf16 KV): at batch 1 the steps used at least 30.0% of "
+        "the copy bandwidth and the ledger was within 50.0%")
     assert chapter.decode_summary(kv_dtype="int8") == ""
-    assert chapter.kernels_notes() == "native C kernels" and chapter.bandwidth_range() == "2.00 GB/s to 2.00 GB/s"
+    assert chapter.kernels_notes() == "native C kernels"
+    assert chapter.bandwidth_range() == "2.00 GB/s to 2.00 GB/s"
     labels = [item.label["value"] for item in measured.bandwidth_figure().legend[0].items]
     assert any(lab.endswith("kvlab kernels") for lab in labels)
     assert any(lab.endswith("PyTorch kernels") for lab in labels)
     pace = [item.label["value"] for item in measured.pace_figure().legend[0].items]
-    assert "achieved = copy bandwidth" in pace and any(lab.endswith("PyTorch kernels") for lab in pace)
+    assert "achieved = copy bandwidth" in pace
+    assert any(lab.endswith("PyTorch kernels") for lab in pace)
 
 
 def test_pace_summary_tells_the_two_memory_states_apart(results):
@@ -227,23 +272,25 @@ def test_pace_summary_tells_the_two_memory_states_apart(results):
 
     run = _fake_decode("a", "CPU A", 0.05)
     write_result("decode", run, machine="cpu-a")
-    assert measured.pace_summary().startswith("In the recorded run on CPU A the copy bandwidth around these steps "
-                                              "stayed between 2.00 GB/s and 2.00 GB/s, and the cores kept up")
+    assert measured.pace_summary().startswith(
+        "In the recorded run on CPU A the copy bandwidth around these steps stayed between "
+        "2.00 GB/s and 2.00 GB/s, and the cores kept up")
     for p in run["points"][:2]:  # two steps while the machine's memory was faster
         p["bandwidth_bytes_per_s"], p["fraction_of_bandwidth"] = 4e9, 0.6
     write_result("decode", run, machine="cpu-a")
     assert measured.pace_summary().startswith(
-        "On CPU A some steps ran while the copy bandwidth was up to 4.00 GB/s instead of 2.00 GB/s to 2.00 GB/s: "
-        "those used 60.0% to 60.0% of it, the others 75.0% to 75.0%.")
+        "On CPU A some steps ran while the copy bandwidth was up to 4.00 GB/s instead of 2.00 GB/s "
+        "to 2.00 GB/s: those used 60.0% to 60.0% of it, the others 75.0% to 75.0%.")
 
 
 def test_report_recompute_curves(results):
     curve = {"preset": "p", "kv_bytes_per_token": 10.0, "streamed_weight_bytes": 1.0,
-             "points": [{"tokens": n, "recompute_s": 1e-3, "fetch_s": 1e-5 * n, "predicted_recompute_s": 1e-3,
-                         "predicted_fetch_s": 1e-5 * n} for n in (1, 10, 1000)],
+             "points": [{"tokens": n, "recompute_s": 1e-3, "fetch_s": 1e-5 * n,
+                         "predicted_recompute_s": 1e-3, "predicted_fetch_s": 1e-5 * n}
+                        for n in (1, 10, 1000)],
              "crossover_tokens": 100.0, "predicted_crossover_tokens": 100.0}
-    write_result("recompute-vs-fetch", {"environment": {"device_name": "X"}, "machine": {}, "curves": [curve]},
-                 machine="m")
+    result = {"environment": {"device_name": "X"}, "machine": {}, "curves": [curve]}
+    write_result("recompute-vs-fetch", result, machine="m")
     (c,) = report.recompute_curves()
     assert c["crossover_tokens"] == 100.0 and c["fetch_pageable_s"] is None
     np.testing.assert_allclose(c["tokens"], [1, 10, 1000])
@@ -267,28 +314,385 @@ def test_measure_undisturbed_retries_when_another_process_stalled_the_cpu(monkey
     assert (result, attempts) == (2, 2) and stall < 0.05
 
 
-def test_suite_survives_a_broken_benchmark(results, monkeypatch, capsys):
-    """A one-shot GPU run must not lose every result to one crash: the others still run and
-    are written, the failure is reported, and the exit status says something failed."""
+def _fake_runner(kind):
+    def run(device, **kw):
+        return {"benchmark": kind, "environment": {}, "bandwidth_bytes_per_s": 1.0, "points": [],
+                "skipped": [], "summary": {}, "curves": []}
+    return run
+
+
+def _fake_suite(monkeypatch, recompute_runner):
+    """Every benchmark of the suite replaced by a stand-in; recompute-vs-fetch by the one given."""
     import kvlab.bench.decode as decode
     import kvlab.bench.memory as memory
     import kvlab.bench.recompute as recompute
     import kvlab.bench.transfer as transfer
 
-    def fake(kind):
-        return lambda device, **kw: {"benchmark": kind, "environment": {}, "bandwidth_bytes_per_s": 1.0,
-                                     "points": [], "skipped": [], "summary": {}, "curves": []}
+    for module, kind in ((memory, "memory"), (transfer, "transfer"), (decode, "decode")):
+        monkeypatch.setattr(module, f"run_{kind}", _fake_runner(kind))
+    monkeypatch.setattr(recompute, "run_recompute", recompute_runner)
 
+
+def test_suite_survives_a_broken_benchmark(results, monkeypatch, capsys):
+    """A one-shot GPU run must not lose every result to one crash: the others still run and
+    are written, the failure is reported, and the exit status says something failed."""
     def boom(device, **kw):
         raise RuntimeError("kernel exploded")
 
-    monkeypatch.setattr(memory, "run_memory", fake("memory"))
-    monkeypatch.setattr(transfer, "run_transfer", fake("transfer"))
-    monkeypatch.setattr(decode, "run_decode", fake("decode"))
-    monkeypatch.setattr(recompute, "run_recompute", boom)
+    _fake_suite(monkeypatch, boom)
     code = main(["bench", "all", "--device", "cpu", "--json"])
     captured = capsys.readouterr()
     out = json.loads(captured.out)
     assert code == 1 and "kernel exploded" in out["recompute-vs-fetch"]["error"]
     assert "Traceback" in captured.err and out["decode"]["written_to"]
     assert (results / machine_slug("cpu") / "decode.json").exists()
+
+
+def test_suite_records_a_refused_benchmark_and_goes_on(results, monkeypatch, capsys):
+    """A refused benchmark (a KvlabError: its model does not fit, say) is one line in the
+    summary, not the end of the run: the others still run and are written."""
+    from kvlab.errors import KvlabError
+
+    def refuse(device, **kw):
+        raise KvlabError("decoder 'gpu-bench' weights (bf16) needs 7.3 GB but only 4 GB of cuda "
+                         "memory is free")
+
+    _fake_suite(monkeypatch, refuse)
+    code = main(["bench", "all", "--device", "cpu", "--json"])
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    assert code == 1 and set(out["recompute-vs-fetch"]) == {"refused"}
+    assert "needs 7.3 GB" in out["recompute-vs-fetch"]["refused"]
+    assert "Traceback" not in captured.err
+    assert out["decode"]["written_to"] and (results / machine_slug("cpu") / "decode.json").exists()
+
+
+def test_decode_refuses_points_one_by_one_and_goes_on(results, capsys, monkeypatch):
+    """A cache too big for memory skips its points with the memory check's reason, and the
+    sweep goes on with the next group."""
+    from kvlab.decoder import fit
+
+    real = fit.require
+
+    def tight(what, needed, device, hint):
+        if "KV cache (2 x" in what:
+            raise fit.KvlabError(f"{what} needs more than this test allows; {hint}")
+        return real(what, needed, device, hint)
+
+    monkeypatch.setattr(fit, "require", tight)
+    r = bench(capsys, "decode", "--quick", "--preset", "tiny", "--contexts", "64",
+              "--placements", "device", "--kv-dtypes", "bf16", "--no-write")
+    assert [(p["batch"], p["context"]) for p in r["points"]] == [(1, 64)]
+    assert [(s["batch"], s["context"]) for s in r["skipped"]] == [(2, 64)]
+    assert "needs more than this test allows" in r["skipped"][0]["reason"]
+
+
+def test_decode_groups_put_the_main_questions_first():
+    """A run cut short by its budget has bf16 on device and host (serial and prefetch)
+    before the other KV dtypes; host points beyond the limit are refused up front."""
+    from kvlab.bench.decode import HOST_MAX_TOKENS, decode_groups, resolve_grid, skip_record
+
+    grid = resolve_grid(True, False)
+    groups = decode_groups(grid, True)
+    order = [(g.placement, g.prefetch, g.kv_dtype) for g, _, _ in groups]
+    assert order[:9] == [("device", False, "bf16")] * 3 + [("host", False, "bf16")] * 3 + \
+        [("host", True, "bf16")] * 3
+    assert {kv for _, _, kv in order[9:]} == {"fp8", "int8"} and len(groups) == 3 * 3 + 2 * 3
+    limit = HOST_MAX_TOKENS["cuda"]
+    for g, ctxs, refused in groups:
+        assert sorted(ctxs + [c for c, _ in refused]) == grid["contexts"]
+        assert all(g.placement == "host" and g.batch * c > limit for c, _ in refused)
+    g, _, [(ctx, why)] = next(x for x in groups if x[0].placement == "host" and x[0].batch == 8)
+    assert skip_record(g, ctx, why) == {
+        "placement": "host", "prefetch": False, "kv_dtype": "bf16", "batch": 8, "context": 32768,
+        "reason": "host placement limited to 131,072 tokens"}
+    assert resolve_grid(False, False, kv_dtypes=["int8"])["host_kv_dtypes"] == ("int8",)
+    assert resolve_grid(False, False)["prefetch"] == (False,)  # nothing to overlap with on a CPU
+
+
+def test_plan_walks_the_cuda_sweep_without_allocating(capsys, monkeypatch):
+    """`--plan` prints every point with its bytes, predicted time and memory on a catalogue
+    device, on a machine without CUDA, without allocating a single tensor."""
+    import torch
+
+    from kvlab.bench.decode import GRIDS
+    from kvlab.decoder import ledger
+    from kvlab.hardware import get_device
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the plan allocated a tensor")
+
+    for name in ("empty", "zeros", "ones", "randn", "randint", "empty_like", "full"):
+        monkeypatch.setattr(torch, name, refuse)
+    assert main(["bench", "gpu-suite", "--plan", "h200", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    names = [b["benchmark"] for b in plan["benchmarks"]]
+    assert names == ["memory", "transfer", "recompute-vs-fetch", "decode"]
+    decode = plan["benchmarks"][3]["points"]
+    g = GRIDS["cuda"]
+    groups = len(g["kv_dtypes"]) + 2  # host: bf16 serial and prefetched
+    assert len(decode) == len(g["contexts"]) * len(g["batches"]) * groups
+    first = decode[0]
+    expected = ledger.predict_decode("gpu-bench", get_device("h200"), 1, 1024, "bf16", "bf16")
+    assert first["point"] == "device bf16 b=1 ctx=1024" and first["bytes"] == expected["step_bytes"]
+    # batch 1 is memory-bound: the catalogue's 4.8 TB/s sets the pace
+    assert first["predicted_s"] == pytest.approx(expected["step_bytes"] / 4.8e12)
+    refused = [p["point"] for p in decode if p["refused"]]
+    assert len(refused) == 8 and all(p.startswith("host") for p in refused)  # 4 per prefetch
+    assert not any(p["beyond_budget"] for b in plan["benchmarks"] for p in b["points"])
+    assert plan["wall_s"] < plan["budget_s"]
+
+
+def test_plan_names_what_does_not_fit_and_what_the_budget_leaves_out(capsys):
+    assert main(["bench", "decode", "--plan", "h200", "--batches", "1,64", "--contexts", "32k",
+                 "--placements", "device", "--kv-dtypes", "bf16", "--budget", "1.5"]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split()[2]: line for line in out.splitlines() if line.startswith("device bf16")}
+    # 137 GB of KV is more than the 127 GB usable
+    assert "refused: needs" in lines["b=64"] and "GB usable" in lines["b=64"]
+    # 1.5 s of budget: not even one point
+    assert "refused" not in lines["b=1"] and "beyond budget" in lines["b=1"]
+
+
+def test_small_copies_time_a_loop_of_calls(monkeypatch):
+    """A 1 MiB copy takes microseconds, about a launch: small sizes time a loop of calls per
+    repeat (at least 256 MiB moved), large ones one call."""
+    from kvlab.bench import memory, timing, transfer
+
+    MiB = 1 << 20
+    sizes = (MiB, 3 * MiB, 16 * MiB, 256 * MiB, 1 << 30)
+    assert [timing.calls_per_repeat(s) for s in sizes] == [256, 86, 16, 1, 1]
+    seen = []
+
+    def fake_time_call(fn, device="cpu", repeats=5, warmup=2, inner=1):
+        seen.append(inner)
+        return timing.Timing(1e-3, 1e-3, 1e-3, 1e-3, 1e-3, repeats, warmup)
+
+    for module in (memory, transfer):
+        monkeypatch.setattr(module, "time_call", fake_time_call)
+        monkeypatch.setattr(module, "QUICK_SIZES", {"cpu": [MiB, 64 * MiB]})
+    r = memory.run_memory("cpu", quick=True, quiet=True)
+    loops = {(MiB, 256), (64 * MiB, 4)}
+    assert {(p["size_bytes"], p["calls_per_repeat"]) for p in r["points"]} == loops
+    t = transfer.run_transfer("cpu", quick=True, quiet=True)
+    assert [(p["size_bytes"], p["calls_per_repeat"]) for p in t["points"]] == sorted(loops)
+    seen.clear()
+    memory.copy_bandwidth("cpu", MiB)
+    assert seen == [256]
+
+
+class _Recorder:
+    """Stand-ins for torch.cuda's stream, graph and device calls, recording the device each
+    one names."""
+
+    def __init__(self):
+        self.calls = []
+
+    def stream_of(self, device):
+        rec = self
+
+        class Stream:
+            def wait_stream(self, other):
+                rec.calls.append(("wait_stream", self.device, other.device))
+
+        stream = Stream()
+        stream.device = device
+        return stream
+
+    def named(self, kind, device):
+        import contextlib
+
+        @contextlib.contextmanager
+        def context():
+            self.calls.append((kind, device))
+            yield
+
+        return context()
+
+    def new_stream(self, device=None):
+        self.calls.append(("Stream", device))
+        return self.stream_of(device)
+
+    def current_stream(self, device=None):
+        self.calls.append(("current_stream", device))
+        return self.stream_of(device)
+
+    def install(self, monkeypatch):
+        import torch
+
+        rec = self
+
+        class Graph:
+            def replay(self):
+                rec.calls.append(("replay", None))
+
+        monkeypatch.setattr(torch.cuda, "Stream", self.new_stream)
+        monkeypatch.setattr(torch.cuda, "current_stream", self.current_stream)
+        monkeypatch.setattr(torch.cuda, "stream", lambda s: self.named("stream", s.device))
+        monkeypatch.setattr(torch.cuda, "device", lambda d: self.named("device", d))
+        monkeypatch.setattr(torch.cuda, "graph", lambda g, pool=None, stream=None: self.named(
+            "graph", getattr(stream, "device", None)))
+        monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+
+
+def test_cuda_graph_capture_names_the_benchmarks_device(monkeypatch):
+    """`--device cuda:1`: the warm-up stream, the capture and the stream waits all name
+    cuda:1, never the current device."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from kvlab.bench.decode import make_step
+
+    rec = _Recorder()
+    rec.install(monkeypatch)
+    gpu = torch.device("cuda:1")
+    model = SimpleNamespace(device=gpu, forward_plan=lambda tokens, cache, plan: torch.arange(3.0))
+    fn, graphed = make_step(model, SimpleNamespace(placement="device"), None, None, cuda_graph=True)
+    assert graphed and torch.equal(fn(), torch.arange(3.0)) and ("replay", None) in rec.calls
+    named = [c for c in rec.calls if c[0] != "replay"]
+    assert {c[1] for c in named} == {gpu}
+    assert {c[2] for c in named if c[0] == "wait_stream"} == {gpu}
+    assert ("graph", gpu) in named and ("device", gpu) in named
+    host = SimpleNamespace(placement="host")
+    assert make_step(model, host, None, None, cuda_graph=True)[1] is False  # host: eager
+
+
+def test_device_index_beyond_the_gpus_is_one_line(monkeypatch, capsys):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert main(["bench", "memory", "--device", "cuda:1", "--no-write"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "torch sees 1 CUDA device(s), numbered from 0" in err and len(err.splitlines()) == 1
+
+
+def test_result_files_are_ordinary_files(results):
+    import os
+
+    path = write_result("memory", {"x": 1}, machine="m")
+    umask = os.umask(0o022)
+    os.umask(umask)
+    # 0644 with the usual umask, not mkstemp's 0600
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask
+    assert [p.name for p in path.parent.iterdir()] == ["memory.json"]  # no temporaries left
+
+
+# ----------------------------------------------------------------- the GPU session
+
+def _point(placement, batch, ctx, measured, predicted, prefetch=False, kv="bf16", share=0.9):
+    return {"placement": placement, "prefetch": prefetch, "kv_dtype": kv, "batch": batch,
+            "context": ctx, "measured_step_s": measured, "predicted_step_s": predicted,
+            "error": measured / predicted - 1, "fraction_of_bandwidth": share,
+            "achieved_bytes_per_s": share * 4e12}
+
+
+def test_findings_from_hand_made_results():
+    from kvlab.bench.findings import findings
+
+    decode = {"points": [_point("device", 1, 1024, 1.1, 1.0, share=0.88),
+                         _point("device", 1, 8192, 1.0, 1.0), _point("device", 8, 1024, 1.3, 1.0),
+                         _point("device", 1, 1024, 2.0, 1.0, kv="int8"),
+                         _point("host", 1, 1024, 3.0, 2.5),
+                         _point("host", 1, 1024, 2.0, 1.5, prefetch=True)],
+              "skipped": [{}]}
+    curves = [{"preset": "p", "crossover_tokens": 900.0, "predicted_crossover_tokens": 1000.0}]
+    f = findings({"decode": decode, "memory": {"bandwidth_bytes_per_s": 4e12},
+                  "recompute-vs-fetch": {"curves": curves}})
+    b1 = f["decode_batch1"]
+    assert b1["kv_dtype"] == "bf16" and b1["share_min"] == 0.88 and b1["meets_target"]
+    assert b1["points"][0]["share_of_memory_copy"] == pytest.approx(0.88)
+    err = f["ledger_error"]  # |errors| 0.1, 0, 0.3, 1.0 -> median 0.2
+    assert err["median_abs_error"] == pytest.approx(0.2)
+    assert err["max_abs_error"] == pytest.approx(1.0) and not err["meets_target"]
+    assert err["by_kv_dtype"]["bf16"]["median_abs_error"] == pytest.approx(0.1)
+    [overlap] = f["host_overlap"]  # predicted saving 1.0 s, measured 1.0 s
+    assert overlap["share_of_predicted_saving"] == pytest.approx(1.0)
+    assert overlap["measured_serial_s"] == 3.0
+    assert f["crossovers"][0]["crossover_tokens"] == 900.0 and f["decode_skipped"] == 1
+
+
+def test_gpu_session_packs_what_comes_back(tmp_path):
+    import tarfile
+
+    from kvlab.bench import gpu_session
+
+    names = ("NVIDIA H200", "NVIDIA H100 80GB HBM3", "NVIDIA L40S", "NVIDIA L4",
+             "NVIDIA GeForce RTX 4090", "Tesla T4")
+    assert [gpu_session.catalogue_device(n) for n in names] == \
+        ["h200", "h100-sxm", "l40s", "l4", "rtx-4090", None]
+    (tmp_path / "results" / "gpu").mkdir(parents=True)
+    for i in range(7):
+        (tmp_path / "results" / "gpu" / f"r{i}.json").write_text("{}")
+    (tmp_path / "session.json").write_text("{}")
+    (tmp_path / "session.log").write_text("")
+    # 9 files are more than come back: the results travel as one archive
+    assert gpu_session.pack(tmp_path) == ["results.tar.gz", "session.json", "session.log"]
+    with tarfile.open(tmp_path / "results.tar.gz") as tar:
+        assert len([m for m in tar.getmembers() if m.isfile()]) == 7
+
+
+def test_gpu_session_stays_inside_its_deadline(tmp_path):
+    """With no time left for the suite, the session says so and still leaves its record."""
+    from kvlab.bench import gpu_session
+
+    code = gpu_session.main(["--out", str(tmp_path), "--dry-run", "--deadline", "20", "--tests"])
+    record = json.loads((tmp_path / "session.json").read_text())
+    assert record["suite"] == {"skipped": "only 0 s of suite budget left"} and code == 0
+    assert record["tests"] == {"skipped": "no test files named"}
+    assert sorted(record["files"]) == ["session.json", "session.log"]
+
+
+@pytest.mark.slow
+def test_gpu_session_dry_run_on_the_cpu(tmp_path):
+    """The GPU session script, run end to end where CUDA is absent (suite on the CPU, quick):
+    every step runs and is recorded, results land under OUT, and OUT holds only what the
+    device machine sends back."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    from kvlab.bench.gpu_session import MAX_DEPTH, MAX_FILES, ROOT
+
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "kvlab.bench.gpu_session", "--out", str(out), "--dry-run",
+            "--only", "transfer", "--deadline", "240", "--tests", "tests/test_decoder.py"]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads((out / "session.json").read_text())
+    assert [s["step"] for s in record["steps"]][-3:] == ["plan", "suite", "gpu tests"]
+    assert all(s["rc"] == 0 and not s["timed_out"] for s in record["steps"])
+    assert record["plan"]["points"] == 16
+    assert record["suite"]["transfer"]["written_to"].startswith(str(out))
+    assert "skipped" in record["tests"]["summary"] and record["findings"]["link_bytes_per_s"] > 0
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert len(files) <= MAX_FILES
+    assert all(len(p.relative_to(out).parts) <= MAX_DEPTH + 1 for p in files)
+    assert all(re.fullmatch(r"[A-Za-z0-9._-]+", p.name) for p in files)
+    [result] = (out / "results").glob("*/transfer-quick.json")
+    assert json.loads(result.read_text())["benchmark"] == "transfer"
+    assert "===== suite" in (out / "session.log").read_text()
+
+
+@pytest.mark.gpu
+def test_decode_sweep_on_cuda(results, capsys):
+    """A small sweep on CUDA: device steps are replayed CUDA graphs, host-placed KV runs serial
+    and prefetched, every point is measured and carries the contract."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    code = main(["bench", "decode", "--quick", "--device", "cuda:0", "--preset", "small",
+                 "--contexts", "256,1k", "--json", "--no-write"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    r = json.loads(out)
+    assert r["points"] and not r["skipped"] and r["environment"]["device"] == "cuda:0"
+    assert all(p["cuda_graph"] for p in r["points"] if p["placement"] == "device")
+    placements = {(p["placement"], p["prefetch"]) for p in r["points"]}
+    assert placements == {("device", False), ("host", False), ("host", True)}
+    for p in r["points"]:
+        assert DECODE_KEYS <= set(p) and p["measured_step_s"] > 0

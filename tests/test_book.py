@@ -145,3 +145,49 @@ def test_tier_steps_are_not_all_orders_of_magnitude():
     assert r["ddr_over_pcie"] == pytest.approx(4.9, rel=0.01)
     assert r["pcie_over_nic"] == pytest.approx(2.5, rel=0.01)
     assert r["hbm_over_nic"] == pytest.approx(r["hbm_over_ddr"] * r["ddr_over_pcie"] * r["pcie_over_nic"])
+
+
+# ------------------------------------------------------------ measured chapter
+
+def test_gpu_tables_behind_the_measured_chapter():
+    from kvlab.book import gpu_tables, measured
+
+    assert set(gpu_tables.gpus()) >= {"h100-sxm", "a100-80gb"}
+    band = gpu_tables.gemv_band("h100-sxm")
+    assert np.all(np.diff(band["weight_bytes"]) >= 0) and 0.6 < band["median_large_fraction"] < 0.85
+    gemm = gpu_tables.gemm_over_batch("h100-sxm")
+    assert np.all(gemm["efficiency"] <= 1.0)  # no kernel beats the ceiling on an H100
+    h100 = gpu_tables.attention_over_context("h100-sxm", 64)
+    assert h100["fraction_of_sheet"].max() < 1.0
+    # the A100 table reads KV faster than its HBM allows: the chapter must say so
+    assert gpu_tables.attention_over_context("a100-80gb", 64)["fraction_of_sheet"].max() > 1.0
+    assert "A100" in measured.gpu_numbers()["attn_impossible"]
+    ledger = gpu_tables.ledger_against_kernels("h100-sxm")
+    assert np.all(ledger["ratio"] > 1.0) and ledger["ratio"][-1] < ledger["ratio"][0]
+    for make in (measured.gemv_figure, measured.gemm_batch_figure, measured.attention_figure, measured.ledger_figure):
+        fig = make()
+        assert any("kernel tables" in getattr(t, "text", "") for t in fig.below)  # names its source
+
+
+def test_flash_attention_shows_per_operator():
+    """One roofline for the whole prefill hides FlashAttention; per operator the naive
+    attention is memory-bound (64 FLOP/B: 4 x head_dim FLOPs per score, 4 fp16 round trips)."""
+    from kvlab.book.bandwidth_wall import flash_attention_effect
+
+    e = flash_attention_effect("llama-3.1-8b", "h100-sxm", 4096)
+    assert e["attention_intensity_naive"] == pytest.approx(64.0, rel=0.02)  # + the KV it reads
+    assert e["attention_intensity_flash"] > 295 > e["attention_intensity_naive"]
+    assert 1.1 < e["time_ratio"] < flash_attention_effect("llama-3.1-8b", "h100-sxm", 32768)["time_ratio"]
+
+
+def test_the_hit_slower_than_a_miss_needs_all_its_conditions():
+    from kvlab.book.beyond_hbm import hit_conditions
+
+    c = hit_conditions()
+    assert not c["anecdote"]["pays"]
+    for changed in ("pcie5", "gqa", "realistic", "realistic_both"):
+        assert c[changed]["pays"], changed
+    assert not c["overlap"]["pays"]  # a full hit leaves nothing to overlap with
+    assert not c["remote_10gbe"]["pays"] and not c["block_copies"]["pays"]
+    assert c["block_copies"]["copies"] == 4096 // 16 * 32 * 2
+    assert 100 < c["short_prompt_tokens"] < 1000

@@ -1,5 +1,6 @@
 """The `kvlab` command line: the JSON contract, readable tables, bad input -> exit 2."""
 import json
+import os
 import subprocess
 import sys
 
@@ -110,3 +111,139 @@ def test_bench_ledger_reports_both_timings(capsys):
     r = json.loads(out)
     assert code == 0 and r["points"] == 1000 and r["loop_points"] == 50
     assert r["vectorised_s"] > 0 and r["loop_s"] > 0
+
+
+# ------------------------------------------------------------------ the last net
+
+def test_an_escaping_exception_is_one_line_naming_a_bug(capsys, monkeypatch):
+    import kvlab.cli.catalog as catalog
+
+    def broken(args):
+        raise RuntimeError("the ledger fell over\nsecond line")
+
+    monkeypatch.setattr(catalog, "run_models", broken)
+    monkeypatch.delenv("KVLAB_DEBUG", raising=False)
+    code, out, err = run(capsys, "models")
+    assert code == 70 and out == ""
+    assert err.count("\n") == 1 and "bug in kvlab" in err and "KVLAB_DEBUG=1" in err
+    assert "RuntimeError: the ledger fell over second line" in err and "Traceback" not in err
+    monkeypatch.setenv("KVLAB_DEBUG", "1")
+    code, _, err = run(capsys, "models")
+    assert code == 70 and err.startswith("Traceback") and "RuntimeError" in err
+
+
+def test_python_m_entry_points_share_the_net(capsys, monkeypatch):
+    from kvlab import labs
+    from kvlab.cli import guarded
+    from kvlab.errors import KvlabError
+
+    def bad_input(argv):
+        raise KvlabError("no such folder")
+
+    def bug(argv):
+        raise KeyError("x")
+
+    monkeypatch.delenv("KVLAB_DEBUG", raising=False)
+    assert guarded(bad_input, "kvlab labs") == 2
+    assert capsys.readouterr().err == "kvlab labs: error: no such folder\n"
+    assert guarded(bug, "kvlab labs") == 70
+    assert "bug in kvlab" in capsys.readouterr().err
+    assert guarded(labs.main, "kvlab labs", ["--nope"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_a_closed_pipe_is_a_quiet_success():
+    done = subprocess.run(f"'{sys.executable}' -m kvlab hardware | head -c 10", shell=True,
+                          capture_output=True, text=True)
+    assert done.returncode == 0 and done.stderr == ""
+
+
+def test_help_and_version_import_no_command_and_no_numpy():
+    code = ("import sys; from kvlab.cli import main\n"
+            "for argv in (['--version'], ['--help']):\n"
+            "    try: main(argv)\n"
+            "    except SystemExit: pass\n"
+            "loaded = [m for m in sys.modules if m == 'numpy' or m.startswith('kvlab.cli.')]\n"
+            "sys.stderr.write(repr(loaded))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stderr == "[]"
+    assert "prefix-cache" in done.stdout and "simulate" in done.stdout
+    assert "kvlab 0.1.0" in done.stdout
+
+
+def test_the_command_table_matches_what_each_module_registers():
+    from kvlab.cli import ALL, COMMANDS, build_parser
+
+    parser = build_parser(ALL)
+    sub = next(a for a in parser._actions if a.dest == "command")
+    registered = {a.dest: a.help for a in sub._choices_actions}
+    assert registered == {name: help_text for name, (_, help_text) in COMMANDS.items()}
+
+
+# ------------------------------------------------------------------ silently wrong, now right
+
+def test_a_whole_prompt_hit_still_computes_the_last_token(capsys):
+    """`--cached 4k --context 4k`: the prompt's last token is always computed (its logits give
+    the first output token), so TTFT is the prefill of one token over 4,095 cached, not 0."""
+    from kvlab import cost
+
+    code, out, _ = run(capsys, "budget", "--model", "llama-3.1-8b", "--cached", "4k",
+                       "--context", "4k", "--json")
+    r = json.loads(out)
+    one = cost.prefill("llama-3.1-8b", "h100-sxm", 4096, cached_tokens=4095)
+    assert code == 0 and r["cached_tokens"] == 4095 and r["ttft_s"] == one.ttft_s > 0
+
+
+@pytest.mark.parametrize("option", ["--bandwidth", "--efficiency"])
+def test_denormal_bandwidth_and_efficiency_are_refused(capsys, option):
+    code, out, err = run(capsys, "budget", "--model", "article-7b", option, "1e-300", "--json")
+    assert code == 2 and out == "" and "must be >=" in err and err.count("\n") == 1
+
+
+def test_prefix_cache_capacity_overflow_is_refused_like_budget(capsys):
+    """1e400 is not a number a float holds: budget refuses it, and so does prefix-cache
+    (only the word 'inf' means an unlimited cache)."""
+    code, _, err = run(capsys, "budget", "--model", "article-7b", "--batch", "1e400")
+    assert code == 2 and "finite" in err
+    for flag in ("--capacity-blocks", "--capacity-tokens"):
+        code, out, err = run(capsys, "prefix-cache", "generated", flag, "1e400")
+        assert code == 2 and out == "" and "'inf' for an unlimited cache" in err
+    code, out, _ = run(capsys, "prefix-cache", "generated", "--capacity-blocks", "inf", "--json")
+    assert code == 0 and json.loads(out)["capacity_blocks"] is None
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["--tier", "moon"], "unknown tier 'moon'"),
+    (["--hardware", "h300"], "unknown hardware 'h300'"),
+    (["--batch", "0"], "batch must be >= 1"),
+    (["--batch", "nan"], "finite"),
+])
+def test_prefix_cache_checks_options_it_would_not_use(capsys, argv, fragment):
+    """Without --model, --tier, --hardware and --batch play no part, but a typo in them is
+    still an error, not silently ignored."""
+    code, out, err = run(capsys, "prefix-cache", "generated", "--capacity-blocks", "100", *argv)
+    assert code == 2 and out == "" and fragment in err
+
+
+def test_blas_threads_are_not_started_for_element_wise_commands():
+    code = ("import io, os, sys, contextlib\n"
+            "from kvlab.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    main([sys.argv[1], '--json'])\n"
+            "print(os.environ.get('OPENBLAS_NUM_THREADS'))")
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    for command, expected in (("models", "1"), ("bench", "None")):
+        done = subprocess.run([sys.executable, "-c", code, command], capture_output=True, text=True,
+                              env=env)
+        assert done.stdout.strip() == expected, (command, done.stderr)
+
+
+def test_models_shows_mla_as_a_latent(capsys):
+    """MLA caches one latent and a RoPE key per token and layer, not K/V heads."""
+    assert main(["models", "--json"]) == 0
+    v3 = json.loads(capsys.readouterr().out)["deepseek-v3"]
+    assert v3["kv_heads"] is None and (v3["kv_latent_dim"], v3["kv_rope_dim"]) == (512, 64)
+    assert v3["kv_bytes_per_token_fp16"] == (512 + 64) * 61 * 2
+    assert main(["models"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("deepseek-v3"))
+    assert "128/latent" in row and "512+64 rope" in row

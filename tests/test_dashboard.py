@@ -1,22 +1,28 @@
 """The Voila dashboard, live: it starts offline, a dragged slider re-runs the ledger, and
-the numbers shown are kvlab's for the new value."""
+the numbers shown are kvlab's for the new value; the server checks its port and takes
+everything it started down when it is stopped."""
+import os
 import re
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
 
 import pytest
-
 from browser import CHROMIUM_ARGS, SHOTS, chromium_path
 
-pytestmark = pytest.mark.browser
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def dashboard(tmp_path_factory):
-    from kvlab.viz.serve import start
+    from kvlab.viz.serve import start, stop
 
     proc, url = start(home=str(tmp_path_factory.mktemp("home")))
     yield url
-    proc.terminate()
-    proc.wait(timeout=20)
+    stop(proc)
 
 
 def readout_values(page) -> dict[str, float]:
@@ -24,6 +30,7 @@ def readout_values(page) -> dict[str, float]:
     return dict(re.findall(r'data-key="(\w+)" data-value="([^"]*)"', html))
 
 
+@pytest.mark.browser
 def test_dragging_a_live_slider_reruns_the_ledger(dashboard):
     from playwright.sync_api import sync_playwright
 
@@ -62,3 +69,60 @@ def test_dragging_a_live_slider_reruns_the_ledger(dashboard):
     assert float(after["tokens_per_s"]) == pytest.approx(expected["tokens_per_s"], rel=1e-9)
     assert float(after["step_time_s"]) == pytest.approx(expected["step_time_s"], rel=1e-9)
     assert after["tokens_per_s"] != before["tokens_per_s"]
+
+
+def _serve(*argv, env=None):
+    return subprocess.Popen([sys.executable, "-m", "kvlab.viz.serve", *argv], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, **(env or {})})
+
+
+@pytest.mark.slow
+def test_sigterm_takes_voila_and_its_kernel_down(tmp_path):
+    """Start the server, open the page (Voila starts a kernel for it), SIGTERM the server:
+    Voila and the kernel are gone and nothing listens on the port."""
+    psutil = pytest.importorskip("psutil")
+    from kvlab.viz.serve import free_port
+
+    port = free_port()
+    server = _serve("--port", str(port), env={"HOME": str(tmp_path)})
+    try:
+        line = server.stdout.readline()
+        assert f"http://127.0.0.1:{port}/" in line  # the port it really listens on
+        assert urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=120).status == 200
+        started = psutil.Process(server.pid).children(recursive=True)
+        assert any("voila" in " ".join(p.cmdline()) for p in started)
+        assert any("ipykernel" in " ".join(p.cmdline()) for p in started)  # the page's kernel
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=60) == 0
+    finally:
+        if server.poll() is None:
+            server.kill()
+    _, alive = psutil.wait_procs(started, timeout=10)
+    assert alive == []
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+@pytest.mark.parametrize("argv,env,fragment", [
+    (["--port", "70000"], {}, "--port: expected a port from 1 to 65535"),
+    (["--port", "http"], {}, "--port: expected a port"),
+    ([], {"PORT": "abc"}, "PORT: expected a port from 1 to 65535"),
+    (["missing.ipynb", "--port", "0"], {}, "missing.ipynb' does not exist"),
+])
+def test_bad_ports_and_notebooks_are_one_line(argv, env, fragment):
+    server = _serve(*argv, env=env)
+    out, err = server.communicate(timeout=60)
+    assert server.returncode == 2 and out == ""
+    assert fragment in err and err.count("\n") == 1
+
+
+def test_a_taken_port_fails_instead_of_moving():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        server = _serve("--port", str(port))
+        out, err = server.communicate(timeout=60)
+    assert server.returncode == 2 and out == ""
+    assert f"port {port} on 127.0.0.1 is not available" in err

@@ -14,8 +14,13 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from kvlab.cost import decode_step, kv_bytes_per_token, weight_read_bytes  # noqa: E402
-from kvlab.decoder import Decoder, DecoderConfig, PRESETS, ledger  # noqa: E402
-from kvlab.decoder import fit  # noqa: E402
+from kvlab.decoder import (  # noqa: E402
+    PRESETS,
+    Decoder,
+    DecoderConfig,
+    fit,  # noqa: E402
+    ledger,
+)
 from kvlab.decoder.config import get_config  # noqa: E402
 from kvlab.decoder.kvcache import quantize  # noqa: E402
 from kvlab.errors import KvlabError  # noqa: E402
@@ -32,10 +37,12 @@ def model():
 
 @pytest.fixture(scope="module")
 def tokens():
-    return torch.randint(0, PRESETS["tiny"].vocab_size, (B, TOTAL), generator=torch.Generator().manual_seed(1))
+    gen = torch.Generator().manual_seed(1)
+    return torch.randint(0, PRESETS["tiny"].vocab_size, (B, TOTAL), generator=gen)
 
 
-def generate(model, tokens, kv="fp32", placement="device", prefetch=False, block=BLOCK, max_len=MAX_LEN):
+def generate(model, tokens, kv="fp32", placement="device", prefetch=False, block=BLOCK,
+             max_len=MAX_LEN):
     """Logits for positions PROMPT-1 .. TOTAL-1: prefill the prompt, then decode one by one."""
     cache = model.new_cache(tokens.shape[0], max_len, kv, placement, prefetch, block_tokens=block)
     out = [model.prefill(tokens[:, :PROMPT], cache)[:, -1]]
@@ -84,7 +91,8 @@ def test_host_placement_equals_device(model, tokens, kv, prefetch):
     assert torch.equal(host, device)
 
 
-@pytest.mark.parametrize("kv,tolerance", [("bf16", 0.01), ("fp16", 0.01), ("int8", 0.01), ("fp8", 0.04)])
+@pytest.mark.parametrize("kv,tolerance",
+                         [("bf16", 0.01), ("fp16", 0.01), ("int8", 0.01), ("fp8", 0.04)])
 def test_quantized_kv_stays_close(model, tokens, reference, kv, tolerance):
     err = rel_err(generate(model, tokens, kv), reference)
     assert 0 < err <= tolerance
@@ -103,7 +111,8 @@ def test_chunked_dequantization_equals_one_pass(model, tokens, kv):
 
 
 def test_int8_kv_is_closer_than_fp8(model, tokens, reference):
-    assert rel_err(generate(model, tokens, "int8"), reference) < rel_err(generate(model, tokens, "fp8"), reference)
+    int8 = rel_err(generate(model, tokens, "int8"), reference)
+    assert int8 < rel_err(generate(model, tokens, "fp8"), reference)
 
 
 def test_prepacked_bf16_weights_give_the_same_logits(tokens):
@@ -117,14 +126,15 @@ def test_prepacked_bf16_weights_give_the_same_logits(tokens):
 
 def test_int8_weights_stay_close(tokens, reference):
     m = Decoder("tiny", "int8", compute_dtype="fp32")
-    assert all(layer.wqkv.fused for layer in m.layers)  # the byte-per-weight kernel, not dequantize+matmul
+    # the byte-per-weight kernel, not dequantize + matmul
+    assert all(layer.wqkv.fused for layer in m.layers)
     assert 0 < rel_err(generate(m, tokens), reference) <= 0.03
 
 
 def test_int8_weights_fallback_for_odd_widths(tokens):
     """Inner dimensions that are not multiples of 16 take the dequantize path, same numbers."""
-    cfg = DecoderConfig("odd", vocab_size=256, num_layers=1, hidden_size=40, num_heads=2, num_kv_heads=1,
-                        head_dim=20, intermediate_size=72)
+    cfg = DecoderConfig("odd", vocab_size=256, num_layers=1, hidden_size=40, num_heads=2,
+                        num_kv_heads=1, head_dim=20, intermediate_size=72)
     m = Decoder(cfg, "int8", compute_dtype="fp32")
     assert not m.layers[0].wqkv.fused
     x = torch.randn(3, 40)
@@ -134,7 +144,8 @@ def test_int8_weights_fallback_for_odd_widths(tokens):
 
 
 def test_quantize_roundtrip():
-    x = torch.randn(5, 7, 64, generator=torch.Generator().manual_seed(0)) * torch.logspace(-4, 2, 7).view(1, 7, 1)
+    x = torch.randn(5, 7, 64, generator=torch.Generator().manual_seed(0))
+    x = x * torch.logspace(-4, 2, 7).view(1, 7, 1)
     x[0, 0] = 0.0  # a row of zeros must not divide by zero
     for kv, bound in (("int8", 0.5 / 127), ("fp8", 16 / 448)):
         q, s = quantize(x, kv)
@@ -168,7 +179,8 @@ def test_ragged_batch_matches_each_sequence_alone(model, tokens, placement):
 
 
 def test_oversize_cache_fails_up_front(model):
-    # 2 layers x 2 x 2 heads x 16 x 4 bytes = 512 B/token: 100M tokens is 51 GB, more than this machine
+    # 2 layers x 2 x 2 heads x 16 x 4 bytes = 512 B/token: 100M tokens is 51 GB, more than this
+    # machine
     huge = 100_000_000
     need = model.new_cache(1, 1, "fp32").bytes_per_token * huge
     if need < fit.host_available_bytes():
@@ -190,7 +202,8 @@ def test_oversize_device_cache_message(model, monkeypatch):
     (dict(max_seq_len=0), "max_seq_len"),
 ])
 def test_bad_cache_arguments(model, kwargs, match):
-    args = dict(batch=1, max_seq_len=16, kv_dtype="fp32", placement="device", prefetch=False) | kwargs
+    args = dict(batch=1, max_seq_len=16, kv_dtype="fp32", placement="device",
+                prefetch=False) | kwargs
     with pytest.raises(KvlabError, match=match):
         model.new_cache(**args)
 
@@ -211,27 +224,244 @@ def test_bad_config_and_tokens(model):
         model.prefill(torch.full((1, 3), 10_000), model.new_cache(1, 8, "fp32"))
 
 
+def test_cache_limit_is_named(model):
+    with pytest.raises(KvlabError,
+                       match="max_seq_len must be a whole number in 1..100,000,000, got 100000001"):
+        model.new_cache(1, 100_000_001, "fp32")
+
+
+def test_cache_footprint_is_what_the_cache_allocates(model):
+    from kvlab.decoder.kvcache import cache_footprint
+
+    cases = (("fp32", "device", False), ("int8", "host", False), ("bf16", "host", True))
+    for kv, placement, prefetch in cases:
+        cache = model.new_cache(3, 40, kv, placement, prefetch, block_tokens=16)
+        host, device = cache_footprint(model.config, 3, 40, kv, placement, "cpu", prefetch,
+                                       block_tokens=16)
+        assert (host, device) == (cache.nbytes, 0.0)  # on a CPU everything is host memory
+
+
+# ------------------------------------------------------------------ matrix-product backends
+
+def test_each_weight_gets_one_backend_chosen_once(tokens):
+    from kvlab import native
+    from kvlab.decoder.linear import Int8Linear, NativeLinear, OneDNNLinear, TorchLinear
+
+    def kinds(m):
+        return {type(lin) for lin in m.linears()}
+
+    assert kinds(Decoder("tiny", "fp32")) == {TorchLinear}
+    assert kinds(Decoder("tiny", "int8", compute_dtype="fp32")) == {Int8Linear}
+    assert kinds(Decoder("tiny", "bf16", prepack=False, kernels="torch")) == {TorchLinear}
+    onednn = Decoder("tiny", "bf16", kernels="torch")
+    assert kinds(onednn) in ({OneDNNLinear}, {TorchLinear}) and onednn.prepacked == \
+        sum(isinstance(lin, OneDNNLinear) for lin in onednn.linears())
+    if native.available():
+        on_native = Decoder("tiny", "bf16", kernels="native")
+        assert kinds(on_native) == {NativeLinear}
+        assert on_native.decode_kernels("bf16")["weights"] == "native"
+    # same seed, same weights through every backend: the logits agree
+    plain = Decoder("tiny", "bf16", prepack=False, kernels="torch")
+    assert torch.allclose(generate(onednn, tokens, "bf16"), generate(plain, tokens, "bf16"), atol=0)
+
+
+def test_sdpa_prefill_without_enable_gqa_matches(tokens, monkeypatch):
+    """torch < 2.5 has no `enable_gqa`: K and V are expanded to every query head instead."""
+    from kvlab.decoder import attention
+
+    m = Decoder("tiny", "fp32", prefill_kernel="sdpa")
+    assert m.config.num_heads > m.config.num_kv_heads  # grouped-query: the guarded case
+    reference = m.prefill(tokens, m.new_cache(B, MAX_LEN, "fp32"))
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def sdpa_before_2_5(*args, **kwargs):
+        if "enable_gqa" in kwargs:
+            raise TypeError("scaled_dot_product_attention() got an unexpected keyword argument "
+                            "'enable_gqa'")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", sdpa_before_2_5)
+    monkeypatch.setattr(attention, "SDPA_GQA", False)
+    assert torch.allclose(m.prefill(tokens, m.new_cache(B, MAX_LEN, "fp32")), reference, atol=1e-5)
+    monkeypatch.setattr(attention, "SDPA_GQA", True)  # what the guard prevents
+    with pytest.raises(TypeError, match="enable_gqa"):
+        m.prefill(tokens, m.new_cache(B, MAX_LEN, "fp32"))
+
+
+@pytest.mark.parametrize("version,expected", [
+    ("2.3.1+cu121", False), ("2.4.0", False), ("2.5.0", True), ("2.11.0+cu130", True),
+    ("3.0.0a0", True), ("weird", False)])
+def test_enable_gqa_needs_torch_2_5(monkeypatch, version, expected):
+    from kvlab.decoder import attention
+
+    monkeypatch.setattr(torch, "__version__", version)
+    assert attention._torch_at_least(2, 5) is expected
+
+
+# ------------------------------------------------------------------ CUDA calls, on stand-ins
+
+def test_free_memory_is_asked_of_the_named_gpu(monkeypatch):
+    """Before torch 2.5 `mem_get_info` refuses a device without an index; kvlab always
+    passes a number: the one the device names, else the current device's."""
+    asked = []
+
+    def mem_get_info(index):
+        if not isinstance(index, int):
+            raise ValueError("Expected a torch.device with a specified index or an integer")
+        asked.append(index)
+        return 5e9, 8e9
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 2)
+    assert fit.device_available_bytes("cuda:1") == 5e9 and fit.device_available_bytes("cuda") == 5e9
+    assert asked == [1, 2]
+
+
+class FakeStream:
+    """A CUDA stream as a list of operations, each with the vector clock it was issued
+    under: `seen[s]` is the last operation of stream s known to finish before it."""
+
+    def __init__(self, name, device):
+        self.name, self.device, self.ops, self.seen = name, device, [], {}
+
+    def op(self, what):
+        self.ops.append((what, dict(self.seen)))
+
+    def frontier(self):
+        return {**self.seen, self.name: len(self.ops) - 1}
+
+    def _merge(self, clock):
+        for stream, index in (clock or {}).items():
+            self.seen[stream] = max(self.seen.get(stream, -1), index)
+
+    def wait_event(self, event):
+        self._merge(event.clock)
+
+    def wait_stream(self, other):
+        self._merge(other.frontier())
+
+
+class FakeEvent:
+    clock = None  # never recorded: waiting on it is a no-op, as in CUDA
+
+    def record(self, stream):
+        self.clock = stream.frontier()
+
+
+class FakeCuda:
+    """Stand-in for torch.cuda's Stream, Event, current_stream and stream; `tag` names what
+    the next copies are (set by the test)."""
+
+    def __init__(self, device):
+        self.compute = FakeStream("compute", device)
+        self.current, self.asked, self.tag = [self.compute], [], None
+
+    def Stream(self, device):  # noqa: N802 - torch.cuda's name
+        self.asked.append(device)
+        return FakeStream("copy", device)
+
+    def Event(self):  # noqa: N802
+        return FakeEvent()
+
+    def current_stream(self, device=None):
+        self.asked.append(device)
+        return self.current[-1]
+
+    @__import__("contextlib").contextmanager
+    def stream(self, s):
+        self.current.append(s)
+        s.op(self.tag)  # the copies issued inside the context
+        yield
+        self.current.pop()
+
+
+def _after(streams, a, b) -> bool:
+    """Whether op a = (stream, index) must finish before op b starts."""
+    (sa, ia), (sb, ib) = a, b
+    return (sa == sb and ia < ib) or streams[sb].ops[ib][1].get(sa, -1) >= ia
+
+
+def test_prefetch_orders_copies_and_compute_with_events(tokens):
+    """Host-placed KV with prefetch, on stand-in streams and events: every layer's attention
+    waits for its history's copy, a slot is refilled only after the layer that used it
+    before has finished, a pass's first copies wait for the previous pass, copies do overlap
+    compute, and the numbers are those of device placement. Every stream is asked of the
+    cache's device (cuda:1), never of the current one."""
+    from kvlab.decoder.kvcache import _Streams
+
+    cfg = DecoderConfig("deep", vocab_size=256, num_layers=5, hidden_size=64, num_heads=4,
+                        num_kv_heads=2, head_dim=16, intermediate_size=96)
+    m = Decoder(cfg, "fp32")
+    gpu = torch.device("cuda:1")
+    fake = FakeCuda(gpu)
+    cache = m.new_cache(B, MAX_LEN, "fp32", "host", prefetch=True, block_tokens=BLOCK)
+    cache.streams = _Streams(gpu, 2, True, cuda=fake)
+    passes = []
+    begin, fetch, write, view = cache.begin, cache._fetch, cache.write, cache.view
+
+    def tagged_begin(n_hist):
+        passes.append(n_hist)
+        begin(n_hist)
+
+    def tagged_fetch(layer):
+        fake.tag = ("fetch", len(passes) - 1, layer)
+        fetch(layer)
+
+    def use(layer):
+        fake.current[-1].op(("use", len(passes) - 1, layer))
+
+    cache.begin, cache._fetch = tagged_begin, tagged_fetch
+    cache.write = lambda layer, *a: (use(layer), write(layer, *a))[1]
+    cache.view = lambda layer, n: (use(layer), view(layer, n))[1]
+    out = [m.prefill(tokens[:, :PROMPT], cache)[:, -1], m.decode(tokens[:, PROMPT], cache)]
+    ref_cache = m.new_cache(B, MAX_LEN, "fp32", block_tokens=BLOCK)
+    reference = [m.prefill(tokens[:, :PROMPT], ref_cache)[:, -1],
+                 m.decode(tokens[:, PROMPT], ref_cache)]
+    assert all(torch.equal(a, b) for a, b in zip(out, reference, strict=True))
+    assert set(fake.asked) == {gpu}
+
+    streams = {"compute": fake.compute, "copy": cache.streams.copy}
+    fetches = {what[1:]: ("copy", i) for i, (what, _) in enumerate(streams["copy"].ops)}
+    uses = [(what[1:], ("compute", i)) for i, (what, _) in enumerate(streams["compute"].ops)]
+    every = [(p, lay) for p in (0, 1) for lay in range(cfg.num_layers)]
+    assert len(passes) == 2 and sorted(fetches) == every
+    assert all(what[0] == "fetch" for what, _ in streams["copy"].ops)
+    for (p, layer), op in uses:  # attention reads a history that has arrived
+        assert _after(streams, fetches[p, layer], op)
+    for (p, layer), copy in fetches.items():
+        if layer >= 2:  # the slot's previous occupant (layer - 2) has finished with it
+            assert all(_after(streams, op, copy)
+                       for (q, lay), op in uses if (q, lay) == (p, layer - 2))
+        elif p > 0:  # a pass's first copies come after everything the previous pass queued
+            assert all(_after(streams, op, copy) for (q, _), op in uses if q == p - 1)
+    # copies overlap compute: layer 1's history is fetched without waiting for layer 0's attention
+    assert not any(_after(streams, op, fetches[0, 1])
+                   for (p, lay), op in uses if (p, lay) == (0, 0))
+
+
 # ------------------------------------------------------------------ the ledger mapping
 
 @pytest.mark.parametrize("preset", ["tiny", "small", "cpu-bench", "gpu-bench", "mha-small"])
 def test_spec_has_the_decoders_shapes(preset):
     c, spec = PRESETS[preset], ledger.model_spec(preset)
-    assert (spec.num_layers, spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim) == \
-        (c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim)
+    shape = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim")
+    assert [getattr(spec, k) for k in shape] == [getattr(c, k) for k in shape]
     assert not spec.tie_word_embeddings and spec.params.embedding == c.vocab_size * c.hidden_size
 
 
 @pytest.mark.parametrize("weight_dtype,tolerance", [("fp32", 0), ("bf16", 0), ("int8", 0.005)])
 def test_decoder_streams_the_weight_bytes_the_ledger_counts(weight_dtype, tolerance):
     m = Decoder("small", weight_dtype)
-    counted = weight_read_bytes(ledger.model_spec("small"), 1, ledger.weight_ledger_dtype("small", weight_dtype))
+    counted = weight_read_bytes(ledger.model_spec("small"), 1,
+                                ledger.weight_ledger_dtype("small", weight_dtype))
     assert m.streamed_weight_bytes() == pytest.approx(counted, rel=tolerance, abs=0)
 
 
 @pytest.mark.parametrize("kv", ["fp32", "bf16", "fp16", "int8", "fp8"])
 def test_cache_stores_the_kv_bytes_the_ledger_counts(model, kv):
     cache = model.new_cache(2, 40, kv, block_tokens=16)  # 3 blocks: 48 positions allocated
-    assert cache.bytes_per_token == kv_bytes_per_token(ledger.model_spec("tiny"), ledger.kv_ledger_dtype("tiny", kv))
+    counted = kv_bytes_per_token(ledger.model_spec("tiny"), ledger.kv_ledger_dtype("tiny", kv))
+    assert cache.bytes_per_token == counted
     assert cache.capacity_tokens == 48 and cache.nbytes == cache.bytes_per_token * 2 * 48
 
 
@@ -239,11 +469,13 @@ def test_host_prediction_adds_the_fetch():
     dev = ledger.measured_device("test", 100e9, 1e12, 64e9)
     on_device = ledger.predict_decode("cpu-bench", dev, 8, 4096, "bf16", "bf16")
     serial = ledger.predict_decode("cpu-bench", dev, 8, 4096, "bf16", "bf16", "host", False, 10e9)
-    overlapped = ledger.predict_decode("cpu-bench", dev, 8, 4096, "bf16", "bf16", "host", True, 10e9)
+    overlapped = ledger.predict_decode("cpu-bench", dev, 8, 4096, "bf16", "bf16", "host", True,
+                                       10e9)
     kv = 8 * 4096 * ledger.kv_bytes_per_token("cpu-bench", "bf16")
     assert serial["fetch_s"] == pytest.approx(kv / 10e9)
     assert serial["predicted_step_s"] == pytest.approx(on_device["predicted_step_s"] + kv / 10e9)
-    assert overlapped["predicted_step_s"] == pytest.approx(max(on_device["predicted_step_s"], kv / 10e9))
+    expected = max(on_device["predicted_step_s"], kv / 10e9)
+    assert overlapped["predicted_step_s"] == pytest.approx(expected)
     step = decode_step(ledger.model_spec("cpu-bench"), dev, 8, 4096, "bf16", "bf16")
     assert on_device["predicted_step_s"] == pytest.approx(step.step_time_s)
 
@@ -285,3 +517,27 @@ def test_cuda_graph_step_equals_eager(tokens):
     replayed = fn().clone()
     torch.cuda.synchronize()
     assert torch.isfinite(eager).all() and torch.allclose(replayed, eager, atol=1e-2, rtol=1e-2)
+
+
+@cuda
+@pytest.mark.gpu
+def test_cuda_sdpa_prefill_matches_matmul(tokens):
+    """The fused prefill (grouped-query SDPA, flash where it applies) against plain matmuls."""
+    t = tokens.cuda()
+    sdpa = Decoder("tiny", "fp32", device="cuda", prefill_kernel="sdpa")
+    matmul = Decoder("tiny", "fp32", device="cuda", prefill_kernel="matmul")
+    a = sdpa.prefill(t, sdpa.new_cache(B, MAX_LEN, "fp32"))
+    b = matmul.prefill(t, matmul.new_cache(B, MAX_LEN, "fp32"))
+    assert torch.allclose(a, b, atol=1e-3)
+
+
+@cuda
+@pytest.mark.gpu
+def test_cuda_index_names_the_device_everywhere():
+    """`cuda:0` spelled out: the cache's copy stream lives there, free memory is asked of it."""
+    gpu = torch.device("cuda:0")
+    m = Decoder("tiny", "fp32", device=gpu)
+    cache = m.new_cache(B, MAX_LEN, "bf16", "host", prefetch=True)
+    assert cache.streams.active and cache.streams.copy.device == gpu
+    free, _ = torch.cuda.mem_get_info(0)
+    assert 0 < fit.device_available_bytes(gpu) <= 1.01 * free

@@ -7,6 +7,7 @@ from kvlab import cost
 from kvlab.cli import main
 from kvlab.diagnose import diagnose
 from kvlab.errors import KvlabError
+from kvlab.tiers import tiered_decode_step
 
 
 def ceiling(**kw):
@@ -65,3 +66,123 @@ def test_cli_json_and_bad_input(capsys):
     assert "tokens/s must be > 0" in capsys.readouterr().err
     with pytest.raises(KvlabError, match="placement"):
         diagnose("llama-3.1-8b", "h100-sxm", 1, 4096, 100, kv_tier="moon")
+
+
+# ------------------------------------------------------------------ fit first, every input checked
+
+def test_a_deployment_that_does_not_fit_is_said_so_before_any_advice(capsys):
+    """70B in fp16 on a 24 GB L4: 141 GB of weights. The first thing the diagnosis says is
+    that it cannot run; its bound is memory capacity."""
+    d = diagnose("llama-3.1-70b", "l4", 1, 4096, 10)
+    assert not d.fits and d.bound == "memory capacity"
+    assert d.fit.numbers["needed_bytes"] > d.fit.numbers["capacity_bytes"] == 24e9
+    lines = d.report().splitlines()
+    first = next(i for i, text in enumerate(lines) if text.lstrip().startswith("- "))
+    assert lines[2].startswith("0. memory fit: does NOT fit") and first == 3
+    assert "weights alone exceed the memory" in lines[3]
+    argv = ["diagnose", "--model", "llama-3.1-70b", "--hardware", "l4", "--tokens-per-s", "10"]
+    assert main(argv + ["--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["fits"] is False and out["bound"] == "memory capacity" and out["fit"]["step"] == 0
+
+
+def test_too_many_sequences_names_the_largest_batch_that_fits():
+    step = cost.decode_step("llama-3.1-8b", "h100-sxm", 512, 32768)
+    d = diagnose("llama-3.1-8b", "h100-sxm", 512, 32768, 100)
+    assert not d.fits and f"at most {step.max_batch} sequences fit" in d.fit.advice[0]
+
+
+def test_a_deployment_that_fits_reports_as_before():
+    d = diagnose("llama-3.1-8b", "h100-sxm", 8, 4096, 500)
+    assert d.fits and d.fit.numbers["fits"] and not d.report().splitlines()[2].startswith("0.")
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"network_bandwidth_bytes_per_s": "moon-link"}, "unknown tier 'moon-link'"),
+    ({"network_bandwidth_bytes_per_s": 1e-300, "kv_bytes_per_request": 1e9}, "must be >= 1000"),
+    ({"network_bandwidth_bytes_per_s": float("nan"), "kv_bytes_per_request": 1e9}, "finite"),
+    ({"network_bandwidth_bytes_per_s": "ib-200g"}, "give both or neither"),
+    ({"kv_bytes_per_request": 1e9}, "give both or neither"),
+    ({"kv_bytes_per_request": -1, "network_bandwidth_bytes_per_s": "ib-200g"},
+     "KV bytes per request must be > 0"),
+    ({"kv_tier": "moon"}, "unknown KV placement 'moon'"),
+    ({"measured_bandwidth_bytes_per_s": 1e-300}, "must be >= 1000"),
+])
+def test_every_input_is_checked_even_when_a_step_would_not_use_it(kwargs, message):
+    with pytest.raises(KvlabError, match=message):
+        diagnose("llama-3.1-8b", "h100-sxm", 8, 4096, 500, **kwargs)
+
+
+def test_cli_network_and_tier_are_validated_when_unused(capsys):
+    base = ["diagnose", "--model", "llama-3.1-8b", "--tokens-per-s", "100"]
+    for extra, fragment in ((["--network", "1e-300", "--kv-bytes-per-request", "1e9"],
+                             "must be >= 1000"),
+                            (["--network", "nope"], "unknown tier 'nope'"),
+                            (["--network", "ib-200g"], "give both or neither"),
+                            (["--kv-tier", "moon"], "unknown KV placement")):
+        assert main(base + extra) == 2
+        err = capsys.readouterr().err
+        assert fragment in err and err.count("\n") == 1
+
+
+def test_a_tiny_measurement_prints_a_short_number(capsys):
+    """1e-300 tokens/s: the utilisation is a denormal; it prints as 4.64e-301%, not as a
+    percentage with 300 zeros."""
+    assert main(["diagnose", "--model", "llama-3.1-8b", "--tokens-per-s", "1e-300"]) == 0
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) < 200 and "e-30" in out
+    assert main(["diagnose", "--model", "llama-3.1-8b", "--tokens-per-s", "1e-300", "--json"]) == 0
+    json.loads(capsys.readouterr().out)
+
+
+def test_the_steps_are_functions_and_agree_with_the_whole():
+    from kvlab import diagnose as module
+
+    d = diagnose("llama-3.1-8b", "h100-sxm", 8, 16384, 30, kv_tier="host-pcie5",
+                 network_bandwidth_bytes_per_s="ib-200g", kv_bytes_per_request=4096 * 131072)
+    inputs = module._check_inputs("llama-3.1-8b", "h100-sxm", 8, 16384, 30, "fp16", "fp16", None,
+                                  "host-pcie5", "ib-200g", 4096 * 131072)
+    step = cost.decode_step("llama-3.1-8b", "h100-sxm", 8, 16384)
+    tier, _, tiered = module._kv_tier(inputs)
+    assert d.findings == [module._memory_throughput(inputs, step), module._ceiling(inputs, step, tiered),
+                          module._weights_or_kv(inputs, step), tier, module._network(inputs, step)]
+
+
+def test_numbers_far_from_one_print_in_scientific_notation():
+    from kvlab import fmt
+
+    assert fmt.percent(4.64e-303) == "4.64e-301%"
+    assert fmt.rate(1e-300) == "1.000e-300"
+    assert fmt.sig(2.5e22, 3) == "2.50e+22"
+    # the usual range is unchanged
+    assert fmt.sig(0.00123, 3) == "0.00123" and fmt.sig(137.6, 4) == "137.6"
+
+
+def test_a_profiler_tells_kernels_from_gaps():
+    """Kernels at 85% of the bandwidth while they run, the wall clock at 50% of the ceiling:
+    the missing time is gaps between kernels (launches, host work), not bandwidth."""
+    step = cost.decode_step("llama-3.1-8b", "h100-sxm", 8, 16384)
+    peak = step.bandwidth_bytes_per_s
+    d = diagnose("llama-3.1-8b", "h100-sxm", 8, 16384, 0.5 * step.tokens_per_s,
+                 measured_bandwidth_bytes_per_s=0.85 * peak)
+    one, two = d.findings[0], d.findings[1]
+    assert d.bound == "launch and host overheads"
+    assert one.numbers["utilisation"] == pytest.approx(0.85)
+    assert one.numbers["busy_share"] == pytest.approx(0.5 / 0.85)
+    assert two.numbers["fraction_of_ceiling"] == pytest.approx(0.5)
+    assert any("CUDA graph" in a for a in one.advice)
+    # without a profiler, step 1 says it only repeats step 2
+    plain = diagnose("llama-3.1-8b", "h100-sxm", 8, 16384, 0.5 * step.tokens_per_s)
+    assert plain.findings[0].numbers["utilisation"] == pytest.approx(plain.findings[1].numbers["fraction_of_ceiling"])
+    assert any("repeats step 2" in a for a in plain.findings[0].advice)
+
+
+def test_a_slow_tier_sets_the_ceiling():
+    """KV served from host memory: step 2 measures against that tier's ceiling, and a
+    measurement above it is flagged as not describing what ran."""
+    t = tiered_decode_step("llama-3.1-8b", "h100-sxm", 8, 16384, "host-pcie5")
+    ok = diagnose("llama-3.1-8b", "h100-sxm", 8, 16384, 0.9 * t.tokens_per_s, kv_tier="host-pcie5")
+    assert ok.findings[1].numbers["ceiling_tokens_per_s"] == pytest.approx(t.tokens_per_s)
+    assert ok.findings[1].numbers["fraction_of_ceiling"] == pytest.approx(0.9)
+    too_fast = diagnose("llama-3.1-8b", "h100-sxm", 8, 16384, 2 * t.tokens_per_s, kv_tier="host-pcie5")
+    assert "above" in too_fast.findings[1].verdict and "settings do not describe" in too_fast.findings[1].advice[0]

@@ -1,4 +1,5 @@
 """Teaching labs: reference answers pass, blanked student copies fail with their hint."""
+import os
 from pathlib import Path
 
 import nbformat
@@ -89,3 +90,69 @@ def test_reference_answers_pass(monkeypatch):
                 exec(compile(cell.source, f"{path.name}:lab", "exec"), namespace)
     assert {r.key for r in results} == set(labs.exercises())
     assert all(r.passed for r in results), [r for r in results if not r.passed]
+
+
+# ------------------------------------------------------------------ python -m kvlab.labs guards
+
+def _copy_chapters(tmp_path):
+    src = tmp_path / "nb"
+    src.mkdir()
+    for path in NOTEBOOKS:
+        (src / path.name).write_bytes(path.read_bytes())
+    return src
+
+
+def _run(*argv):
+    from kvlab.cli import guarded
+
+    return guarded(labs.main, "kvlab labs", list(argv))
+
+
+@pytest.mark.parametrize("out", [".", "sub", "sub/deeper"])
+def test_refuses_to_write_into_the_notebook_folder(tmp_path, capsys, out):
+    src = _copy_chapters(tmp_path)
+    before = {p.name: p.read_bytes() for p in src.iterdir()}
+    assert _run(str(src), str(src / out)) == 2
+    assert "would replace the reference answers" in capsys.readouterr().err
+    # nothing blanked, nothing cleared
+    assert {p.name: p.read_bytes() for p in src.iterdir()} == before
+
+
+def test_never_overwrites_without_force(tmp_path, capsys):
+    src, out = _copy_chapters(tmp_path), tmp_path / "labs"
+    assert _run(str(src), str(out)) == 0
+    written = sorted(out.iterdir())
+    umask = os.umask(0)
+    os.umask(umask)
+    # ordinary files: 0644 under umask 022
+    assert written and all(p.stat().st_mode & 0o777 == 0o666 & ~umask for p in written)
+    student = written[0]
+    # a student's work
+    student.write_text(student.read_text().replace("answer = ...", "answer = 42"))
+    kept = student.read_bytes()
+    capsys.readouterr()
+    assert _run(str(src), str(out)) == 2
+    err = capsys.readouterr().err
+    assert "exists (it may hold a student's answers); pass --force" in err and err.count("\n") == 1
+    assert student.read_bytes() == kept
+    assert _run(str(src), str(out), "--force") == 0 and student.read_bytes() != kept
+
+
+def test_a_file_as_output_a_symlink_back_and_a_malformed_notebook(tmp_path, capsys):
+    src = _copy_chapters(tmp_path)
+    (tmp_path / "file").write_text("x")
+    assert _run(str(src), str(tmp_path / "file")) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / NOTEBOOKS[0].name).symlink_to(src / NOTEBOOKS[0].name)
+    assert _run(str(src), str(out), "--force") == 2  # even --force never writes over a source
+    assert "over the notebook it comes from" in capsys.readouterr().err
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "01_x.ipynb").write_text("{not json")
+    assert _run(str(bad), str(tmp_path / "fresh")) == 2
+    err = capsys.readouterr().err
+    assert "01_x.ipynb is not a readable notebook" in err and err.count("\n") == 1
+    assert not (tmp_path / "fresh").exists()
+    assert _run(str(tmp_path / "missing"), str(tmp_path / "o")) == 2

@@ -232,7 +232,8 @@ def test_measured_prefill_keeps_flash_attention_and_prefix_hits_save():
     full = cost.prefill("llama-3.1-8b", "h100-sxm", 8192, efficiency="measured")
     half = cost.prefill("llama-3.1-8b", "h100-sxm", 8192, 4096, efficiency="measured")
     done = cost.prefill("llama-3.1-8b", "h100-sxm", 8192, 8192, efficiency="measured")
-    assert full.time_s > half.time_s > done.time_s == 0
+    assert full.time_s > half.time_s > done.time_s > 0  # a whole-prompt hit still computes the last token
+    assert done.cached_tokens == 8191
     assert 0.5 < full.ceiling_time_s / full.time_s < 0.9
     with pytest.raises(KvlabError, match="flash_attention=False"):
         cost.prefill("llama-3.1-8b", "h100-sxm", 8192, flash_attention=False, efficiency="measured")

@@ -10,6 +10,7 @@ and must be at least as close as the PyTorch path (which rounds p to bf16).
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 
@@ -23,7 +24,8 @@ from kvlab.decoder.attention import decode_attention  # noqa: E402
 from kvlab.decoder.kvcache import quantize  # noqa: E402
 from kvlab.errors import KvlabError  # noqa: E402
 
-needs_native = pytest.mark.skipif(not native.available(), reason=f"native kernels unavailable: {native.status()}")
+needs_native = pytest.mark.skipif(not native.available(),
+                                  reason=f"native kernels unavailable: {native.status()}")
 
 
 def test_native_builds_wherever_cpu_and_compiler_allow():
@@ -85,7 +87,8 @@ def test_attention_matches_fp32_reference(B, H, KV, D, nb, blk, lengths):
     err = (out - ref).abs().max().item()
     assert err <= 2e-3
     valid = (torch.arange(nb * blk).view(1, -1) < lens.view(B, 1)).view(B, 1, 1, -1)
-    torch_err = (decode_attention(q, k, v, None, None, valid, 1 << 22).float() - ref).abs().max().item()
+    torch_out = decode_attention(q, k, v, None, None, valid, 1 << 22).float()
+    torch_err = (torch_out - ref).abs().max().item()
     assert err <= torch_err + 1e-6
 
 
@@ -146,25 +149,37 @@ def test_pack_unpack_roundtrip_and_padding():
     assert packed.shape == (2, 32, 32, 2)  # 40 rows padded to 64, k in pairs
     assert torch.equal(packed[0, 5, 7], w[7, 10:12])  # group 0, k pair 5, row 7
     assert torch.equal(native.unpack_weight(packed, 40), w)
-    assert torch.equal(packed.permute(0, 2, 1, 3).reshape(64, 64)[40:], torch.zeros(24, 64, dtype=torch.bfloat16))
+    padding = packed.permute(0, 2, 1, 3).reshape(64, 64)[40:]
+    assert torch.equal(padding, torch.zeros(24, 64, dtype=torch.bfloat16))
+
+
+def _zeros(*shape):
+    return torch.zeros(*shape).bfloat16()
+
+
+def _attention(*shape, lengths, scales=()):
+    return native.decode_attention(*random_attention(*shape), torch.tensor(lengths), *scales)
+
+
+def _int8_attention(lengths, *scales):
+    q, k, v = (t.to(torch.int8) for t in random_attention(1, 4, 2, 64, 1, 8))
+    return native.decode_attention(q, k, v, torch.tensor(lengths), *scales)
 
 
 @needs_native
 @pytest.mark.parametrize("call,match", [
-    (lambda: native.gemv_bf16(torch.zeros(1, 64).bfloat16(), torch.zeros(4, 64).bfloat16(), 4), "pack_weight"),
-    (lambda: native.gemv_bf16(torch.zeros(1, 32).bfloat16(), native.pack_weight(torch.zeros(4, 64).bfloat16()), 4),
-     "32 features"),
-    (lambda: native.gemv_bf16(torch.zeros(1, 64).bfloat16(), native.pack_weight(torch.zeros(4, 64).bfloat16()), 33),
-     "pack_weight"),
-    (lambda: native.pack_weight(torch.zeros(4, 7).bfloat16()), "K even"),
-    (lambda: native.decode_attention(*random_attention(1, 4, 2, 48, 1, 8), torch.tensor([8])), "head_dim % 64"),
-    (lambda: native.decode_attention(*random_attention(1, 4, 2, 64, 1, 8), torch.tensor([9])), "lengths"),
-    (lambda: native.decode_attention(*random_attention(1, 4, 2, 64, 1, 8), torch.tensor([0])), "lengths"),
-    (lambda: native.decode_attention(*random_attention(2, 4, 2, 64, 1, 8), torch.tensor([3])), "shapes"),
-    (lambda: native.decode_attention(*random_attention(1, 4, 2, 64, 1, 8), torch.tensor([3]),
-                                     torch.ones(1, 1, 2, 8, 1).half(), torch.ones(1, 1, 2, 8, 1).half()), "int8"),
-    (lambda: native.decode_attention(*[t.to(torch.int8) for t in random_attention(1, 4, 2, 64, 1, 8)],
-                                     torch.tensor([3]), torch.ones(1, 1, 2, 8).half(), None), "scale"),
+    (lambda: native.gemv_bf16(_zeros(1, 64), _zeros(4, 64), 4), "pack_weight"),
+    (lambda: native.gemv_bf16(_zeros(1, 32), native.pack_weight(_zeros(4, 64)), 4), "32 features"),
+    (lambda: native.gemv_bf16(_zeros(1, 64), native.pack_weight(_zeros(4, 64)), 33), "pack_weight"),
+    (lambda: native.pack_weight(_zeros(4, 7)), "K even"),
+    (lambda: _attention(1, 4, 2, 48, 1, 8, lengths=[8]), "head_dim % 64"),
+    (lambda: _attention(1, 4, 2, 64, 1, 8, lengths=[9]), "lengths"),
+    (lambda: _attention(1, 4, 2, 64, 1, 8, lengths=[0]), "lengths"),
+    (lambda: _attention(2, 4, 2, 64, 1, 8, lengths=[3]), "shapes"),
+    (lambda: _attention(1, 4, 2, 64, 1, 8, lengths=[3], scales=(torch.ones(1, 1, 2, 8, 1).half(),
+                                                                torch.ones(1, 1, 2, 8, 1).half())),
+     "int8"),
+    (lambda: _int8_attention([3], torch.ones(1, 1, 2, 8).half(), None), "scale"),
 ])
 def test_bad_inputs_raise_instead_of_reading_wild_memory(call, match):
     with pytest.raises(KvlabError, match=match):
@@ -202,19 +217,22 @@ def run_python(code, **env):
     import os
 
     full = {**os.environ, **env}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full, timeout=300)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full,
+                          timeout=300)
 
 
 def test_disabled_native_falls_back_with_a_reason(tmp_path):
     code = ("from kvlab import native; from kvlab.decoder import Decoder\n"
             "print(native.status()); m = Decoder('tiny', 'bf16'); print(m.kernels)\n"
-            "try:\n    Decoder('tiny', 'bf16', kernels='native')\nexcept Exception as e:\n    print(type(e).__name__, e)\n")
+            "try:\n    Decoder('tiny', 'bf16', kernels='native')\n"
+            "except Exception as e:\n    print(type(e).__name__, e)\n")
     out = run_python(code, KVLAB_NATIVE="0", KVLAB_NATIVE_DIR=str(tmp_path))
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0] == "PyTorch kernels (disabled by KVLAB_NATIVE=0)"
     assert lines[1] == "torch"
-    assert lines[2].startswith("KvlabError kernels 'native' asked for") and "KVLAB_NATIVE=0" in lines[2]
+    assert lines[2].startswith("KvlabError kernels 'native' asked for")
+    assert "KVLAB_NATIVE=0" in lines[2]
     assert not list(tmp_path.iterdir())
 
 
@@ -230,3 +248,6 @@ def test_build_is_cached_and_atomic(tmp_path):
     stamp = first.stat().st_mtime_ns
     assert native.build(tmp_path) == first and first.stat().st_mtime_ns == stamp  # not rebuilt
     assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temporaries left
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert first.stat().st_mode & 0o777 == 0o777 & ~umask  # an ordinary library, not mkstemp's 0600

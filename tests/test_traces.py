@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvlab import traces, traces_download
 from kvlab.cli import main
@@ -271,7 +273,7 @@ def test_download_verifies_and_writes_atomically(tmp_path, server, monkeypatch, 
     (served / "synthetic_trace.jsonl").write_bytes(body[:-5] + b"XXXX\n")
     with pytest.raises(KvlabError, match="checksum mismatch for synthetic_trace.jsonl.*nothing was written"):
         traces_download.download_trace("synthetic", tmp_path / "fresh", base_url=url)
-    assert list((tmp_path / "fresh").iterdir()) == []
+    assert not (tmp_path / "fresh").exists()  # a failed download leaves no folder behind
     with pytest.raises(KvlabError, match="checksum mismatch"):
         traces_download.download_trace("synthetic", dest, base_url=url, force=True)
     assert Path(got.path).read_bytes() == body and sorted(p.name for p in dest.iterdir()) == ["synthetic_trace.jsonl"]
@@ -316,3 +318,198 @@ def test_trace_commands_do_not_import_heavy_modules():
             "sys.stderr.write(repr(heavy))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stderr.endswith("[]")
+
+
+# ------------------------------------------------------------------ hostile input
+
+@pytest.mark.parametrize("bad, message", [
+    ('{"timestamp": 5, "input_length": 600, "output_length": ' + "1" + "0" * 400
+     + ', "hash_ids": [1, 2]}',
+     "'output_length' must be <= 1e\\+08, got an integer of about 401 digits"),
+    ('{"timestamp": 5, "input_length": 600, "output_length": ' + "9" * 5000
+     + ', "hash_ids": [1, 2]}',
+     "line 2: not valid JSON"),
+    ('{"timestamp": 5, "input_length": 600, "output_length": 1e400, "hash_ids": [1, 2]}',
+     "'output_length' must be a whole number, got inf"),
+    ('{"timestamp": NaN, "input_length": 600, "output_length": 3, "hash_ids": [1, 2]}',
+     "'timestamp' must be a whole number, got nan"),
+    ('{"timestamp": 1e20, "input_length": 600, "output_length": 3, "hash_ids": [1, 2]}',
+     "'timestamp' must be <="),
+    ('{"timestamp": 5, "input_length": 600, "output_length": true, "hash_ids": [1, 2]}',
+     "whole number, got True"),
+    ('{"timestamp": 5, "input_length": 600, "output_length": 3, "hash_ids": [1, '
+     + str(2**64) + ']}',
+     "'hash_ids' must be a list of whole numbers"),
+    ('{"timestamp": 5, "input_length": 600, "output_length": 3, "hash_ids": [1, true]}',
+     "'hash_ids' must be"),
+    ('{"timestamp": 5, "input_length": 600, "output_length": 3, "hash_ids": "1,2"}',
+     "'hash_ids' must be"),
+    ("[" * 100_000 + "]" * 100_000, "line 2: nested too deeply"),
+])
+def test_hostile_lines_are_one_clear_error(tmp_path, bad, message):
+    path = write(tmp_path, line(0), bad)
+    with pytest.raises(KvlabError, match=message):
+        read_jsonl(path)
+
+
+def test_one_instant_trace_has_no_rate_and_json_says_null(tmp_path, capsys):
+    """Every one-request trace (or all requests in one millisecond): the rate is not a number
+    JSON can hold, so `--json` prints null, as kvlab does for every unbounded value."""
+    path = write(tmp_path, line(7, 600, 3, [1, 2]))
+    s = trace_stats(read_jsonl(path))
+    assert s.duration_s == 0 and s.requests_per_s == math.inf
+    assert s.to_dict()["requests_per_s"] is None
+    assert main(["trace", "stats", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["requests_per_s"] is None and out["duration_s"] == 0
+    assert main(["trace", "stats", str(path)]) == 0
+    assert "0 s (a single request)" in capsys.readouterr().out
+
+
+def test_names_longer_than_the_file_system_allows(capsys):
+    for name in ("x" * 5000, "x" * 5000 + ".jsonl", "/tmp/" + "y" * 300 + "/t.jsonl", "a\0b"):
+        assert main(["trace", "stats", name]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err and len(err) < 600
+    assert main(["trace", "stats", "/dev/null"]) == 2  # not a file
+    assert "is not a file" in capsys.readouterr().err
+
+
+def test_a_trace_through_a_pipe(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    body = line(0) + "\n" + line(5) + "\n"
+    writer = threading.Thread(target=lambda: fifo.write_text(body), daemon=True)
+    writer.start()
+    assert len(load_trace(str(fifo))) == 2
+    assert len(load_trace(str(fifo))) == 2  # read once, remembered
+    writer.join(timeout=5)
+
+
+def test_download_refuses_a_bad_base_url_before_creating_anything(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("KVLAB_TRACE_DIR", raising=False)
+    for url in ("not a url", "ftp://example.org/x/", "http://", "javascript:alert(1)"):
+        assert main(["trace", "download", "synthetic", "--base-url", url]) == 2
+        err = capsys.readouterr().err
+        assert "base URL must be an http://, https:// or file:// URL" in err
+        assert err.count("\n") == 1
+    assert not (tmp_path / "cache").exists()  # not even an empty ~/.cache/kvlab/traces
+
+
+def test_a_failed_download_leaves_no_empty_folders(tmp_path, server, monkeypatch, capsys):
+    """The default cache (~/.cache/kvlab/traces) and a --dir alike: folders the download
+    created are removed again when it fails; folders that were there stay."""
+    state, url = server
+    state["dir"] = str(tmp_path)  # serves nothing under the trace names: HTTP 404
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("KVLAB_TRACE_DIR", raising=False)
+    assert main(["trace", "download", "synthetic", "--base-url", url]) == 2
+    assert "HTTP 404" in capsys.readouterr().err
+    assert not (tmp_path / "cache").exists()
+    (tmp_path / "mine").mkdir()
+    nested = str(tmp_path / "mine" / "a" / "b")
+    assert main(["trace", "download", "synthetic", "--base-url", url, "--dir", nested]) == 2
+    assert (tmp_path / "mine").is_dir() and list((tmp_path / "mine").iterdir()) == []
+    capsys.readouterr()
+    long_dir = str(tmp_path / ("z" * 300))
+    assert main(["trace", "download", "synthetic", "--base-url", url, "--dir", long_dir]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+# ------------------------------------------------------------------ fast path = careful path
+
+def _careful(lines):
+    """What `read_jsonl` must return: every line through `parse_line`, in order."""
+    out, last = [], 0.0
+    for number, text in enumerate(lines, start=1):
+        if not text.strip():
+            continue
+        req = traces.parse_line(text, f"t.jsonl line {number}")
+        if req.arrival_s < last:
+            raise KvlabError(f"t.jsonl line {number}: goes back in time")
+        last = req.arrival_s
+        out.append(req)
+    return out
+
+
+def _outcome(fn, *args):
+    try:
+        return fn(*args)
+    except KvlabError as exc:
+        return str(exc).split(":")[0]  # which line failed
+
+
+def _blocks(tokens):
+    return -(-tokens // 512)
+
+
+field_value = st.one_of(st.integers(-5, 3000), st.floats(-1, 3000), st.booleans(), st.none(),
+                        st.text(max_size=3))
+request_dict = st.fixed_dictionaries({
+    "timestamp": st.one_of(st.integers(0, 10_000), field_value),
+    "input_length": st.one_of(st.integers(1, 2000), field_value),
+    "output_length": st.one_of(st.integers(1, 50), field_value),
+}).flatmap(lambda d: st.fixed_dictionaries({
+    **{k: st.just(v) for k, v in d.items()},
+    "hash_ids": st.one_of(
+        st.lists(st.integers(0, 40), min_size=_blocks(d["input_length"]),
+                 max_size=_blocks(d["input_length"]), unique=True)
+        if isinstance(d["input_length"], int) and 0 < d["input_length"] <= 2000
+        else st.lists(st.integers(0, 40), max_size=4),
+        st.lists(field_value, max_size=4)),
+}))
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(st.lists(st.one_of(request_dict.map(json.dumps), st.sampled_from(["", " ", "{", "[]", "1"])),
+                min_size=1, max_size=6))
+def test_the_fast_path_agrees_with_parse_line(lines):
+    got = _outcome(traces._parse_lines, "\n".join(lines).encode(), "t.jsonl")
+    assert got == _outcome(_careful, lines)
+
+
+# ------------------------------------------------------------------ parsed traces kept on disk
+
+def test_a_validated_trace_is_kept_parsed_while_the_file_is_unchanged(tmp_path, monkeypatch):
+    from kvlab import traces_cache
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("KVLAB_TRACE_CACHE", raising=False)
+    monkeypatch.setattr(traces, "_LOADED", {})
+    path = write(tmp_path, line(0, 1000, 5, [7, 8]), line(1500, 512, 3, [7]))
+    first = load_trace(str(path))
+    kept = list((tmp_path / "cache" / "kvlab" / "parsed").iterdir())
+    assert len(kept) == 1
+
+    def no_parsing(*args, **kwargs):
+        raise AssertionError("parsed again")
+
+    monkeypatch.setattr(traces, "read_jsonl", no_parsing)
+    monkeypatch.setattr(traces, "_LOADED", {})
+    again = load_trace(str(path))
+    assert again.requests == first.requests and again.name == "t" and again.source == str(path)
+    # a changed file is parsed again (and so is a damaged cache file)
+    monkeypatch.undo()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(traces, "_LOADED", {})
+    path.write_text(line(0, 600, 5, [1, 2]) + "\n")
+    assert load_trace(str(path)).requests == (Request(0.0, 600, 5, (1, 2)),)
+    kept[0].write_bytes(kept[0].read_bytes()[:-3] + b"xyz")
+    assert traces_cache.load(path, path.stat(), traces.BLOCK_TOKENS) is None
+    monkeypatch.setattr(traces, "_LOADED", {})
+    assert len(load_trace(str(path))) == 1
+
+
+def test_an_invalid_trace_is_never_kept_and_the_cache_can_be_off(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(traces, "_LOADED", {})
+    bad = write(tmp_path, line(0), "{oops", name="bad.jsonl")
+    for _ in range(2):
+        with pytest.raises(KvlabError, match="bad.jsonl line 2"):
+            load_trace(str(bad))
+    assert not (tmp_path / "cache").exists()
+    monkeypatch.setenv("KVLAB_TRACE_CACHE", "0")
+    load_trace(str(write(tmp_path, line(0))))
+    assert not (tmp_path / "cache").exists()

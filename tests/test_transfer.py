@@ -40,7 +40,8 @@ def _mooncake_importable() -> bool:
 
 
 needs_mooncake = pytest.mark.skipif(not _mooncake_importable(),
-                                    reason="mooncake-transfer-engine-non-cuda (and Debian libibverbs1) not installed")
+                                    reason="mooncake-transfer-engine-non-cuda (and Debian "
+                                           "libibverbs1) not installed")
 ENGINES = ["torch", pytest.param("mooncake", marks=needs_mooncake)]
 
 
@@ -113,29 +114,33 @@ def test_cuda_without_a_gpu_is_one_line(capsys):
 
 def test_paged_cases_need_whole_blocks():
     cfg = TransferConfig(sizes_bytes=(4096, 65536, 131072, 196608, 200000), block_bytes=65536)
-    assert cfg.cases() == [("contiguous", s) for s in cfg.sizes_bytes] + [("paged", 131072), ("paged", 196608)]
+    paged = [("paged", 131072), ("paged", 196608)]
+    assert cfg.cases() == [("contiguous", s) for s in cfg.sizes_bytes] + paged
     assert cfg.label == "torch-gloo" and TransferConfig(device="cuda").label == "torch-nccl"
     assert TransferConfig(engine="mooncake", completion="flag").label == "mooncake-tcp-flag"
 
 
 def test_summary_reports_median_and_spread():
     s = summarise([1.0, 2.0, 3.0, 4.0, 100.0], 1000)
-    assert s["time_s"]["median"] == 3.0 and s["time_s"]["min"] == 1.0 and s["time_s"]["max"] == 100.0
+    assert (s["time_s"]["median"], s["time_s"]["min"], s["time_s"]["max"]) == (3.0, 1.0, 100.0)
     assert s["bandwidth_bytes_per_s"]["median"] == pytest.approx(1000 / 3.0)
-    assert s["bandwidth_bytes_per_s"]["p10"] < s["bandwidth_bytes_per_s"]["median"] < s["bandwidth_bytes_per_s"]["p90"]
+    bw = s["bandwidth_bytes_per_s"]
+    assert bw["p10"] < bw["median"] < bw["p90"]
 
 
 def test_saving_merges_engines_by_label(tmp_path):
     env = {"device": "cpu", "device_name": "test cpu"}
 
     def result(label, value):
-        return {"kind": "kv_transfer", "environment": env, "engines": {label: {"rows": [], "summary": value}}}
+        return {"kind": "kv_transfer", "environment": env,
+                "engines": {label: {"rows": [], "summary": value}}}
 
     save_results(result("torch-gloo", 1), "cmd a", machine="box")
     path = save_results(result("mooncake-tcp", 2), "cmd b", machine="box")
     saved = json.loads(path.read_text())
     assert path == tmp_path / "results" / "box" / "kv_transfer.json"
-    assert {k: v["summary"] for k, v in saved["engines"].items()} == {"torch-gloo": 1, "mooncake-tcp": 2}
+    summaries = {k: v["summary"] for k, v in saved["engines"].items()}
+    assert summaries == {"torch-gloo": 1, "mooncake-tcp": 2}
     assert saved["engines"]["mooncake-tcp"]["command"] == "cmd b"
 
 
@@ -157,7 +162,8 @@ def test_quick_transfer_moves_the_kv_intact(engine, capsys):
         assert row["checksum_ok"] and row["checksum"]["prefill"] == row["checksum"]["decode"]
         assert row["checksum"]["prefill"].startswith("crc32:")
         assert row["repeats"] >= config.min_repeats and row["time_s"]["min"] > 0
-        assert row["blocks"] == (1 if row["layout"] == "contiguous" else row["bytes"] // config.block_bytes)
+        blocks = 1 if row["layout"] == "contiguous" else row["bytes"] // config.block_bytes
+        assert row["blocks"] == blocks
     assert time.monotonic() - start < config.time_limit_s
     assert {p["pid"] for p in entry["processes"].values()} == set(entry["pids"].values())
     assert all(_gone(pid) for pid in entry["pids"].values())
@@ -170,11 +176,13 @@ def test_quick_transfer_moves_the_kv_intact(engine, capsys):
 @pytest.mark.timeout(120)
 @needs_mooncake
 def test_mooncake_doorbell_completion(capsys):
-    code = main(["bench", "kv-transfer", "--quick", "--engine", "mooncake", "--completion", "flag", "--json"])
+    code = main(["bench", "kv-transfer", "--quick", "--engine", "mooncake", "--completion", "flag",
+                 "--json"])
     out, err = capsys.readouterr()
     assert code == 0, err
     entry = json.loads(out)["engines"]["mooncake-tcp-flag"]
-    assert entry["config"]["completion"] == "flag" and "saved_to" not in json.loads(out)  # quick: no save
+    assert entry["config"]["completion"] == "flag"
+    assert "saved_to" not in json.loads(out)  # quick: no save
     assert all(r["checksum_ok"] for r in entry["rows"])
 
 
@@ -222,8 +230,9 @@ def test_the_whole_run_is_bounded():
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_ctrl_c_stops_both_processes(tmp_path):
-    cmd = [sys.executable, "-m", "kvlab", "bench", "kv-transfer", "--engine", "torch", "--sizes", "4k",
-           "--layout", "contiguous", "--seconds-per-size", "60", "--repeats", "100000", "--no-save"]
+    cmd = [sys.executable, "-m", "kvlab", "bench", "kv-transfer", "--engine", "torch", "--sizes",
+           "4k", "--layout", "contiguous", "--seconds-per-size", "60", "--repeats", "100000",
+           "--no-save"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={**os.environ, "TMPDIR": str(tmp_path)})
     try:
@@ -248,12 +257,14 @@ def test_ctrl_c_stops_both_processes(tmp_path):
 def test_same_code_runs_under_torchrun(tmp_path):
     engine = "all" if _mooncake_importable() else "torch"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "kvlab", "bench", "kv-transfer", "--quick", "--engine", engine, "--json", "--no-save"]
+           "-m", "kvlab", "bench", "kv-transfer", "--quick", "--engine", engine, "--json",
+           "--no-save"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=150,
                           env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)})
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout[done.stdout.index("{"):])  # rank 0 prints, rank 1 stays silent
-    assert set(result["engines"]) == ({"torch-gloo", "mooncake-tcp"} if engine == "all" else {"torch-gloo"})
+    expected = {"torch-gloo", "mooncake-tcp"} if engine == "all" else {"torch-gloo"}
+    assert set(result["engines"]) == expected
     for entry in result["engines"].values():
         assert entry["launcher"] == "torchrun"
         assert entry["rows"] and all(r["checksum_ok"] for r in entry["rows"])
@@ -265,7 +276,8 @@ def test_nccl_between_two_gpus(capsys):
     torch = pytest.importorskip("torch")
     if torch.cuda.device_count() < 2:
         pytest.skip("NCCL send/recv needs two GPUs (one process per GPU)")
-    code = main(["bench", "kv-transfer", "--quick", "--engine", "torch", "--device", "cuda", "--json"])
+    code = main(["bench", "kv-transfer", "--quick", "--engine", "torch", "--device", "cuda",
+                 "--json"])
     out, err = capsys.readouterr()
     assert code == 0, err
     entry = json.loads(out)["engines"]["torch-nccl"]

@@ -31,6 +31,7 @@ def run_ledger_grid(points: int = 100_000, loop_points: int | None = None, repea
     vector_s = float(np.median(times))
     per_point_loop = loop_s / len(flat)
     return {"points": n, "vectorised_s": vector_s, "vectorised_min_s": float(min(times)),
-            "vectorised_ns_per_point": vector_s / n * 1e9, "loop_points": len(flat), "loop_s": loop_s,
+            "vectorised_ns_per_point": vector_s / n * 1e9, "loop_points": len(flat),
+            "loop_s": loop_s,
             "loop_us_per_point": per_point_loop * 1e6, "speedup": per_point_loop * n / vector_s,
             "model": model, "hardware": hardware}

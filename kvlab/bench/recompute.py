@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gc
 import math
+from dataclasses import dataclass
 
 from ..errors import KvlabError
 from .results import environment
@@ -35,8 +36,9 @@ def crossover(tokens, recompute_s, fetch_s) -> float | None:
 
     Returns the first crossing along increasing N.
     """
-    pts = [(n, r, f) for n, r, f in zip(tokens, recompute_s, fetch_s) if r and f and r > 0 and f > 0]
-    for (n0, r0, f0), (n1, r1, f1) in zip(pts, pts[1:]):
+    pts = [(n, r, f) for n, r, f in zip(tokens, recompute_s, fetch_s, strict=True)
+           if r and f and r > 0 and f > 0]
+    for (n0, r0, f0), (n1, r1, f1) in zip(pts, pts[1:], strict=False):
         d0, d1 = math.log(f0 / r0), math.log(f1 / r1)
         if d0 == 0:
             return float(n0)
@@ -48,99 +50,173 @@ def crossover(tokens, recompute_s, fetch_s) -> float | None:
 
 def _fetch_fn(host_layers, dev_layers):
     def fetch():
-        for src, dst in zip(host_layers, dev_layers):
+        for src, dst in zip(host_layers, dev_layers, strict=True):
             dst.copy_(src, non_blocking=True)
     return fetch
 
 
-def run_recompute(device="cpu", presets=None, tokens=None, weight_dtype="bf16", kv_dtype="bf16", repeats=None,
-                  budget_s=None, quick=False, quiet=False, seed=0, kernels="auto") -> dict:
-    import torch
+def recompute_grid(cuda: bool, quick: bool, presets=None,
+                   tokens=None) -> tuple[tuple[str, ...], list[int]]:
+    """(decoder presets, token counts N) of the sweep: the device's default, or those asked for."""
+    grid = GRIDS[("cuda" if cuda else "cpu") + ("-quick" if quick else "")]
+    return tuple(presets or grid["presets"]), sorted(int(n) for n in (tokens or grid["tokens"]))
 
-    from ..decoder import Decoder, fit, ledger
+
+def _machine(dev, weight_dtype: str, quick: bool) -> dict:
+    """The figures the ledger is fed: matmul rate, copy bandwidth, host->device bandwidth."""
     from .memory import MiB, copy_bandwidth, matmul_rate
     from .transfer import link_bandwidth
 
-    dev, alloc = open_device(device)
-    cuda = dev.type == "cuda"
-    grid = dict(GRIDS[("cuda" if cuda else "cpu") + ("-quick" if quick else "")])
-    presets = tuple(presets or grid["presets"])
-    grid_tokens = sorted(int(n) for n in (tokens or grid["tokens"]))
-    repeats = repeats or (3 if quick or not cuda else 10)
-    tries = 1 if quick else 3  # re-measure a point another process disturbed
-    budget = Budget(budget_s)
-    env = {**environment(str(dev)), **alloc, "at_start": machine_state()}
     compute = weight_dtype if weight_dtype in ("fp32", "bf16", "fp16") else "bf16"
+    size = 64 * MiB if quick else 256 * MiB
     machine = {"flops_per_s": matmul_rate(dev, compute), "flops_dtype": compute}
     machine["bandwidth_bytes_per_s"], _ = copy_bandwidth(dev, (256 if quick else 512) * MiB)
-    machine["link_bytes_per_s"], _ = link_bandwidth(dev, 64 * MiB if quick else 256 * MiB, pinned=True)
-    if cuda:
-        machine["pageable_link_bytes_per_s"], _ = link_bandwidth(dev, 64 * MiB if quick else 256 * MiB, pinned=False)
+    machine["link_bytes_per_s"], _ = link_bandwidth(dev, size, pinned=True)
+    if dev.type == "cuda":
+        machine["pageable_link_bytes_per_s"], _ = link_bandwidth(dev, size, pinned=False)
+    return machine
+
+
+@dataclass
+class _Run:
+    """What every point of one recompute-vs-fetch sweep shares."""
+
+    dev: object
+    spec_device: object
+    machine: dict
+    weight_dtype: str
+    kv_dtype: str
+    repeats: int
+    tries: int
+    seed: int
+    budget: Budget
+    progress: Progress
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return ("pinned", "pageable") if self.dev.type == "cuda" else ("pageable",)
+
+
+def _time_fetch(run: _Run, nbytes: int, layers: int) -> dict:
+    """Median time to copy `layers` host buffers of `nbytes` into the device, per kind of host
+    memory (pinned and pageable on CUDA)."""
+    import torch
+
+    out = {}
+    dev_layers = [torch.empty(nbytes, dtype=torch.uint8, device=run.dev) for _ in range(layers)]
+    for kind in run.kinds:
+        host_layers = [torch.ones(nbytes, dtype=torch.uint8, pin_memory=(kind == "pinned"))
+                       for _ in range(layers)]
+        fetch = _fetch_fn(host_layers, dev_layers)
+        t, _, _ = measure_undisturbed(
+            lambda fetch=fetch: time_call(fetch, run.dev, run.repeats, warmup=1),
+            attempts=run.tries)
+        key = "fetch_s" if kind == run.kinds[0] else f"fetch_{kind}_s"
+        out[key], out[key.replace("_s", "_spread")] = t.median_s, t.spread
+        del host_layers
+    return out
+
+
+def _time_prefill(run: _Run, model, cache, tok):
+    """Median time of one prefill of `tok` into an empty cache (the same plan every repeat)."""
+    import torch
+
+    plan = model.plan(cache, [0], tok.shape[1])
+    with torch.no_grad():
+        t, _, _ = measure_undisturbed(lambda: time_call(
+            lambda: model.forward_plan(tok, cache, plan), run.dev, run.repeats, warmup=1),
+            attempts=run.tries)
+    return t
+
+
+def measure_tokens(run: _Run, model, n: int) -> dict | None:
+    """One point: prefill N tokens against fetching their KV; None when refused (and logged)."""
+    import torch
+
+    from ..decoder import fit, ledger
+
+    cfg, preset = model.config, model.config.name
+    pred_re = float(ledger.predict_prefill(cfg, run.spec_device, n, run.weight_dtype, run.kv_dtype))
+    if not run.budget.allows(3 * pred_re * (run.repeats + 2) + 1):
+        run.progress.step(f"{preset} N={n}: skipped (time budget)")
+        return None
+    nbytes = int(n * ledger.kv_bytes_per_token(cfg, run.kv_dtype) / cfg.num_layers)
+    try:
+        cache = model.new_cache(1, n, run.kv_dtype, "device")
+        fit.require(f"host copy of {n} tokens of KV", 2 * nbytes * cfg.num_layers, "cpu",
+                    "use fewer tokens")
+    except KvlabError as exc:
+        run.progress.step(f"{preset} N={n}: skipped ({exc})")
+        return None
+    gen = torch.Generator().manual_seed(run.seed)
+    tok = torch.randint(0, cfg.vocab_size, (1, n), generator=gen).to(run.dev)
+    t_re = _time_prefill(run, model, cache, tok)
+    del cache
+    point = {"tokens": n, "recompute_s": t_re.median_s, "recompute_spread": t_re.spread,
+             "predicted_recompute_s": pred_re, "kv_bytes": nbytes * cfg.num_layers,
+             "predicted_fetch_s": float(ledger.fetch_time_s(cfg, n, run.machine["link_bytes_per_s"],
+                                                            run.kv_dtype)),
+             **_time_fetch(run, nbytes, cfg.num_layers)}
+    run.progress.step(f"{preset} N={n}: recompute {t_re.median_s * 1e3:9.3f} ms "
+                      f"(ledger {pred_re * 1e3:9.3f}), fetch {point['fetch_s'] * 1e3:8.3f} ms "
+                      f"(ledger {point['predicted_fetch_s'] * 1e3:8.3f})")
+    gc.collect()
+    return point
+
+
+def measure_preset(run: _Run, preset: str, grid_tokens: list[int], kernels: str, env: dict) -> dict:
+    """One decoder preset's curve: every N, the two crossovers (measured and predicted)."""
+    import torch
+
+    from ..decoder import Decoder, ledger
+
+    model = Decoder(preset, run.weight_dtype, run.dev, seed=run.seed, kernels=kernels)
+    env["kernels"], env["kernels_note"] = model.kernels, model.kernels_note
+    cfg = model.config
+    points = [p for p in (measure_tokens(run, model, n) for n in grid_tokens) if p is not None]
+    toks = [p["tokens"] for p in points]
+
+    def column(key):
+        return [p.get(key) for p in points]
+
+    curve = {
+        "preset": preset, "config": cfg.to_dict(), "weight_dtype": run.weight_dtype,
+        "kv_dtype": run.kv_dtype,
+        "kv_bytes_per_token": ledger.kv_bytes_per_token(cfg, run.kv_dtype),
+        "streamed_weight_bytes": model.streamed_weight_bytes(),
+        "points": points,
+        "crossover_tokens": crossover(toks, column("recompute_s"), column("fetch_s")),
+        "predicted_crossover_tokens": crossover(toks, column("predicted_recompute_s"),
+                                                column("predicted_fetch_s")),
+    }
+    if run.dev.type == "cuda":
+        curve["pageable_crossover_tokens"] = crossover(toks, column("recompute_s"),
+                                                       column("fetch_pageable_s"))
+    del model
+    gc.collect()
+    if run.dev.type == "cuda":
+        torch.cuda.empty_cache()
+    return curve
+
+
+def run_recompute(device="cpu", presets=None, tokens=None, weight_dtype="bf16", kv_dtype="bf16",
+                  repeats=None, budget_s=None, quick=False, quiet=False, seed=0,
+                  kernels="auto") -> dict:
+    """Prefill N tokens against fetching their KV, for every preset and N; a JSON-ready dict."""
+    from ..decoder import fit, ledger
+
+    dev, alloc = open_device(device)
+    cuda = dev.type == "cuda"
+    presets, grid_tokens = recompute_grid(cuda, quick, presets, tokens)
+    env = {**environment(str(dev)), **alloc, "at_start": machine_state()}
+    machine = _machine(dev, weight_dtype, quick)
     spec_device = ledger.measured_device(env["device_name"], machine["bandwidth_bytes_per_s"],
                                          machine["flops_per_s"], fit.device_available_bytes(dev))
-    kinds = ("pinned", "pageable") if cuda else ("pageable",)
-    progress = Progress("recompute-vs-fetch", len(presets) * len(grid_tokens), quiet)
-    curves = []
-    for preset in presets:
-        model = Decoder(preset, weight_dtype, dev, seed=seed, kernels=kernels)
-        env["kernels"], env["kernels_note"] = model.kernels, model.kernels_note
-        cfg = model.config
-        per_layer_token = ledger.kv_bytes_per_token(cfg, kv_dtype) / cfg.num_layers
-        points = []
-        for n in grid_tokens:
-            pred_re = float(ledger.predict_prefill(cfg, spec_device, n, weight_dtype, kv_dtype))
-            if not budget.allows(3 * pred_re * (repeats + 2) + 1):
-                progress.step(f"{preset} N={n}: skipped (time budget)")
-                continue
-            try:
-                cache = model.new_cache(1, n, kv_dtype, "device")
-                nbytes = int(n * per_layer_token)
-                fit.require(f"host copy of {n} tokens of KV", 2 * nbytes * cfg.num_layers, "cpu", "use fewer tokens")
-            except KvlabError as exc:
-                progress.step(f"{preset} N={n}: skipped ({exc})")
-                continue
-            tok = torch.randint(0, cfg.vocab_size, (1, n), generator=torch.Generator().manual_seed(seed)).to(dev)
-            plan = model.plan(cache, [0], n)
-            with torch.no_grad():
-                t_re, _, _ = measure_undisturbed(
-                    lambda: time_call(lambda: model.forward_plan(tok, cache, plan), dev, repeats, warmup=1), attempts=tries)
-            del cache, plan
-            point = {"tokens": n, "recompute_s": t_re.median_s, "recompute_spread": t_re.spread,
-                     "predicted_recompute_s": pred_re, "kv_bytes": nbytes * cfg.num_layers,
-                     "predicted_fetch_s": float(ledger.fetch_time_s(cfg, n, machine["link_bytes_per_s"], kv_dtype))}
-            dev_layers = [torch.empty(nbytes, dtype=torch.uint8, device=dev) for _ in range(cfg.num_layers)]
-            for kind in kinds:
-                host_layers = [torch.ones(nbytes, dtype=torch.uint8, pin_memory=(kind == "pinned"))
-                               for _ in range(cfg.num_layers)]
-                t_f, _, _ = measure_undisturbed(lambda: time_call(_fetch_fn(host_layers, dev_layers), dev, repeats, warmup=1),
-                                               attempts=tries)
-                key = "fetch_s" if kind == kinds[0] else f"fetch_{kind}_s"
-                point[key] = t_f.median_s
-                point[key.replace("_s", "_spread")] = t_f.spread
-                del host_layers
-            del dev_layers
-            points.append(point)
-            progress.step(f"{preset} N={n}: recompute {t_re.median_s * 1e3:9.3f} ms (ledger {pred_re * 1e3:9.3f}), "
-                          f"fetch {point['fetch_s'] * 1e3:8.3f} ms (ledger {point['predicted_fetch_s'] * 1e3:8.3f})")
-            gc.collect()
-        toks = [p["tokens"] for p in points]
-        curve = {
-            "preset": preset, "config": cfg.to_dict(), "weight_dtype": weight_dtype, "kv_dtype": kv_dtype,
-            "kv_bytes_per_token": ledger.kv_bytes_per_token(cfg, kv_dtype),
-            "streamed_weight_bytes": model.streamed_weight_bytes(),
-            "points": points,
-            "crossover_tokens": crossover(toks, [p["recompute_s"] for p in points], [p["fetch_s"] for p in points]),
-            "predicted_crossover_tokens": crossover(toks, [p["predicted_recompute_s"] for p in points],
-                                                    [p["predicted_fetch_s"] for p in points]),
-        }
-        if cuda:
-            curve["pageable_crossover_tokens"] = crossover(
-                toks, [p["recompute_s"] for p in points], [p.get("fetch_pageable_s") for p in points])
-        curves.append(curve)
-        del model
-        gc.collect()
-        if cuda:
-            torch.cuda.empty_cache()
+    repeats = repeats or (3 if quick or not cuda else 10)
+    run = _Run(dev, spec_device, machine, weight_dtype, kv_dtype, repeats, 1 if quick else 3, seed,
+               Budget(budget_s),
+               Progress("recompute-vs-fetch", len(presets) * len(grid_tokens), quiet))
+    curves = [measure_preset(run, preset, grid_tokens, kernels, env) for preset in presets]
     env["at_end"] = machine_state()
     return {
         "benchmark": "recompute-vs-fetch",

@@ -11,9 +11,11 @@ import numpy as np
 
 from .results import load_results
 
-DECODE_COLUMNS = ("batch", "context", "measured_step_s", "predicted_step_s", "error", "achieved_bytes_per_s",
-                  "fraction_of_bandwidth", "step_bytes", "weight_read_bytes", "kv_read_bytes", "tokens_per_s",
-                  "spread", "bandwidth_bytes_per_s")  # the last: copy bandwidth measured around each point
+#: The last, bandwidth_bytes_per_s: the copy bandwidth measured around each point.
+DECODE_COLUMNS = ("batch", "context", "measured_step_s", "predicted_step_s", "error",
+                  "achieved_bytes_per_s", "fraction_of_bandwidth", "step_bytes",
+                  "weight_read_bytes", "kv_read_bytes", "tokens_per_s", "spread",
+                  "bandwidth_bytes_per_s")
 DECODE_LABELS = ("placement", "kv_dtype", "prefetch")
 
 
@@ -31,7 +33,8 @@ def machines(include_quick: bool = False) -> dict[str, dict]:
     for kind in ("memory", "transfer", "decode", "recompute-vs-fetch"):
         for machine, r in _load(kind, include_quick).items():
             env = r.get("environment", {})
-            entry = out.setdefault(machine, {"device_name": env.get("device_name"), "device": env.get("device"),
+            entry = out.setdefault(machine, {"device_name": env.get("device_name"),
+                                             "device": env.get("device"),
                                              "benchmarks": []})
             entry["benchmarks"].append(kind)
     return out
@@ -60,9 +63,11 @@ def decode_comparison(placement: str | None = None, kv_dtype: str | None = None,
     out = []
     for machine, r in sorted(_load(DECODE_KINDS[kernels], include_quick).items()):
         pts = [p for p in r.get("points", [])
-               if (placement is None or p["placement"] == placement) and (kv_dtype is None or p["kv_dtype"] == kv_dtype)]
-        pts.sort(key=lambda p: (p["placement"], p["prefetch"], p["kv_dtype"], p["batch"], p["context"]))
-        columns = {c: np.array([p.get(c, np.nan) for p in pts], dtype=float) for c in DECODE_COLUMNS}
+               if placement in (None, p["placement"]) and kv_dtype in (None, p["kv_dtype"])]
+        pts.sort(key=lambda p: (p["placement"], p["prefetch"], p["kv_dtype"], p["batch"],
+                                p["context"]))
+        columns = {c: np.array([p.get(c, np.nan) for p in pts], dtype=float)
+                   for c in DECODE_COLUMNS}
         columns.update({c: np.array([p[c] for p in pts]) for c in DECODE_LABELS})
         out.append({
             "machine": machine,
@@ -87,19 +92,20 @@ def recompute_curves(include_quick: bool = False) -> list[dict]:
     out = []
     for machine, r in sorted(_load("recompute-vs-fetch", include_quick).items()):
         for c in r.get("curves", []):
-            pts = c["points"]
-
-            def col(key):
+            def col(key, pts=c["points"]):
                 values = [p.get(key) for p in pts]
                 return None if all(v is None for v in values) else np.array(
                     [np.nan if v is None else v for v in values], dtype=float)
 
             out.append({
-                "machine": machine, "device_name": r["environment"].get("device_name"), "preset": c["preset"],
-                "kv_bytes_per_token": c.get("kv_bytes_per_token"), "streamed_weight_bytes": c.get("streamed_weight_bytes"),
-                "tokens": col("tokens"), "recompute_s": col("recompute_s"), "fetch_s": col("fetch_s"),
-                "fetch_pageable_s": col("fetch_pageable_s"), "predicted_recompute_s": col("predicted_recompute_s"),
-                "predicted_fetch_s": col("predicted_fetch_s"), "crossover_tokens": c.get("crossover_tokens"),
+                "machine": machine, "device_name": r["environment"].get("device_name"),
+                "preset": c["preset"], "kv_bytes_per_token": c.get("kv_bytes_per_token"),
+                "streamed_weight_bytes": c.get("streamed_weight_bytes"),
+                "tokens": col("tokens"), "recompute_s": col("recompute_s"),
+                "fetch_s": col("fetch_s"), "fetch_pageable_s": col("fetch_pageable_s"),
+                "predicted_recompute_s": col("predicted_recompute_s"),
+                "predicted_fetch_s": col("predicted_fetch_s"),
+                "crossover_tokens": c.get("crossover_tokens"),
                 "predicted_crossover_tokens": c.get("predicted_crossover_tokens"),
                 "link_bytes_per_s": r.get("machine", {}).get("link_bytes_per_s"),
                 "flops_per_s": r.get("machine", {}).get("flops_per_s"),
@@ -124,7 +130,8 @@ def memory_bandwidth(include_quick: bool = False) -> list[dict]:
             "read_bandwidth_bytes_per_s": r.get("read_bandwidth_bytes_per_s"),
             "matmul_flops_per_s": r.get("matmul_flops_per_s", {}),
             "last_level_cache_bytes": r.get("last_level_cache_bytes"),
-            "kernels": {k: {"size_bytes": np.array(s, dtype=float), "bandwidth_bytes_per_s": np.array(b, dtype=float)}
+            "kernels": {k: {"size_bytes": np.array(s, dtype=float),
+                            "bandwidth_bytes_per_s": np.array(b, dtype=float)}
                         for k, (s, b) in kernels.items()},
         })
     return out
@@ -141,15 +148,16 @@ def targets(include_quick: bool = False, min_context: int = 1024, max_context: i
         rows = []
         for kv in sorted(set(p["kv_dtype"].tolist())):
             for batch in sorted(set(p["batch"].tolist())):
-                sel = (p["kv_dtype"] == kv) & (p["batch"] == batch) & (p["context"] >= min_context) & \
-                      (p["context"] <= max_context)
+                sel = (p["kv_dtype"] == kv) & (p["batch"] == batch) & \
+                      (p["context"] >= min_context) & (p["context"] <= max_context)
                 if sel.any():
+                    share = p["fraction_of_bandwidth"][sel]
                     rows.append({"kv_dtype": kv, "batch": int(batch), "points": int(sel.sum()),
-                                 "fraction_of_bandwidth_min": float(p["fraction_of_bandwidth"][sel].min()),
-                                 "fraction_of_bandwidth_median": float(np.median(p["fraction_of_bandwidth"][sel])),
+                                 "fraction_of_bandwidth_min": float(share.min()),
+                                 "fraction_of_bandwidth_median": float(np.median(share)),
                                  "max_abs_error": float(np.abs(p["error"][sel]).max())})
-        out.append({"machine": entry["machine"], "device_name": entry["device_name"], "kernels": entry["kernels"],
-                    "rows": rows})
+        out.append({"machine": entry["machine"], "device_name": entry["device_name"],
+                    "kernels": entry["kernels"], "rows": rows})
     return out
 
 

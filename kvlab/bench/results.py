@@ -62,7 +62,8 @@ def environment(device: str = "cpu") -> dict:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "load_average": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
+        "load_average": ([round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg")
+                         else None),
     }
     try:
         import torch
@@ -71,10 +72,18 @@ def environment(device: str = "cpu") -> dict:
         env["torch_threads"] = torch.get_num_threads()
         if device.startswith("cuda"):
             env["cuda"] = torch.version.cuda
-            env["device_memory_bytes"] = torch.cuda.get_device_properties(torch.device(device)).total_memory
+            props = torch.cuda.get_device_properties(torch.device(device))
+            env["device_memory_bytes"] = props.total_memory
     except ImportError:
         env["torch"] = None
     return env
+
+
+def file_mode() -> int:
+    """The mode an ordinary new file gets here: 0o666 less the umask (0o644 usually)."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def write_result(kind: str, payload: dict, device: str = "cpu", machine: str | None = None) -> Path:
@@ -87,6 +96,7 @@ def write_result(kind: str, payload: dict, device: str = "cpu", machine: str | N
         with os.fdopen(fd, "w") as handle:
             json.dump(payload, handle, indent=1, allow_nan=False)
             handle.write("\n")
+        os.chmod(tmp, file_mode())  # mkstemp makes the file private; a result is ordinary data
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -77,6 +77,14 @@ def numbers() -> dict[str, str]:
         "wall_device": get_device(base["hardware"]).display_name,
     })
     out.update({k: fmt.sig(v, 2) for k, v in tier_step_ratios().items()})
+    roof = p["roofline"].default_state
+    short, long_ = (flash_attention_effect(roof["model"], roof["hardware"], ctx) for ctx in (roof["context"], 32768))
+    out.update({
+        "flash_attn_naive": fmt.sig(short["attention_intensity_naive"], 2),
+        "flash_context": fmt.fixed(roof["context"], 0),
+        "flash_ratio": f"{fmt.sig(short['time_ratio'], 3)}×",
+        "flash_ratio_32k": f"{fmt.sig(long_['time_ratio'], 3)}×",
+    })
     knee, quant = p["batch"].default_state, p["quantization"].default_state
     out.update({
         "knee_model": get_model(knee["model"]).display_name,
@@ -133,3 +141,26 @@ def tier_step_ratios() -> dict[str, float]:
     bw = {name: get_tier(name).bandwidth_bytes_per_s for name in ("hbm3e", "ddr5", "pcie5-x16", "ib-200g")}
     return {"hbm_over_ddr": bw["hbm3e"] / bw["ddr5"], "ddr_over_pcie": bw["ddr5"] / bw["pcie5-x16"],
             "pcie_over_nic": bw["pcie5-x16"] / bw["ib-200g"], "hbm_over_nic": bw["hbm3e"] / bw["ib-200g"]}
+
+
+# ----------------------------------------------------- FlashAttention, operator by operator
+
+def flash_attention_effect(model, hardware, prompt_tokens) -> dict:
+    """What FlashAttention changes in one prefill: the attention operator's FLOPs per byte
+    with and without it (the score matrices' round trips through memory), and the prefill
+    time without it over the time with it (the ledger's per-operator ceiling)."""
+    from ..dtypes import parse_dtype
+    from ..models import get_model
+    from ..operators import prefill_operators
+
+    m, w, kv = get_model(model), parse_dtype("fp16"), parse_dtype("fp16")
+
+    def attention_intensity(flash):
+        op = next(o for o in prefill_operators(m, 1, prompt_tokens, 0, w, kv, flash) if o.kind == "attention")
+        return float(op.flops / op.bytes)
+
+    with_flash = cost.prefill(model, hardware, prompt_tokens)
+    without = cost.prefill(model, hardware, prompt_tokens, flash_attention=False)
+    return {"attention_intensity_naive": attention_intensity(False),
+            "attention_intensity_flash": attention_intensity(True),
+            "time_ratio": float(without.time_s / with_flash.time_s)}

@@ -85,4 +85,69 @@ def numbers() -> dict[str, str]:
     }
     for panel in panels().values():
         out.update(panel.readout_texts())
+    out.update(_hit_numbers())
+    out["t_400g"] = fmt.seconds(t["ib-400g"])
+    out["nic_400g"] = fmt.si(tiers.get_placement("ib-400g").bandwidth_bytes_per_s(), "B/s")
     return out
+
+
+def _hit_numbers() -> dict[str, str]:
+    c = hit_conditions()
+    out = {f"hc_{name}_{k}": fmt.seconds(v[k]) for name, v in c.items() if isinstance(v, dict)
+           for k in ("miss_s", "hit_s")}
+    out.update({
+        "hc_realistic_eff": fmt.percent(REALISTIC_PREFILL_EFFICIENCY, 2),
+        "hc_realistic_link": fmt.percent(REALISTIC_LINK_SHARE, 2),
+        "hc_copies": fmt.fixed(c["block_copies"]["copies"], 0),
+        "hc_per_copy": fmt.seconds(c["block_copies"]["per_copy_s"]),
+        "hc_block_tokens": fmt.fixed(SWAP_BLOCK_TOKENS, 0),
+        "hc_short_prompt": fmt.fixed(c["short_prompt_tokens"], 0),
+    })
+    return out
+
+
+# -------------------------------------------------- when is a hit slower than a miss?
+
+#: The article's anecdote as kvlab reproduces it: full multi-head KV (Llama 2 7B), a 4K
+#: prompt, a full hit read from host memory over PCIe 4.0 before the last token computes,
+#: an H100 at the peaks of its data sheet.
+ANECDOTE = dict(model="llama-2-7b", tier="host-pcie4", prompt_tokens=4096)
+#: A realistic share of peak FLOP/s for prefill (model FLOPs utilisation) and of PCIe.
+REALISTIC_PREFILL_EFFICIENCY = 0.6
+REALISTIC_LINK_SHARE = 0.8
+#: vLLM-style swapping copies one block per layer for K and for V: 16-token blocks.
+SWAP_BLOCK_TOKENS = 16
+
+
+def _hit(model, tier, prompt_tokens, efficiency=1.0, tier_efficiency=1.0, latency_s=None, overlap=False) -> dict:
+    from ..models import get_model
+    from ..sim.costs import pipeline_time_s
+
+    h = tiers.hit_value(model, "h100-sxm", prompt_tokens, tier, 1.0, efficiency=efficiency,
+                        tier_efficiency=tier_efficiency, latency_s=latency_s)
+    hit = float(h.hit_time_s)
+    if overlap:  # fetch layer by layer while the uncached part computes
+        hit = pipeline_time_s(float(h.fetch_time_s), float(h.hit_compute_time_s), get_model(model).num_layers)
+    return {"miss_s": float(h.miss_time_s), "hit_s": hit, "pays": hit < float(h.miss_time_s)}
+
+
+def hit_conditions() -> dict[str, dict]:
+    """The anecdote, each of its conditions changed alone, and real liabilities."""
+    from ..models import get_model
+
+    a = ANECDOTE
+    blocks = -(-a["prompt_tokens"] // SWAP_BLOCK_TOKENS)
+    per_copy = tiers.LINK_LATENCY_S["pcie5-x16"]
+    copies = blocks * get_model("llama-3.1-8b").num_layers * 2
+    return {
+        "anecdote": _hit(**a),
+        "pcie5": _hit(a["model"], "host-pcie5", a["prompt_tokens"]),
+        "gqa": _hit("article-7b", a["tier"], a["prompt_tokens"]),
+        "realistic": _hit(**a, efficiency=REALISTIC_PREFILL_EFFICIENCY),
+        "realistic_both": _hit(**a, efficiency=REALISTIC_PREFILL_EFFICIENCY, tier_efficiency=REALISTIC_LINK_SHARE),
+        "overlap": _hit(**a, overlap=True),
+        "remote_10gbe": _hit("llama-3.1-8b", "remote-10gbe", a["prompt_tokens"]),
+        "block_copies": {**_hit("llama-3.1-8b", "host-pcie5", a["prompt_tokens"], latency_s=copies * per_copy),
+                         "copies": copies, "per_copy_s": per_copy},
+        "short_prompt_tokens": float(tiers.breakeven_prompt_tokens("llama-3.1-8b", "h100-sxm", "host-pcie5")),
+    }

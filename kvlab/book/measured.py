@@ -6,6 +6,12 @@ import numpy as np
 
 from .. import fmt
 from ..bench import report
+from ..hardware import get_device
+from ..models import get_model
+from . import gpu_tables
+
+#: Batches the attention figure follows, and the context the ledger figure uses.
+ATTENTION_BATCHES = (1, 64)
 
 def decode_summary(kernels: str = "default", kv_dtype: str = "bf16") -> str:
     """One sentence per machine for the chapter's prose: per batch, the range of the share of
@@ -101,6 +107,10 @@ def crossover_findings() -> str:
 
 
 def numbers() -> dict[str, str]:
+    return {**gpu_numbers(), **cpu_numbers()}
+
+
+def cpu_numbers() -> dict[str, str]:
     machines = report.machines()
     rows = [r for t in report.targets() for r in t["rows"]]
     mem = report.memory_bandwidth()
@@ -119,3 +129,97 @@ def numbers() -> dict[str, str]:
         "copy_bw": "; ".join(f"{m['device_name']}: {fmt.si(m['bandwidth_bytes_per_s'], 'B/s')}" for m in mem) or "n/a",
         "crossover": crossover_findings(),
     }
+
+
+# ------------------------------------------------------------------ real GPUs
+
+def _names() -> dict[str, str]:
+    return {d: get_device(d).display_name for d in gpu_tables.gpus()}
+
+
+def _sources() -> list[str]:
+    return [gpu_tables.source_label(d) for d in gpu_tables.gpus()]
+
+
+def gemv_figure():
+    from ..viz import gpu_figures
+
+    return gpu_figures.gemv_band_figure([gpu_tables.gemv_band(d) for d in gpu_tables.gpus()], _names(), _sources())
+
+
+def gemm_batch_figure():
+    from ..viz import gpu_figures
+
+    return gpu_figures.gemm_batch_figure([gpu_tables.gemm_over_batch(d) for d in gpu_tables.gpus()], _names(),
+                                         _sources(), gpu_tables.BATCH_GEMM_NK)
+
+
+def attention_figure():
+    from ..viz import gpu_figures
+
+    curves = [gpu_tables.attention_over_context(d, b) for d in gpu_tables.gpus() for b in ATTENTION_BATCHES]
+    return gpu_figures.attention_figure(curves, _names(), _sources(), gpu_tables.ATTENTION_LAYOUT)
+
+
+def ledger_figure():
+    from ..viz import gpu_figures
+
+    return gpu_figures.ledger_figure([gpu_tables.ledger_against_kernels(d) for d in gpu_tables.gpus()], _names(),
+                                     _sources())
+
+
+def _listing(values: dict[str, str]) -> str:
+    """'A 79%, B 74% and C 76%'."""
+    items = [f"{name} {value}" for name, value in values.items()]
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def gpu_numbers() -> dict[str, str]:
+    names, gpus = _names(), gpu_tables.gpus()
+    bands = {d: gpu_tables.gemv_band(d) for d in gpus}
+    in_sheet = [d for d in gpus if bands[d]["median_large_fraction"] <= 1]
+    above = [d for d in gpus if d not in in_sheet]
+    attention = {d: gpu_tables.attention_over_context(d, ATTENTION_BATCHES[-1]) for d in gpus}
+    impossible = [d for d in gpus if attention[d]["fraction_of_sheet"].max() > 1]
+    ledger = {d: gpu_tables.ledger_against_kernels(d) for d in gpus}
+    gemm = {d: gpu_tables.gemm_over_batch(d) for d in gpus}
+    h100 = "h100-sxm"
+    return {
+        "gpu_list": _listing({names[d]: f"({load_version(d)})" for d in gpus}),
+        "gemv_shares": _listing({names[d]: fmt.percent(_derived(d)["gemv_fraction_of_sheet"]) for d in in_sheet}),
+        "gemv_above": _listing({names[d]: fmt.percent(_derived(d)["gemv_fraction_of_sheet"]) for d in above})
+        or "none",
+        "gemv_how": _derived(h100)["gemv_how"],
+        "gemm_m1_h100": fmt.percent(float(gemm[h100]["efficiency"][0])),
+        "gemm_best_h100": fmt.percent(float(np.max(gemm[h100]["efficiency"]))),
+        "attn_best_h100": fmt.percent(float(attention[h100]["fraction_of_sheet"].max())),
+        "attn_impossible": _listing({names[d]: fmt.percent(float(attention[d]["fraction_of_sheet"].max()))
+                                     for d in impossible}) or "none",
+        "ledger_b1": _listing({names[d]: f"{fmt.sig(float(ledger[d]['ratio'][0]), 3)}×" for d in gpus}),
+        "ledger_h100_b1": f"{fmt.sig(float(ledger[h100]['ratio'][0]), 3)}×",
+        "ledger_h100_last": f"{fmt.sig(float(ledger[h100]['ratio'][-1]), 3)}×",
+        "ledger_h100_last_batch": fmt.fixed(int(ledger[h100]["batch"][-1]), 0),
+        "ledger_model": get_model(ledger[h100]["model"]).display_name,
+        "ledger_context": fmt.fixed(ledger[h100]["context"], 0),
+        "overhead_h100": fmt.seconds(float(np.asarray(_step(h100).overhead_s))),
+    }
+
+
+def _derived(device: str) -> dict:
+    """Figures the extract derived from the whole source tables (kvlab/data/measured)."""
+    from ..measured import load
+
+    return load(device).raw["derived"]
+
+
+def load_version(device: str) -> str:
+    from ..measured import load
+
+    t = load(device)
+    return f"{t.framework} {t.framework_version}"
+
+
+def _step(device: str):
+    from .. import cost
+
+    return cost.decode_step("llama-3.1-8b", device, 1, 4096, "bf16", "bf16", efficiency="measured")

@@ -1,28 +1,42 @@
 """The `kvlab` command line. Each module in COMMANDS registers its subcommands.
 
-Contract: every subcommand can print one JSON object with `--json`; bad input gives
-one line on stderr and exit status 2; heavy libraries (torch, bokeh) are imported only
-by the commands that need them, so `kvlab budget` starts fast.
+Contract: every subcommand can print one JSON object with `--json`; bad input gives one
+line on stderr and exit status 2; anything else that escapes is a bug in kvlab, reported
+in one line with exit status 70 (`KVLAB_DEBUG=1` shows the traceback). Only the module of
+the command being run is imported, and heavy libraries (torch, bokeh) only by the commands
+that need them, so `kvlab --help` and `kvlab budget` start fast.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
-from ..errors import KvlabError
+#: command -> (module that registers it, one-line help for `kvlab --help`). The help
+#: strings are the ones each module registers (tests/test_cli.py checks they agree), kept
+#: here so that listing the commands imports none of them.
+COMMANDS = {
+    "models": ("kvlab.cli.catalog", "list the model catalogue (shapes, parameters, KV per token)"),
+    "hardware": ("kvlab.cli.catalog", "list devices, memory tiers and links"),
+    "budget": ("kvlab.cli.budget", "bytes, FLOPs, time and memory fit of one decode step"),
+    "bench": ("kvlab.cli.bench", "microbenchmarks: results as JSON under results/<machine>/"),
+    "trace": ("kvlab.cli.trace", "request traces: statistics, download"),
+    "prefix-cache": ("kvlab.cli.prefix", "replay a trace through a prefix cache: block and token "
+                     "hit ratios, prefill saved"),
+    "diagnose": ("kvlab.cli.diagnose",
+                 "why is decode slow? the five-step diagnosis of a measurement"),
+    "simulate": ("kvlab.cli.simulate", "replay a trace on a colocated, disaggregated or KV-centric "
+                 "cluster (discrete-event)"),
+}
 
-COMMANDS = (
-    "kvlab.cli.catalog",
-    "kvlab.cli.budget",
-    "kvlab.cli.bench",
-    "kvlab.cli.trace",
-    "kvlab.cli.prefix",
-    "kvlab.cli.diagnose",
-    "kvlab.cli.simulate",
-)
+#: Commands whose numpy work is element-wise: OpenBLAS need not start a thread per core
+#: when numpy loads (~20 ms of CPU at every start). `bench` keeps the machine's default.
+NO_BLAS_THREADS = frozenset(COMMANDS) - {"bench"}
 
-EXIT_USAGE = 2
+EXIT_USAGE = 2  # bad input: one line on stderr
+EXIT_BUG = 70  # sysexits' EX_SOFTWARE: an internal error, never bad input
+DEBUG_ENV = "KVLAB_DEBUG"
 
 
 class UsageError(Exception):
@@ -38,7 +52,12 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(self.prog, message)
 
 
-def build_parser() -> Parser:
+ALL = "*"
+
+
+def build_parser(command: str | None = ALL) -> Parser:
+    """The parser. With a `command`, only the module registering it is imported (the others
+    appear by name and help: enough for `kvlab --help` and a usage error); ALL registers all."""
     parser = Parser(
         prog="kvlab",
         description="Why decode stays slow when the KV cache hits: the byte ledger, "
@@ -49,25 +68,92 @@ def build_parser() -> Parser:
     parser.add_argument("--version", action="version", version=f"kvlab {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
-    for name in COMMANDS:
+    modules = dict.fromkeys(module for module, _ in COMMANDS.values())
+    if command in COMMANDS:
+        wanted = [COMMANDS[command][0]]
+    else:
+        wanted = list(modules) if command == ALL else []
+    registered = set()
+    for name in wanted:
+        before = set(sub.choices)
         importlib.import_module(name).register(sub)
+        registered |= set(sub.choices) - before
+    for name, (_, help_text) in COMMANDS.items():
+        if name not in registered:
+            sub.add_parser(name, help=help_text)
     return parser
 
 
+def _command(argv: list[str]) -> str | None:
+    """The subcommand named on the command line (the first word that is not an option)."""
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command, args = _command(argv), None
+    if command in NO_BLAS_THREADS and "numpy" not in sys.modules:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     try:
-        args = parser.parse_args(argv)
-        return int(args.func(args) or 0)
-    except UsageError as exc:
-        print(f"{exc.prog}: error: {exc} (see '{exc.prog} --help')", file=sys.stderr)
-        return EXIT_USAGE
-    except KvlabError as exc:
-        prog = f"kvlab {getattr(args, 'command', '')}".strip()
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        args = build_parser(command).parse_args(argv)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, inside the net, not at exit
+        return code
+    except Exception as exc:  # noqa: BLE001 - the last net: bad input is exit 2, the rest a bug
+        return report(f"kvlab {getattr(args, 'command', None) or ''}".strip(), exc)
     except KeyboardInterrupt:
         print("kvlab: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # `kvlab models | head`
+
+
+def report(prog: str, exc: BaseException) -> int:
+    """The one line for an exception that reached the top: bad input (KvlabError) -> exit 2;
+    a closed pipe (`kvlab models | head`) -> quiet exit 0; anything else is a bug in kvlab
+    -> exit 70, with the traceback under KVLAB_DEBUG=1."""
+    from ..errors import KvlabError
+
+    if isinstance(exc, UsageError):
+        print(one_line(f"{exc.prog}: error: {exc} (see '{exc.prog} --help')"), file=sys.stderr)
+        return EXIT_USAGE
+    if isinstance(exc, KvlabError):
+        print(one_line(f"{prog}: error: {exc}"), file=sys.stderr)
+        return EXIT_USAGE
+    if isinstance(exc, BrokenPipeError):
+        _silence_stdout()
         return 0
+    if os.environ.get(DEBUG_ENV):
+        import traceback
+
+        traceback.print_exception(exc, file=sys.stderr)
+    else:
+        print(one_line(f"{prog}: internal error, a bug in kvlab: {type(exc).__name__}: {exc} "
+                       f"(run again with {DEBUG_ENV}=1 for the traceback, and please report it)"),
+              file=sys.stderr)
+    return EXIT_BUG
+
+
+def guarded(entry, prog: str, argv: list[str] | None = None) -> int:
+    """Run a `python -m` entry point `entry(argv) -> int` under the same last net as `kvlab`."""
+    try:
+        return int(entry(argv) or 0)
+    except Exception as exc:  # noqa: BLE001
+        return report(prog, exc)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+
+
+def one_line(text: str, limit: int = 2000) -> str:
+    """Messages are one line (a hostile value may carry newlines), and not a megabyte long."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _silence_stdout() -> None:
+    """After a closed pipe, point stdout at /dev/null so the interpreter's final flush
+    does not print a second error."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout replaced (tests) or already closed
+        pass

@@ -6,8 +6,8 @@ from . import bench_common as common
 
 def register(sub) -> None:
     p = sub.add_parser("memory", help="device copy bandwidth (STREAM-like) and matmul FLOP/s",
-                       description="Copy, read and write bandwidth over several array sizes (median of repeats), "
-                       "and the matmul rate: the figures the ledger is fed.")
+                       description="Copy, read and write bandwidth over several array sizes "
+                       "(median of repeats), and the matmul rate: the figures the ledger is fed.")
     common.add_common(p, budget_s=120)
     p.set_defaults(func=run)
 
@@ -15,8 +15,10 @@ def register(sub) -> None:
 def run(args) -> int:
     from ..bench.memory import run_memory
 
+    if args.plan:
+        return common.show_plan(args, ("memory",))
     device = common.setup(args)
     r = run_memory(device, quick=args.quick, repeats=common.repeats(args), budget_s=args.budget)
-    rows = [[p["kernel"], f"{p['size_bytes'] / 2**20:.0f}", f"{p['bandwidth_bytes_per_s'] / 1e9:.1f}",
-             f"{p['spread']:.0%}"] for p in r["points"]]
+    rows = [[p["kernel"], f"{p['size_bytes'] / 2**20:.0f}",
+             f"{p['bandwidth_bytes_per_s'] / 1e9:.1f}", f"{p['spread']:.0%}"] for p in r["points"]]
     return common.finish(args, "memory", r, device, rows, ["kernel", "MiB", "GB/s", "spread"])

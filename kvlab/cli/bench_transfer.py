@@ -6,8 +6,8 @@ from . import bench_common as common
 
 def register(sub) -> None:
     p = sub.add_parser("transfer", help="host<->device copy bandwidth, pinned and pageable (CUDA)",
-                       description="Host -> device and device -> host copies of several sizes from pinned and "
-                       "pageable memory (on a CPU-only machine: host -> host copies).")
+                       description="Host -> device and device -> host copies of several sizes from "
+                       "pinned and pageable memory (on a CPU-only machine: host -> host copies).")
     common.add_common(p, budget_s=120)
     p.set_defaults(func=run)
 
@@ -15,8 +15,11 @@ def register(sub) -> None:
 def run(args) -> int:
     from ..bench.transfer import run_transfer
 
+    if args.plan:
+        return common.show_plan(args, ("transfer",))
     device = common.setup(args)
     r = run_transfer(device, quick=args.quick, repeats=common.repeats(args), budget_s=args.budget)
-    rows = [[p["direction"], p["memory"], f"{p['size_bytes'] / 2**20:.0f}", f"{p['bandwidth_bytes_per_s'] / 1e9:.2f}",
-             f"{p['spread']:.0%}"] for p in r["points"]]
-    return common.finish(args, "transfer", r, device, rows, ["direction", "memory", "MiB", "GB/s", "spread"])
+    rows = [[p["direction"], p["memory"], f"{p['size_bytes'] / 2**20:.0f}",
+             f"{p['bandwidth_bytes_per_s'] / 1e9:.2f}", f"{p['spread']:.0%}"] for p in r["points"]]
+    header = ["direction", "memory", "MiB", "GB/s", "spread"]
+    return common.finish(args, "transfer", r, device, rows, header)

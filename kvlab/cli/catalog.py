@@ -30,20 +30,30 @@ def run_models(args) -> int:
             "layers": m.num_layers,
             "hidden_size": m.hidden_size,
             "query_heads": m.num_heads,
-            "kv_heads": m.num_kv_heads,
-            "head_dim": m.head_dim,
+            # MLA caches one latent per token and layer, not K/V heads
+            "kv_heads": None if m.is_mla else m.num_kv_heads,
+            "head_dim": m.qk_nope_head_dim + m.qk_rope_head_dim if m.is_mla else m.head_dim,
+            **({"kv_latent_dim": m.kv_lora_rank, "kv_rope_dim": m.qk_rope_head_dim} if m.is_mla else {}),
             "attention": kind,
             "kv_bytes_per_token_fp16": kv,
             "source": m.source,
         }
+        heads, dims = _heads_and_dims(m)
         rows.append([name, describe_params(p.total), describe_params(p.active_per_token(m.experts_per_token)),
-                     str(m.num_layers), f"{m.num_heads}/{m.num_kv_heads}", str(m.head_dim), kind,
-                     si(kv, "B")])
+                     str(m.num_layers), heads, dims, kind, si(kv, "B")])
     if args.json:
         print_json(out)
     else:
-        print(table(rows, ["model", "params", "active", "layers", "heads q/kv", "head_dim", "attention", "KV/token fp16"]))
+        print(table(rows, ["model", "params", "active", "layers", "heads q/kv", "head dim (KV cached)", "attention",
+                           "KV/token fp16"]))
     return 0
+
+
+def _heads_and_dims(m) -> tuple[str, str]:
+    """Query/KV heads and the head size, as cached: MLA caches a latent and a RoPE key."""
+    if m.is_mla:
+        return f"{m.num_heads}/latent", f"{m.kv_lora_rank}+{m.qk_rope_head_dim} rope"
+    return f"{m.num_heads}/{m.num_kv_heads}", str(m.head_dim)
 
 
 def _attention_kind(m) -> str:

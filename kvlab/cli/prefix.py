@@ -6,16 +6,26 @@ the ledger gives for these hits).
 """
 from __future__ import annotations
 
+import argparse
 import math
 
 from .args import count, print_json
 
+UNLIMITED = ("inf", "infinite", "unlimited")
+RESIDENT = ("hbm", "resident", "local")
+
 
 def capacity(text: str) -> float:
-    """A block or token count ('10000', '10k') or 'inf' for an unlimited cache."""
-    if text.strip().lower() in ("inf", "infinite", "unlimited"):
+    """A block or token count ('10000', '10k'), or 'inf' for an unlimited cache. Only the word
+    means unlimited: a number too large for a float (1e400) is refused, as `kvlab budget`
+    refuses it, not read as infinity."""
+    if text.strip().lower() in UNLIMITED:
         return math.inf
-    return count(text)
+    value = count(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite count such as 20000 or 20k, or 'inf' "
+                                         f"for an unlimited cache, got {text[:40]!r}")
+    return value
 
 
 def register(sub) -> None:
@@ -47,6 +57,7 @@ def run(args) -> int:
     from ..prefix.blocks import replay
     from ..traces import load_trace
 
+    _check_options(args)
     trace = load_trace(args.trace)
     result = replay(trace, args.capacity_blocks, args.policy, args.capacity_tokens)
     out = result.to_dict()
@@ -59,10 +70,29 @@ def run(args) -> int:
     return 0
 
 
+def _check_options(args) -> None:
+    """Every option is checked, used or not: a typo in --tier or --hardware without --model
+    is an error, never silently ignored."""
+    from ..errors import KvlabError, check_number
+    from ..hardware import get_device, get_tier
+
+    get_device(args.hardware)
+    if args.tier.lower() not in RESIDENT:
+        try:
+            get_tier(args.tier)
+        except KvlabError as exc:
+            raise KvlabError(f"{exc}, or hbm (KV resident in GPU memory)") from None
+    check_number("batch", args.batch, minimum=1, allow_equal_min=True, maximum=1e6, integer=True)
+    if args.model:
+        from ..models import get_model
+
+        get_model(args.model)
+
+
 def _latency(args, trace, result) -> dict:
     from ..prefix.latency import mean_decode_context, tpot_s, ttft_s
 
-    tier = None if args.tier.lower() in ("hbm", "resident", "local") else args.tier
+    tier = None if args.tier.lower() in RESIDENT else args.tier
     inputs = trace.input_tokens
     with_cache = ttft_s(args.model, args.hardware, inputs, result.hit_tokens_per_request, tier)
     without = ttft_s(args.model, args.hardware, inputs, 0)

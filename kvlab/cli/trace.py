@@ -34,9 +34,8 @@ def register(sub) -> None:
 
 
 def run_stats(args) -> int:
-    from ..fmt import seconds
-    from .prefix import share as percent
     from ..traces import load_trace, trace_stats
+    from .prefix import share as percent
 
     st = trace_stats(load_trace(args.trace))
     if args.json:
@@ -44,7 +43,7 @@ def run_stats(args) -> int:
         return 0
     rows = [
         ["requests", f"{st.requests:,}"],
-        ["duration", f"{seconds(st.duration_s)} ({st.requests_per_s:.3g} requests/s)"],
+        ["duration", _duration(st)],
         ["input tokens", f"mean {st.mean_input_tokens:,.0f}, median {st.median_input_tokens:,.0f}, "
                          f"p99 {st.p99_input_tokens:,.0f}, max {st.max_input_tokens:,}"],
         ["output tokens", f"mean {st.mean_output_tokens:,.0f}"],
@@ -59,6 +58,15 @@ def run_stats(args) -> int:
     for key, value in rows:
         print(f"  {key:<{width}}  {value}")
     return 0
+
+
+def _duration(st) -> str:
+    from ..fmt import seconds
+
+    if st.duration_s <= 0:  # one request, or all at the same millisecond: no rate to give
+        return "0 s (a single request)" if st.requests == 1 else \
+            f"0 s (all {st.requests:,} requests arrive at the same instant)"
+    return f"{seconds(st.duration_s)} ({st.requests_per_s:.3g} requests/s)"
 
 
 def run_download(args) -> int:

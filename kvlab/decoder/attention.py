@@ -15,6 +15,7 @@ the big K/V tensors.
 from __future__ import annotations
 
 import math
+import re
 
 import torch
 
@@ -49,8 +50,10 @@ def decode_attention(q, k, v, k_scale, v_scale, valid, chunk_budget_bytes: int):
         for c0 in range(0, nb, step):
             kc = k[c0:c0 + step].to(work)  # (c, B, KV, blk, D) dequantized, cache-resident
             sc = torch.matmul(qg, kc.transpose(-1, -2))  # (c, B, KV, g, blk)
-            scores[c0:c0 + step] = sc.float() * k_scale[c0:c0 + step].transpose(-1, -2).float()  # x (c, B, KV, 1, blk)
-    scores = scores.permute(1, 2, 3, 0, 4).reshape(B, kv_heads, g, n)  # (B, KV, g, n): position j*blk + i
+            # x (c, B, KV, 1, blk)
+            scores[c0:c0 + step] = sc.float() * k_scale[c0:c0 + step].transpose(-1, -2).float()
+    # (B, KV, g, n): position j*blk + i
+    scores = scores.permute(1, 2, 3, 0, 4).reshape(B, kv_heads, g, n)
     if valid is not None:
         scores = scores.masked_fill(~valid, NEG_INF)
     p = torch.softmax(scores, dim=-1, dtype=torch.float32)  # (B, KV, g, n)
@@ -62,7 +65,8 @@ def decode_attention(q, k, v, k_scale, v_scale, valid, chunk_budget_bytes: int):
         step = chunk_blocks(B * kv_heads * blk * D * q.element_size(), chunk_budget_bytes)
         out = torch.zeros(B, kv_heads, g, D, dtype=torch.float32, device=q.device)  # (B, KV, g, D)
         for c0 in range(0, nb, step):
-            pc = (p[c0:c0 + step] * v_scale[c0:c0 + step].transpose(-1, -2).float()).to(work)  # (c, B, KV, g, blk)
+            # (c, B, KV, g, blk)
+            pc = (p[c0:c0 + step] * v_scale[c0:c0 + step].transpose(-1, -2).float()).to(work)
             vc = v[c0:c0 + step].to(work)  # (c, B, KV, blk, D)
             out += torch.matmul(pc, vc).sum(dim=0, dtype=torch.float32)  # (B, KV, g, D)
     return out.reshape(B, H, 1, D).to(q.dtype)  # (B, H, 1, D): head h = kv_head * g + j
@@ -90,8 +94,7 @@ def prefill_attention(q, k, v, first_pos, sdpa: bool, budget_bytes: int = 1 << 2
     g = H // kv_heads
     q = q.to(k.dtype)
     if sdpa:
-        return torch.nn.functional.scaled_dot_product_attention(
-            q, k[:, :, :S], v[:, :, :S], is_causal=True, scale=1.0, enable_gqa=True)  # (B, H, S, D)
+        return sdpa_causal(q, k[:, :, :S], v[:, :, :S])  # (B, H, S, D)
     out = torch.empty(B, kv_heads, g, S, D, dtype=k.dtype, device=q.device)  # (B, KV, g, S, D)
     qg = q.reshape(B, kv_heads, g, S, D)  # (B, KV, g, S, D)
     rows = max(1, budget_bytes // max(1, B * H * n * 4))
@@ -100,13 +103,38 @@ def prefill_attention(q, k, v, first_pos, sdpa: bool, budget_bytes: int = 1 << 2
         i1 = min(S, i0 + rows)
         c = i1 - i0
         qc = qg[:, :, :, i0:i1].reshape(B, kv_heads, g * c, D)  # (B, KV, g*c, D)
-        scores = torch.matmul(qc, k.transpose(-1, -2)).view(B, kv_heads, g, c, n)  # (B, KV, g, c, n)
+        # (B, KV, g, c, n)
+        scores = torch.matmul(qc, k.transpose(-1, -2)).view(B, kv_heads, g, c, n)
         limit = first_pos + torch.arange(i0, i1, device=q.device)  # (B, c): last visible key
         visible = keys.view(1, 1, n) <= limit.unsqueeze(-1)  # (B, c, n)
         scores = scores.masked_fill(~visible.view(B, 1, 1, c, n), NEG_INF)
         p = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)  # (B, KV, g, c, n)
-        out[:, :, :, i0:i1] = torch.matmul(p.view(B, kv_heads, g * c, n), v).view(B, kv_heads, g, c, D)
+        out[:, :, :, i0:i1] = torch.matmul(p.view(B, kv_heads, g * c, n),
+                                           v).view(B, kv_heads, g, c, D)
     return out.view(B, H, S, D)  # (B, H, S, D): head h = kv_head * g + j
+
+
+def _torch_at_least(major: int, minor: int) -> bool:
+    found = re.match(r"(\d+)\.(\d+)", torch.__version__)
+    return found is not None and (int(found[1]), int(found[2])) >= (major, minor)
+
+
+#: `scaled_dot_product_attention(..., enable_gqa=True)` arrived in torch 2.5; kvlab
+#: promises torch >= 2.3, where K and V are expanded to every query head instead.
+SDPA_GQA = _torch_at_least(2, 5)
+
+
+def sdpa_causal(q, k, v):
+    """Causal SDPA with q already scaled: q (B, H, S, D), k, v (B, KV, S, D); query head h
+    reads K/V head h // (H / KV). Returns (B, H, S, D)."""
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    groups = q.shape[1] // k.shape[1]
+    if groups == 1:
+        return sdpa(q, k, v, is_causal=True, scale=1.0)
+    if SDPA_GQA:
+        return sdpa(q, k, v, is_causal=True, scale=1.0, enable_gqa=True)
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # (B, H, S, D)
+    return sdpa(q, k, v, is_causal=True, scale=1.0)
 
 
 def softmax_scale(head_dim: int) -> float:

@@ -17,6 +17,9 @@ KV_DTYPES = ("fp32", "bf16", "fp16", "int8", "fp8")
 #: stay in the compute dtype).
 WEIGHT_DTYPES = ("fp32", "bf16", "fp16", "int8")
 PLACEMENTS = ("device", "host")
+#: Upper bound on a KV cache's batch and tokens per sequence: a sanity limit far above what
+#: any memory holds (the memory check refuses most caches long before it).
+MAX_TOKENS = 100_000_000
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,8 @@ class DecoderConfig:
                     "head_dim", "intermediate_size"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1_000_000:
-                raise KvlabError(f"decoder config: {key} must be a whole number in 1..1e6, got {value!r}")
+                raise KvlabError(f"decoder config: {key} must be a whole number in 1..1e6, "
+                                 f"got {value!r}")
         if self.num_heads % self.num_kv_heads:
             raise KvlabError(f"decoder config: num_heads ({self.num_heads}) must be a multiple "
                              f"of num_kv_heads ({self.num_kv_heads})")

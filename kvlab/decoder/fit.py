@@ -37,9 +37,21 @@ def device_available_bytes(device) -> float:
 
     device = torch.device(device)
     if device.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(device)
+        free, _total = torch.cuda.mem_get_info(cuda_index(device))
         return float(free)
     return host_available_bytes()
+
+
+def cuda_index(device) -> int:
+    """The CUDA device number `device` names: 'cuda:1' -> 1, 'cuda' -> the current device.
+
+    Before torch 2.5 `torch.cuda.mem_get_info` (and other per-device calls) refuse a
+    device without an index, and 'cuda' means whichever device is current; an explicit
+    number works on every version and measures the GPU the benchmark named."""
+    import torch
+
+    device = torch.device(device)
+    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def require(what: str, needed_bytes: float, device, hint: str) -> None:
@@ -52,6 +64,7 @@ def require(what: str, needed_bytes: float, device, hint: str) -> None:
     if needed_bytes > usable:
         where = "host memory" if device.type == "cpu" else f"{device} memory"
         raise KvlabError(
-            f"{what} needs {si(needed_bytes, 'B')} but only {si(available, 'B')} of {where} is free "
+            f"{what} needs {si(needed_bytes, 'B')} but only {si(available, 'B')} of {where} "
+            "is free "
             f"({si(usable, 'B')} usable after {HEADROOM:.0%} headroom); {hint}"
         )

@@ -34,7 +34,7 @@ import torch
 from ..errors import KvlabError
 from ..fmt import si
 from . import fit
-from .config import KV_DTYPES, PLACEMENTS, DecoderConfig, check_choice
+from .config import KV_DTYPES, MAX_TOKENS, PLACEMENTS, DecoderConfig, check_choice
 
 SCALE_DTYPE = torch.float16
 QUANT_MAX = {"int8": 127.0, "fp8": 448.0}
@@ -42,10 +42,12 @@ BLOCK_TOKENS = 1024  # big blocks: fewer, larger matmuls (256: 15-20% slower ste
 
 
 def torch_dtype(name: str) -> torch.dtype:
-    table = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.int8}
+    table = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
+             "int8": torch.int8}
     if name == "fp8":
         if not hasattr(torch, "float8_e4m3fn"):
-            raise KvlabError(f"kv dtype fp8 needs torch.float8_e4m3fn (torch >= 2.1); this is torch {torch.__version__}")
+            raise KvlabError("kv dtype fp8 needs torch.float8_e4m3fn (torch >= 2.1); "
+                             f"this is torch {torch.__version__}")
         return torch.float8_e4m3fn
     return table[name]
 
@@ -61,7 +63,8 @@ def quantize(x: torch.Tensor, kv_dtype: str):
     # it did, add at least one fp16 step (2^-10 relative, 2^-24 absolute for subnormals)
     # before rounding, so the nearest fp16 lies above the exact scale
     up = torch.maximum(exact * (1 + 2.0 ** -10), exact + 2.0 ** -24).to(SCALE_DTYPE)
-    scale = torch.where(scale.float() < exact, up, scale).clamp(min=2.0 ** -24)  # (..., 1); zeros: tiny, not 0
+    # (..., 1); rows of zeros get a tiny scale, not 0
+    scale = torch.where(scale.float() < exact, up, scale).clamp(min=2.0 ** -24)
     y = (x.float() / scale.float()).clamp(-qmax, qmax)
     if kv_dtype == "int8":
         y = y.round()
@@ -69,21 +72,30 @@ def quantize(x: torch.Tensor, kv_dtype: str):
 
 
 class _Streams:
-    """CUDA stream and events of the prefetch pipeline; no-ops where there is nothing to overlap."""
+    """CUDA stream and events of the prefetch pipeline; no-ops where there is nothing to overlap.
 
-    def __init__(self, device: torch.device, slots: int, prefetch: bool):
+    Every stream is the cache's device's (`current_stream(device)`, `Stream(device)`), so a
+    cache on cuda:1 never orders its copies against cuda:0's work. `cuda` is the module
+    that provides Stream, Event, current_stream and stream (torch.cuda; tests pass stand-ins).
+    """
+
+    def __init__(self, device: torch.device, slots: int, prefetch: bool, cuda=None):
         self.active = device.type == "cuda" and prefetch
         if self.active:
-            self.copy = torch.cuda.Stream(device)
-            self.ready = [torch.cuda.Event() for _ in range(slots)]
-            self.free = [torch.cuda.Event() for _ in range(slots)]
+            self.cuda, self.device = cuda or torch.cuda, device
+            self.copy = self.cuda.Stream(device)
+            self.ready = [self.cuda.Event() for _ in range(slots)]
+            self.free = [self.cuda.Event() for _ in range(slots)]
+
+    def _compute(self):
+        return self.cuda.current_stream(self.device)
 
     def copy_stream(self):
-        return torch.cuda.stream(self.copy) if self.active else contextlib.nullcontext()
+        return self.cuda.stream(self.copy) if self.active else contextlib.nullcontext()
 
     def start_pass(self):
         if self.active:  # fetches of this pass come after everything already queued
-            self.copy.wait_stream(torch.cuda.current_stream())
+            self.copy.wait_stream(self._compute())
 
     def before_copy(self, slot):
         if self.active:  # the slot's previous layer has finished with it
@@ -95,11 +107,32 @@ class _Streams:
 
     def before_use(self, slot):
         if self.active:
-            torch.cuda.current_stream().wait_event(self.ready[slot])
+            self._compute().wait_event(self.ready[slot])
 
     def after_use(self, slot):
         if self.active:
-            self.free[slot].record(torch.cuda.current_stream())
+            self.free[slot].record(self._compute())
+
+
+def cache_footprint(config: DecoderConfig, batch: int, max_seq_len: int, kv_dtype: str,
+                    placement: str, device_type: str, prefetch: bool = False,
+                    block_tokens: int = BLOCK_TOKENS) -> tuple[float, float]:
+    """(host bytes, device bytes) a `KVCache` of these shapes allocates, computed without
+    allocating anything (the memory check and `kvlab bench ... --plan` use it)."""
+    blk = min(block_tokens, max_seq_len)
+    capacity = math.ceil(max_seq_len / blk) * blk
+    itemsize = torch_dtype(kv_dtype).itemsize
+    scale = config.num_kv_heads * SCALE_DTYPE.itemsize if kv_dtype in QUANT_MAX else 0
+    per_token = config.num_layers * 2 * (config.num_kv_heads * config.head_dim * itemsize + scale)
+    total = float(per_token) * batch * capacity
+    if placement == "device":
+        return (0.0, total) if device_type != "cpu" else (total, 0.0)
+    slots = 2 if prefetch and config.num_layers > 1 else 1
+    staging = total / config.num_layers * slots
+    if device_type == "cpu":
+        return total + staging, 0.0
+    # pinned host memory comes from a caching allocator that rounds to powers of two
+    return 2.0 ** math.ceil(math.log2(max(total, 1.0))), staging
 
 
 class KVCache:
@@ -112,9 +145,12 @@ class KVCache:
         self.kv_dtype = check_choice("kv dtype", kv_dtype, KV_DTYPES)
         self.placement = check_choice("placement", placement, PLACEMENTS)
         self.device = torch.device(device)
-        for name, value in (("batch", batch), ("max_seq_len", max_seq_len), ("block_tokens", block_tokens)):
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100_000_000:
-                raise KvlabError(f"KV cache: {name} must be a whole number >= 1, got {value!r}")
+        sizes = (("batch", batch), ("max_seq_len", max_seq_len), ("block_tokens", block_tokens))
+        for name, value in sizes:
+            whole = isinstance(value, int) and not isinstance(value, bool)
+            if not whole or not 1 <= value <= MAX_TOKENS:
+                raise KvlabError(f"KV cache: {name} must be a whole number in 1..{MAX_TOKENS:,}, "
+                                 f"got {value!r}")
         self.batch, self.max_seq_len = batch, max_seq_len
         self.block_tokens = min(block_tokens, max_seq_len)
         self.num_blocks = math.ceil(max_seq_len / self.block_tokens)
@@ -154,18 +190,13 @@ class KVCache:
 
     def _needed(self) -> tuple[float, float]:
         """(host bytes, device bytes) this cache will allocate."""
-        total = float(self.bytes_per_token) * self.batch * self.capacity_tokens
-        if self.placement == "device":
-            return (0.0, total) if self.device.type != "cpu" else (total, 0.0)
-        staging = total / self.config.num_layers * self._slots()
-        if self.device.type == "cpu":
-            return total + staging, 0.0
-        # pinned host memory comes from a caching allocator that rounds to powers of two
-        return 2.0 ** math.ceil(math.log2(max(total, 1.0))), staging
+        return cache_footprint(self.config, self.batch, self.max_seq_len, self.kv_dtype,
+                               self.placement, self.device.type, self.prefetch, self.block_tokens)
 
     def _check_memory(self) -> None:
         host, dev = self._needed()
-        what = (f"KV cache ({self.batch} x {self.max_seq_len:,} tokens x {si(self.bytes_per_token, 'B')}/token, "
+        what = (f"KV cache ({self.batch} x {self.max_seq_len:,} tokens x "
+                f"{si(self.bytes_per_token, 'B')}/token, "
                 f"{self.kv_dtype}, placement {self.placement})")
         hint = "lower the batch or the context, or quantize the KV (int8/fp8)"
         if host:
@@ -180,7 +211,7 @@ class KVCache:
         dims = (lead, self.num_blocks, self.batch, c.num_kv_heads, self.block_tokens)
         shapes = [(*dims, c.head_dim)] * 2 + ([(*dims, 1)] * 2 if self.quantized else [])
         dtypes = [self.storage_dtype] * 2 + ([SCALE_DTYPE] * 2 if self.quantized else [])
-        return [torch.zeros(s, dtype=d, **where) for s, d in zip(shapes, dtypes)]
+        return [torch.zeros(s, dtype=d, **where) for s, d in zip(shapes, dtypes, strict=True)]
 
     def _allocate(self) -> None:
         L = self.config.num_layers
@@ -216,14 +247,18 @@ class KVCache:
                 head.fill_(1.0 / 64)
             else:
                 tmp = torch.empty(head.shape, dtype=torch.float32, device=head.device)
-                tmp = tmp.uniform_(-100, 100, generator=gen).round_() if self.quantized else tmp.normal_(generator=gen)
+                if self.quantized:
+                    tmp = tmp.uniform_(-100, 100, generator=gen).round_()
+                else:
+                    tmp = tmp.normal_(generator=gen)
                 head.copy_(tmp.to(self.storage_dtype))
             for j in range(1, nb):
                 plane[:, j].copy_(head)
 
     def set_lengths(self, lengths: list[int]) -> None:
         if len(lengths) != self.batch or any(not 0 <= int(n) <= self.max_seq_len for n in lengths):
-            raise KvlabError(f"KV cache: need {self.batch} lengths in 0..{self.max_seq_len}, got {lengths}")
+            raise KvlabError(f"KV cache: need {self.batch} lengths in 0..{self.max_seq_len}, "
+                             f"got {lengths}")
         self.lengths = [int(n) for n in lengths]
 
     def reset(self) -> None:
@@ -245,7 +280,7 @@ class KVCache:
         self.streams.before_copy(slot)
         with self.streams.copy_stream():
             if nb:
-                for src, dst in zip(self.host, self.work):
+                for src, dst in zip(self.host, self.work, strict=True):
                     dst[slot, :nb].copy_(src[layer, :nb], non_blocking=True)  # one contiguous slab
             self.streams.after_copy(slot)
 
@@ -273,12 +308,12 @@ class KVCache:
         new = [kq, vq] + ([ks, vs] if self.quantized else [])
         planes = [p[layer] for p in self.store] if self.placement == "device" else \
             [p[layer % self._slots()] for p in self.work]
-        for dst, x in zip(planes, new):
+        for dst, x in zip(planes, new, strict=True):
             # dst (NB, B, KV, blk, D) [block, sequence, :, offset] <- x as (B, S, KV, D)
             dst[plan.block_index, plan.batch_rows, :, plan.block_offset] = x.permute(0, 2, 1, 3)
         if self.placement == "host":  # write the touched blocks back to host memory
             b0, b1 = plan.touched_blocks
-            for src, dst in zip(planes, self.host):
+            for src, dst in zip(planes, self.host, strict=True):
                 dst[layer, b0:b1].copy_(src[b0:b1], non_blocking=True)
 
     def view(self, layer: int, n: int):

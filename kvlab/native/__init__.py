@@ -78,11 +78,13 @@ def build(directory: Path | None = None, cc: str | None = None) -> Path:
     cc_found, version = _compiler()
     cc = cc or cc_found
     if not cc:
-        raise KvlabError("no C compiler found (install gcc, or set CC); the decoder uses PyTorch's kernels")
+        raise KvlabError("no C compiler found (install gcc, or set CC); the decoder uses "
+                         "PyTorch's kernels")
     cpu_name, flags = _cpu()
     source = SOURCE.read_bytes()
-    key = hashlib.sha256(b"\0".join([source, " ".join(CFLAGS).encode(), cc.encode(), version.encode(),
-                                     cpu_name.encode(), " ".join(sorted(flags)).encode()])).hexdigest()[:16]
+    parts = [source, " ".join(CFLAGS).encode(), cc.encode(), version.encode(), cpu_name.encode(),
+             " ".join(sorted(flags)).encode()]
+    key = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
     directory = Path(directory) if directory else cache_dir()
     target = directory / f"kvlab-kernels-{key}.so"
     if target.exists():
@@ -91,12 +93,17 @@ def build(directory: Path | None = None, cc: str | None = None) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=directory)
     os.close(fd)
     try:
-        proc = subprocess.run([cc, *CFLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True,
-                              timeout=300)
+        proc = subprocess.run([cc, *CFLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True,
+                              text=True, timeout=300)
         if proc.returncode != 0:
-            errors = [ln for ln in proc.stderr.splitlines() if "error" in ln] or proc.stderr.splitlines() or ["?"]
+            lines = proc.stderr.splitlines()
+            errors = [ln for ln in lines if "error" in ln] or lines or ["?"]
             raise KvlabError(f"compiling {SOURCE.name} with {cc} failed: {errors[0].strip()}")
-        os.replace(tmp, target)  # atomic: a concurrent build or an interrupted one never leaves half a library
+        umask = os.umask(0o022)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkstemp's 0600 (the linker adds x): a 0755 library
+        # atomic: a concurrent build or an interrupted one never leaves half a library
+        os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -114,7 +121,8 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     missing = [f for f in REQUIRED_CPU_FLAGS if f not in flags]
     if missing:
         return None, f"this CPU lacks {', '.join(missing)}"
-    import torch  # noqa: F401  (load torch's OpenMP runtime first, so the kernels share its threads)
+    # load torch's OpenMP runtime first, so the kernels share its threads
+    import torch  # noqa: F401
 
     try:
         path = build()
@@ -125,9 +133,11 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     lib.kvlab_native_isa.restype = ctypes.c_char_p
     lib.kvlab_gemv_bf16.argtypes = [p, p, p, i64, i64, i64, ctypes.c_int]
     lib.kvlab_gemv_bf16.restype = ctypes.c_int
-    lib.kvlab_decode_attention_bf16.argtypes = [p, p, p, p, p, i64, i64, i64, i64, i64, i64, ctypes.c_int]
+    lib.kvlab_decode_attention_bf16.argtypes = [p, p, p, p, p, i64, i64, i64, i64, i64, i64,
+                                                ctypes.c_int]
     lib.kvlab_decode_attention_bf16.restype = ctypes.c_int
-    lib.kvlab_decode_attention_int8.argtypes = [p, p, p, p, p, p, p, i64, i64, i64, i64, i64, i64, ctypes.c_int]
+    lib.kvlab_decode_attention_int8.argtypes = [p, p, p, p, p, p, p, i64, i64, i64, i64, i64, i64,
+                                                ctypes.c_int]
     lib.kvlab_decode_attention_int8.restype = ctypes.c_int
     return lib, f"native C kernels ({lib.kvlab_native_isa().decode()}, {_compiler()[1] or 'cc'})"
 
@@ -174,7 +184,8 @@ def pack_weight(weight):
                          f"got {tuple(weight.shape)} {weight.dtype}")
     n32 = -(-N // 32) * 32
     padded = torch.cat([weight, weight.new_zeros(n32 - N, K)]) if n32 != N else weight
-    return padded.reshape(n32 // 32, 32, K // 2, 2).permute(0, 2, 1, 3).contiguous()  # (N/32, K/2, 32, 2)
+    # (N/32, K/2, 32, 2)
+    return padded.reshape(n32 // 32, 32, K // 2, 2).permute(0, 2, 1, 3).contiguous()
 
 
 def unpack_weight(packed, out_features: int):
@@ -190,14 +201,15 @@ def gemv_bf16(x, packed, out_features: int):
 
     if packed.dim() != 4 or packed.dtype != torch.bfloat16 or packed.shape[2:] != (32, 2) \
             or not 0 < out_features <= packed.shape[0] * 32 or not packed.is_contiguous():
-        raise KvlabError(f"gemv_bf16: the weight must come from pack_weight, got {tuple(packed.shape)} {packed.dtype}")
+        raise KvlabError("gemv_bf16: the weight must come from pack_weight, got "
+                         f"{tuple(packed.shape)} {packed.dtype}")
     K = packed.shape[1] * 2
     if x.shape[-1] != K:
         raise KvlabError(f"gemv_bf16: x has {x.shape[-1]} features, the weight {K}")
     flat = x.reshape(-1, K).to(torch.bfloat16).contiguous()  # (M, K)
     y = torch.empty(flat.shape[0], out_features, dtype=torch.bfloat16)  # (M, N)
-    _lib().kvlab_gemv_bf16(packed.data_ptr(), flat.data_ptr(), y.data_ptr(), flat.shape[0], out_features, K,
-                           _threads())
+    _lib().kvlab_gemv_bf16(packed.data_ptr(), flat.data_ptr(), y.data_ptr(), flat.shape[0],
+                           out_features, K, _threads())
     return y.view(*x.shape[:-1], out_features)
 
 
@@ -226,16 +238,19 @@ def decode_attention(q, k, v, lengths, k_scale=None, v_scale=None):
     H = q.shape[1]
     quant = k_scale is not None
     storage = torch.int8 if quant else torch.bfloat16
-    if (q.shape != (B, H, 1, D) or v.shape != k.shape or H % KV or k.dtype != storage or v.dtype != storage
-            or tuple(lengths.shape) != (B,) or D % 64 or D > MAX_HEAD_DIM):
-        raise KvlabError(f"decode_attention: shapes q {tuple(q.shape)}, k {tuple(k.shape)} {k.dtype}, "
+    if (q.shape != (B, H, 1, D) or v.shape != k.shape or H % KV or k.dtype != storage
+            or v.dtype != storage or tuple(lengths.shape) != (B,) or D % 64 or D > MAX_HEAD_DIM):
+        raise KvlabError(f"decode_attention: shapes q {tuple(q.shape)}, k {tuple(k.shape)} "
+                         f"{k.dtype}, "
                          f"v {tuple(v.shape)} {v.dtype}, lengths {tuple(lengths.shape)} do not fit "
                          f"(bf16 K/V, or int8 with scales; head_dim % 64 == 0, <= {MAX_HEAD_DIM})")
     tensors = [k, v]
     if quant:
         want = (nb, B, KV, blk, 1)
-        if v_scale is None or any(t.shape != want or t.dtype != torch.float16 for t in (k_scale, v_scale)):
-            raise KvlabError(f"decode_attention: int8 K/V need fp16 k_scale and v_scale of shape {want}")
+        scales = (k_scale, v_scale)
+        if v_scale is None or any(t.shape != want or t.dtype != torch.float16 for t in scales):
+            raise KvlabError("decode_attention: int8 K/V need fp16 k_scale and v_scale of shape "
+                             f"{want}")
         tensors += [k_scale, v_scale]
     if not all(t.is_contiguous() for t in tensors):
         raise KvlabError("decode_attention: K, V (and scales) must be contiguous block-major views")
@@ -246,11 +261,12 @@ def decode_attention(q, k, v, lengths, k_scale=None, v_scale=None):
     out = torch.empty(B, H, 1, D, dtype=torch.float32)
     dims = (nb, B, KV, H // KV, blk, D, _threads())
     if quant:
-        rc = _lib().kvlab_decode_attention_int8(qb.data_ptr(), k.data_ptr(), v.data_ptr(), k_scale.data_ptr(),
-                                                v_scale.data_ptr(), lens.data_ptr(), out.data_ptr(), *dims)
+        rc = _lib().kvlab_decode_attention_int8(qb.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                                k_scale.data_ptr(), v_scale.data_ptr(),
+                                                lens.data_ptr(), out.data_ptr(), *dims)
     else:
-        rc = _lib().kvlab_decode_attention_bf16(qb.data_ptr(), k.data_ptr(), v.data_ptr(), lens.data_ptr(),
-                                                out.data_ptr(), *dims)
+        rc = _lib().kvlab_decode_attention_bf16(qb.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                                lens.data_ptr(), out.data_ptr(), *dims)
     if rc != 0:
         raise KvlabError("decode_attention: out of memory for the per-block partial sums")
     return out

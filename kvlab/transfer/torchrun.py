@@ -27,8 +27,8 @@ from .config import DECODE, PREFILL, TransferConfig
 
 def under_torchrun() -> bool:
     """True in a process that torchrun (torch.distributed.elastic) started."""
-    return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ
-                                                   and "MASTER_ADDR" in os.environ)
+    launched = all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
+    return "TORCHELASTIC_RUN_ID" in os.environ or launched
 
 
 _GROUP: dict = {}
@@ -46,13 +46,15 @@ def init_torchrun(configs) -> None:
         return
     world = int(os.environ["WORLD_SIZE"])
     if world != 2:
-        raise KvlabError(f"kv-transfer under torchrun needs exactly 2 processes (prefill, decode), got {world}")
+        raise KvlabError(f"kv-transfer under torchrun needs exactly 2 processes (prefill, "
+                         f"decode), got {world}")
     first = configs[0]
     if first.host.startswith("127."):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     os.environ.setdefault("MC_TCP_BIND_ADDRESS", first.host)
     os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
-    backend = "nccl" if any(c.engine == "torch" and c.backend == "nccl" for c in configs) else "gloo"
+    nccl = any(c.engine == "torch" and c.backend == "nccl" for c in configs)
+    backend = "nccl" if nccl else "gloo"
     if backend == "nccl":
         import torch
 
@@ -82,7 +84,8 @@ def run_torchrun(config: TransferConfig, progress=None) -> dict | None:
     role = PREFILL if rank == 0 else DECODE
     if config.device.startswith("cuda"):
         config = _with_device(config, f"cuda:{torch.cuda.current_device()}")
-    channel = DistChannel(_GROUP["control"], 1 - rank, DECODE if role == PREFILL else PREFILL, config.timeout_s)
+    peer = DECODE if role == PREFILL else PREFILL
+    channel = DistChannel(_GROUP["control"], 1 - rank, peer, config.timeout_s)
     rows, facts = [], {}
     progress = progress or (lambda line: print(line, file=sys.stderr, flush=True))
     total = len(config.cases())

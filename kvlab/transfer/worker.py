@@ -49,7 +49,8 @@ def _fill(torch, pool, case_index: int, seed: int) -> None:
     """Random bytes (one tile repeated) with each block's first 8 bytes = its own stamp."""
     gen = torch.Generator().manual_seed(seed * 1000 + case_index)
     flat = pool.view(-1)
-    tile = torch.randint(0, 256, (min(TILE_BYTES, flat.numel()),), dtype=torch.uint8, generator=gen).to(pool.device)
+    tile = torch.randint(0, 256, (min(TILE_BYTES, flat.numel()),), dtype=torch.uint8,
+                         generator=gen).to(pool.device)
     for start in range(0, flat.numel(), tile.numel()):
         end = min(start + tile.numel(), flat.numel())
         flat[start:end].copy_(tile[: end - start])
@@ -73,7 +74,8 @@ def _maybe_fault(config: TransferConfig, role: str, case_index: int) -> None:
     if fault and fault[1] == case_index:
         if fault[0] == "exit":
             os._exit(17)  # die without a word, as a crashed or OOM-killed process would
-        time.sleep(10 * max(config.timeout_s, config.time_limit_s))  # hang: the peer's timeouts must fire
+        # hang: the peer's timeouts must fire
+        time.sleep(10 * max(config.timeout_s, config.time_limit_s))
 
 
 def role_device(torch, config: TransferConfig, role: str) -> str:
@@ -107,14 +109,16 @@ def run_role(role: str, config: TransferConfig, channel, report) -> None:
             block, blocks, pool_blocks = _layout(config, layout, size)
             pool = torch.zeros((pool_blocks, block), dtype=torch.uint8, device=config.device)
             rng = np.random.default_rng([config.seed, index, 0 if role == PREFILL else 1])
-            table = torch.from_numpy(rng.permutation(pool_blocks)[:blocks].astype(np.int64)).to(config.device)
+            order = rng.permutation(pool_blocks)[:blocks].astype(np.int64)
+            table = torch.from_numpy(order).to(config.device)
             if role == PREFILL:
                 _fill(torch, pool, index, config.seed)
             engine.open_case(pool, table)
             _maybe_fault(config, role, index)  # test hook: fail mid-transfer, peers connected
             if role == PREFILL:
                 row, seq = _prefill_case(engine, channel, config, pool, table, seq)
-                report("row", {"layout": layout, "bytes": size, "block_bytes": block, "blocks": blocks, **row})
+                report("row", {"layout": layout, "bytes": size, "block_bytes": block,
+                               "blocks": blocks, **row})
             else:
                 seq = _decode_case(engine, channel, config, pool, table, seq)
             engine.close_case()
@@ -134,14 +138,16 @@ def _prefill_case(engine, channel, config, pool, table, seq):
 
     warm = [once() for _ in range(config.warmup)]
     estimate = min(warm) if warm else once()
-    repeats = int(np.clip(config.seconds_per_size / max(estimate, 1e-9), config.min_repeats, config.max_repeats))
+    repeats = int(np.clip(config.seconds_per_size / max(estimate, 1e-9), config.min_repeats,
+                          config.max_repeats))
     channel.send({"repeats": repeats, "warmup_done": bool(warm)})
     times = [once() for _ in range(repeats)]
     channel.recv("word that the decode pool is zeroed")
     once()  # the verification transfer
     mine = checksum(pool, table)
     theirs = exchange(channel, PREFILL, mine, "the decode side's checksum")
-    row = {"warmup": len(warm) if warm else 1, "repeats": repeats, **summarise(times, pool.shape[1] * table.numel()),
+    row = {"warmup": len(warm) if warm else 1, "repeats": repeats,
+           **summarise(times, pool.shape[1] * table.numel()),
            "checksum": {"prefill": mine, "decode": theirs}, "checksum_ok": mine == theirs}
     return row, seq
 

@@ -8,10 +8,10 @@ one without those two links, so the page makes no request off the machine.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -43,15 +43,51 @@ def offline_template(build_dir: Path = ROOT / "_build" / "voila") -> Path:
     return build_dir
 
 
+DEFAULT_PORT = 8866
+PORT_ENV = "PORT"
+STOP_WAIT_S = 10.0  # Voila's grace to shut its kernels down before it is killed
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
+def parse_port(text: str) -> int:
+    """A TCP port, 1-65535, or 0 for any free port."""
+    try:
+        port = int(str(text).strip())
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise ValueError(f"expected a port from 1 to 65535 (0: any free port), "
+                         f"got {str(text)[:40]!r}")
+    return port
+
+
+def _check_free(port: int) -> None:
+    """Fail now, in one line, when the port is taken (Voila would otherwise try others)."""
+    from ..errors import KvlabError
+
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise KvlabError(f"port {port} on 127.0.0.1 is not available ({exc.strerror}); "
+                             f"choose another with --port or {PORT_ENV}=") from None
+
+
 def start(notebook: Path = DASHBOARD, port: int | None = None, home: str | None = None) -> tuple[subprocess.Popen, str]:
-    """Start Voila in the background; returns the process and its URL once it answers."""
+    """Start Voila in the background, in a process group of its own; returns the process and
+    its URL once it answers on exactly that port (Voila may not move to another one)."""
+    from ..errors import KvlabError
+
+    notebook = Path(notebook)
+    if not notebook.is_file():
+        raise KvlabError(f"notebook {str(notebook)[:200]!r} does not exist")
     port = port or free_port()
+    _check_free(port)
     env = {**os.environ, "JUPYTER_PATH": os.pathsep.join(filter(None, [str(offline_template()),
                                                                          os.environ.get("JUPYTER_PATH")]))}
     env.pop("KVLAB_BOOK_BUILD", None)  # the dashboard is always live
@@ -59,39 +95,117 @@ def start(notebook: Path = DASHBOARD, port: int | None = None, home: str | None 
         env["HOME"] = home
     voila = Path(sys.executable).with_name("voila")
     log_path = ROOT / "_build" / "voila" / f"voila-{port}.log"
-    log = log_path.open("wb")
-    proc = subprocess.Popen(
-        [str(voila), str(notebook), "--no-browser", f"--port={port}", "--Voila.ip=127.0.0.1", f"--template={TEMPLATE}"],
-        env=env, stdout=subprocess.DEVNULL, stderr=log, cwd=str(notebook.parent),
-    )
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [str(voila), str(notebook), "--no-browser", f"--port={port}", "--Voila.port_retries=0",
+             "--Voila.ip=127.0.0.1", f"--template={TEMPLATE}"],
+            env=env, stdout=subprocess.DEVNULL, stderr=log, cwd=str(notebook.parent),
+            start_new_session=True,
+        )
     url = f"http://127.0.0.1:{port}/"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"voila exited: {log_path.read_text(errors='replace')[-2000:]}")
+            tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] or ["(no log)"]
+            raise KvlabError(f"voila exited before serving on port {port}: {tail[0][:300]}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.5):
                 return proc, url
         except OSError:
             time.sleep(0.2)
-    proc.terminate()
-    raise RuntimeError("voila did not start within 60 s")
+    stop(proc)
+    raise KvlabError("voila did not start within 60 s")
+
+
+def stop(proc: subprocess.Popen, wait_s: float = STOP_WAIT_S) -> None:
+    """Take Voila down with everything it started: its process group, then any kernel
+    (kernels run in sessions of their own) still alive."""
+    children = _descendants(proc.pid)
+    _signal_group(proc, signal.SIGTERM)
+    try:
+        proc.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        _signal_group(proc, signal.SIGKILL)
+        proc.wait()
+    for child in children:
+        try:
+            child.terminate()
+        except Exception:  # noqa: BLE001 - gone already (psutil.NoSuchProcess)
+            continue
+    _reap(children)
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)  # start_new_session: Voila leads its own group
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _descendants(pid: int) -> list:
+    try:
+        import psutil
+
+        return psutil.Process(pid).children(recursive=True)
+    except Exception:  # noqa: BLE001 - no psutil, or the process is gone
+        return []
+
+
+def _reap(children: list) -> None:
+    if not children:
+        return
+    import psutil
+
+    _, alive = psutil.wait_procs(children, timeout=5)
+    for child in alive:
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
+
+
+class _Stopped(Exception):
+    """SIGTERM arrived."""
+
+
+def _on_sigterm(signum, frame):
+    raise _Stopped()
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kvlab.viz.serve", description=__doc__.splitlines()[0])
+    from ..cli import Parser
+    from ..errors import KvlabError
+
+    parser = Parser(prog="python -m kvlab.viz.serve", description=__doc__.splitlines()[0])
     parser.add_argument("notebook", nargs="?", default=str(DASHBOARD))
-    parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", 8866)))
+    parser.add_argument("--port", help=f"port on 127.0.0.1 (default ${PORT_ENV}, else "
+                        f"{DEFAULT_PORT}; 0: any free)")
     args = parser.parse_args(argv)
-    proc, url = start(Path(args.notebook).resolve(), args.port)
-    print(f"The kvlab dashboard is served at {url} (Ctrl-C stops it)", flush=True)
+    source = "--port" if args.port is not None else PORT_ENV
     try:
-        proc.wait()
-    except KeyboardInterrupt:
-        proc.terminate()
-        proc.wait(timeout=10)
+        given = args.port if args.port is not None else os.environ.get(PORT_ENV, DEFAULT_PORT)
+        port = parse_port(given)
+    except ValueError as exc:
+        raise KvlabError(f"{source}: {exc}") from None
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    proc = None
+    try:
+        proc, url = start(Path(args.notebook).resolve(), port or free_port())
+        print(f"The kvlab dashboard is served at {url} (Ctrl-C stops it)", flush=True)
+        code = proc.wait()
+        if code:
+            logs = ROOT / "_build" / "voila"
+            raise KvlabError(f"voila stopped with exit status {code}; see {logs}")
+    except (KeyboardInterrupt, _Stopped):
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if proc is not None:
+            stop(proc)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from ..cli import guarded
+
+    sys.exit(guarded(main, "python -m kvlab.viz.serve"))
