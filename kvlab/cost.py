@@ -344,8 +344,7 @@ def _decode_fields(m, dev, wdt, kdt, batch, context, bandwidth, eff, capacity, s
         max_batch = _out(np.floor(room / per_seq_kv).astype(np.int64))
         fits = _out(np.asarray(needed <= capacity))
     out = _out if not scalar else (lambda x: x)
-    plain = eff == 1.0 if scalar else bool(np.all(np.asarray(eff) == 1.0))
-    source = "the sheet's bandwidth and FLOP/s" + ("" if plain else " x the given efficiency")
+    source = "the sheet's bandwidth and FLOP/s x efficiency"
     return dict(
         bandwidth_bytes_per_s=out(np.asarray(bandwidth)) if not scalar else bandwidth,
         weight_bytes=w_total, weight_read_bytes=out(w_read), kv_bytes_per_token=kv_tok,
@@ -408,8 +407,7 @@ def _operator_fields(m, dev, wdt, kdt, batch, context, bandwidth, eff, capacity,
         capacity_bytes=capacity, fits=out(np.asarray(w_total + kv_read <= capacity)),
         max_batch=out(np.floor(room / (np.maximum(attended, 1.0) * kv_tok)).astype(np.int64)),
         ceiling_step_time_s=out(ceiling + latency + link_time),
-        efficiency_source="the sheet's bandwidth and FLOP/s"
-        + ("" if np.all(np.asarray(eff) == 1.0) else " x the given efficiency"),
+        efficiency_source="the sheet's bandwidth and FLOP/s x efficiency",
         tensor_parallel=tp, allreduce_time_s=out(reduce_time),
         allreduce_latency_s=out(latency + 0.0 * b), notes=notes,
     )
@@ -500,8 +498,7 @@ def prefill(
             m, dev, wdt, kdt, batch, prompt, cached, flash_attention, tp, bandwidth, peak, eff)
     compute_time = np.where(n > 0, flops / (np.asarray(peak) * eff), 0.0)
     memory_time = np.where(n > 0, bytes_moved / (np.asarray(bandwidth) * eff), 0.0)
-    source = "the sheet's bandwidth and FLOP/s"
-    source += "" if np.all(eff == 1.0) else " x the given efficiency"
+    source = "the sheet's bandwidth and FLOP/s x efficiency"
     if measured:
         from .measured.timing import measured_prefill_time
 

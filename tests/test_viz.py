@@ -2,6 +2,8 @@
 its values agree with the ledger; formatting rules that the browser mirrors."""
 import itertools
 import json
+import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -95,3 +97,140 @@ def test_terms_are_json_and_small():
 
     text = json.dumps(ledger_terms(models(), devices()))
     assert len(text) < 8000
+
+
+# ------------------------------------------------ every legend entry is drawn
+X_COORDS = ("x", "x0", "x1", "left", "right", "xs")
+Y_COORDS = ("y", "y0", "y1", "top", "bottom", "ys")
+
+
+def _columns_of(spec) -> list[str] | None:
+    """The source columns a coordinate spec reads (a stack sums several); None: a constant."""
+    from bokeh.core.property.vectorization import Expr, Field
+    from bokeh.models import Stack
+
+    if isinstance(spec, str):
+        return [spec]
+    if isinstance(spec, Field):
+        return [spec.field]
+    if isinstance(spec, dict) and "field" in spec:
+        return [spec["field"]]
+    if isinstance(spec, Expr) and isinstance(spec.expr, Stack):
+        return list(spec.expr.fields) or None  # an empty stack is the constant 0
+    return None
+
+
+def _drawable(value, log_axis: bool) -> bool:
+    """A coordinate BokehJS can place: a category, or a finite number (positive on a log axis)."""
+    if isinstance(value, str):
+        return bool(value)
+    if isinstance(value, (list, tuple, np.ndarray)):  # multi_line / patches rows
+        return len(value) > 0 and all(_drawable(v, log_axis) for v in value)
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return False
+    return math.isfinite(number) and (number > 0 or not log_axis)
+
+
+def legend_problems(layout) -> list[str]:
+    """Legend entries with nothing to draw: every renderer of the entry reads a missing
+    column, or has no row whose coordinates are all finite (positive on a log axis)."""
+    from bokeh.models import Legend, LogScale, Plot
+
+    problems = []
+    for plot in layout.select({"type": Plot}):
+        log = {"x": isinstance(plot.x_scale, LogScale), "y": isinstance(plot.y_scale, LogScale)}
+        for legend in plot.select({"type": Legend}):
+            for item in legend.items:
+                label = (getattr(item.label, "value", None) or getattr(item.label, "field", None)
+                         or item.label)
+                reasons = [_renderer_problem(r, log) for r in item.renderers]
+                if all(reasons):
+                    title = plot.title.text if plot.title else "?"
+                    problems.append(f"{title} / {label}: {'; '.join(reasons)}")
+    return problems
+
+
+def _renderer_problem(renderer, log: dict) -> str:
+    """Why a glyph renderer draws nothing ('' when it draws something)."""
+    data, glyph = renderer.data_source.data, renderer.glyph
+    coords = []
+    for name in glyph.dataspecs():
+        if name not in X_COORDS + Y_COORDS:
+            continue
+        columns = _columns_of(getattr(glyph, name))
+        if columns is None:
+            continue
+        missing = [c for c in columns if c not in data]
+        if missing:
+            return f"{type(glyph).__name__}.{name} reads missing column(s) {missing}"
+        coords.append((name, columns, log["x" if name in X_COORDS else "y"]))
+    rows = len(next(iter(data.values()), []))
+    for i in range(rows):
+        if all(_row_drawable(data, i, columns, log_axis) for _name, columns, log_axis in coords):
+            return ""
+    names = [n for n, _, _ in coords]
+    return f"{type(glyph).__name__} has no row with drawable {names} ({rows} rows)"
+
+
+def _row_drawable(data, i: int, columns: list[str], log_axis: bool) -> bool:
+    values = [data[c][i] for c in columns]
+    if len(values) == 1:
+        return _drawable(values[0], log_axis)
+    # a stack draws the running sum: each part finite, the sum positive on a log axis
+    parts_finite = all(_drawable(v, False) for v in values)
+    return parts_finite and _drawable(sum(float(v) for v in values), log_axis)
+
+
+def _book_figures() -> list[tuple[str, str, str]]:
+    """(notebook, the expression it shows, its imports) for every `show(...)` in the notebooks."""
+    import ast
+
+    found = []
+    for path in sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb")):
+        cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+        trees = [ast.parse("".join(c["source"])) for c in cells]
+        imports = "\n".join(ast.unparse(n) for t in trees for n in ast.walk(t)
+                            if isinstance(n, (ast.Import, ast.ImportFrom)))
+        for tree in trees:
+            for node in ast.walk(tree):
+                if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "show"
+                        and len(node.args) == 1):
+                    found.append((path.stem, ast.unparse(node.args[0]), imports))
+    return found
+
+
+@pytest.mark.parametrize("notebook, expression, imports", _book_figures(),
+                         ids=lambda v: "" if "\n" in v else v)
+def test_every_legend_entry_has_finite_data_to_draw(notebook, expression, imports):
+    """Each figure the book shows, panels at their default state: a legend entry whose data
+    are missing or all non-finite (a series the legend promises and the chart lacks) fails."""
+    from bokeh.models import ColumnDataSource
+
+    from kvlab.viz.panel import Panel
+
+    namespace: dict = {}
+    exec(imports, namespace)  # the notebook's own imports
+    obj = eval(expression, namespace)
+    if isinstance(obj, Panel):
+        result = obj.compute(obj.default_state)
+        obj = obj.figures({name: ColumnDataSource(d) for name, d in result["sources"].items()})
+    assert legend_problems(obj) == [], f"{notebook}: {expression}"
+
+
+def test_the_legend_check_sees_a_missing_series():
+    """The class of the chapter 4 bug: the legend promises TTFT p50, the source lacks it."""
+    from bokeh.models import ColumnDataSource
+
+    from kvlab.viz.sim_panels import _paired_bars
+
+    def problems(data):
+        pair = (("ttft_p50_s", "p50"), ("ttft_p90_s", "p90"))
+        return legend_problems(_paired_bars("TTFT", ColumnDataSource(data), *pair))
+
+    full = {"arch": ["colocated"], "color": ["#000000"], "ttft_p50_s": [1.0], "ttft_p90_s": [2.0]}
+    assert problems(full) == []
+    lacking = {k: v for k, v in full.items() if k != "ttft_p50_s"}
+    assert len(problems(lacking)) == 1 and "/ p50: " in problems(lacking)[0]
+    assert len(problems({**full, "ttft_p50_s": [float("nan")]})) == 1

@@ -1,8 +1,10 @@
 """Sphinx glue that keeps the built book offline and light.
 
 - BokehJS is copied once per site from the installed bokeh (so its version always
-  matches the Python side), with kvlab's own kvlab.js, and both are loaded only on pages
-  that embed a bokeh figure.
+  matches the Python side), with kvlab's own browser code (kvlab/viz/js/*.js: the library
+  and every panel's function, as one script named by its content hash so a rebuilt site
+  is never served a stale copy), and both are loaded only on pages that embed a bokeh
+  figure.
 - MathJax 3 comes from the npm registry once per build folder (`npm pack`), so math
   renders without a CDN.
 - Notebooks are re-executed on every build, even when their text did not change.
@@ -36,10 +38,22 @@ def _copy_bokeh(static: Path) -> list[str]:
         if not target.exists():
             shutil.copyfile(source / name, target)
         names.append(f"kvlab-vendor/{target.name}")
-    from kvlab.viz.panel import kvlab_js  # the panels' formatting and ledger twin, once per site
+    return [_write_kvlab_js(static / "kvlab-vendor"), *names]
 
-    (static / "kvlab-vendor" / "kvlab.js").write_text(kvlab_js())
-    return ["kvlab-vendor/kvlab.js", *names]
+
+def _write_kvlab_js(folder: Path) -> str:
+    """kvlab's browser code (library + every panel's function), once per site."""
+    import hashlib
+
+    from kvlab.viz.panel import kvlab_js
+
+    text = kvlab_js()
+    name = f"kvlab-{hashlib.sha256(text.encode()).hexdigest()[:12]}.js"
+    for old in folder.glob("kvlab*.js"):  # earlier builds' copies would ship with the site
+        if old.name != name:
+            old.unlink()
+    (folder / name).write_text(text)
+    return f"kvlab-vendor/{name}"
 
 
 def _fetch_mathjax(static: Path) -> None:

@@ -1,7 +1,9 @@
 """Figures for the book: pure functions (data in, bokeh figure out) and two faces per panel.
 
-- static: bokeh widgets + CustomJS that recombine terms kvlab computed at build time, for
-  the built book (no kernel). BokehJS is shipped once per site by book/_ext.
+- static: bokeh widgets whose callback runs the panel's JavaScript twin, a function in
+  js/*.js that recombines terms kvlab computed at build time, for the built book (no
+  kernel). BokehJS and kvlab's script are shipped once per site by book/_ext; tests/test_js.py
+  runs every twin under node against the Python.
 - live: ipywidgets controls driving the same figures from the Python ledger, for any
   value, in Jupyter and Voila.
 

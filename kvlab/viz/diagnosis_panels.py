@@ -15,6 +15,7 @@ from .panel import Control, Panel
 from .terms import ledger_terms
 
 SLO_GRID = (0.02, 0.03, 0.05, 0.1, 0.2)
+DTYPES_USED = {"weight_dtype": "fp16", "kv_dtype": "fp16"}  # the panel has no dtype controls
 SLO_READOUT = (
     ("slo_batch", "Largest batch within the TPOT budget", "count"),
     ("slo_tokens_per_s", "Tokens/s at that batch", "rate"),
@@ -28,7 +29,8 @@ def tpot_budget_panel() -> Panel:
     grid = np.array(BATCH_GRID, dtype=float)
 
     def compute(state):
-        s = cost.decode_step(state["model"], state["hardware"], grid, state["context"])
+        s = cost.decode_step(state["model"], state["hardware"], grid, state["context"],
+                             **DTYPES_USED)
         within = np.flatnonzero((s.step_time_s <= state["slo"]) & s.fits)
         k = within[-1] if within.size else 0
         knee = cost.batch_knee(s)
@@ -52,25 +54,12 @@ def tpot_budget_panel() -> Panel:
         fig.legend.location = "top_left"
         return fig
 
-    js = """
-const batches = %s;
-const steps = batches.map((b) => K.step(T, Object.assign({}, s, {batch: b, weight_dtype: "fp16", kv_dtype: "fp16"})));
-let k = -1;
-steps.forEach((r, i) => { if (r.step_time_s <= s.slo && r.fits) k = i; });
-let knee = steps.findIndex((r) => r.kv_read_bytes >= r.weight_read_bytes || r.bound === "compute");
-if (knee < 0) knee = steps.length - 1;
-const pick = Math.max(k, 0);
-return {
-  sources: {curve: {batch: batches, tpot_s: steps.map((r) => r.step_time_s), tokens_per_s: steps.map((r) => r.tokens_per_s)},
-            slo: {batch: [batches[0], batches[batches.length - 1]], tpot_s: [s.slo, s.slo]},
-            pick: {batch: [batches[pick]], tpot_s: [steps[pick].step_time_s]}},
-  values: {slo_batch: k >= 0 ? batches[k] : 0, slo_tokens_per_s: k >= 0 ? steps[k].tokens_per_s : 0,
-           knee_batch: batches[knee], max_batch: steps[0].max_batch},
-};""" % list(BATCH_GRID)
     slo = Control("slo", "TPOT budget", SLO_GRID, 0.05, kind="slider", integer=False, live_range=(0.005, 0.5),
                   option_labels=tuple(f"{round(v * 1000)} ms" for v in SLO_GRID))
     controls = (model_control(), hardware_control(), context_control(8192), slo)
-    return Panel("tpot-budget", controls, compute, figures, js, ledger_terms(models(), devices()), SLO_READOUT)
+    terms = {**ledger_terms(models(), devices()), "batches": list(BATCH_GRID),
+             "dtypes_used": DTYPES_USED}
+    return Panel("tpot-budget", controls, compute, figures, "tpot-budget", terms, SLO_READOUT)
 
 
 class DiagnosisReport:

@@ -15,6 +15,7 @@ from .controls import HIT_GRID, batch_control, context_control, hardware_control
 from .panel import Panel
 from .terms import ledger_terms
 
+DTYPES_USED = {"weight_dtype": "fp16", "kv_dtype": "fp16"}  # the panel has no dtype controls
 HIT_READOUT = (
     ("cached_tokens", "Prompt tokens served by the cache", "count"),
     ("ttft_s", "Time to first token (TTFT)", "seconds"),
@@ -28,7 +29,8 @@ HIT_READOUT = (
 
 def cached_tokens(hit: float, prompt_tokens: int) -> int:
     """Tokens of a prompt that a hit fraction serves from the prefix cache. Even a full hit
-    computes the last prompt token, whose logits give the first output token."""
+    computes the last prompt token, whose logits give the first output token. The browser's
+    twin is `cachedTokens` in js/hits.js (on KVLAB.servedTokens, kvlab.prompt's twin)."""
     return served_tokens(math.floor(hit * prompt_tokens), int(prompt_tokens))
 
 
@@ -40,10 +42,11 @@ def hit_panel() -> Panel:
         prompt, batch = state["context"], state["batch"]
         model, hw = state["model"], state["hardware"]
         cached = served_tokens(np.floor(hits * prompt), prompt)
-        curve = cost.prefill(model, hw, prompt, cached_tokens=cached)
-        miss = cost.prefill(model, hw, prompt)
-        here = cost.prefill(model, hw, prompt, cached_tokens=cached_tokens(state["hit"], prompt))
-        step = cost.decode_step(model, hw, batch, prompt)
+        curve = cost.prefill(model, hw, prompt, cached_tokens=cached, **DTYPES_USED)
+        miss = cost.prefill(model, hw, prompt, **DTYPES_USED)
+        here = cost.prefill(model, hw, prompt, cached_tokens=cached_tokens(state["hit"], prompt),
+                            **DTYPES_USED)
+        step = cost.decode_step(model, hw, batch, prompt, **DTYPES_USED)
         tpot = np.full(hits.shape, step.step_time_s)
         return {
             "sources": {
@@ -72,36 +75,14 @@ def hit_panel() -> Panel:
         style.hover(fig, [("hit", "@hit{0}%"), ("TTFT", "@ttft_s{0.000000} s"), ("TPOT", "@tpot_s{0.000000} s")],
                     [a, b], mode="vline")
         flops = style.new_figure("Prefill FLOPs", "", "FLOPs", width=330, height=260,
-                                 x_range=["computed", "skipped"], y_range=style.from_zero())
+                                 x_range=list(WORK_LABELS["kind"]), y_range=style.from_zero())
         flops.vbar(x="kind", top="flops", width=0.6, color="color", source=src["work"])
         flops.yaxis.formatter = style.si_ticks("FLOP")
         moved = style.new_figure("Bytes per decode step", "", "bytes", width=330, height=260,
-                                 x_range=["weights", "KV history"], y_range=style.from_zero())
+                                 x_range=list(WORK_LABELS["part"]), y_range=style.from_zero())
         moved.vbar(x="part", top="bytes", width=0.6, color="part_color", source=src["work"])
         moved.yaxis.formatter = style.si_ticks("B")
         return column(fig, row(flops, moved))
-
-    js = """
-const hits = %s;
-const base = {model: s.model, hardware: s.hardware, weight_dtype: "fp16", kv_dtype: "fp16"};
-const prompt = s.context;
-const curve = hits.map((h) => K.prefill(T, Object.assign({}, base, {prompt_tokens: prompt, cached_tokens: Math.min(Math.floor(h * prompt), prompt - 1)})));
-const miss = K.prefill(T, Object.assign({}, base, {prompt_tokens: prompt}));
-const cached = Math.min(Math.floor(s.hit * prompt), prompt - 1);
-const here = K.prefill(T, Object.assign({}, base, {prompt_tokens: prompt, cached_tokens: cached}));
-const step = K.step(T, Object.assign({}, base, {batch: s.batch, context: prompt}));
-return {
-  sources: {
-    curve: {hit: hits.map((h) => 100 * h), ttft_s: curve.map((r) => r.ttft_s), tpot_s: hits.map(() => step.step_time_s)},
-    here: {hit: [100 * s.hit], ttft_s: [here.ttft_s], tpot_s: [step.step_time_s]},
-    work: {kind: ["computed", "skipped"], flops: [here.flops, miss.flops - here.flops], color: ["%s", "%s"],
-           part: ["weights", "KV history"], bytes: [step.weight_read_bytes, step.kv_read_bytes],
-           part_color: ["%s", "%s"]},
-  },
-  values: {cached_tokens: cached, ttft_s: here.ttft_s, ttft_miss_s: miss.ttft_s,
-           prefill_flops_saved: 1.0 - here.flops / miss.flops, step_bytes: step.step_bytes,
-           step_time_s: step.step_time_s, tokens_per_s: step.tokens_per_s},
-};""" % (list(HIT_GRID), style.VERMILION, style.GREY, style.WEIGHTS, style.KV_READ)
 
     controls = (model_control(), hardware_control(), context_control(8192, "Prompt (tokens)"), hit_control(),
                 batch_control())
@@ -110,10 +91,17 @@ return {
         return {"model": state["model"], "hardware": state["hardware"], "batch": state["batch"],
                 "context": state["context"], "cached": cached_tokens(state["hit"], state["context"])}
 
-    return Panel("hits", controls, compute, figures, js, ledger_terms(models(), devices()), HIT_READOUT, budget)
+    terms = {**ledger_terms(models(), devices()), "hits": list(HIT_GRID),
+             "dtypes_used": DTYPES_USED, "work": WORK_LABELS}
+    return Panel("hits", controls, compute, figures, "hits", terms, HIT_READOUT, budget)
+
+
+#: The work bars' categories and colors: prefill FLOPs (computed, skipped), decode bytes by kind.
+WORK_LABELS = {"kind": ("computed", "skipped"), "color": (style.VERMILION, style.GREY),
+               "part": ("weights", "KV history"), "part_color": (style.WEIGHTS, style.KV_READ)}
 
 
 def _work_sources(miss_flops, here_flops, weight_bytes, kv_bytes) -> dict:
-    return {"kind": ["computed", "skipped"], "flops": [here_flops, miss_flops - here_flops],
-            "color": [style.VERMILION, style.GREY], "part": ["weights", "KV history"],
-            "bytes": [weight_bytes, kv_bytes], "part_color": [style.WEIGHTS, style.KV_READ]}
+    """The work bars: prefill FLOPs computed and skipped, decode bytes by kind."""
+    return {**{k: list(v) for k, v in WORK_LABELS.items()},
+            "flops": [here_flops, miss_flops - here_flops], "bytes": [weight_bytes, kv_bytes]}

@@ -1,7 +1,8 @@
 """Chapter 2 panels: the bandwidth ledger, the batch knee, context, quantization.
 
-Each factory returns a `Panel`: `compute` asks kvlab.cost (any value), `js` recombines
-the build-time terms through KVLAB.step (grid values), `figures` draws from the sources.
+Each factory returns a `Panel`: `compute` asks kvlab.cost (any value), its twin in
+js/ledger.js recombines the build-time terms through KVLAB.step (grid values), `figures`
+draws from the sources.
 """
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ def ledger_panel() -> Panel:
         from bokeh.layouts import column
 
         fig = style.new_figure("Bytes one decode step moves", "bytes per step", "", height=170,
-                               y_range=["per step"], x_range=style.from_zero())
+                               y_range=list(BYTES_Y), x_range=style.from_zero())
         renderers = fig.hbar_stack(["weights", "kv_read", "kv_write"], y="y", height=0.6, source=src["bytes"],
                                    color=[style.WEIGHTS, style.KV_READ, style.KV_WRITE],
                                    legend_label=["weights", "KV history read", "KV written"])
@@ -70,34 +71,33 @@ def ledger_panel() -> Panel:
         style.hover(fig, [("weights", "@weights{0.000a}B"), ("KV read", "@kv_read{0.000a}B"),
                           ("KV written", "@kv_write{0.000a}B")], renderers)
         times = style.new_figure("Time per step: moving bytes vs doing FLOPs", "seconds", "", height=170,
-                                 y_range=["compute", "memory"], x_range=style.from_zero())
+                                 y_range=list(TIME_KINDS[::-1]), x_range=style.from_zero())
         times.hbar(y="kind", right="seconds", height=0.6, color="color", source=src["time"])
         times.xaxis.formatter = style.seconds_ticks()
         style.hover(times, [("", "@kind"), ("time", "@label")])
         return column(fig, times)
 
-    js = """
-const r = K.step(T, s);
-return {sources: ledgerSources(K, r), values: r};
-function ledgerSources(K, r) {
-  return {
-    bytes: {y: ["per step"], weights: [r.weight_read_bytes], kv_read: [r.kv_read_bytes], kv_write: [r.kv_write_bytes]},
-    time: {kind: ["memory", "compute"], seconds: [r.memory_time_s, r.compute_time_s],
-           color: ["%s", "%s"], label: [K.seconds(r.memory_time_s), K.seconds(r.compute_time_s)]},
-  };
-}""" % (style.BLUE, style.GREY)
     controls = (model_control(), hardware_control(), batch_control(), context_control(),
                 dtype_control("weight_dtype", "Weights"), dtype_control("kv_dtype", "KV cache"), efficiency_control())
-    return Panel("ledger", controls, compute, figures, js, _terms(), STEP_READOUT, _budget)
+    terms = {**_terms(), "bytes_y": list(BYTES_Y), "time_kinds": list(TIME_KINDS),
+             "time_colors": list(TIME_COLORS)}
+    return Panel("ledger", controls, compute, figures, "ledger", terms, STEP_READOUT, _budget)
+
+
+BYTES_Y = ("per step",)  # the bytes bar's one category
+TIME_KINDS = ("memory", "compute")  # the time bars, in the order of TIME_COLORS
+TIME_COLORS = (style.BLUE, style.GREY)
 
 
 def _ledger_sources(weights, kv_read, kv_write, memory_s, compute_s) -> dict:
+    """The ledger's bytes and time bars; KVLAB.panels.ledger (js/ledger.js) is the twin."""
     from ..fmt import seconds
 
     return {
-        "bytes": {"y": ["per step"], "weights": [weights], "kv_read": [kv_read], "kv_write": [kv_write]},
-        "time": {"kind": ["memory", "compute"], "seconds": [memory_s, compute_s],
-                 "color": [style.BLUE, style.GREY], "label": [seconds(memory_s), seconds(compute_s)]},
+        "bytes": {"y": list(BYTES_Y), "weights": [weights], "kv_read": [kv_read],
+                  "kv_write": [kv_write]},
+        "time": {"kind": list(TIME_KINDS), "seconds": [memory_s, compute_s],
+                 "color": list(TIME_COLORS), "label": [seconds(memory_s), seconds(compute_s)]},
     }
 
 
@@ -155,28 +155,14 @@ def batch_panel() -> Panel:
         style.hover(tpot, [("batch", "@batch{0,0}"), ("TPOT", "@tpot_s{0.000000} s")], [c], mode="vline")
         return column(tps, tpot)
 
-    js = """
-const batches = %s;
-const steps = batches.map((b) => K.step(T, Object.assign({}, s, {batch: b})));
-let k = steps.findIndex((r) => r.kv_read_bytes >= r.weight_read_bytes || r.bound === "compute");
-if (k < 0) k = steps.length - 1;
-return {
-  sources: {
-    curve: {batch: batches, tokens_per_s: steps.map((r) => r.tokens_per_s),
-            per_sequence: steps.map((r) => r.tokens_per_s_per_sequence),
-            tpot_s: steps.map((r) => r.step_time_s), fits: steps.map((r) => r.fits)},
-    knee: {batch: [batches[k]], tokens_per_s: [steps[k].tokens_per_s], tpot_s: [steps[k].step_time_s]},
-  },
-  values: {knee_batch: batches[k], knee_tokens_per_s: steps[k].tokens_per_s, knee_tpot_s: steps[k].step_time_s,
-           batch1_tokens_per_s: steps[0].tokens_per_s, max_tokens_per_s: steps[steps.length - 1].tokens_per_s,
-           max_batch: steps[0].max_batch},
-};""" % list(BATCH_GRID)
     controls = (model_control(), hardware_control(), context_control(),
                 dtype_control("weight_dtype", "Weights"), dtype_control("kv_dtype", "KV cache"), efficiency_control())
-    return Panel("knee", controls, compute, figures, js, _terms(), KNEE_READOUT)
+    terms = {**_terms(), "batches": list(BATCH_GRID)}
+    return Panel("knee", controls, compute, figures, "knee", terms, KNEE_READOUT)
 
 
 # ---------------------------------------------------------------- context
+SHORT_CONTEXT, LONG_CONTEXT = 4096, 32768  # the two contexts the readout compares
 CONTEXT_READOUT = (
     ("at_4k", "Tokens/s per sequence at 4K", "rate"),
     ("at_32k", "Tokens/s per sequence at 32K", "rate"),
@@ -191,7 +177,7 @@ def context_panel() -> Panel:
 
     def compute(state):
         s = _step({**state, "context": grid})
-        four, thirty_two = CONTEXT_GRID.index(4096), CONTEXT_GRID.index(32768)
+        four, thirty_two = CONTEXT_GRID.index(SHORT_CONTEXT), CONTEXT_GRID.index(LONG_CONTEXT)
         crossover = s.weight_read_bytes / (state["batch"] * s.kv_bytes_per_token)
         return {
             "sources": {"curve": {"context": grid.tolist(), "per_sequence": s.tokens_per_s_per_sequence.tolist(),
@@ -220,18 +206,8 @@ def context_panel() -> Panel:
         split.legend.location = "top_left"
         return column(speed, split)
 
-    js = """
-const contexts = %s;
-const steps = contexts.map((c) => K.step(T, Object.assign({}, s, {context: c})));
-const four = contexts.indexOf(4096), tt = contexts.indexOf(32768);
-const w = steps[0].weight_read_bytes;
-return {
-  sources: {curve: {context: contexts, per_sequence: steps.map((r) => r.tokens_per_s_per_sequence),
-                    weights: contexts.map(() => w), kv_read: steps.map((r) => r.kv_read_bytes)}},
-  values: {at_4k: steps[four].tokens_per_s_per_sequence, at_32k: steps[tt].tokens_per_s_per_sequence,
-           slowdown: steps[four].tokens_per_s_per_sequence / steps[tt].tokens_per_s_per_sequence,
-           kv_equals_weights_context: Math.floor(w / (s.batch * steps[0].kv_bytes_per_token))},
-};""" % list(CONTEXT_GRID)
     controls = (model_control(), hardware_control(), batch_control(),
                 dtype_control("weight_dtype", "Weights"), dtype_control("kv_dtype", "KV cache"), efficiency_control())
-    return Panel("context", controls, compute, figures, js, _terms(), CONTEXT_READOUT)
+    terms = {**_terms(), "contexts": list(CONTEXT_GRID),
+             "short": CONTEXT_GRID.index(SHORT_CONTEXT), "long": CONTEXT_GRID.index(LONG_CONTEXT)}
+    return Panel("context", controls, compute, figures, "context", terms, CONTEXT_READOUT)

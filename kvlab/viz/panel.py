@@ -2,10 +2,12 @@
 
 A panel is described once: its controls (with the grid of values the static page offers),
 a Python `compute(state)` that asks kvlab for everything the figures and readout show,
-a JavaScript twin of that function for the static page (it may only look up or combine
-`terms` that kvlab computed at build time), and a figure builder that draws from named
+the name of its JavaScript twin for the static page (a function in kvlab/viz/js/*.js,
+registered as `KVLAB.panels[name] = function (K, T, s)`, that may only look up or combine
+the `terms` kvlab computed at build time), and a figure builder that draws from named
 ColumnDataSources. The static face embeds the default state computed in Python and lets
 the JS recompute on change; the live face calls `compute` on every change for any value.
+tests/test_js.py runs every twin under node against `compute` over the panel's grid.
 """
 from __future__ import annotations
 
@@ -33,6 +35,9 @@ FORMATS: dict[str, Callable] = {
     "percent": fmt.percent,
     "count": lambda v: fmt.fixed(v, 0),
     "count_or_never": lambda v: "never" if v is None else fmt.fixed(v, 0),  # None: unbounded
+    # None or infinity: a sliding window caps the KV, so no context is too long
+    "count_or_unbounded": lambda v: (
+        "unbounded" if v is None or not math.isfinite(v) else fmt.fixed(v, 0)),
     "ratio": lambda v: f"{fmt.sig(v, 3)}×",
     "intensity": lambda v: f"{fmt.sig(v, 3)} FLOP/B",
     "yesno": lambda v: "yes" if v else "no",
@@ -40,9 +45,21 @@ FORMATS: dict[str, Callable] = {
 }
 
 
+JS_LIBRARY = "kvlab.js"  # formatting, the ledger's scalar twin, panel plumbing: loaded first
+
+
+def js_files() -> list[str]:
+    """kvlab/viz/js/*.js in load order: the library, then the panels' files by name."""
+    folder = resources.files("kvlab.viz").joinpath("js")
+    names = sorted(p.name for p in folder.iterdir() if p.name.endswith(".js"))
+    return [JS_LIBRARY, *(n for n in names if n != JS_LIBRARY)]
+
+
 def kvlab_js() -> str:
-    """The browser library (formatting + the ledger's scalar twin)."""
-    return resources.files("kvlab.viz").joinpath("js/kvlab.js").read_text()
+    """Everything the static panels run in the browser, as one script (the library, then
+    every panel's function); the book ships it once per site, notebooks inline it."""
+    folder = resources.files("kvlab.viz").joinpath("js")
+    return "\n".join(folder.joinpath(name).read_text() for name in js_files())
 
 
 def readout_html(spec, values: dict) -> str:
@@ -96,7 +113,7 @@ class Panel:
     controls: tuple[Control, ...]
     compute: Callable[[dict], dict]  # state -> {"sources": {name: columns}, "values": {...}}
     figures: Callable[[dict], object]  # {name: ColumnDataSource} -> a bokeh layout
-    js: str  # body of function(K, T, s) returning the same structure as compute
+    js: str  # name of its twin in KVLAB.panels (kvlab/viz/js/*.js); "" for a live-only panel
     terms: dict = field(default_factory=dict)  # build-time numbers the JS may combine
     readout: tuple = ()  # (key, label, format kind)
     budget_keys: Callable[[dict], dict] | None = None  # state -> kvlab budget kwargs (tests)
@@ -151,9 +168,8 @@ class Panel:
         callback = CustomJS(
             args=dict(controls=widgets, grids=grids, terms=self.terms, sources=sources, readout=readout,
                       spec=[list(r) for r in self.readout]),
-            code="const K = window.KVLAB;\nconst s = K.state(controls, grids);\n"
-                 f"const r = (function (K, T, s) {{\n{self.js}\n}})(K, terms, s);\n"
-                 "K.apply(r, sources, readout, spec);",
+            code=f"const K = window.KVLAB, twin = K.panels[{json.dumps(self.js)}];\n"
+                 "K.apply(twin(K, terms, K.state(controls, grids)), sources, readout, spec);",
         )
         for c in self.controls:
             widgets[c.key].js_on_change("value", callback)
@@ -307,12 +323,14 @@ LOOKUP_DIGITS = 7  # significant digits kept in lookup tables
 
 
 def lookup_panel(key: str, controls: tuple, compute: Callable[[dict], dict], figures, readout,
-                 budget_keys=None, js_sources: str | None = None) -> Panel:
+                 budget_keys=None, js_sources: tuple[str, dict] | None = None) -> Panel:
     """A panel whose every grid state kvlab computes at build time; the page only looks
-    results up. For small grids whose results are expensive (trace replays, simulations).
+    results up (`KVLAB.panels.lookup`, kvlab/viz/js/lookup.js). For small grids whose
+    results are expensive (trace replays, simulations).
 
-    `js_sources` (optional): the body of function(v) that rebuilds the figure sources from
-    the readout values `v`, so that the page stores values only (much smaller pages)."""
+    `js_sources` (optional): (name, terms) of a function in KVLAB.sources that rebuilds the
+    figure sources from the readout values, so that the page stores values only (much
+    smaller pages)."""
     import itertools
 
     grid = [dict(zip([c.key for c in controls], combo)) for combo in itertools.product(*(c.options for c in controls))]
@@ -327,15 +345,9 @@ def lookup_panel(key: str, controls: tuple, compute: Callable[[dict], dict], fig
         k = state_key(controls, state)
         return results[k] if k in results else jsonable(compute(state))
 
-    order = json.dumps([c.key for c in controls])
     # The table travels as one JSON string, parsed once per page.
-    js = (f"const tables = window.KVLAB_TABLES = window.KVLAB_TABLES || {{}};\n"
-          f"const table = tables[{json.dumps(key)}] = tables[{json.dumps(key)}] || JSON.parse(T.table);\n"
-          f"const r = table[JSON.stringify({order}.map((k) => s[k]))];")
-    if js_sources:
-        js += (f"\nconst v = Object.fromEntries({json.dumps(keys)}.map((k, i) => [k, r[i]]));"
-               f"\nreturn {{values: v, sources: (function (v) {{\n{js_sources}\n}})(v)}};")
-    else:
-        js += "\nreturn r;"
-    return Panel(key, controls, cached, figures, js, {"table": json.dumps(table, separators=(",", ":"))}, readout,
-                 budget_keys)
+    terms = {"key": key, "order": [c.key for c in controls], "keys": keys,
+             "table": json.dumps(table, separators=(",", ":")),
+             "sources": js_sources[0] if js_sources else None,
+             "source_terms": js_sources[1] if js_sources else None}
+    return Panel(key, controls, cached, figures, "lookup", terms, readout, budget_keys)

@@ -96,31 +96,11 @@ def roofline_panel() -> Panel:
                           ("attained", "@flops_per_s{0.000a}FLOP/s")], [pts])
         return fig
 
-    js = """
-const r = K.step(T, s);
-const d = T.devices[s.hardware];
-const base = {model: s.model, hardware: s.hardware, weight_dtype: s.weight_dtype, kv_dtype: s.kv_dtype,
-              efficiency: s.efficiency};
-const noCache = K.prefill(T, Object.assign({}, base, {prompt_tokens: s.context + 1}));
-const flash = K.prefill(T, Object.assign({}, base, {prompt_tokens: s.context}));
-const naive = K.prefill(T, Object.assign({}, base, {prompt_tokens: s.context, flash_attention: false}));
-const peak = r.ridge_flops_per_byte * d.memory_bandwidth_bytes_per_s;
-const xs = %s;
-const pts = [[r.flops, r.step_bytes, r.step_time_s], [noCache.flops, noCache.bytes_moved, noCache.time_s],
-             [naive.flops, naive.bytes_moved, naive.time_s], [flash.flops, flash.bytes_moved, flash.time_s]];
-return {
-  sources: {
-    roof: {x: xs, y: xs.map((x) => Math.min(peak, x * d.memory_bandwidth_bytes_per_s) * s.efficiency)},
-    points: Object.assign(%s, {intensity: pts.map((p) => p[0] / p[1]), flops_per_s: pts.map((p) => p[0] / p[2])}),
-  },
-  values: {arithmetic_intensity: r.arithmetic_intensity, ridge_flops_per_byte: r.ridge_flops_per_byte,
-           bound: r.bound, peak_compute_used: r.flops / r.step_time_s / peak, no_cache_time_s: noCache.time_s,
-           step_time_s: r.step_time_s, prefill_naive_intensity: naive.flops / naive.bytes_moved,
-           prefill_flash_intensity: flash.flops / flash.bytes_moved},
-};""" % ([float(x) for x in ROOF_X], _POINT_STYLE_JSON())
     controls = (model_control(), hardware_control(), batch_control(), context_control(),
                 dtype_control("weight_dtype", "Weights"), dtype_control("kv_dtype", "KV cache"), efficiency_control())
-    return Panel("roofline", controls, compute, figures, js, ledger_terms(models(), devices()), ROOFLINE_READOUT)
+    terms = {**ledger_terms(models(), devices()), "roof_x": ROOF_X.tolist(),
+             "points": _point_styles()}
+    return Panel("roofline", controls, compute, figures, "roofline", terms, ROOFLINE_READOUT)
 
 
 POINTS = (
@@ -131,18 +111,17 @@ POINTS = (
 )
 
 
-def _POINT_STYLE_JSON() -> str:
-    import json
-
-    return json.dumps({"label": [p[0] for p in POINTS], "color": [p[1] for p in POINTS],
-                       "marker": [p[2] for p in POINTS]})
+def _point_styles() -> dict:
+    return {"label": [p[0] for p in POINTS], "color": [p[1] for p in POINTS],
+            "marker": [p[2] for p in POINTS]}
 
 
 def _roofline_sources(peak, bandwidth, efficiency, points) -> dict:
+    """The roof and the four points, each (FLOPs, bytes, seconds); js/roofline.js is the twin."""
     return {
         "roof": {"x": ROOF_X.tolist(), "y": (np.minimum(peak, ROOF_X * bandwidth) * efficiency).tolist()},
-        "points": {"label": [p[0] for p in POINTS], "color": [p[1] for p in POINTS], "marker": [p[2] for p in POINTS],
-                   "intensity": [f / b for f, b, _ in points], "flops_per_s": [f / t for f, _, t in points]},
+        "points": {**_point_styles(), "intensity": [f / b for f, b, _ in points],
+                   "flops_per_s": [f / t for f, _, t in points]},
     }
 
 
@@ -179,18 +158,11 @@ def quantization_panel() -> Panel:
                     [bars])
         return fig
 
-    labels = _quant_labels()
-    js = """
-const configs = %s;
-const rows = configs.map((c) => K.step(T, Object.assign({}, s, {weight_dtype: c[0], kv_dtype: c[1]})));
-const speeds = rows.map((r) => r.tokens_per_s_per_sequence);
-return {
-  sources: {bars: {config: %s, color: %s, tokens_per_s: speeds, kv_share: rows.map((r) => r.kv_read_bytes / r.step_bytes)}},
-  values: {fp16_tokens_per_s: speeds[0], weight_only_speedup: speeds[1] / speeds[0], both_speedup: speeds[3] / speeds[0],
-           kv_share_weight_only: rows[1].kv_read_bytes / rows[1].step_bytes},
-};""" % ([list(c) for c in QUANT_CONFIGS], [lbl for lbl, _ in labels], [c for _, c in labels])
     controls = (model_control(), hardware_control(), batch_control(8), context_control(16384))
-    return Panel("quantization", controls, compute, figures, js, ledger_terms(models(), devices()), QUANT_READOUT)
+    labels = _quant_labels()
+    terms = {**ledger_terms(models(), devices()), "configs": [list(c) for c in QUANT_CONFIGS],
+             "labels": [lbl for lbl, _ in labels], "colors": [c for _, c in labels]}
+    return Panel("quantization", controls, compute, figures, "quantization", terms, QUANT_READOUT)
 
 
 def _quant_labels():

@@ -36,14 +36,12 @@ def cdf_figure(data: dict, metric: str, title: str):
 
 
 # ---------------------------------------------------------------- the sweep
-SWEEP_READOUT = tuple(
-    item for arch in ARCHS for item in (
-        (f"{arch}_ttft_p50_s", f"{arch}: TTFT p50", "seconds"),
-        (f"{arch}_ttft_p90_s", f"{arch}: TTFT p90", "seconds"),
-        (f"{arch}_tpot_p50_s", f"{arch}: TPOT p50", "seconds"),
-        (f"{arch}_itl_p99_s", f"{arch}: ITL p99", "seconds"),
-    )
-)
+#: What the sweep shows of each architecture: (metric key, readout label).
+SWEEP_SHOWN = (("ttft_p50_s", "TTFT p50"), ("ttft_p90_s", "TTFT p90"), ("tpot_p50_s", "TPOT p50"),
+               ("itl_p99_s", "ITL p99"))
+SWEEP_METRICS = tuple(k for k, _ in SWEEP_SHOWN)
+SWEEP_READOUT = tuple((f"{arch}_{k}", f"{arch}: {label}", "seconds")
+                      for arch in ARCHS for k, label in SWEEP_SHOWN)
 
 
 def sweep_panel(s: dict, run_point: Callable[[dict], dict] | None = None):
@@ -64,11 +62,10 @@ def sweep_panel(s: dict, run_point: Callable[[dict], dict] | None = None):
                 raise KvlabError("that setting is off the simulated grid") from None
             one = run_point(state)
             values = {arch: {k: float(one["metrics"][arch][k].ravel()[0]) for k in one["keys"]} for arch in ARCHS}
-        out = {f"{arch}_{k}": values[arch][k] for arch in ARCHS for k in ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s",
-                                                                            "itl_p99_s")}
+        out = {f"{arch}_{k}": values[arch][k] for arch in ARCHS for k in SWEEP_METRICS}
         # the page rebuilds the bars from these values (js_sources below): keep the two in step
         bars = {"arch": list(ARCHS), "color": [ARCH_COLORS[a] for a in ARCHS]}
-        for k in ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "itl_p99_s"):
+        for k in SWEEP_METRICS:
             bars[k] = [values[a][k] for a in ARCHS]
         return {"sources": {"bars": bars}, "values": out}
 
@@ -85,11 +82,9 @@ def sweep_panel(s: dict, run_point: Callable[[dict], dict] | None = None):
         Control("prefill", "Prefill GPUs", tuple(int(p) for p in s["prefill_workers"]), 2, kind="slider"),
         Control("decode", "Decode GPUs", tuple(int(d) for d in s["decode_workers"]), 2, kind="slider"),
     )
-    js_sources = """
-const archs = %s, colors = %s;
-const bars = {arch: archs, color: colors};
-for (const k of ["ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "itl_p99_s"]) bars[k] = archs.map((a) => v[a + "_" + k]);
-return {bars: bars};""" % (list(ARCHS), [ARCH_COLORS[a] for a in ARCHS])
+    # the page rebuilds the bars from the values: KVLAB.sources.sweep (js/sim_panels.js)
+    js_sources = ("sweep", {"archs": list(ARCHS), "colors": [ARCH_COLORS[a] for a in ARCHS],
+                            "metrics": list(SWEEP_METRICS)})
     return lookup_panel("sweep", controls, compute, figures, SWEEP_READOUT, js_sources=js_sources)
 
 

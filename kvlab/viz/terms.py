@@ -5,6 +5,7 @@ with exactly the figures Python uses; the JS twin of the ledger lives in js/kvla
 """
 from __future__ import annotations
 
+from .. import cost
 from ..dtypes import parse_dtype
 from ..hardware import get_device
 from ..models import get_model
@@ -53,4 +54,6 @@ def ledger_terms(models, devices, dtypes=DTYPES) -> dict:
         "models": {m: model_terms(m) for m in models},
         "devices": {d: device_terms(d) for d in devices},
         "dtypes": {t: dtype_terms(t) for t in dtypes},
+        # attention without FlashAttention: bytes of score traffic per query-key pair
+        "naive_attention_bytes_per_pair": cost.NAIVE_ATTENTION_PASSES * cost.SCORE_BYTES,
     }

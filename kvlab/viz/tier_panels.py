@@ -1,9 +1,9 @@
 """Chapter 3 panels: KV beyond HBM — footprint, reading from a tier, hit vs miss,
 PD transfers, and measured transfers against the link model.
 
-The footprint panel recombines ledger terms in the browser; the others are lookup panels
-(kvlab computes every grid state at build time) because tier paths carry latencies and
-break-even searches that belong in Python only.
+The footprint panel recombines ledger terms in the browser (js/tier_panels.js); the others
+are lookup panels (kvlab computes every grid state at build time) because tier paths carry
+latencies and break-even searches that belong in Python only.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from ..tiers.links import MODEL_LINKS, link_model_curves
 from ..tiers.placement import PLACEMENT_NAMES
 from ..tiers.series import hit_rate_series, pd_series, tier_throughput_series
 from . import style
-from .controls import CONTEXT_GRID, batch_control, context_control, hardware_control, model_control
+from .controls import CONTEXT_GRID, batch_control, hardware_control, model_control
 from .panel import Control, Panel, lookup_panel
 from .terms import ledger_terms
 
@@ -41,8 +41,10 @@ FOOTPRINT_READOUT = (
     ("weight_bytes", "Weights", "bytes"),
     ("room_bytes", "Memory left for KV", "bytes"),
     ("max_batch_4k", "Largest batch at 4K tokens", "count"),
-    ("max_context", "Longest context at this batch", "count"),
+    ("max_context", "Longest context at this batch", "count_or_unbounded"),  # window: unbounded
 )
+REQUEST_TOKENS = 4096  # the request the readout sizes
+DTYPES_USED = {"weight_dtype": "fp16", "kv_dtype": "fp16"}  # the panel has no dtype controls
 
 
 def footprint_panel() -> Panel:
@@ -50,13 +52,15 @@ def footprint_panel() -> Panel:
     grid = np.array(CONTEXT_GRID, dtype=float)
 
     def compute(state):
-        fp = tiers.kv_footprint(state["model"], state["hardware"], state["batch"], grid)
-        at4k = tiers.kv_footprint(state["model"], state["hardware"], state["batch"], 4096)
+        model, hw, batch = state["model"], state["hardware"], state["batch"]
+        fp = tiers.kv_footprint(model, hw, batch, grid, **DTYPES_USED)
+        at4k = tiers.kv_footprint(model, hw, batch, REQUEST_TOKENS, **DTYPES_USED)
         room = np.full(grid.shape, fp.kv_room_bytes)
         return {"sources": {"kv": {"context": grid.tolist(), "kv": np.asarray(fp.kv_cache_bytes).tolist(),
                                    "room": room.tolist()}},
                 "values": {"kv_bytes_per_token": fp.kv_bytes_per_token,
-                           "request_4k_bytes": 4096 * fp.kv_bytes_per_token, "batch_4k_bytes": at4k.kv_cache_bytes,
+                           "request_4k_bytes": REQUEST_TOKENS * fp.kv_bytes_per_token,
+                           "batch_4k_bytes": at4k.kv_cache_bytes,
                            "weight_bytes": fp.weight_bytes, "room_bytes": fp.kv_room_bytes,
                            "max_batch_4k": at4k.max_batch, "max_context": at4k.max_context}}
 
@@ -73,19 +77,10 @@ def footprint_panel() -> Panel:
                     mode="vline")
         return fig
 
-    js = """
-const contexts = %s;
-const steps = contexts.map((c) => K.step(T, Object.assign({}, s, {context: c, weight_dtype: "fp16", kv_dtype: "fp16"})));
-const at4k = K.step(T, Object.assign({}, s, {context: 4096, weight_dtype: "fp16", kv_dtype: "fp16"}));
-const room = Math.max(at4k.capacity_bytes - at4k.weight_bytes, 0.0);
-return {
-  sources: {kv: {context: contexts, kv: steps.map((r) => r.kv_cache_bytes), room: contexts.map(() => room)}},
-  values: {kv_bytes_per_token: at4k.kv_bytes_per_token, request_4k_bytes: 4096 * at4k.kv_bytes_per_token,
-           batch_4k_bytes: at4k.kv_cache_bytes, weight_bytes: at4k.weight_bytes, room_bytes: room,
-           max_batch_4k: at4k.max_batch, max_context: Math.floor(room / (s.batch * at4k.kv_bytes_per_token))},
-};""" % list(CONTEXT_GRID)
     controls = (model_control("article-7b"), hardware_control(), batch_control(32))
-    return Panel("footprint", controls, compute, figures, js, ledger_terms(models(), devices()), FOOTPRINT_READOUT)
+    terms = {**ledger_terms(models(), devices()), "contexts": list(CONTEXT_GRID),
+             "request_tokens": REQUEST_TOKENS, "dtypes_used": DTYPES_USED}
+    return Panel("footprint", controls, compute, figures, "footprint", terms, FOOTPRINT_READOUT)
 
 
 # ------------------------------------------------------- KV read from a tier

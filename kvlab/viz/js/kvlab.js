@@ -1,7 +1,9 @@
 // kvlab's browser side: formatting and the ledger, mirrored from kvlab/fmt.py and
 // kvlab/cost.py so that static panels can recombine terms Python computed at build time.
-// Every operation follows the Python order of operations; the browser test checks that
-// each readout equals `kvlab budget --json` for the same settings.
+// Every operation follows the Python order of operations. The panels' own functions live
+// beside this file (kvlab/viz/js/*.js) and register in KVLAB.panels; the book ships all of
+// them once per site. tests/test_js.py runs every twin here and every panel function under
+// node against the Python it mirrors.
 window.KVLAB = window.KVLAB || (function () {
   "use strict";
 
@@ -18,14 +20,24 @@ window.KVLAB = window.KVLAB || (function () {
     // toFixed rounds half away from zero on the exact binary value, like Python's
     // Decimal(x).quantize(ROUND_HALF_UP); past 1e21 it turns exponential, and every such
     // double is a whole number, which BigInt prints exactly.
-    let text = Math.abs(x) >= 1e21 ? BigInt(Math.abs(x)).toString() + (decimals ? "." + "0".repeat(decimals) : "")
-                                   : Math.abs(x).toFixed(decimals);
+    let text = Math.abs(x) >= 1e21
+      ? BigInt(Math.abs(x)).toString() + (decimals ? "." + "0".repeat(decimals) : "")
+      : Math.abs(x).toFixed(decimals);
     const parts = text.split(".");
     parts[0] = parts[0].replace(/\B(?=(\d{3})+(?!\d))/g, ",");
     text = parts.join(".");
     return (x < 0 && /[1-9]/.test(text)) ? "-" + text : text;
   }
-  function sig(x, digits) { return fixed(x, decimalsFor(x, digits)); }
+  // Mirrors kvlab.fmt.sig: scientific notation (Python's "1.00e-07") outside [1e-6, 1e21).
+  function sig(x, digits) {
+    const a = Math.abs(x);
+    if (isFinite(a) && a !== 0 && !(a >= 1e-6 && a < 1e21)) {
+      const [mantissa, exponent] = x.toExponential(Math.max(digits - 1, 0)).split("e");
+      const e = Number(exponent);
+      return mantissa + "e" + (e < 0 ? "-" : "+") + String(Math.abs(e)).padStart(2, "0");
+    }
+    return fixed(x, decimalsFor(x, digits));
+  }
   const SI = [[1e15, "P"], [1e12, "T"], [1e9, "G"], [1e6, "M"], [1e3, "k"]];
   function si(value, unit, digits) {
     digits = digits || 3;
@@ -66,15 +78,18 @@ window.KVLAB = window.KVLAB || (function () {
     ratio: (v) => sig(v, 3) + "×",
     intensity: (v) => sig(v, 3) + " FLOP/B",
     yesno: (v) => (v ? "yes" : "no"),
+    count_or_unbounded: (v) => (v === null ? "unbounded" : fixed(v, 0)),  // null: a window caps KV
     text: (v) => String(v),
   };
   function escape(text) {
-    return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;").replace(/"/g, "&quot;");
+    return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;")
+      .replace(/"/g, "&quot;");
   }
   function readoutHtml(spec, values) {
     let html = '<table class="kvlab-readout">';
     for (const [key, label, kind] of spec) {
-      const v = values[key];
+      let v = values[key];
+      if (typeof v === "number" && !isFinite(v)) v = null;  // as Python's readout: no infinity
       const raw = (typeof v === "number") ? v.toPrecision(17) : (v === null ? "None" : String(v));
       html += '<tr><th>' + escape(label) + '</th><td data-key="' + key + '" data-value="' +
         escape(raw) + '">' + escape(FORMATS[kind](v)) + '</td></tr>';
@@ -132,7 +147,9 @@ window.KVLAB = window.KVLAB || (function () {
     const memory_needed_bytes = weight_bytes + kv_cache_bytes;
     const per_seq_kv = Math.max(attended, 1.0) * kv_bytes_per_token;
     return {
-      batch: b, context: s.context, weight_bytes, weight_read_bytes, kv_bytes_per_token,
+      model: s.model, hardware: s.hardware, weight_dtype: s.weight_dtype, kv_dtype: s.kv_dtype,
+      batch: b, context: s.context, bandwidth_bytes_per_s: bandwidth, efficiency: eff,
+      weight_bytes, weight_read_bytes, kv_bytes_per_token,
       kv_read_bytes, kv_write_bytes, step_bytes, flops,
       arithmetic_intensity: flops / step_bytes, ridge_flops_per_byte: peak / bandwidth,
       memory_time_s, compute_time_s, step_time_s,
@@ -141,7 +158,34 @@ window.KVLAB = window.KVLAB || (function () {
       kv_cache_bytes, memory_needed_bytes, capacity_bytes: d.capacity_bytes,
       fits: memory_needed_bytes <= d.capacity_bytes,
       max_batch: Math.floor(Math.max(d.capacity_bytes - weight_bytes, 0.0) / per_seq_kv),
+      ceiling_step_time_s: ceiling,
+      efficiency_source: "the sheet's bandwidth and FLOP/s x efficiency",
+      overhead_s: 0.0,
     };
+  }
+  // Mirrors kvlab.cost.memory_fit for scalar inputs: the longest context is unbounded
+  // (Infinity) when a sliding window caps every sequence's KV and the batch of windows fits.
+  function memoryFit(T, s) {
+    const r = step(T, s), m = T.models[s.model];
+    const room = Math.max(r.capacity_bytes - r.weight_bytes, 0.0);
+    let max_context = Math.floor(room / (r.batch * r.kv_bytes_per_token));
+    if (m.sliding_window && r.batch * m.sliding_window * r.kv_bytes_per_token <= room) {
+      max_context = Infinity;
+    }
+    return { weight_bytes: r.weight_bytes, kv_cache_bytes: r.kv_cache_bytes,
+             needed_bytes: r.memory_needed_bytes, capacity_bytes: r.capacity_bytes, fits: r.fits,
+             max_batch: r.max_batch, max_context };
+  }
+  // Mirrors kvlab.cost.batch_knee: in steps over a grid of batches, the first index where
+  // KV reads reach the weight reads or compute takes over; the last index if none does.
+  function batchKnee(steps) {
+    const k = steps.findIndex((r) => r.kv_read_bytes >= r.weight_read_bytes
+                                     || r.bound === "compute");
+    return k < 0 ? steps.length - 1 : k;
+  }
+  // Mirrors kvlab.prompt.served_tokens: a hit never serves the prompt's last token.
+  function servedTokens(hitTokens, promptTokens) {
+    return Math.max(0, Math.min(hitTokens, promptTokens - 1));
   }
   // Mirrors kvlab.cost.prefill for scalar inputs.
   function prefill(T, s) {
@@ -149,13 +193,15 @@ window.KVLAB = window.KVLAB || (function () {
     const wdt = T.dtypes[s.weight_dtype], kdt = T.dtypes[s.kv_dtype];
     const b = s.batch || 1, eff = (s.efficiency === undefined) ? 1.0 : s.efficiency;
     const bandwidth = s.bandwidth || d.memory_bandwidth_bytes_per_s;
-    const p = s.prompt_tokens, c = s.cached_tokens || 0;
+    const p = s.prompt_tokens, c = servedTokens(s.cached_tokens || 0, p);  // the last token computes
     const n = p - c;
     const pairs = n * c + n * (n + 1) / 2;
     const flops = b * (2.0 * m.active_params * n + m.attention_flops_per_cached_token * pairs);
     const kv_tok = m.kv_elements_per_token * kdt.bytes_per_element;
     let attention_bytes = b * (c + n) * kv_tok;
-    if (s.flash_attention === false) attention_bytes = attention_bytes + b * m.heads_x_layers * pairs * 4 * 2;
+    if (s.flash_attention === false) {  // the score matrices' round trips through memory
+      attention_bytes = attention_bytes + b * m.heads_x_layers * pairs * T.naive_attention_bytes_per_pair;
+    }
     const w_read = weightReadElements(m, b * Math.max(n, 1)) * wdt.bytes_per_element;
     const bytes_moved = w_read + attention_bytes;
     const peak = peakFlops(d, wdt);
@@ -168,8 +214,11 @@ window.KVLAB = window.KVLAB || (function () {
       [attention_bytes, b * m.attention_flops_per_cached_token * pairs],
     ], bandwidth, peak) : 0.0;
     const time_s = ceiling / eff;
-    return { computed_tokens: n, flops, bytes_moved, compute_time_s, memory_time_s, time_s,
-             ttft_s: time_s, bound: compute_time_s >= memory_time_s ? "compute" : "memory" };
+    return { batch: b, prompt_tokens: p, cached_tokens: c, computed_tokens: n, flops, bytes_moved,
+             compute_time_s, memory_time_s, time_s,
+             bound: compute_time_s >= memory_time_s ? "compute" : "memory", ttft_s: time_s,
+             ceiling_time_s: ceiling,
+             efficiency_source: "the sheet's bandwidth and FLOP/s x efficiency" };
   }
 
   // ------------------------------------------------------------ panel plumbing
@@ -190,6 +239,10 @@ window.KVLAB = window.KVLAB || (function () {
     window.KVLAB.updates = (window.KVLAB.updates || 0) + 1;  // tests wait on this
   }
 
+  // Each static panel's browser twin of its Python `compute`, by the name Panel.js gives:
+  // KVLAB.panels[name](K, T, s) with K this library, T the panel's build-time terms and s
+  // the state; lookup panels' source builders register in KVLAB.sources the same way.
   return { decimalsFor, fixed, sig, si, seconds, rate, percent, FORMATS, readoutHtml,
-           weightReadElements, step, prefill, state, apply };
+           weightReadElements, step, prefill, memoryFit, batchKnee, servedTokens, state, apply,
+           panels: {}, sources: {}, tables: {} };
 })();

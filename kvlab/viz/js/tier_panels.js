@@ -1,0 +1,23 @@
+// kvlab/viz/tier_panels.py's footprint panel in the browser (the chapter's other panels are
+// lookup panels): KV bytes of a batch against context beside the room the weights leave,
+// with the fit of kvlab.cost.memory_fit (KVLAB.memoryFit), sliding windows included.
+(function (KVLAB) {
+  "use strict";
+  const at = (s, change) => Object.assign({}, s, change);
+
+  KVLAB.panels.footprint = function (K, T, s) {
+    const base = at(s, T.dtypes_used);
+    const steps = T.contexts.map((c) => K.step(T, at(base, { context: c })));
+    const request = at(base, { context: T.request_tokens });
+    const r = K.step(T, request), fit = K.memoryFit(T, request);
+    const room = Math.max(r.capacity_bytes - r.weight_bytes, 0.0);
+    return {
+      sources: { kv: { context: T.contexts, kv: steps.map((x) => x.kv_cache_bytes),
+                       room: T.contexts.map(() => room) } },
+      values: { kv_bytes_per_token: r.kv_bytes_per_token,
+                request_4k_bytes: T.request_tokens * r.kv_bytes_per_token,
+                batch_4k_bytes: r.kv_cache_bytes, weight_bytes: r.weight_bytes, room_bytes: room,
+                max_batch_4k: fit.max_batch, max_context: fit.max_context },
+    };
+  };
+})(window.KVLAB);
