@@ -97,7 +97,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_every_unit_has_a_layer():
     units = {_unit(m) for m in MODULES} - {"__init__"}
     layer1 = {"hardware", "models", "dtypes", "cost", "operators", "ledger_rows", "scenario", "errors", "fmt",
-              "prompt", "grids", "published", "jsonsafe", "article", "measured"}
+              "prompt", "grids", "published", "jsonsafe", "article", "measured", "parallel", "speculative"}
     assert units <= PRESENTATION | DOMAIN | layer1, units - (PRESENTATION | DOMAIN | layer1)
 
 
