@@ -5,7 +5,6 @@ pending) and that its glued numbers and readouts are the English page's."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -52,10 +51,12 @@ def chinese(monkeypatch):
 
 # ------------------------------------------------------------------ catalogues
 def test_glue_roles_become_cross_document_roles():
-    text = "每步 {glue:text}`step_time` 内，{glue:text}`share:.1f` 和 {glue}`fig` 与 {glue:text}`a.ipynb::b:s`"
+    text = ("每步 {glue:text}`step_time` 内，{glue:text}`share:.1f` 和 {glue}`fig` 与 "
+            "{glue:text}`a.ipynb::b:s`")
     assert kvlab_i18n.rewrite_glue(text, "02_bandwidth_wall.ipynb") == (
         "每步 {glue:text}`02_bandwidth_wall.ipynb::step_time:s` 内，"
-        "{glue:text}`02_bandwidth_wall.ipynb::share:.1f` 和 {glue:any}`02_bandwidth_wall.ipynb::fig` 与 "
+        "{glue:text}`02_bandwidth_wall.ipynb::share:.1f` 和 "
+        "{glue:any}`02_bandwidth_wall.ipynb::fig` 与 "
         "{glue:text}`a.ipynb::b:s`")
     assert kvlab_i18n.glue_keys(text) == ["b", "fig", "share", "step_time"]
     with pytest.raises(ValueError, match="glue:md"):
@@ -81,7 +82,7 @@ def test_catalogues_compile_with_the_roles_rewritten(tmp_path):
     (tmp_path / "notebooks" / "ch.ipynb").write_text("{}")
     _po(tmp_path / "locale/zh_CN/LC_MESSAGES/notebooks/ch.po", [
         ("It takes {glue:text}`t`.", "需要 {glue:text}`t`。", False),
-        ("Lost {glue:text}`a` and {glue:text}`b`.", "只剩 {glue:text}`a`。", False),  # a number dropped
+        ("Lost {glue:text}`a` and {glue:text}`b`.", "只剩 {glue:text}`a`。", False),  # b dropped
         ("Old English.", "旧的译文。", True),  # fuzzy: the English shows
         ("See the {term}`Decode` step.", "见{term}`解码`步，{term}`预填充`之后。", False),
     ])
@@ -125,11 +126,13 @@ def test_lists_and_wordings_follow_the_language(monkeypatch):
 
     assert join(["A"]) == "A" and join(["A", "B"]) == "A and B" and join("ABC") == "A, B and C"
     assert join(["A", "B"], "or") == "A or B"
-    assert pick("en", "中") == "en" and sentences(["A.", "B."]) == "A. B." and clauses("ab") == "a; b"
+    assert pick("en", "中") == "en" and sentences(["A.", "B."]) == "A. B."
+    assert clauses("ab") == "a; b"
     monkeypatch.setenv("KVLAB_BOOK_LANG", "zh_CN")
     assert join(["A"]) == "A" and join(["A", "B"]) == "A 和 B" and join("ABC") == "A、B 和 C"
     assert join(["A", "B"], "or") == "A 或 B"
-    assert pick("en", "中") == "中" and sentences(["甲。", "乙。"]) == "甲。乙。" and clauses("ab") == "a；b"
+    assert pick("en", "中") == "中" and sentences(["甲。", "乙。"]) == "甲。乙。"
+    assert clauses("ab") == "a；b"
 
 
 def _numbers(text: str) -> Counter:
@@ -218,7 +221,8 @@ def test_the_browser_translates_as_python_does(chinese, tmp_path):
     from kvlab.viz.i18n_zh import ZH
 
     samples = sorted(ZH) + ["colocated: every output token of 6 requests", "NVIDIA L40S, batch 1",
-                            "Time to first token: conversation (generated) [0-600 s]", "4,096", "yes"]
+                            "Time to first token: conversation (generated) [0-600 s]", "4,096",
+                            "yes"]
     script = tmp_path / "check.js"
     script.write_text(
         "globalThis.window = globalThis;\n"
@@ -226,7 +230,8 @@ def test_the_browser_translates_as_python_does(chinese, tmp_path):
         + i18n.browser_js()
         + f"\nconsole.log(JSON.stringify({json.dumps(samples)}.map(window.KVLAB.tr)"
           ".concat([window.KVLAB.FORMATS.yesno(true)])));\n")
-    out = json.loads(subprocess.run([node, str(script)], capture_output=True, text=True, check=True).stdout)
+    run = subprocess.run([node, str(script)], capture_output=True, text=True, check=True)
+    out = json.loads(run.stdout)
     assert out == [i18n.t(s) for s in samples] + ["是"]
 
 
@@ -265,7 +270,8 @@ class _Blocks(HTMLParser):
     def handle_endtag(self, tag):
         if not self._stack:
             return
-        if self._text is not None and len(self._stack) == self._block_depth and tag == self._stack[-1][0]:
+        closes_block = len(self._stack) == self._block_depth and tag == self._stack[-1][0]
+        if self._text is not None and closes_block:
             text = " ".join("".join(self._text).split())
             if re.search(r"[A-Za-z\u4e00-\u9fff]", text):
                 self.blocks.append(text)
@@ -314,7 +320,8 @@ def test_each_chinese_page_is_translated_unless_pending(built, page):
         pytest.skip(NOT_MEASURED[page])
     share = translated_share(ZH_SITE / f"{page}.html")
     if page in PENDING:
-        assert share < TRANSLATED_SHARE, f"{page} is translated ({share:.0%}): remove it from PENDING"
+        assert share < TRANSLATED_SHARE, \
+            f"{page} is translated ({share:.0%}): remove it from PENDING"
     else:
         assert share >= TRANSLATED_SHARE, (
             f"only {share:.0%} of {page}'s Chinese page is translated: translate "
@@ -346,7 +353,8 @@ def test_every_page_links_to_its_twin(built):
         twin = ZH_SITE / page.relative_to(SITE)
         assert twin.exists(), twin
         for source, target in ((page, twin), (twin, page)):
-            links = re.findall(r'<a class="kvlab-lang-link"[^>]*href="([^"]+)"', source.read_text(encoding="utf-8"))
+            text = source.read_text(encoding="utf-8")
+            links = re.findall(r'<a class="kvlab-lang-link"[^>]*href="([^"]+)"', text)
             assert links and (source.parent / links[0]).resolve() == target.resolve(), source
 
 
@@ -357,5 +365,5 @@ def test_chinese_site_is_built_in_chinese_and_offline_searchable(built):
     index = (ZH_SITE / "searchindex.js").read_text(encoding="utf-8")
     for word in ("带宽", "解码"):  # words segmented by jieba, not whole sentences
         assert json.dumps(word) in index or f'"{word}"' in index, word
-    assert os.path.getsize(ZH_SITE / "_static" / "kvlab.css") > 0
-    assert "fonts.googleapis" not in intro and "@font-face" not in (ZH_SITE / "_static" / "kvlab.css").read_text()
+    css = (ZH_SITE / "_static" / "kvlab.css").read_text(encoding="utf-8")
+    assert "fonts.googleapis" not in intro and "@font-face" not in css and "Noto Sans CJK SC" in css

@@ -28,7 +28,8 @@ LANG_ENV = "KVLAB_BOOK_LANG"
 CHINESE = "zh_CN"
 
 #: Data columns that are never shown as text (colours, markers).
-HIDDEN_COLUMNS = frozenset({"color", "colour", "marker", "line_dash", "fill_color", "line_color", "hatch_pattern"})
+HIDDEN_COLUMNS = frozenset({"color", "colour", "marker", "line_dash", "fill_color", "line_color",
+                            "hatch_pattern"})
 
 
 def language() -> str:
@@ -99,7 +100,7 @@ def zh(text: str) -> str | None:
         if match:
             parts = [zh(part) for part in match.groups()]
             if all(p is not None for p in parts):
-                return chinese_text.format(**dict(zip(names, parts)))
+                return chinese_text.format(**dict(zip(names, parts, strict=True)))
     return text if exempt(text) else None
 
 
@@ -127,7 +128,15 @@ def rewrite(layout, fn) -> None:
     """Apply `fn` to every visible text of a bokeh layout, in place."""
     from bokeh.core.property.vectorization import Value
     from bokeh.models import (
-        Axis, ColumnDataSource, FactorRange, HoverTool, Label, Legend, Select, Slider, Title,
+        Axis,
+        ColumnDataSource,
+        FactorRange,
+        HoverTool,
+        Label,
+        Legend,
+        Select,
+        Slider,
+        Title,
     )
 
     for model in layout.references():
@@ -146,14 +155,17 @@ def rewrite(layout, fn) -> None:
         elif isinstance(model, HoverTool) and isinstance(model.tooltips, list):
             model.tooltips = [(fn(label), fn(template)) for label, template in model.tooltips]
         elif isinstance(model, FactorRange):
-            model.factors = [fn(f) if isinstance(f, str) else tuple(fn(x) for x in f) for f in model.factors]
+            model.factors = [fn(f) if isinstance(f, str) else tuple(fn(x) for x in f)
+                             for f in model.factors]
         elif isinstance(model, ColumnDataSource):
-            model.data = {name: ([fn(v) for v in col] if name not in HIDDEN_COLUMNS and _strings(col) else col)
+            model.data = {name: ([fn(v) for v in col]
+                                 if name not in HIDDEN_COLUMNS and _strings(col) else col)
                           for name, col in model.data.items()}
         elif isinstance(model, (Slider, Select)):
             model.title = fn(model.title)
             if isinstance(model, Select):  # options: values, or (value, label)
-                model.options = [(o[0], fn(o[1])) if isinstance(o, tuple) else o for o in model.options]
+                model.options = [(o[0], fn(o[1])) if isinstance(o, tuple) else o
+                                 for o in model.options]
 
 
 def localize(layout):
@@ -204,7 +216,8 @@ _BROWSER = """(function () {
     for (const [name, data] of Object.entries(result.sources || {})) {
       translated[name] = {};
       for (const [column, values] of Object.entries(data)) {
-        const text = Array.isArray(values) && values.length && values.every((v) => typeof v === "string");
+        const text = Array.isArray(values) && values.length &&
+          values.every((v) => typeof v === "string");
         translated[name][column] = (text && !HIDDEN.has(column)) ? values.map(tr) : values;
       }
     }
@@ -221,6 +234,7 @@ def browser_js() -> str:
     if not chinese():
         return ""
     table, patterns = _table()
-    js_patterns = [[regex.pattern, names, chinese_text] for regex, names, chinese_text, _ in patterns]
+    js_patterns = [[regex.pattern, names, chinese_text]
+                   for regex, names, chinese_text, _english in patterns]
     dump = lambda value: json.dumps(value, ensure_ascii=False, separators=(",", ":"))  # noqa: E731
     return _BROWSER % (dump(table), dump(js_patterns), dump(sorted(HIDDEN_COLUMNS)))

@@ -151,13 +151,15 @@ ZH: dict[str, str] = {
     "Mean time to first token": "平均首 token 延迟",
     "Memory bandwidth against working-set size": "内存带宽随工作集大小的变化",
     "Moving a request's KV from prefill to decode": "把请求的 KV 从预填充节点搬到解码节点",
-    "One token through a weight matrix: share of the sheet bandwidth": "一个 token 过一次权重矩阵：占规格带宽的比例",
+    "One token through a weight matrix: share of the sheet bandwidth":
+        "一个 token 过一次权重矩阵：占规格带宽的比例",
     "Peak bandwidth of each tier (per direction)": "各层的峰值带宽（单向）",
     "Prefill FLOPs": "预填充 FLOP",
     "Prefix-cache hit ratio against capacity": "前缀缓存命中率随容量的变化",
     "Quantize what dominates the bytes": "量化占字节大头的部分",
     "Raise the batch while watching TPOT": "盯着 TPOT 加大批",
-    "Roofline: attainable FLOP/s against arithmetic intensity": "Roofline：可达 FLOP/s 随算术强度的变化",
+    "Roofline: attainable FLOP/s against arithmetic intensity":
+        "Roofline：可达 FLOP/s 随算术强度的变化",
     "The hit ratio moves TTFT, never TPOT": "命中率改变 TTFT，从不改变 TPOT",
     "Throughput against batch": "吞吐随批大小的变化",
     "Time per output token against batch": "每输出 token 时间随批大小的变化",
@@ -167,7 +169,8 @@ ZH: dict[str, str] = {
     "Two hit rates": "两种命中率",
     "Who does what, when": "谁在何时做什么",
     "Who sets the pace: memory or cores": "谁定节奏：内存还是核心",
-    "light: peak · solid: the 60–85% real code reaches": "浅色：峰值 · 深色：实际代码能达到的 60–85%",
+    "light: peak · solid: the 60–85% real code reaches":
+        "浅色：峰值 · 深色：实际代码能达到的 60–85%",
     # ---------------------------------------------------------------- axis labels
     "FLOPs": "FLOP",
     "KV bytes per second / sheet bandwidth": "每秒 KV 字节 / 规格带宽",
@@ -226,7 +229,8 @@ ZH: dict[str, str] = {
     "another node's memory over one 400 Gb/s NIC (NDR InfiniBand / RoCE)":
         "另一节点的内存，经一块 400 Gb/s 网卡（NDR InfiniBand / RoCE）",
     "host DRAM (8-channel DDR5) over PCIe 5.0 x16": "主机 DRAM（8 通道 DDR5），经 PCIe 5.0 x16",
-    "host DRAM over PCIe 4.0 x16 (the article's ~32 GB/s)": "主机 DRAM，经 PCIe 4.0 x16（原文的约 32 GB/s）",
+    "host DRAM over PCIe 4.0 x16 (the article's ~32 GB/s)":
+        "主机 DRAM，经 PCIe 4.0 x16（原文的约 32 GB/s）",
     "the GPU's own HBM": "GPU 自己的 HBM",
     "the article's 60%–85% of peak": "原文说的峰值的 60%–85%",
     "ledger's prediction": "账本的预测",
@@ -298,7 +302,8 @@ ZH: dict[str, str] = {
     "bytes moved": "搬运的字节",
     "decode step reading it remotely": "远程读取它的解码步",
     "@kind on @worker": "@kind（@worker）",
-    "@tokens{0,0} tokens (@gb{0.0} GB for Llama 3.1 8B)": "@tokens{0,0} token（Llama 3.1 8B 为 @gb{0.0} GB）",
+    "@tokens{0,0} tokens (@gb{0.0} GB for Llama 3.1 8B)":
+        "@tokens{0,0} token（Llama 3.1 8B 为 @gb{0.0} GB）",
     # ---------------------------------------------------------------- the tiers' catalogue (hover)
     "GPU <-> GPU inside an H100/H200 HGX node (18 links x 25 GB/s per direction)":
         "H100/H200 HGX 节点内 GPU <-> GPU（18 条链路 × 每方向 25 GB/s）",
@@ -306,16 +311,21 @@ ZH: dict[str, str] = {
     "host <-> GPU on H100 / H200 systems": "H100 / H200 系统上的主机 <-> GPU",
     "one HDR InfiniBand or 200G RoCE NIC": "一块 HDR InfiniBand 或 200G RoCE 网卡",
     "one NDR InfiniBand or 400G RoCE NIC": "一块 NDR InfiniBand 或 400G RoCE 网卡",
-    "one server socket with 8 channels of DDR5-4800 (e.g. Xeon Sapphire Rapids); two channels give the 77 GB/s "
-    "of a desktop": "一个服务器插槽，8 通道 DDR5-4800（如 Xeon Sapphire Rapids）；两通道即台式机的 77 GB/s",
-    "L4 (mid-range; L40S reaches 864 GB/s on a wider bus)": "L4（中端；L40S 总线更宽，可达 864 GB/s）",
+    "one server socket with 8 channels of DDR5-4800 (e.g. Xeon Sapphire Rapids); two channels "
+    "give the 77 GB/s of a desktop":
+        "一个服务器插槽，8 通道 DDR5-4800（如 Xeon Sapphire Rapids）；两通道即台式机的 77 GB/s",
+    "L4 (mid-range; L40S reaches 864 GB/s on a wider bus)":
+        "L4（中端；L40S 总线更宽，可达 864 GB/s）",
     "H100 SXM (5 stacks)": "H100 SXM（5 个堆栈）",
     "H200 (6 stacks)": "H200（6 个堆栈）",
     "RTX 4090 (21 Gbps x 384 bits)": "RTX 4090（21 Gbps × 384 位）",
     "A100 80GB SXM": "A100 80GB SXM",
-    "16 GT/s x 16 lanes x 128/130 encoding / 8 bits = 31.5 GB/s": "16 GT/s × 16 通道 × 128/130 编码 / 8 位 = 31.5 GB/s",
-    "32 GT/s x 16 lanes x 128/130 encoding / 8 bits = 63.0 GB/s": "32 GT/s × 16 通道 × 128/130 编码 / 8 位 = 63.0 GB/s",
-    "4800 MT/s x 8 channels x 64 bits / 8 = 307.2 GB/s": "4800 MT/s × 8 通道 × 64 位 / 8 = 307.2 GB/s",
+    "16 GT/s x 16 lanes x 128/130 encoding / 8 bits = 31.5 GB/s":
+        "16 GT/s × 16 通道 × 128/130 编码 / 8 位 = 31.5 GB/s",
+    "32 GT/s x 16 lanes x 128/130 encoding / 8 bits = 63.0 GB/s":
+        "32 GT/s × 16 通道 × 128/130 编码 / 8 位 = 63.0 GB/s",
+    "4800 MT/s x 8 channels x 64 bits / 8 = 307.2 GB/s":
+        "4800 MT/s × 8 通道 × 64 位 / 8 = 307.2 GB/s",
 }
 
 #: Templates: each {slot} matches any text and is translated in turn (first match wins,
@@ -324,8 +334,10 @@ PATTERNS: list[tuple[str, str]] = [
     ("{trace} (generated)", "{trace}（生成的）"),
     ("{title}: {trace} [{window}]", "{title}：{trace} [{window}]"),
     ("{arch}: every output token of {n} requests", "{arch}：{n} 个请求的每个输出 token"),
-    ("Decode step of {model} at {n} tokens: measured / ceiling", "{model} 在 {n} token 时的解码步：实测 / 上限"),
-    ("A {m} x {n} weight matrix over the batch: ceiling / measured", "{m} × {n} 权重矩阵随批大小：上限 / 实测"),
+    ("Decode step of {model} at {n} tokens: measured / ceiling",
+     "{model} 在 {n} token 时的解码步：实测 / 上限"),
+    ("A {m} x {n} weight matrix over the batch: ceiling / measured",
+     "{m} × {n} 权重矩阵随批大小：上限 / 实测"),
     ("Decode attention ({q} query heads, {kv} K/V heads of {d}): KV read per second",
      "解码注意力（{q} 个 query 头，{kv} 个 K/V 头，每头 {d} 维）：每秒读取的 KV"),
     ("One global pool or {n} separate caches", "一个全局池，还是 {n} 个独立缓存"),
