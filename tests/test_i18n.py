@@ -249,6 +249,7 @@ class _Blocks(HTMLParser):
         self.blocks: list[str] = []
         self._stack: list[tuple[str, bool]] = []
         self._text: list[str] | None = None
+        self._block_depth = -1
         self._in_article = False
 
     def handle_starttag(self, tag, attrs):
