@@ -9,6 +9,7 @@ from __future__ import annotations
 #: numbers with units and all-capital product names, which kvlab.viz.i18n.exempt knows).
 KEEP = frozenset({
     "conversation", "synthetic", "toolagent", "lru", "lfu", "KV", "TTFT", "TPOT", "ITL", "e.g.",
+    "aiconfigurator-core 0.12.0",
 })
 
 ZH: dict[str, str] = {
@@ -308,6 +309,14 @@ ZH: dict[str, str] = {
     "GPU <-> GPU inside an H100/H200 HGX node (18 links x 25 GB/s per direction)":
         "H100/H200 HGX 节点内 GPU <-> GPU（18 条链路 × 每方向 25 GB/s）",
     "host <-> GPU on A100 / L40S / RTX class systems": "A100 / L40S / RTX 级系统上的主机 <-> GPU",
+    "host <-> GPU on A100 / L40S / RTX class systems; GPU <-> GPU where there is no NVLink":
+        "A100 / L40S / RTX 级系统上的主机 <-> GPU；没有 NVLink 时的 GPU <-> GPU",
+    "GPU <-> GPU inside a B200 HGX node (18 links x 50 GB/s per direction)":
+        "B200 HGX 节点内 GPU <-> GPU（18 条链路 × 每方向 50 GB/s）",
+    "GPU <-> GPU inside an A100 HGX node (12 links x 25 GB/s per direction)":
+        "A100 HGX 节点内 GPU <-> GPU（12 条链路 × 每方向 25 GB/s）",
+    "GPU <-> GPU on an 8 x MI300X platform (each GPU linked to its 7 peers, 7 x 64 GB/s per direction)":
+        "8 × MI300X 平台上的 GPU <-> GPU（每块 GPU 与其余 7 块直连，7 × 每方向 64 GB/s）",
     "host <-> GPU on H100 / H200 systems": "H100 / H200 系统上的主机 <-> GPU",
     "one HDR InfiniBand or 200G RoCE NIC": "一块 HDR InfiniBand 或 200G RoCE 网卡",
     "one NDR InfiniBand or 400G RoCE NIC": "一块 NDR InfiniBand 或 400G RoCE 网卡",
@@ -343,6 +352,8 @@ PATTERNS: list[tuple[str, str]] = [
     ("One global pool or {n} separate caches", "一个全局池，还是 {n} 个独立缓存"),
     ("Same bytes, lower latency", "字节不变，延迟更低"),
     ("{fw} kernel tables, {gpu}", "{fw} 内核表，{gpu}"),
+    ("Data: {fw} kernel tables ({pkg}): {gpus}", "数据：{fw} 内核表（{pkg}）：{gpus}"),
+    ("{fw} kernel tables ({pkg}): {gpus}", "{fw} 内核表（{pkg}）：{gpus}"),
     ("W {w} · KV {kv}", "权重 {w} · KV {kv}"),
     ("{device}, batch {n}", "{device}，批大小 {n}"),
     ("batch {n}, KV {dtype}, PyTorch kernels", "批大小 {n}，KV {dtype}，PyTorch 内核"),
