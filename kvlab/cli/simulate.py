@@ -65,7 +65,13 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-_KINDS = {"count": count, "number": number}
+def _efficiency(text: str):
+    from .budget import efficiency
+
+    return efficiency(text)
+
+
+_KINDS = {"count": count, "number": number, "efficiency": _efficiency}
 
 
 def _default_text(value) -> str:
@@ -242,6 +248,7 @@ def render(r: dict, wall_s: float | None = None) -> str:
         + (", KV REMOTE during decode" if r["remote_kv"] else ""),
         f"  {cfg['scheduler']} scheduler ({budget}), {cfg['preemption']} on preemption"
         + (", early rejection" if cfg["early_reject"] else ""),
+        f"  step times from {r['efficiency_source']}" + _outside(r),
         f"  requests {r['requests']:,}: {r['requests_completed']:,} done, "
         f"{r['requests_rejected_too_large']:,} rejected as too large for a GPU, "
         f"{r['requests_rejected_early']:,} rejected early; {r['tokens_generated']:,} tokens in "
@@ -261,6 +268,16 @@ def render(r: dict, wall_s: float | None = None) -> str:
     wall = f" in {s(wall_s)} of wall time" if wall_s is not None else ""
     lines += ["", f"  simulated {s(r['sim_end_s'])}{wall} ({r['events']:,} events)"]
     return "\n".join(lines)
+
+
+def _outside(r: dict) -> str:
+    """How many step prices fell beyond the measured tables (measured mode only)."""
+    if not r["steps_priced_outside_tables"]:
+        return ""
+    return (
+        f"\n    ({r['steps_priced_outside_tables']:,} of {r['steps_priced']:,} step prices lie "
+        "beyond the tables: held at the efficiency of the nearest size measured)"
+    )
 
 
 def _render_totals(r: dict, s) -> list[str]:

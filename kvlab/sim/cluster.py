@@ -63,6 +63,8 @@ class Simulation:
         model, device = get_model(c.model), get_device(c.hardware)
         self.model = model
         self.cost = self._cost or make_cost(c)
+        counts = getattr(self.cost, "counts", None)
+        self.cost_counts_start = counts() if counts else (0, 0)
         self.kv_bytes_per_token = ledger.kv_bytes_per_token(model, c.kv_dtype)
         self.window = model.sliding_window or 0
         self.layers = model.num_layers
