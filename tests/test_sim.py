@@ -498,7 +498,8 @@ def test_measured_single_request_hand_checked():
 )
 def test_cli_measured_without_tables_exit_2(tmp_path, capsys, argv, says):
     path = _write(tiny_trace(), tmp_path / "tiny.jsonl")
-    assert main(["simulate", str(path), "--arch", "kv-centric", "--efficiency", "measured", *argv]) == 2
+    argv = ["simulate", str(path), "--arch", "kv-centric", "--efficiency", "measured", *argv]
+    assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and says in err
 
