@@ -4,7 +4,9 @@ JSON contract (always present): ttft_p50_s, ttft_p90_s, tpot_p50_s, itl_p99_s,
 throughput_tokens_per_s, requests_completed, prefix_hit_ratio; plus the other
 percentiles, SLO attainment and goodput, preemptions and swapped bytes, bytes moved per
 link, move time exposed on the critical path vs hidden behind compute, rejected requests
-(too large, or rejected early), and the resolved config. The flags are SimConfig's fields
+(too large, or rejected early), where the step times came from (`efficiency_source`; with
+`--efficiency measured`, `steps_priced_outside_tables` of `steps_priced` fell beyond the
+kernel tables), and the resolved config. The flags are SimConfig's fields
 (kvlab/sim/config.py holds every default and help text). Identical runs print identical
 JSON; `--timing` adds the run's wall time.
 """

@@ -43,6 +43,8 @@ from .costs import LedgerCost
 
 #: Contexts per decode plan above which one vectorised table call beats scalar lookups.
 VECTOR_MIN = 128
+#: Passes of up to this many tokens have their GEMM and small-kernel time tabulated at once.
+PASS_TABLE_TOKENS = 1 << 17
 
 
 class KernelCost(LedgerCost):
@@ -67,6 +69,8 @@ class KernelCost(LedgerCost):
         self._pass_memo: dict[int, float] = {}  # tokens -> non-attention seconds of a pass
         self._prefill_memo: dict[tuple[int, int], tuple[float, float, bool]] = {}
         self._prompt_ref = None
+        self._pass_table = None
+        self._attention_ratio = None
 
     @property
     def source(self) -> str:
@@ -135,6 +139,10 @@ class KernelCost(LedgerCost):
     # ------------------------------------------------------------ passes and prefills
     def _nonattention_s(self, tokens: int) -> float:
         """GEMMs, experts and small kernels of one pass over `tokens` tokens (memoised)."""
+        if self._pass_table is None:  # every pass up to PASS_TABLE_TOKENS: one table call
+            self._pass_table = self._pass_seconds(np.arange(1.0, PASS_TABLE_TOKENS + 1.0))
+        if 1 <= tokens <= len(self._pass_table):
+            return self._pass_table[tokens - 1]
         t = self._pass_memo.get(tokens)
         if t is None:
             step = self.kernels.decode(float(tokens), 1.0)
@@ -142,6 +150,21 @@ class KernelCost(LedgerCost):
             refs = None if tokens <= ref else self.kernels.decode(float(ref), 1.0)
             t = self._pass_memo[tokens] = _sum(step, refs, skip="attention")[0]
         return t
+
+    def _pass_seconds(self, tokens: np.ndarray) -> list[float]:
+        """`_nonattention_s` over many token counts at once (see `_sum`)."""
+        ref = self.kernels.decode(float(self._reference_prompt()), 1.0)
+        refs = {op.name: op for op in ref.operators}
+        total = np.zeros(tokens.size)
+        for op in self.kernels.decode(tokens, 1.0).operators:  # in order, as _sum adds them
+            if op.name == "attention":
+                continue
+            r = refs[op.name]  # small kernels have no ceiling and no range to leave
+            ratio = float(r.measured_s) / float(r.ceiling_s) if float(r.ceiling_s) > 0 else 0.0
+            beyond = np.asarray(op.ceiling_s, float) * ratio
+            inside = np.broadcast_to(np.asarray(op.in_range, dtype=bool), tokens.shape)
+            total = total + np.where(inside, np.asarray(op.measured_s, float), beyond)
+        return total.tolist()
 
     def _reference_prompt(self) -> int:
         """The longest fresh prompt (batch 1) that every table covers whole."""
@@ -154,19 +177,40 @@ class KernelCost(LedgerCost):
             self._prompt_ref = lo
         return self._prompt_ref
 
+    def _context_attention_s(self, end: int, start: int) -> tuple[float, bool]:
+        """(seconds, beyond the table?) of the context attention of tokens start..end (start
+        already in KV), as Kernels.prefill times it: the table at a fresh prompt of equal
+        query-key pairs, never below its ceiling; beyond the table, the ceiling at the
+        efficiency the table shows for the reference prompt."""
+        k = self.kernels
+        n, c = end - start, start
+        pairs = n * c + n * (n + 1) / 2
+        grid, _ = k.tables.attention("context", *k.layout)
+        per_layer = grid.scalar(1.0, (math.sqrt(1 + 8 * pairs) - 1) / 2)
+        floor = max((c + n) * k.kv_tok_layer / k.bandwidth, pairs * k.attn_flops_layer / k.peak)
+        if per_layer == per_layer:
+            return self.model.num_layers * max(per_layer, floor), False
+        if self._attention_ratio is None:
+            ref = self._reference_prompt()
+            at_ref, _ = self._context_attention_s(ref, 0)
+            pairs_ref = ref * (ref + 1) / 2
+            floor_ref = max(ref * k.kv_tok_layer / k.bandwidth,
+                            pairs_ref * k.attn_flops_layer / k.peak)
+            self._attention_ratio = at_ref / (self.model.num_layers * floor_ref)
+        return self.model.num_layers * floor * self._attention_ratio, True
+
     def _prefill(self, end: int, start: int) -> tuple[float, float, bool]:
-        """(whole prefill seconds, its attention's seconds, outside the tables?) of tokens
+        """(whole prefill seconds, its attention's seconds, beyond the tables?) of tokens
         start..end of a prompt, start of them already in KV (memoised)."""
         key = (end, start)
         hit = self._prefill_memo.get(key)
         if hit is None:
-            step = self.kernels.prefill(1.0, float(end), float(start))
-            refs = None
-            if not bool(step.in_range):
-                refs = self.kernels.prefill(1.0, float(self._reference_prompt()))
-            total, outside = _sum(step, refs)
-            attention = _sum(step, refs, only="attention")[0]
-            hit = self._prefill_memo[key] = (total, attention, outside)
+            if end <= start:  # a full hit computes nothing
+                return 0.0, 0.0, False
+            attention, beyond = self._context_attention_s(end, start)
+            total = self._nonattention_s(end - start) + attention
+            beyond = beyond or end - start > self._reference_prompt()
+            hit = self._prefill_memo[key] = (total, attention, beyond)
         return hit
 
     def prefill_times_s(self, prompt_tokens, cached_tokens):
