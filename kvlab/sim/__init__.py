@@ -12,7 +12,8 @@
 
 from .cluster import Simulation, simulate
 from .config import ARCH_DEFAULTS, ARCHS, PREFIX_CACHES, SimConfig, engine_chunk_tokens
-from .costs import LedgerCost, MeasuredCost, make_cost, pipeline_time_s
+from .cost_model import make_cost
+from .costs import LedgerCost, MeasuredCost, pipeline_time_s
 from .loop import EventLoop, SimulationError
 from .results import RECORD_DTYPE, SUMMARY_KEYS, SimResult
 from .routers import DECODE_ROUTERS, PREFILL_ROUTERS

@@ -39,7 +39,8 @@ from ..traces import load_trace
 from .admission import early_reject_reason, too_large_reason
 from .caches import make_caches
 from .config import SimConfig
-from .costs import make_cost, pipeline_time_s
+from .cost_model import make_cost
+from .costs import pipeline_time_s
 from .links import Link, Network
 from .loop import EventLoop
 from .routers import route_decode, route_prefill

@@ -11,8 +11,8 @@ The simulator asks a cost object four questions (duck-typed; see `LedgerCost`):
                                                 step of `batch` sequences (0: none) run as
                                                 one forward pass
 
-`make_cost(config)` builds the cost object a run uses; it is the one place that reads the
-config's cost knobs (model, GPU, dtypes, efficiency): a number gives `LedgerCost` (the
+`make_cost(config)` (kvlab/sim/cost_model.py) builds the cost object a run uses; it is
+the one place that reads the config's cost knobs (model, GPU, dtypes, efficiency): a number gives `LedgerCost` (the
 ledger's ceiling, scaled by the efficiency), `efficiency="measured"` gives `KernelCost`
 (kvlab/sim/kernel_cost.py: every operator timed from published kernel tables, as
 kvlab.cost's measured mode does). Another step-time model plugs in there: give it the
@@ -30,8 +30,6 @@ expressions per batch change instead of a ledger call per step.
 """
 
 from __future__ import annotations
-
-import functools
 
 import numpy as np
 
@@ -294,39 +292,3 @@ class MeasuredCost(LedgerCost):
         if batch:
             time_s += float(self.decode_times_s(batch, mean_context))
         return float(time_s)
-
-
-def make_cost(config) -> LedgerCost:
-    """The step-time model of a (resolved) SimConfig; the seam for other step-time models."""
-    if config.efficiency == "measured":
-        from .kernel_cost import kernel_cost
-
-        return kernel_cost(
-            config.model,
-            config.hardware,
-            config.weight_dtype,
-            config.kv_dtype,
-            config.link if config.remote_kv else None,
-            config.link_efficiency,
-            config.max_batch,
-        )
-    return ledger_cost(
-        config.model,
-        config.hardware,
-        config.weight_dtype,
-        config.kv_dtype,
-        config.efficiency,
-        config.link if config.remote_kv else None,
-        config.link_efficiency,
-        config.max_batch,
-    )
-
-
-@functools.lru_cache(maxsize=16)
-def ledger_cost(
-    model, hardware, weight_dtype, kv_dtype, efficiency, remote_link, link_efficiency, max_batch
-) -> LedgerCost:
-    """A shared LedgerCost per configuration: sweeps reuse its tables and prefill memo."""
-    return LedgerCost(
-        model, hardware, weight_dtype, kv_dtype, efficiency, remote_link, link_efficiency, max_batch
-    )

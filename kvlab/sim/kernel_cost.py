@@ -32,7 +32,6 @@ longer read does.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
@@ -267,12 +266,3 @@ def _sum(step, refs, skip: str = "", only: str = "") -> tuple[float, bool]:
         total += float(op.ceiling_s) * float(ref.measured_s) / float(ref.ceiling_s)
         outside = True
     return total, outside
-
-
-@functools.lru_cache(maxsize=8)
-def kernel_cost(model, hardware, weight_dtype, kv_dtype, remote_link, link_efficiency,
-                max_batch) -> KernelCost:
-    """A shared KernelCost per configuration: sweeps reuse its memos (its counters are read
-    as differences by each run)."""
-    return KernelCost(model, hardware, weight_dtype, kv_dtype, remote_link, link_efficiency,
-                      max_batch)
