@@ -12,10 +12,10 @@ The simulator asks a cost object four questions (duck-typed; see `LedgerCost`):
                                                 one forward pass
 
 `make_cost(config)` (kvlab/sim/cost_model.py) builds the cost object a run uses; it is
-the one place that reads the config's cost knobs (model, GPU, dtypes, efficiency): a number gives `LedgerCost` (the
-ledger's ceiling, scaled by the efficiency), `efficiency="measured"` gives `KernelCost`
-(kvlab/sim/kernel_cost.py: every operator timed from published kernel tables, as
-kvlab.cost's measured mode does). Another step-time model plugs in there: give it the
+the one place that reads the config's cost knobs (model, GPU, dtypes, efficiency): a
+number gives `LedgerCost` (the ledger's ceiling, scaled by the efficiency),
+`efficiency="measured"` gives `KernelCost` (kvlab/sim/kernel_cost.py: every operator timed
+from published kernel tables, as kvlab.cost's measured mode does). Another step-time model plugs in there: give it the
 four methods above (subclass `LedgerCost`, as `KernelCost` and `MeasuredCost` do) and
 return it from `make_cost`. Cost objects also say where their times come from (`source`)
 and how many step prices fell outside measured data (`counts()`).
