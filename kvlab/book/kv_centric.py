@@ -182,12 +182,16 @@ def capacity_numbers(d: dict, panel) -> dict[str, str]:
            "load_tbt_stat": d["tbt_stat"], "load_saturation_level": fmt.percent(level, 2),
            "load_ttft_slo_prefills": fmt.fixed(sim_runs.TTFT_SLO_PREFILLS, 0),
            "load_ttft_slo_percentile": f"p{fmt.fixed(sim_runs.TTFT_SLO_PROMPT_PERCENTILE, 0)}",
-           "load_default_chunk": fmt.fixed(d["settings"]["colocated"]["chunk_tokens"], 0)}
+           "load_default_chunk": fmt.fixed(d["settings"]["colocated"]["chunk_tokens"], 0),
+           "load_chunk_mid": fmt.fixed(d["settings"]["colocated-2048"]["chunk_tokens"], 0),
+           "load_chunk_small": fmt.fixed(d["settings"]["colocated-512"]["chunk_tokens"], 0),
+           "load_gpus": fmt.fixed(sum(d["settings"]["disaggregated"][k] for k in ("prefill_workers",
+                                                                                 "decode_workers")), 0)}
     for name in d["variants"]:
         key, m = name.replace("-", "_").replace("+", "_"), d["metrics"][name]
         out.update({f"sat_{key}": saturation_text(*d["saturation"][name], level),
-                    f"peak_goodput_{key}": fmt.rate(np.nanmax(m["goodput_requests_per_s"])),
-                    f"top_goodput_{key}": fmt.rate(m["goodput_requests_per_s"][-1]),
+                    f"peak_goodput_{key}": f"{fmt.sig(np.nanmax(m['goodput_requests_per_s']), 3)} requests/s",
+                    f"top_goodput_{key}": f"{fmt.sig(m['goodput_requests_per_s'][-1], 3)} requests/s",
                     f"top_attainment_{key}": fmt.percent(m["slo_attainment"][-1]),
                     f"top_rejected_{key}": fmt.fixed(m["requests_rejected_early"][-1], 0),
                     f"light_itl_p99_{key}": fmt.seconds(m["itl_p99_s"][light]),
