@@ -214,7 +214,7 @@ def test_saturation_rate_hand_checked():
 @pytest.fixture(scope="module")
 def load(gen):
     variants = {k: sim_runs.LOAD_VARIANTS[k] for k in
-                ("colocated", "colocated-512", "disaggregated", "kv-centric", "kv-centric+er")}
+                ("colocated", "colocated-512", "colocated-2048", "disaggregated", "kv-centric", "kv-centric+er")}
     return sim_runs.load_sweep(gen, requests=150, rates=(0.5, 4.0, 100.0), variants=variants)
 
 
@@ -249,7 +249,7 @@ def test_capacity_panel_and_numbers(load):
 
     panel = capacity_panel(load, sim_runs.SATURATION_ATTAINMENT)
     assert [c.key for c in panel.controls] == ["rate", "chunk", "early_reject"]
-    assert panel.controls[1].options == (512, 8192) and panel.controls[1].default == 8192
+    assert panel.controls[1].options == (512, 2048, 8192) and panel.controls[1].default == 8192
     v = panel.values(rate=100.0, chunk=512, early_reject="off")
     m = load["metrics"]
     assert v["colocated_slo_attainment"] == m["colocated-512"]["slo_attainment"][-1]

@@ -12,22 +12,32 @@ def panels() -> dict[str, Callable[[], object]]:
     def pick(module, name):
         return lambda: module.panels()[name]
 
-    return {
-        "hits": what_a_hit_saves.hit_panel,
-        "ledger": pick(bandwidth_wall, "ledger"),
-        "knee": pick(bandwidth_wall, "batch"),
-        "context": pick(bandwidth_wall, "context"),
-        "roofline": pick(bandwidth_wall, "roofline"),
-        "quantization": pick(bandwidth_wall, "quantization"),
-        "capacity": pick(prefix_caching, "capacity"),
-        "latency": pick(prefix_caching, "latency"),
-        "granularity": pick(prefix_caching, "granularity"),
-        "footprint": pick(beyond_hbm, "footprint"),
-        "tier-read": pick(beyond_hbm, "tier_read"),
-        "hit-miss": pick(beyond_hbm, "hit_miss"),
-        "pd": pick(beyond_hbm, "pd"),
-        "tpot-budget": pick(metrics_and_diagnosis, "budget"),
-        "sweep": kv_centric.sweep_panel,
-        "capacity": kv_centric.capacity_panel,
-        "timeline": kv_centric.timeline_panel,
-    }
+    return _unique([
+        ("hits", what_a_hit_saves.hit_panel),
+        ("ledger", pick(bandwidth_wall, "ledger")),
+        ("knee", pick(bandwidth_wall, "batch")),
+        ("context", pick(bandwidth_wall, "context")),
+        ("roofline", pick(bandwidth_wall, "roofline")),
+        ("quantization", pick(bandwidth_wall, "quantization")),
+        ("capacity", pick(prefix_caching, "capacity")),
+        ("latency", pick(prefix_caching, "latency")),
+        ("granularity", pick(prefix_caching, "granularity")),
+        ("footprint", pick(beyond_hbm, "footprint")),
+        ("tier-read", pick(beyond_hbm, "tier_read")),
+        ("hit-miss", pick(beyond_hbm, "hit_miss")),
+        ("pd", pick(beyond_hbm, "pd")),
+        ("tpot-budget", pick(metrics_and_diagnosis, "budget")),
+        ("sweep", kv_centric.sweep_panel),
+        ("load-capacity", kv_centric.capacity_panel),
+        ("timeline", kv_centric.timeline_panel),
+    ])
+
+
+def _unique(pairs) -> dict:
+    """A dict that refuses a key twice: the browser test finds a panel by its page key."""
+    out = {}
+    for key, factory in pairs:
+        if key in out:
+            raise ValueError(f"two panels share the key {key!r}; panel keys must be unique book-wide")
+        out[key] = factory
+    return out

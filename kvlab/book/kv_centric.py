@@ -198,5 +198,5 @@ def capacity_numbers(d: dict, panel) -> dict[str, str]:
                     f"light_ttft_p90_{key}": fmt.seconds(m["ttft_p90_s"][light]),
                     f"light_tpot_p50_{key}": fmt.seconds(m["tpot_p50_s"][light]),
                     f"light_hits_{key}": fmt.percent(m["prefix_hit_ratio"][light])})
-    out.update(panel.readout_texts())
+    out.update(panel.readout_texts("capacity"))
     return out

@@ -136,7 +136,7 @@ def capacity_panel(data: dict, level: float) -> Panel:
     the variants named in its settings: colocated at each budget, disaggregated, KV-centric
     with and without early rejection.
 
-    Every state is a lookup into `data` (the browser twin, KVLAB.panels.capacity in
+    Every state is a lookup into `data` (the browser twin, KVLAB.panels.load_capacity in
     js/sim_panels.js, does the same lookups): the curves depend on two controls only, so
     the page stores them once, not once per load as a lookup panel's table would."""
     rates = [float(r) for r in data["rates"]]
@@ -172,8 +172,9 @@ def capacity_panel(data: dict, level: float) -> Panel:
                                     for b in budgets)),
         Control("early_reject", "KV-centric early rejection", EARLY_REJECT_OPTIONS, "on"),
     )
-    return Panel("capacity", controls, compute, lambda src: _capacity_figures(src, rates, level),
-                 "capacity", terms, CAPACITY_READOUT)
+    return Panel("load-capacity", controls, compute,
+                 lambda src: _capacity_figures(src, rates, level), "load_capacity", terms,
+                 CAPACITY_READOUT)
 
 
 def _capacity_state(terms: dict, state: dict) -> dict:

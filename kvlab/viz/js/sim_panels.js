@@ -13,7 +13,7 @@
 // `_capacity_state` into the load sweep kvlab ran when the book was built.
 (function (KVLAB) {
   "use strict";
-  KVLAB.panels.capacity = function (K, T, s) {
+  KVLAB.panels.load_capacity = function (K, T, s) {
     const i = T.rates.indexOf(s.rate);
     const picked = { colocated: T.colocated[String(s.chunk)], disaggregated: T.disaggregated,
                      kv_centric: T.kv_centric[s.early_reject] };
