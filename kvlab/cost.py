@@ -5,6 +5,11 @@ they broadcast, so a whole slider grid is one call. The rule the book teaches is
 `decode_step`: each step streams the weights once for the whole batch plus the KV
 history of every sequence, and takes the longer of moving those bytes and doing the
 FLOPs.
+
+Tensor parallelism (`tensor_parallel=N`) splits the weights and the K/V heads over N GPUs
+and adds two all-reduces per layer; every byte, FLOP and memory figure is then per GPU,
+tokens/s are the group's. `verify_step` is the pass speculative decoding verifies drafted
+tokens with (`kvlab.speculative` turns it into tokens kept).
 """
 from __future__ import annotations
 
@@ -18,6 +23,15 @@ from .dtypes import DType, parse_dtype
 from .errors import KvlabError, check_number
 from .hardware import Device, get_device
 from .models import ModelSpec, expected_experts_touched, get_model
+from .operators import (
+    allreduce_s,
+    ceiling_s,
+    decode_operators,
+    kv_bytes_per_token_per_gpu,
+    prefill_operators,
+    weight_bytes_per_gpu,
+)
+from .parallel import allreduce_link, check_tensor_parallel, tensor_parallel_notes
 from .prompt import served_tokens
 
 #: Upper bounds beyond which an input is a typo rather than a configuration.
@@ -30,6 +44,8 @@ MIN_BANDWIDTH_BYTES_PER_S = 1e3  # 1 kB/s: slower than any memory or link KV cro
 MIN_FLOPS_PER_S = 1e6
 MIN_EFFICIENCY = 1e-3  # 0.1% of peak
 MAX_CAPACITY_BYTES = 1e14
+#: Drafted tokens per verification beyond which acceptance makes more of them pointless.
+MAX_SPECULATIVE_TOKENS = 16
 #: Attention without FlashAttention writes the score matrix S and the probabilities P to
 #: memory and reads both back: 4 passes over heads x query-key pairs, fp16 elements.
 NAIVE_ATTENTION_PASSES = 4
@@ -39,6 +55,11 @@ SCORE_BYTES = 2
 def _out(x):
     """numpy scalar -> Python float, arrays unchanged."""
     return x.item() if isinstance(x, np.ndarray) and x.ndim == 0 else x
+
+
+def _plain(x):
+    """0-d arrays and numpy scalars -> Python numbers, arrays unchanged."""
+    return x.item() if isinstance(x, (np.ndarray, np.generic)) and np.ndim(x) == 0 else x
 
 
 @dataclass(frozen=True)
@@ -135,6 +156,10 @@ class DecodeStep(Result):
     ceiling_step_time_s: object  # sum over operators of max(bytes/bandwidth, FLOPs/peak)
     efficiency_source: str  # what step_time_s rests on: the sheet peaks, or which tables
     overhead_s: object = 0.0  # measured mode: the per-step fixed cost of the small kernels
+    tensor_parallel: int = 1  # GPUs the weights and K/V heads are split over
+    allreduce_time_s: object = 0.0  # the step's all-reduces (2 per layer), in step_time_s
+    allreduce_latency_s: object = 0.0  # their fixed per-collective part; the rest is link time
+    notes: tuple = ()  # what a reader must know to read the numbers (replicated K/V heads...)
 
 
 @lru_cache(maxsize=256)
@@ -195,6 +220,7 @@ def decode_step(
     bandwidth_bytes_per_s=None,
     efficiency=1.0,
     capacity_bytes=None,
+    tensor_parallel=1,
 ) -> DecodeStep:
     """The ledger of one decode step. Array arguments broadcast against each other.
 
@@ -204,7 +230,45 @@ def decode_step(
     ceiling, 0.6-0.85 is what real kernels reach); `efficiency="measured"` times every
     operator from published kernel tables instead (`kvlab.measured`; devices with data
     only; a scalar point outside the tables raises, array points there are NaN).
+    `tensor_parallel` (1, 2, 4, 8) splits the step over that many GPUs of one server
+    (`allreduce_link` says how its all-reduces are costed); bytes and memory are per GPU.
     """
+    return _step(model, hardware, batch, context, weight_dtype, kv_dtype, bandwidth_bytes_per_s,
+                 efficiency, capacity_bytes, tensor_parallel, 1)
+
+
+def verify_step(
+    model: ModelSpec | str,
+    hardware: Device | str,
+    batch=1,
+    context=4096,
+    speculative_tokens=4,
+    weight_dtype: str | DType = "fp16",
+    kv_dtype: str | DType = "fp16",
+    bandwidth_bytes_per_s=None,
+    efficiency=1.0,
+    capacity_bytes=None,
+    tensor_parallel=1,
+) -> DecodeStep:
+    """The ledger of one speculative verification pass: each of `batch` sequences runs its
+    last token and `speculative_tokens` drafted ones (K + 1 positions) through the target
+    model at once. The weights are read once for batch x (K + 1) rows, each sequence's KV
+    history once, K + 1 new K/V entries are written. Its `tokens_per_s` fields count
+    positions verified; `kvlab.speculative.speculative_step` turns them into tokens kept."""
+    k = check_number("speculative_tokens", speculative_tokens, minimum=0, allow_equal_min=True,
+                     maximum=MAX_SPECULATIVE_TOKENS, integer=True)
+    return _step(model, hardware, batch, context, weight_dtype, kv_dtype, bandwidth_bytes_per_s,
+                 efficiency, capacity_bytes, tensor_parallel, _plus_one(k))
+
+
+def _plus_one(k):
+    return k + 1 if type(k) is int else np.asarray(k, dtype=float) + 1.0
+
+
+def _step(model, hardware, batch, context, weight_dtype, kv_dtype, bandwidth_bytes_per_s,
+          efficiency, capacity_bytes, tensor_parallel, queries) -> DecodeStep:
+    """A decode (queries = 1) or verify step: validate, then the fast scalar ledger, the
+    per-operator one (tensor parallelism, verification) and/or the measured tables."""
     m, dev = get_model(model), get_device(hardware)
     wdt, kdt = _dtype(weight_dtype), _dtype(kv_dtype)
     batch = check_number("batch", batch, minimum=1, allow_equal_min=True, maximum=MAX_BATCH, integer=True)
@@ -220,12 +284,19 @@ def decode_step(
     eff = 1.0 if measured else _check_efficiency(efficiency)
     capacity = dev.capacity_bytes if capacity_bytes is None else check_number(
         "capacity (bytes)", capacity_bytes, maximum=MAX_CAPACITY_BYTES)
+    tp = 1 if type(tensor_parallel) is int and tensor_parallel == 1 else \
+        check_tensor_parallel(m, tensor_parallel)
     scalar = _scalar(batch, context, bandwidth, eff, capacity)
-    fields = _decode_fields(m, dev, wdt, kdt, batch, context, bandwidth, eff, capacity, scalar)
+    if tp == 1 and type(queries) is int and queries == 1:
+        fields = _decode_fields(m, dev, wdt, kdt, batch, context, bandwidth, eff, capacity, scalar)
+    else:
+        fields = _operator_fields(m, dev, wdt, kdt, batch, context, bandwidth, eff, capacity, tp,
+                                  queries)
     if measured:
         from .measured.timing import measured_decode_fields
 
-        fields.update(measured_decode_fields(m, dev, wdt, kdt, batch, context, scalar))
+        fields.update(measured_decode_fields(m, dev, wdt, kdt, batch, context, scalar, tp,
+                                             queries))
     fields.setdefault("overhead_s", 0.0)
     return DecodeStep._build(model=m.name, hardware=dev.name, weight_dtype=wdt.name,
                              kv_dtype=kdt.name, batch=batch, context=context,
@@ -289,6 +360,59 @@ def _decode_fields(m, dev, wdt, kdt, batch, context, bandwidth, eff, capacity, s
     )
 
 
+# ------------------------------------------------- the ledger from the operators
+
+def _operator_fields(m, dev, wdt, kdt, batch, context, bandwidth, eff, capacity, tp,
+                     queries) -> dict:
+    """Every number of a decode or verify step from its operator list (`kvlab.operators`):
+    per GPU at `tp`, with `queries` positions per sequence. Numerically the fast ledger at
+    tp = 1 and queries = 1; all-reduce latency is not scaled by `eff`, their link time is."""
+    ops = decode_operators(m, batch, context, wdt, kdt, tp, queries)
+    b = np.asarray(batch, dtype=float)
+    attended = np.asarray(m.effective_context(np.asarray(context, dtype=float)), dtype=float)
+    kv_tok = kv_bytes_per_token_per_gpu(m, kdt, tp)
+    kv_read = b * attended * kv_tok
+    kv_write = b * np.asarray(queries, dtype=float) * kv_tok
+    local = [op for op in ops if op.kind != "allreduce"]
+    step_bytes = sum(op.bytes for op in local)
+    flops = sum(op.flops for op in local)
+    peak = dev.peak_flops_per_s(wdt.compute)
+    bw = np.asarray(bandwidth, dtype=float)
+    ceiling = ceiling_s(local, bw, peak)
+    latency = link_time = 0.0
+    notes = ()
+    if tp > 1:
+        link = allreduce_link(dev, tp)
+        reduce = next(op for op in ops if op.kind == "allreduce")
+        latency, link_time = allreduce_s(reduce, link.bandwidth_bytes_per_s, link.latency_s)
+        notes = tensor_parallel_notes(m, tp, link)
+    step_time = ceiling / eff + latency + link_time / eff
+    memory_time, compute_time = step_bytes / (bw * eff), flops / (peak * eff)
+    w_total = weight_bytes_per_gpu(m, wdt, tp)
+    room = np.maximum(capacity - w_total, 0.0)
+    bound = np.where(compute_time > memory_time, "compute", "memory")
+    out = _plain
+    reduce_time = latency + link_time / eff + 0.0 * b
+    return dict(
+        bandwidth_bytes_per_s=out(bw), weight_bytes=w_total,
+        weight_read_bytes=out(step_bytes - kv_read - kv_write), kv_bytes_per_token=kv_tok,
+        kv_read_bytes=out(kv_read), kv_write_bytes=out(kv_write), step_bytes=out(step_bytes),
+        flops=out(flops), arithmetic_intensity=out(flops / step_bytes),
+        ridge_flops_per_byte=out(peak / bw), memory_time_s=out(memory_time),
+        compute_time_s=out(compute_time), step_time_s=out(step_time),
+        bound=bound.item() if bound.ndim == 0 else bound,
+        tokens_per_s=out(b * queries / step_time),
+        tokens_per_s_per_sequence=out(queries / step_time),
+        kv_cache_bytes=out(kv_read), memory_needed_bytes=out(w_total + kv_read),
+        capacity_bytes=capacity, fits=out(np.asarray(w_total + kv_read <= capacity)),
+        max_batch=out(np.floor(room / (np.maximum(attended, 1.0) * kv_tok)).astype(np.int64)),
+        ceiling_step_time_s=out(ceiling + latency + link_time),
+        efficiency_source="the sheet's bandwidth and FLOP/s x efficiency",
+        tensor_parallel=tp, allreduce_time_s=out(reduce_time),
+        allreduce_latency_s=out(latency + 0.0 * b), notes=notes,
+    )
+
+
 # ------------------------------------------------------------------------ prefill
 
 @dataclass(frozen=True)
@@ -322,6 +446,7 @@ def prefill(
     flops_per_s=None,
     bandwidth_bytes_per_s=None,
     flash_attention: bool = True,
+    tensor_parallel=1,
 ) -> Prefill:
     """FLOPs and time to prefill the uncached part of a prompt (causal attention included).
 
@@ -331,7 +456,8 @@ def prefill(
     (`flash_attention=False`) the score matrices also make round trips through memory,
     which FlashAttention keeps on chip: same FLOPs, more bytes, and per operator that turns
     attention from compute- to memory-bound. `efficiency="measured"` times the operators
-    from kernel tables (FlashAttention kernels only).
+    from kernel tables (FlashAttention kernels only). At `tensor_parallel` N the FLOPs and
+    bytes are per GPU and the all-reduces of N GPUs are added (as in `decode_step`).
     """
     m, dev = get_model(model), get_device(hardware)
     wdt, kdt = _dtype(weight_dtype), _dtype(kv_dtype)
@@ -356,37 +482,27 @@ def prefill(
     c_arr = np.asarray(served_tokens(c_arr, p_arr), dtype=float)
     cached = int(c_arr) if c_arr.ndim == 0 else c_arr.astype(np.int64)
     n = p_arr - c_arr
-    pairs = n * c_arr + n * (n + 1) / 2
-    p = _params(m)
-    active = p.active_per_token(m.experts_per_token)
-    attention_flops = b * m.attention_flops_per_cached_token * pairs
-    flops = b * (2.0 * active * n + m.attention_flops_per_cached_token * pairs)
-    kv_tok = kv_bytes_per_token(m, kdt)
-    attention_bytes = b * (c_arr + n) * kv_tok
-    if not flash_attention:
-        attention_bytes = attention_bytes + b * (m.num_heads * m.num_layers) * pairs \
-            * NAIVE_ATTENTION_PASSES * SCORE_BYTES
-    w_read = weight_read_bytes(m, b * np.maximum(n, 1), wdt)
-    bytes_moved = w_read + attention_bytes
     peak = dev.peak_flops_per_s(wdt.compute) if flops_per_s is None else check_number(
         "flops_per_s", flops_per_s, minimum=MIN_FLOPS_PER_S, allow_equal_min=True, maximum=MAX_FLOPS_PER_S)
     bandwidth = dev.memory_bandwidth_bytes_per_s if bandwidth_bytes_per_s is None else check_number(
-        "bandwidth (bytes/s)", bandwidth_bytes_per_s, minimum=MIN_BANDWIDTH_BYTES_PER_S, allow_equal_min=True,
-        maximum=MAX_BANDWIDTH_BYTES_PER_S)
+        "bandwidth (bytes/s)", bandwidth_bytes_per_s, minimum=MIN_BANDWIDTH_BYTES_PER_S,
+        allow_equal_min=True, maximum=MAX_BANDWIDTH_BYTES_PER_S)
+    tp = 1 if type(tensor_parallel) is int and tensor_parallel == 1 else \
+        check_tensor_parallel(m, tensor_parallel)
+    if tp == 1:
+        flops, bytes_moved, ceiling = _prefill_work(m, wdt, kdt, b, p_arr, c_arr, flash_attention,
+                                                    np.asarray(bandwidth), np.asarray(peak))
+        time_s = ceiling / eff
+    else:
+        flops, bytes_moved, ceiling, time_s = _prefill_parallel(
+            m, dev, wdt, kdt, batch, prompt, cached, flash_attention, tp, bandwidth, peak, eff)
     compute_time = np.where(n > 0, flops / (np.asarray(peak) * eff), 0.0)
     memory_time = np.where(n > 0, bytes_moved / (np.asarray(bandwidth) * eff), 0.0)
-    dense_w = p.streamed_dense * wdt.bytes_per_element
-    ceiling = np.where(n > 0, _ceiling(((dense_w, b * 2.0 * p.streamed_dense * n),
-                                        (w_read - dense_w,
-                                         b * 2.0 * (active - p.streamed_dense) * n),
-                                        (attention_bytes, attention_flops)),
-                                       np.asarray(bandwidth), np.asarray(peak), False), 0.0)
-    time_s = ceiling / eff
     source = "the sheet's bandwidth and FLOP/s x efficiency"
     if measured:
         from .measured.timing import measured_prefill_time
 
-        time_s, source = measured_prefill_time(m, dev, wdt, kdt, batch, prompt, cached)
+        time_s, source = measured_prefill_time(m, dev, wdt, kdt, batch, prompt, cached, tp)
     bound = np.where(compute_time >= memory_time, "compute", "memory")
     return Prefill(
         batch=batch, prompt_tokens=prompt, cached_tokens=cached, computed_tokens=_out(n),
@@ -395,6 +511,42 @@ def prefill(
         time_s=_out(time_s), bound=bound.item() if bound.ndim == 0 else bound,
         ttft_s=_out(time_s), ceiling_time_s=_out(ceiling), efficiency_source=source,
     )
+
+
+def _prefill_work(m, wdt, kdt, b, prompt, cached, flash, bandwidth, peak) -> tuple:
+    """(FLOPs, bytes, ceiling) of a prefill on one GPU, grouped as in `decode_step`."""
+    n = prompt - cached
+    pairs = n * cached + n * (n + 1) / 2
+    p = _params(m)
+    active = p.active_per_token(m.experts_per_token)
+    attention_flops = b * m.attention_flops_per_cached_token * pairs
+    flops = b * (2.0 * active * n + m.attention_flops_per_cached_token * pairs)
+    attention_bytes = b * (cached + n) * kv_bytes_per_token(m, kdt)
+    if not flash:
+        attention_bytes = attention_bytes + b * (m.num_heads * m.num_layers) * pairs \
+            * NAIVE_ATTENTION_PASSES * SCORE_BYTES
+    w_read = weight_read_bytes(m, b * np.maximum(n, 1), wdt)
+    dense_w = p.streamed_dense * wdt.bytes_per_element
+    ceiling = np.where(n > 0, _ceiling(((dense_w, b * 2.0 * p.streamed_dense * n),
+                                        (w_read - dense_w,
+                                         b * 2.0 * (active - p.streamed_dense) * n),
+                                        (attention_bytes, attention_flops)),
+                                       bandwidth, peak, False), 0.0)
+    return flops, w_read + attention_bytes, ceiling
+
+
+def _prefill_parallel(m, dev, wdt, kdt, batch, prompt, cached, flash, tp, bandwidth, peak,
+                      eff) -> tuple:
+    """(FLOPs, bytes, ceiling, time) of a prefill per GPU at tensor-parallel `tp`, from its
+    operators: each GPU's share of the work plus the all-reduces of batch x new tokens."""
+    ops = prefill_operators(m, batch, prompt, cached, wdt, kdt, flash, tp)
+    local = [op for op in ops if op.kind != "allreduce"]
+    link = allreduce_link(dev, tp)
+    reduce = next(op for op in ops if op.kind == "allreduce")
+    latency, link_time = allreduce_s(reduce, link.bandwidth_bytes_per_s, link.latency_s)
+    work = ceiling_s(local, np.asarray(bandwidth), np.asarray(peak))
+    return (sum(op.flops for op in local), np.asarray(sum(op.bytes for op in local)),
+            work + latency + link_time, work / eff + latency + link_time / eff)
 
 
 # --------------------------------------------------------------------- memory fit
@@ -420,9 +572,12 @@ def memory_fit(
     weight_dtype: str | DType = "fp16",
     kv_dtype: str | DType = "fp16",
     capacity_bytes=None,
+    tensor_parallel=1,
 ) -> MemoryFit:
-    """Does weights + batch x context of KV fit; the largest batch and the longest context that do."""
-    step = decode_step(model, hardware, batch, context, weight_dtype, kv_dtype, capacity_bytes=capacity_bytes)
+    """Does weights + batch x context of KV fit; the largest batch and the longest context
+    that do (per GPU at `tensor_parallel` N: each holds its share of weights and KV)."""
+    step = decode_step(model, hardware, batch, context, weight_dtype, kv_dtype,
+                       capacity_bytes=capacity_bytes, tensor_parallel=tensor_parallel)
     m = get_model(model)
     room = np.maximum(step.capacity_bytes - step.weight_bytes, 0.0)
     max_context = np.floor(room / (np.asarray(step.batch, dtype=float) * step.kv_bytes_per_token))

@@ -29,6 +29,7 @@ class Device:
     bf16_flops_per_s: float
     fp8_flops_per_s: float | None  # None: no fp8 tensor cores
     source: str
+    gpu_link: str | None = None  # tier name of the GPU-to-GPU link in one server
 
     def peak_flops_per_s(self, compute: str = "bf16") -> float:
         """Dense peak for 'bf16' or 'fp8' matmuls; fp8 falls back to bf16 where absent."""
@@ -51,6 +52,7 @@ class Tier:
     derivation: str  # how the sold figure became bytes/s
     example: str
     source: str
+    allreduce_measured_on: str | None = None  # device whose all-reduce tables stand for it
 
 
 def _tier_bandwidth(name: str, entry: dict) -> tuple[float, str]:
@@ -88,13 +90,18 @@ def _catalogue() -> tuple[dict[str, Device], dict[str, Tier]]:
             bf16_flops_per_s=e["bf16_tflops"] * TFLOPS,
             fp8_flops_per_s=e["fp8_tflops"] * TFLOPS if "fp8_tflops" in e else None,
             source=e["source"],
+            gpu_link=e.get("gpu_link"),
         )
         for name, e in raw["devices"].items()
     }
     tiers = {}
     for name, e in raw["tiers"].items():
         bandwidth, derivation = _tier_bandwidth(name, e)
-        tiers[name] = Tier(name, e["kind"], bandwidth, derivation, e["example"], e["source"])
+        tiers[name] = Tier(name, e["kind"], bandwidth, derivation, e["example"], e["source"],
+                           e.get("allreduce_measured_on"))
+    for d in devices.values():
+        if d.gpu_link is not None and d.gpu_link not in tiers:
+            raise KvlabError(f"hardware catalogue: {d.name}'s gpu_link {d.gpu_link!r} is no tier")
     return devices, tiers
 
 
@@ -126,3 +133,12 @@ def get_tier(name: str | Tier) -> Tier:
     if found is None:
         raise unknown_name("tier", name, _catalogue()[1])
     return found
+
+
+def gpu_link(device: str | Device) -> Tier:
+    """The link a device's GPUs use to talk to each other in one server (for the
+    all-reduces of tensor parallelism); a device without one in the catalogue raises."""
+    dev = get_device(device)
+    if dev.gpu_link is None:
+        raise KvlabError(f"{dev.name}: the hardware catalogue names no GPU-to-GPU link")
+    return get_tier(dev.gpu_link)

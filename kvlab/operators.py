@@ -196,17 +196,38 @@ def kv_bytes_per_token_per_gpu(m: ModelSpec, kv: DType, tp: int = 1) -> float:
     return 2 * m.num_layers * layer_shapes(m, tp).kv_heads * m.head_dim * kv.bytes_per_element
 
 
+def weight_bytes_per_gpu(m: ModelSpec, weights: DType, tp: int = 1) -> float:
+    """Bytes of weights one GPU holds at tensor-parallel degree `tp`: every matrix split
+    (the embedding by vocabulary rows, each routed expert by its intermediate size), norms
+    and replicated K/V heads whole. At tp = 1 the model's whole weight bytes."""
+    p = m.params
+    if tp == 1:
+        return p.total * weights.bytes_per_element
+    streamed = sum(_weight_params(m, tp).values())
+    return (p.embedding / tp + streamed + p.moe_layers * m.num_experts * p.expert / tp) \
+        * weights.bytes_per_element
+
+
 def decode_operators(m: ModelSpec, batch, context, weights: DType, kv: DType,
-                     tp: int = 1) -> list[Operator]:
+                     tp: int = 1, queries=1) -> list[Operator]:
     """The operators of one decode step: `batch` sequences, `context` tokens of KV each
-    (arrays broadcast). Their bytes add up to the ledger's step bytes at tp = 1."""
+    (arrays broadcast). Their bytes add up to the ledger's step bytes at tp = 1.
+
+    `queries` > 1 is a speculative verify step: each sequence runs that many positions
+    through the model at once (GEMMs at m = batch x queries, weights read once), reads its
+    KV history once, writes `queries` new entries, and query i attends to the history and
+    the i before it."""
     b = np.asarray(batch, dtype=float)
     attended = np.asarray(m.effective_context(np.asarray(context, dtype=float)), dtype=float)
     kv_tok = kv_bytes_per_token_per_gpu(m, kv, tp)
-    attention = Operator("attention", "attention", m.num_layers, b * attended * kv_tok + b * kv_tok,
-                         b * m.attention_flops_per_cached_token / tp * attended, m=b)
-    ops = _gemm_ops(m, b, weights, tp, b)
-    return ops[:1] + [attention] + ops[1:] + _small_ops(m, b, weights, tp)
+    q = np.asarray(queries, dtype=float)
+    tokens = b * q  # rows through every GEMM
+    pairs = q * attended + q * (q - 1) / 2  # query-key pairs per sequence (1: the history)
+    attention = Operator("attention", "attention", m.num_layers,
+                         b * attended * kv_tok + tokens * kv_tok,
+                         b * m.attention_flops_per_cached_token / tp * pairs, m=b)
+    ops = _gemm_ops(m, tokens, weights, tp, tokens)
+    return ops[:1] + [attention] + ops[1:] + _small_ops(m, tokens, weights, tp)
 
 
 def prefill_operators(m: ModelSpec, batch, prompt_tokens, cached_tokens, weights: DType,
@@ -228,17 +249,26 @@ def prefill_operators(m: ModelSpec, batch, prompt_tokens, cached_tokens, weights
     return ops[:1] + [attention] + ops[1:] + _small_ops(m, b * n, weights, tp)
 
 
+def allreduce_s(op: Operator, link_bandwidth_bytes_per_s, latency_s=0.0):
+    """(latency part, bandwidth part) of an all-reduce operator's time over all its calls:
+    each call pays a fixed `latency_s` and moves 2 (p - 1) / p of its message over the
+    link (the bandwidth-optimal ring's traffic per GPU)."""
+    ring = 2 * (op.gpus - 1) / op.gpus
+    return (op.calls * latency_s,
+            op.calls * op.link_bytes_per_call * ring / link_bandwidth_bytes_per_s)
+
+
 def ceiling_s(ops: list[Operator], bandwidth_bytes_per_s, flops_per_s,
-              link_bandwidth_bytes_per_s=None):
-    """Sum over operators of max(bytes / bandwidth, FLOPs / peak); an all-reduce moves
-    2 (p - 1) / p of its message over the link (ring)."""
+              link_bandwidth_bytes_per_s=None, link_latency_s=0.0):
+    """Sum over operators of max(bytes / bandwidth, FLOPs / peak), plus every all-reduce's
+    latency and link time (`allreduce_s`)."""
     total = 0.0
     for op in ops:
         if op.kind == "allreduce":
             if link_bandwidth_bytes_per_s is None:
                 raise KvlabError("an all-reduce needs a link bandwidth for its ceiling")
-            ring = 2 * (op.gpus - 1) / op.gpus
-            total = total + op.calls * op.link_bytes_per_call * ring / link_bandwidth_bytes_per_s
+            latency, link = allreduce_s(op, link_bandwidth_bytes_per_s, link_latency_s)
+            total = total + latency + link
             continue
         total = total + np.maximum(op.bytes / bandwidth_bytes_per_s, op.flops / flops_per_s)
     return total

@@ -19,7 +19,9 @@ from .models import ModelSpec
 class Scenario:
     """One model on one device with its dtypes; `efficiency` scales bandwidth and FLOP/s
     (1.0 is the physical ceiling); `bandwidth_bytes_per_s` and `capacity_bytes` override
-    the device's memory (to budget with a measured figure, or a share of HBM)."""
+    the device's memory (to budget with a measured figure, or a share of HBM);
+    `tensor_parallel` splits the model over that many of the device's GPUs (figures per
+    GPU, tokens/s the group's)."""
 
     model: ModelSpec | str
     hardware: Device | str
@@ -28,6 +30,7 @@ class Scenario:
     efficiency: float = 1.0
     bandwidth_bytes_per_s: float | None = None
     capacity_bytes: float | None = None
+    tensor_parallel: int = 1
 
     def replace(self, **changes) -> Scenario:
         return dataclasses.replace(self, **changes)
@@ -35,16 +38,27 @@ class Scenario:
     def decode_step(self, batch=1, context=4096) -> cost.DecodeStep:
         return cost.decode_step(self.model, self.hardware, batch, context, self.weight_dtype, self.kv_dtype,
                                 bandwidth_bytes_per_s=self.bandwidth_bytes_per_s, efficiency=self.efficiency,
-                                capacity_bytes=self.capacity_bytes)
+                                capacity_bytes=self.capacity_bytes,
+                                tensor_parallel=self.tensor_parallel)
 
     def prefill(self, prompt_tokens, cached_tokens=0, batch=1, flash_attention: bool = True) -> cost.Prefill:
         return cost.prefill(self.model, self.hardware, prompt_tokens, cached_tokens, batch, self.weight_dtype,
                             self.kv_dtype, self.efficiency, bandwidth_bytes_per_s=self.bandwidth_bytes_per_s,
-                            flash_attention=flash_attention)
+                            flash_attention=flash_attention, tensor_parallel=self.tensor_parallel)
 
     def memory_fit(self, batch=1, context=4096) -> cost.MemoryFit:
         return cost.memory_fit(self.model, self.hardware, batch, context, self.weight_dtype, self.kv_dtype,
-                               self.capacity_bytes)
+                               self.capacity_bytes, tensor_parallel=self.tensor_parallel)
+
+    def speculative_step(self, batch=1, context=4096, speculative_tokens=4, acceptance=0.7,
+                         draft_model=None):
+        """Speculative decoding on this deployment (`kvlab.speculative`)."""
+        from .speculative import speculative_step
+
+        return speculative_step(self.model, self.hardware, batch, context, speculative_tokens,
+                                acceptance, draft_model, self.weight_dtype, self.kv_dtype,
+                                self.bandwidth_bytes_per_s, self.efficiency, self.capacity_bytes,
+                                self.tensor_parallel)
 
     @property
     def kv_bytes_per_token(self) -> float:

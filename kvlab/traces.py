@@ -28,57 +28,17 @@ import numpy as np
 
 from .errors import KvlabError, unknown_name
 from .prompt import served_from_blocks
+from .trace_types import BLOCK_TOKENS, Request, Trace
 
-BLOCK_TOKENS = 512  # tokens per hash_id block in the Mooncake traces
 TRACE_DIR_ENV = "KVLAB_TRACE_DIR"
 GENERATED = "generated"  # `generated`, `generated:PRESET`, `generated:PRESET:SEED` name generated traces
+POISSON = "poisson"  # `poisson:rate=R,prompt=P,output=O,...` names a plain generated workload
 #: Public traces by short name -> file name in the Mooncake repository's
 #: FAST25-release/traces/ folder.
 KNOWN_TRACES = {
     "conversation": "conversation_trace.jsonl",
     "synthetic": "synthetic_trace.jsonl",
 }
-
-
-@dataclass(frozen=True, slots=True)
-class Request:
-    """One request of a trace."""
-
-    arrival_s: float
-    input_tokens: int
-    output_tokens: int
-    hash_ids: tuple[int, ...]  # one per BLOCK_TOKENS-token block, each naming its whole prefix
-
-
-@dataclass(frozen=True)
-class Trace:
-    """A validated trace. `generated` marks synthetic data made by kvlab, never real."""
-
-    name: str
-    requests: tuple[Request, ...]
-    source: str  # file path, or a description of the generator and its seed
-    generated: bool = False
-    block_tokens: int = BLOCK_TOKENS
-
-    def __len__(self) -> int:
-        return len(self.requests)
-
-    @property
-    def arrival_s(self) -> np.ndarray:
-        return np.fromiter((r.arrival_s for r in self.requests), float, len(self.requests))
-
-    @property
-    def input_tokens(self) -> np.ndarray:
-        return np.fromiter((r.input_tokens for r in self.requests), np.int64, len(self.requests))
-
-    @property
-    def output_tokens(self) -> np.ndarray:
-        return np.fromiter((r.output_tokens for r in self.requests), np.int64, len(self.requests))
-
-    @property
-    def label(self) -> str:
-        """How figures should name it: generated traces say so."""
-        return f"{self.name} (generated)" if self.generated else self.name
 
 
 #: Bounds beyond which a field is a typo or an attack, not a request: a prompt or an answer
@@ -320,8 +280,17 @@ def _generated(text: str) -> Trace:
     return generate_trace(preset, seed=seed)
 
 
+@functools.lru_cache(maxsize=8)
+def _poisson(text: str) -> Trace:
+    """`poisson:rate=R,prompt=P,output=O[,requests=N][,seed=S]` -> a plain generated workload."""
+    from .traces_gen import poisson_trace
+
+    return poisson_trace(text)
+
+
 def load_trace(name_or_path: str | Path) -> Trace:
-    """A trace by known name (`conversation`, `synthetic`), `generated[:PRESET][:SEED]`, or a JSONL path."""
+    """A trace by known name (`conversation`, `synthetic`), `generated[:PRESET][:SEED]`,
+    `poisson:rate=R,prompt=P,output=O[,requests=N][,seed=S]`, or a JSONL path."""
     if isinstance(name_or_path, Trace):
         return name_or_path
     text = str(name_or_path)
@@ -336,10 +305,12 @@ def load_trace(name_or_path: str | Path) -> Trace:
         return _read_cached(path, text)
     if text == GENERATED or text.startswith(GENERATED + ":"):
         return _generated(text)
+    if text.startswith(POISSON + ":"):
+        return _poisson(text)
     if _is_path(text):
         return _read_cached(Path(text), None)
     raise unknown_name("trace", _clip(text), KNOWN_TRACES,
-                       also="'generated[:PRESET][:SEED]' or a path to a .jsonl file")
+                       also="'generated[:PRESET][:SEED]', 'poisson:rate=R,prompt=P,output=O' or a path to a .jsonl file")
 
 
 def trace_or_generated(name: str = "conversation", seed: int = 0) -> Trace:

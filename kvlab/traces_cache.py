@@ -39,7 +39,7 @@ def _stamp(st: os.stat_result, block_tokens: int) -> tuple:
 
 def load(path: Path, st: os.stat_result, block_tokens: int):
     """The requests parsed from this very version of `path` before, or None."""
-    from .traces import Request
+    from .trace_types import Request
 
     try:
         file = _file(path)

@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "kvlab"
 PRESENTATION = {"book", "viz", "labs", "cli", "__main__"}
-DOMAIN = {"tiers", "traces", "traces_gen", "traces_download", "traces_cache", "prefix", "sim", "decoder", "bench", "transfer",
+DOMAIN = {"tiers", "traces", "traces_gen", "traces_download", "traces_cache", "trace_types", "prefix", "sim", "decoder", "bench", "transfer",
           "diagnose", "metrics", "native"}
 GUI = ("bokeh", "ipywidgets", "IPython", "myst_nb", "jupyter_bokeh", "voila")
 
@@ -96,8 +96,8 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_every_unit_has_a_layer():
     units = {_unit(m) for m in MODULES} - {"__init__"}
-    layer1 = {"hardware", "models", "dtypes", "cost", "operators", "ledger_rows", "scenario", "errors", "fmt", "prompt", "grids",
-              "jsonsafe", "article", "measured"}
+    layer1 = {"hardware", "models", "dtypes", "cost", "operators", "ledger_rows", "scenario", "errors", "fmt",
+              "prompt", "grids", "published", "jsonsafe", "article", "measured", "parallel", "speculative"}
     assert units <= PRESENTATION | DOMAIN | layer1, units - (PRESENTATION | DOMAIN | layer1)
 
 

@@ -135,20 +135,7 @@ def test_prefix_cache_numbers(option, tiny_trace):
     fuzz(lambda v: base + [option, v])
 
 
-SIM_BROKEN = {"--chunk-tokens": "nan, inf and 1e400 reach int() inside the simulator: exit 70"}
-
-
-def _simulate_options():
-    out = []
-    for option in typed_options("simulate"):
-        if option in SIM_BROKEN:
-            reason = f"owned by simulate: {SIM_BROKEN[option]}"
-            option = pytest.param(option, marks=pytest.mark.xfail(strict=True, reason=reason))
-        out.append(option)
-    return out
-
-
-@pytest.mark.parametrize("option", _simulate_options())
+@pytest.mark.parametrize("option", typed_options("simulate"))
 def test_simulate_numbers(option, tiny_trace):
     fuzz(lambda v: ["simulate", tiny_trace, "--arch", "colocated", "--json", option, v])
 

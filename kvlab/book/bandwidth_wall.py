@@ -77,6 +77,7 @@ def numbers() -> dict[str, str]:
         "wall_device": get_device(base["hardware"]).display_name,
     })
     out.update({k: fmt.sig(v, 2) for k, v in tier_step_ratios().items()})
+    out.update(_moe_and_quantization_numbers())
     roof = p["roofline"].default_state
     short, long_ = (flash_attention_effect(roof["model"], roof["hardware"], ctx) for ctx in (roof["context"], 32768))
     out.update({
@@ -164,3 +165,55 @@ def flash_attention_effect(model, hardware, prompt_tokens) -> dict:
     return {"attention_intensity_naive": attention_intensity(False),
             "attention_intensity_flash": attention_intensity(True),
             "time_ratio": float(without.time_s / with_flash.time_s)}
+
+
+# ----------------------------------------------------------- MoE, and what quantizing costs
+
+def _moe_and_quantization_numbers() -> dict[str, str]:
+    from ..published import kv_quantization
+
+    moe = moe_weight_reads()
+    kivi, kvquant, fp8 = kv_quantization("kivi"), kv_quantization("kvquant"), kv_quantization("vllm_fp8")
+    int4_batch, fp16_batch = int4_compute_bound_batch("llama-3.1-8b", "h100-sxm", 256)
+    return {
+        "moe_b1": fmt.si(moe["weight_read_bytes"][0], "B"), "moe_b8": fmt.si(moe["weight_read_bytes"][1], "B"),
+        "moe_b32": fmt.si(moe["weight_read_bytes"][2], "B"), "moe_b128": fmt.si(moe["weight_read_bytes"][3], "B"),
+        "moe_all": fmt.si(moe["weight_bytes"], "B"),
+        "kivi_bits": str(kivi["kv_bits"]), "kivi_memory": fmt.sig(kivi["peak_memory_reduction"], 2),
+        "kivi_batch": fmt.sig(kivi["max_batch_gain"], 2), "kivi_low": fmt.sig(kivi["throughput_gain_low"], 3),
+        "kivi_high": fmt.sig(kivi["throughput_gain_high"], 3), "kivi_source": kivi["source"],
+        "kvquant_bits": str(kvquant["kv_bits"]), "kvquant_ppl": fmt.sig(kvquant["perplexity_increase_below"], 1),
+        "kvquant_source": kvquant["source"], "fp8_source": fp8["source"],
+        "int4_compute_batch": fmt.fixed(int4_batch, 0), "fp16_compute_batch": fmt.fixed(fp16_batch, 0),
+        "int4_measured_speedup": f"{fmt.sig(measured_int4_speedup(), 2)}×",
+    }
+
+
+def moe_weight_reads(model: str = "mixtral-8x7b", batches=(1, 8, 32, 128)) -> dict:
+    """Weight bytes a decode step streams against the batch: a mixture of experts reads
+    only the experts its tokens pick, so a bigger batch touches (and streams) more of them."""
+    return {"batch": list(batches), "weight_read_bytes": [float(cost.weight_read_bytes(model, b)) for b in batches],
+            "weight_bytes": float(cost.weight_bytes(model))}
+
+
+def int4_compute_bound_batch(model, hardware, context, kv_dtype="fp8") -> tuple[int, int]:
+    """The smallest batch (on a powers-of-two grid up to 4096) at which decode turns
+    compute-bound with int4 weights, and with fp16 weights and KV (0: none on the grid)."""
+    import numpy as np
+
+    grid = 2 ** np.arange(0, 13)
+
+    def first(wdt, kdt):
+        bound = np.asarray(cost.decode_step(model, hardware, grid, context, wdt, kdt).bound)
+        hit = np.flatnonzero(bound == "compute")
+        return int(grid[hit[0]]) if hit.size else 0
+
+    return first("int4", kv_dtype), first("fp16", "fp16")
+
+
+def measured_int4_speedup(model: str = "llama-3.1-8b", hardware: str = "a100-80gb", context: int = 1024) -> float:
+    """Measured int4 weight-only decode at batch 1 over bf16, from the kernel tables (the
+    only device whose tables have int4 GEMMs is the A100): unpacking costs the kernels."""
+    bf16 = cost.decode_step(model, hardware, 1, context, "bf16", efficiency="measured")
+    int4 = cost.decode_step(model, hardware, 1, context, "int4", efficiency="measured")
+    return float(bf16.step_time_s / int4.step_time_s)

@@ -86,6 +86,7 @@ def numbers() -> dict[str, str]:
     for panel in panels().values():
         out.update(panel.readout_texts())
     out.update(_hit_numbers())
+    out.update(mla_numbers())
     out["t_400g"] = fmt.seconds(t["ib-400g"])
     out["nic_400g"] = fmt.si(tiers.get_placement("ib-400g").bandwidth_bytes_per_s(), "B/s")
     return out
@@ -150,4 +151,27 @@ def hit_conditions() -> dict[str, dict]:
         "block_copies": {**_hit("llama-3.1-8b", "host-pcie5", a["prompt_tokens"], latency_s=copies * per_copy),
                          "copies": copies, "per_copy_s": per_copy},
         "short_prompt_tokens": float(tiers.breakeven_prompt_tokens("llama-3.1-8b", "h100-sxm", "host-pcie5")),
+    }
+
+
+# ------------------------------------------------------------------ MLA's latent
+
+def mla_numbers(hardware: str = "h100-sxm", context: int = 4096) -> dict[str, str]:
+    """Multi-head latent attention: KV bytes per token, and the FLOPs per byte a large
+    batch reaches at `context` (chapter 2's intensity limit), against GQA models."""
+    from ..models import describe_params, get_model
+    from .bandwidth_wall import large_batch_intensity
+
+    v3 = get_model("deepseek-v3")
+    return {
+        "mla_latent": fmt.fixed(v3.kv_lora_rank, 0), "mla_rope": fmt.fixed(v3.qk_rope_head_dim, 0),
+        "mla_v2_lite": fmt.fixed(cost.kv_bytes_per_token("deepseek-v2-lite"), 0),
+        "mla_v3": fmt.fixed(cost.kv_bytes_per_token("deepseek-v3"), 0),
+        "mla_article": fmt.fixed(cost.kv_bytes_per_token(ARTICLE_MODEL), 0),
+        "mla_v3_heads": fmt.fixed(v3.num_heads, 0),
+        "mla_v3_params": describe_params(v3.params.total),
+        "mla_context": fmt.fixed(context, 0),
+        "mla_v3_intensity": fmt.sig(large_batch_intensity("deepseek-v3", hardware, context), 2),
+        "mla_gqa_intensity": fmt.sig(large_batch_intensity("llama-3.1-8b", hardware, context), 2),
+        "mla_ridge": fmt.sig(cost.decode_step("deepseek-v3", hardware, 1, 1).ridge_flops_per_byte, 3),
     }

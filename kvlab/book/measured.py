@@ -138,7 +138,15 @@ def _names() -> dict[str, str]:
 
 
 def _sources() -> list[str]:
-    return [gpu_tables.source_label(d) for d in gpu_tables.gpus()]
+    """One line per framework version: which GPUs' tables it measured, and the package."""
+    from ..measured import load
+
+    by_version: dict[str, list[str]] = {}
+    for d in gpu_tables.gpus():
+        t = load(d)
+        by_version.setdefault(f"{t.framework} {t.framework_version}", []).append(t.device_string)
+    package = load(gpu_tables.gpus()[0]).raw["package"]
+    return [f"{version} kernel tables ({package}): {', '.join(devices)}" for version, devices in by_version.items()]
 
 
 def gemv_figure():
@@ -164,8 +172,8 @@ def attention_figure():
 def ledger_figure():
     from ..viz import gpu_figures
 
-    return gpu_figures.ledger_figure([gpu_tables.ledger_against_kernels(d) for d in gpu_tables.gpus()], _names(),
-                                     _sources())
+    curves = [gpu_tables.ledger_against_kernels(d) for d in gpu_tables.gpus()]
+    return gpu_figures.ledger_figure(curves, _names(), _sources(), get_model(curves[0]["model"]).display_name)
 
 
 def _listing(values: dict[str, str]) -> str:

@@ -4,7 +4,11 @@ The JSON keys are a contract other scripts use (see README): weight_bytes,
 kv_bytes_per_token, kv_read_bytes, step_bytes, step_time_s, tokens_per_s,
 tokens_per_s_per_sequence, kv_cache_bytes, fits, max_batch, bound, arithmetic_intensity;
 also ceiling_step_time_s (efficiency 1) beside step_time_s, efficiency_source, and the
-step's operators.
+step's operators. The two levers past the per-user ceiling add tensor_parallel,
+allreduce_time_s, allreduce_latency_s (figures per GPU at --tensor-parallel N) and
+tokens_per_verify_step, speculative_speedup, speculative_breakeven_batch and the
+`speculative` object (--speculative-tokens K); the top-level ledger stays the plain
+decode step they are compared with.
 """
 from __future__ import annotations
 
@@ -46,13 +50,25 @@ def register(sub) -> None:
                    help="fraction of peak bandwidth/FLOP/s reached (default 1.0, the ceiling), or "
                    "'measured': every operator timed from published kernel tables (TensorRT-LLM, "
                    f"via aiconfigurator-core; {', '.join(devices_with_data())})")
+    p.add_argument("--tensor-parallel", type=count, default=1, metavar="N",
+                   help="split weights and K/V heads over N GPUs of one server (1, 2, 4, 8): "
+                   "two all-reduces per layer over the device's GPU link; figures per GPU")
+    p.add_argument("--speculative-tokens", type=count, default=0, metavar="K",
+                   help="speculative decoding: draft K tokens, verify them in one pass "
+                   "(default 0: off)")
+    p.add_argument("--acceptance", type=number, metavar="A",
+                   help="probability each drafted token is accepted (needs --speculative-tokens)")
+    p.add_argument("--draft-model", metavar="NAME",
+                   help="a draft model (catalogue name or config.json) with the target's "
+                   "vocabulary; omitted: self-drafting heads (EAGLE / MTP style)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     result = budget(args.model, args.hardware, args.batch, args.context, args.weight_dtype, args.kv_dtype,
-                    args.efficiency, args.bandwidth, args.cached)
+                    args.efficiency, args.bandwidth, args.cached, args.tensor_parallel,
+                    args.speculative_tokens, args.acceptance, args.draft_model)
     if args.json:
         print_json(result)
     else:
@@ -61,35 +77,83 @@ def run(args) -> int:
 
 
 def budget(model, hardware, batch, context, weight_dtype="fp16", kv_dtype="fp16", efficiency=1.0,
-           bandwidth=None, cached=0) -> dict:
+           bandwidth=None, cached=0, tensor_parallel=1, speculative_tokens=0, acceptance=None,
+           draft_model=None) -> dict:
     """The `kvlab budget --json` object: the decode-step ledger, memory fit, the step's
     operators, and the TTFT of one request whose prompt is `context` tokens, `cached` of
     them served by a prefix hit. In measured mode a prompt outside the prefill tables gives
-    `ttft_s: null` and says why in `notes` (the decode step itself must be inside them)."""
+    `ttft_s: null` and says why in `notes` (the decode step itself must be inside them).
+    With `speculative_tokens` K > 0 the speculation round is added (`speculative_round`)."""
     from ..cost import decode_step, memory_fit, prefill
     from ..errors import KvlabError
 
     kwargs = dict(weight_dtype=weight_dtype, kv_dtype=kv_dtype)
-    step = decode_step(model, hardware, batch, context, bandwidth_bytes_per_s=bandwidth, efficiency=efficiency, **kwargs)
-    fit = memory_fit(model, hardware, batch, context, **kwargs)
-    notes = []
+    tp = dict(tensor_parallel=tensor_parallel)
+    step = decode_step(model, hardware, batch, context, bandwidth_bytes_per_s=bandwidth,
+                       efficiency=efficiency, **kwargs, **tp)
+    fit = memory_fit(model, hardware, batch, context, **kwargs, **tp)
+    notes = list(step.notes)
     try:
         first = prefill(model, hardware, max(context, 1), cached_tokens=cached, efficiency=efficiency,
-                        bandwidth_bytes_per_s=bandwidth, **kwargs).to_dict()
+                        bandwidth_bytes_per_s=bandwidth, **kwargs, **tp).to_dict()
     except KvlabError as exc:
         if efficiency != "measured":
             raise
         notes.append(f"TTFT not measured: {exc}")
-        first = prefill(model, hardware, max(context, 1), cached_tokens=cached, **kwargs).to_dict()
+        first = prefill(model, hardware, max(context, 1), cached_tokens=cached, **kwargs,
+                        **tp).to_dict()
         first["ttft_s"] = None
     from ..ledger_rows import operator_table
 
     operators = operator_table(model, hardware, batch, context, efficiency=efficiency,
-                               bandwidth_bytes_per_s=bandwidth, **kwargs)
+                               bandwidth_bytes_per_s=bandwidth, **kwargs, **tp)
+    settings = dict(bandwidth_bytes_per_s=bandwidth, efficiency=efficiency, **kwargs, **tp)
+    spec = speculative_round(model, hardware, batch, context, speculative_tokens, acceptance,
+                             draft_model, settings)
+    notes += [note for note in spec.pop("notes") if note not in notes]
     return {**step.to_dict(), "max_context": fit.to_dict()["max_context"],
             "cached_tokens": first["cached_tokens"], "ttft_s": first["ttft_s"],
             "prefill_flops": first["flops"], "prefill_bound": first["bound"],
-            "operators": operators, "notes": notes}
+            "operators": operators, **spec, "notes": notes}
+
+
+def speculative_round(model, hardware, batch, context, speculative_tokens, acceptance,
+                      draft_model, settings: dict) -> dict:
+    """The speculation keys of the JSON: `tokens_per_verify_step` and `speculative_speedup`
+    (1 without speculation), `speculative_breakeven_batch` (the batch where the speedup
+    falls to 1; null when it pays at every batch), and `speculative` (the round's ledger
+    with the verify pass's operators; null without speculation)."""
+    from ..errors import KvlabError
+    from ..speculative import breakeven_batch, speculative_step
+
+    k = speculative_tokens
+    if not k:
+        if acceptance is not None or draft_model is not None:
+            raise KvlabError("--acceptance and --draft-model need --speculative-tokens K (K >= 1)")
+        return {"tokens_per_verify_step": 1.0, "speculative_speedup": 1.0,
+                "speculative_breakeven_batch": None, "speculative": None, "notes": []}
+    if acceptance is None:
+        raise KvlabError("--speculative-tokens needs --acceptance A: the probability that a "
+                         "drafted token is accepted (e.g. 0.7)")
+    s = speculative_step(model, hardware, batch, context, k, acceptance, draft_model, **settings)
+    from ..ledger_rows import operator_table
+
+    rows = {key: settings[key] for key in ("weight_dtype", "kv_dtype", "efficiency",
+                                            "bandwidth_bytes_per_s", "tensor_parallel")}
+    out = s.to_dict()
+    out["operators"] = operator_table(model, hardware, batch, context, **rows,
+                                      speculative_tokens=s.speculative_tokens)
+    knee = breakeven_batch(model, hardware, context, k, acceptance, draft_model, **settings)
+    if knee is None:
+        where = "speculation pays at every batch up to the measured tables' edge" \
+            if settings["efficiency"] == "measured" else "speculation pays at every batch"
+    else:
+        where = f"speculation stops paying at batch {knee:,} (speedup <= 1)"
+    fit = "" if knee is None or knee <= s.max_batch else \
+        f", beyond the {s.max_batch:,} sequences that fit"
+    return {"tokens_per_verify_step": s.tokens_per_verify_step,
+            "speculative_speedup": s.speculative_speedup, "speculative_breakeven_batch": knee,
+            "speculative": out, "notes": list(s.notes) + [where + fit]}
 
 
 def render(r: dict) -> str:
@@ -130,13 +194,44 @@ def render(r: dict) -> str:
         f"memory               {si(r['memory_needed_bytes'], 'B'):>10}  of {si(r['capacity_bytes'], 'B')}: {fit};"
         f" max batch at this context {int(r['max_batch']):,}, max context at this batch {max_ctx}",
     ]
+    if r["tensor_parallel"] > 1:
+        latency = r["allreduce_latency_s"]
+        lines.append(f"tensor parallel      {r['tensor_parallel']:>5} GPUs  all-reduces take"
+                     f" {seconds(r['allreduce_time_s'])} of the step ({seconds(latency)} latency,"
+                     f" {seconds(r['allreduce_time_s'] - latency)} moving data)")
     if r["operators"]:
         lines += ["", _operators(r["operators"], measured)]
+    if r["speculative"]:
+        lines += ["", _speculative(r["speculative"], r["speculative_breakeven_batch"]), "",
+                  _operators(r["speculative"]["operators"], measured, "verify pass")]
     lines += [f"note: {note}" for note in r["notes"]]
     return "\n".join(lines)
 
 
-def _operators(rows: list[dict], measured: bool) -> str:
+def _speculative(s: dict, knee) -> str:
+    """One speculation round against the plain decode step."""
+    from ..fmt import rate, seconds, si
+
+    k, draft = s["speculative_tokens"], s["draft_model"] or "self-drafting heads"
+    return "\n".join([
+        f"speculative decoding {k} drafted tokens, acceptance {s['acceptance']:g}:"
+        f" {s['tokens_per_verify_step']:.3g} tokens per verify pass",
+        f"  verify pass        {seconds(s['verify_step_time_s']):>10}  {s['verify_bound']}-bound,"
+        f" {si(s['verify_step_bytes'], 'B')} moved, {k + 1} positions per sequence",
+        f"  drafting           {seconds(s['draft_time_s']):>10}  {k} x"
+        f" {seconds(s['draft_step_time_s'])} ({draft})",
+        f"  per token          {seconds(s['time_per_token_s']):>10}  {rate(s['tokens_per_s'])}"
+        f" tokens/s in aggregate, {rate(s['tokens_per_s_per_sequence'])} per sequence:"
+        f" {s['speculative_speedup']:.2f}x plain decode",
+        f"  break-even batch   {'none' if knee is None else f'{knee:,}':>10}  where the speedup"
+        " falls to 1",
+        f"  memory             {si(s['memory_needed_bytes'], 'B'):>10}  with the draft and the"
+        f" drafted tokens' KV: {'fits' if s['fits'] else 'does NOT fit'}; max batch"
+        f" {int(s['max_batch']):,}",
+    ])
+
+
+def _operators(rows: list[dict], measured: bool, what: str = "step") -> str:
     """The per-operator breakdown: launches, bytes, FLOPs, ceiling (and measured) time."""
     from ..fmt import seconds, si
     from .args import table
@@ -150,4 +245,4 @@ def _operators(rows: list[dict], measured: bool) -> str:
         if measured:
             cells += [seconds(row["measured_s"]), row["how"].split(":", 1)[0]]
         body.append(cells)
-    return "operators of one step (all layers)\n" + table(body, header)
+    return f"operators of one {what} (all layers)\n" + table(body, header)

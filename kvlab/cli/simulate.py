@@ -2,9 +2,13 @@
 
 JSON contract (always present): ttft_p50_s, ttft_p90_s, tpot_p50_s, itl_p99_s,
 throughput_tokens_per_s, requests_completed, prefix_hit_ratio; plus the other
-percentiles, SLO attainment and goodput, bytes moved per link, move time exposed on the
-critical path vs hidden behind compute, rejected requests, and the resolved config.
+percentiles, SLO attainment and goodput, preemptions and swapped bytes, bytes moved per
+link, move time exposed on the critical path vs hidden behind compute, rejected requests
+(too large, or rejected early), and the resolved config. The flags are SimConfig's fields
+(kvlab/sim/config.py holds every default and help text). Identical runs print identical
+JSON; `--timing` adds the run's wall time.
 """
+
 from __future__ import annotations
 
 import sys
@@ -13,71 +17,117 @@ from .args import count, number, print_json
 
 
 def register(sub) -> None:
-    from ..sim.config import ARCHS, CACHE_POLICIES, DECODE_ROUTERS, PREFILL_ROUTERS, PREFIX_CACHES
+    from ..sim.config import SimConfig
 
     p = sub.add_parser(
         "simulate",
         help="replay a trace on a colocated, disaggregated or KV-centric cluster (discrete-event)",
-        description="Replay a request trace on a simulated GPU cluster whose step times come from the "
-        "ledger, and report TTFT / TPOT / ITL percentiles, throughput, SLO attainment, prefix hits and the "
-        "bytes each link moved (on the critical path or hidden behind compute). Colocated uses "
-        "prefill-workers + decode-workers GPUs that do both.",
+        description="Replay a request trace on a simulated GPU cluster whose step times come from "
+        "the ledger, and report TTFT / TPOT / ITL percentiles, throughput, SLO attainment and "
+        "goodput, prefix hits, preemptions and the bytes each link moved (on the critical path or "
+        "hidden behind compute). "
+        "Colocated uses prefill-workers + decode-workers GPUs that do both.",
     )
-    p.add_argument("trace", metavar="TRACE",
-                   help="a known trace (conversation, synthetic), generated[:PRESET][:SEED], or a .jsonl path")
-    p.add_argument("--arch", required=True, choices=ARCHS, help="cluster architecture")
-    p.add_argument("--prefill-workers", type=int, default=2, metavar="N", help="prefill GPUs (default 2)")
-    p.add_argument("--decode-workers", type=int, default=2, metavar="N", help="decode GPUs (default 2)")
-    p.add_argument("--model", default="llama-3.1-8b", help="catalogue name or config.json path (default llama-3.1-8b)")
-    p.add_argument("--hardware", default="h100-sxm", help="GPU of every worker (default h100-sxm)")
-    p.add_argument("--link", default="ib-200g", help="network between nodes, one NIC per GPU (default ib-200g)")
-    p.add_argument("--host-link", default="pcie5-x16", help="host DRAM <-> GPU link (default pcie5-x16)")
-    p.add_argument("--weight-dtype", default="fp16", help="weight dtype (default fp16)")
-    p.add_argument("--kv-dtype", default="fp16", help="KV cache dtype (default fp16)")
-    p.add_argument("--efficiency", type=number, default=1.0, help="share of peak FLOP/s and HBM bandwidth (default 1)")
-    p.add_argument("--pool-bytes", type=number, default=500e9, metavar="BYTES",
-                   help="host DRAM per prefill node for prefix KV, e.g. 5e11 (default 500 GB)")
-    p.add_argument("--prefix-cache", choices=PREFIX_CACHES, help="override the architecture's prefix cache")
-    p.add_argument("--cache-policy", choices=CACHE_POLICIES, default="lru", help="eviction policy (default lru)")
-    p.add_argument("--prefill-router", choices=PREFILL_ROUTERS, help="override the prefill router")
-    p.add_argument("--decode-router", choices=DECODE_ROUTERS, help="override the decode router")
-    ov = p.add_mutually_exclusive_group()
-    ov.add_argument("--overlap", dest="overlap", action="store_true", default=None,
-                    help="stream KV moves layer by layer during the prefill (kv-centric default)")
-    ov.add_argument("--no-overlap", dest="overlap", action="store_false", help="move KV before/after the prefill")
-    p.add_argument("--remote-kv", action="store_true",
-                   help="leave the KV remote during decode, read over the link every step (the disaster)")
-    p.add_argument("--chunk-tokens", type=count, default=8192,
-                   help="colocated: prompt tokens per prefill iteration, 0 = whole prompt (default 8192)")
-    p.add_argument("--max-batch", type=int, default=256, help="sequences per decode GPU (default 256)")
-    p.add_argument("--jitter", type=number, default=0.0, metavar="CV",
-                   help="random spread (coefficient of variation) of every step's time (default 0)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random streams (default 0)")
-    p.add_argument("--start", type=number, default=0.0, metavar="S", help="slice: seconds into the trace (default 0)")
-    p.add_argument("--duration", type=number, metavar="S", help="slice: seconds of arrivals to replay (default all)")
-    p.add_argument("--limit", type=int, metavar="N", help="slice: at most N requests")
-    p.add_argument("--ttft-slo", type=number, default=30.0, metavar="S", help="TTFT limit in seconds (default 30)")
-    p.add_argument("--tbt-slo", type=number, default=0.1, metavar="S",
-                   help="time-between-tokens limit in seconds (default 0.1; Mooncake used 0.1/0.2/0.3)")
-    p.add_argument("--tbt-stat", choices=("mean", "p90", "p99", "max"), default="p90",
-                   help="which of a request's token gaps must meet the TBT limit (default p90; mean = TPOT)")
-    p.add_argument("--records", metavar="PATH", help="also write per-request records (.csv or .jsonl)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "trace",
+        metavar="TRACE",
+        help="a known trace (conversation, synthetic), generated[:PRESET][:SEED], "
+        "poisson:rate=R,prompt=P,output=O[,requests=N][,seed=S] (P, O: a number of tokens or "
+        "lognormal(mean,sigma), exponential(mean), normal(mean,std), uniform(low,high)), or a "
+        ".jsonl path",
+    )
+    add_config_flags(p, SimConfig)
+    p.add_argument(
+        "--start",
+        type=number,
+        default=0.0,
+        metavar="S",
+        help="slice: seconds into the trace (default 0)",
+    )
+    p.add_argument(
+        "--duration",
+        type=number,
+        metavar="S",
+        help="slice: seconds of arrivals to replay (default all)",
+    )
+    p.add_argument("--limit", type=count, metavar="N", help="slice: at most N requests")
+    p.add_argument(
+        "--records", metavar="PATH", help="also write per-request records (.csv or .jsonl)"
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object (the same bytes for the same run)",
+    )
+    p.add_argument(
+        "--timing", action="store_true", help="with --json, add the run's wall time (wall_s)"
+    )
     p.set_defaults(func=run)
 
 
+_KINDS = {"count": count, "number": number}
+
+
+def _default_text(value) -> str:
+    if isinstance(value, bool) or value is None:
+        return ""
+    return f" (default {value:g})" if isinstance(value, float) else f" (default {value})"
+
+
+def add_config_flags(parser, config_class) -> None:
+    """One flag per field of `config_class`, from the field's metadata (help, flag, kind,
+    choices, metavar, required). Unset flags stay out of the namespace, so the dataclass's
+    defaults are the only defaults."""
+    import argparse
+    import dataclasses
+
+    for f in dataclasses.fields(config_class):
+        meta = f.metadata
+        flag = meta.get("flag", "--" + f.name.replace("_", "-"))
+        kind = meta.get("kind")
+        if kind == "flag":
+            parser.add_argument(
+                flag, dest=f.name, action="store_true", default=argparse.SUPPRESS, help=meta["help"]
+            )
+            continue
+        if kind == "tristate":
+            group = parser.add_mutually_exclusive_group()
+            group.add_argument(
+                flag, dest=f.name, action="store_true", default=argparse.SUPPRESS, help=meta["help"]
+            )
+            group.add_argument(
+                "--no-" + flag[2:],
+                dest=f.name,
+                action="store_false",
+                default=argparse.SUPPRESS,
+                help=f"the opposite of {flag}",
+            )
+            continue
+        kwargs = {
+            "dest": f.name,
+            "default": argparse.SUPPRESS,
+            "metavar": meta.get("metavar"),
+            "help": meta["help"] + ("" if meta.get("required") else _default_text(f.default)),
+        }
+        if "choices" in meta:
+            kwargs["choices"] = meta["choices"]
+            kwargs.pop("metavar")
+        if kind:
+            kwargs["type"] = _KINDS[kind]
+        if meta.get("required"):
+            kwargs["required"] = True
+        parser.add_argument(flag, **kwargs)
+
+
 def run(args) -> int:
+    import dataclasses
+
     from ..sim import SimConfig, simulate, trace_slice
 
-    config = SimConfig(
-        arch=args.arch, model=args.model, hardware=args.hardware, weight_dtype=args.weight_dtype,
-        kv_dtype=args.kv_dtype, efficiency=args.efficiency, prefill_workers=args.prefill_workers,
-        decode_workers=args.decode_workers, link=args.link, host_link=args.host_link,
-        pool_bytes_per_node=args.pool_bytes, prefix_cache=args.prefix_cache, cache_policy=args.cache_policy,
-        prefill_router=args.prefill_router, decode_router=args.decode_router, overlap=args.overlap,
-        remote_kv=args.remote_kv, chunk_tokens=int(args.chunk_tokens), max_batch=args.max_batch,
-        step_jitter=args.jitter, seed=args.seed,
-    )
+    names = [f.name for f in dataclasses.fields(SimConfig)]
+    config = SimConfig(**{name: getattr(args, name) for name in names if hasattr(args, name)})
+    if args.records:
+        check_records_path(args.records)
     trace = trace_slice(args.trace, args.start, args.duration, args.limit)
     progress = _progress if sys.stderr.isatty() and len(trace) > 2000 else None
     result = simulate(trace, config, progress=progress)
@@ -85,11 +135,13 @@ def run(args) -> int:
         sys.stderr.write("\n")
     if args.records:
         write_records(result, args.records)
-    out = result.to_dict(args.ttft_slo, args.tbt_slo, args.tbt_stat)
+    out = result.to_dict()
     if args.json:
+        if args.timing:
+            out["wall_s"] = result.wall_s
         print_json(out)
     else:
-        print(render(out))
+        print(render(out, result.wall_s))
     return 0
 
 
@@ -98,12 +150,9 @@ def _progress(done: int, total: int) -> None:
     sys.stderr.flush()
 
 
-def write_records(result, path: str) -> None:
-    """Per-request records to .csv or .jsonl, atomically (a temp file renamed into place)."""
-    import csv
-    import json
+def check_records_path(path: str):
+    """Refuse a records path that cannot be written before a long run, not after it."""
     import os
-    import tempfile
     from pathlib import Path
 
     from ..errors import KvlabError
@@ -111,11 +160,47 @@ def write_records(result, path: str) -> None:
     target = Path(path)
     if target.suffix not in (".csv", ".jsonl"):
         raise KvlabError(f"--records {path!r}: name a .csv or .jsonl file")
-    if not target.parent.is_dir():
-        raise KvlabError(f"--records {path!r}: folder {str(target.parent)!r} does not exist")
-    rows = result.records_table()
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    if target.is_dir():
+        raise KvlabError(f"--records {path!r} is a folder; name a .csv or .jsonl file inside it")
     try:
+        parent_is_dir = target.parent.is_dir()
+    except OSError as exc:
+        raise KvlabError(f"--records {path!r}: {exc.strerror or exc}") from None
+    if not parent_is_dir:
+        raise KvlabError(f"--records {path!r}: folder {str(target.parent)!r} does not exist")
+    if not os.access(target.parent, os.W_OK | os.X_OK):
+        raise KvlabError(f"--records {path!r}: folder {str(target.parent)!r} is not writable")
+    return target
+
+
+def _file_mode() -> int:
+    """The mode a new file gets from open(): 0666 less the umask (0644 with the usual 022)."""
+    import os
+
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def write_records(result, path: str) -> None:
+    """Per-request records to .csv or .jsonl, atomically (a temp file renamed into place)."""
+    import csv
+    import json
+    import os
+    import tempfile
+
+    from ..errors import KvlabError
+
+    target = check_records_path(path)
+    rows = result.records_table()
+    try:
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise KvlabError(
+            f"--records {path!r}: cannot write there ({exc.strerror or exc})"
+        ) from None
+    try:
+        os.fchmod(fd, _file_mode())
         with os.fdopen(fd, "w", newline="") as handle:
             if target.suffix == ".csv":
                 writer = csv.DictWriter(handle, fieldnames=list(rows[0]) if rows else [])
@@ -125,49 +210,80 @@ def write_records(result, path: str) -> None:
                 for row in rows:
                     handle.write(json.dumps(row) + "\n")
         os.replace(tmp, target)
+    except OSError as exc:
+        os.unlink(tmp)
+        raise KvlabError(
+            f"--records {path!r}: cannot write there ({exc.strerror or exc})"
+        ) from None
     except BaseException:
         os.unlink(tmp)
         raise
 
 
-def render(r: dict) -> str:
+def render(r: dict, wall_s: float | None = None) -> str:
     """The run as a short readable report."""
-    from ..fmt import seconds, si
+    from ..fmt import seconds
 
     def s(x):
         return "-" if x is None else seconds(x)
 
     cfg = r["config"]
-    gpus = (f"{r['gpus']} GPUs doing both" if r["arch"] == "colocated"
-            else f"{r['prefill_workers']} prefill + {r['decode_workers']} decode GPUs")
+    gpus = (
+        f"{r['gpus']} GPUs doing both"
+        if r["arch"] == "colocated"
+        else f"{r['prefill_workers']} prefill + {r['decode_workers']} decode GPUs"
+    )
+    budget = f"{cfg['chunk_tokens']:,}-token budget" if cfg["chunk_tokens"] else "no token budget"
     lines = [
         f"kvlab simulate: {r['trace']} on {r['arch']} ({gpus}, {r['hardware']}, {r['model']})",
-        f"  link {r['link']}, prefix cache {r['prefix_cache']} ({cfg['prefill_router']} prefill router, "
+        f"  link {r['link']}, prefix cache {r['prefix_cache']} "
+        f"({cfg['prefill_router']} prefill router, "
         f"{cfg['decode_router']} decode router), overlap {'on' if r['overlap'] else 'off'}"
         + (", KV REMOTE during decode" if r["remote_kv"] else ""),
-        f"  requests {r['requests']:,}: {r['requests_completed']:,} done, {r['requests_rejected']:,} rejected"
-        f" (too large for a GPU), {r['tokens_generated']:,} tokens in {s(r['duration_s'])}",
+        f"  {cfg['scheduler']} scheduler ({budget}), {cfg['preemption']} on preemption"
+        + (", early rejection" if cfg["early_reject"] else ""),
+        f"  requests {r['requests']:,}: {r['requests_completed']:,} done, "
+        f"{r['requests_rejected_too_large']:,} rejected as too large for a GPU, "
+        f"{r['requests_rejected_early']:,} rejected early; {r['tokens_generated']:,} tokens in "
+        f"{s(r['duration_s'])}",
         "",
         "              p50        p90        p99       mean",
     ]
     for name in ("ttft", "tpot", "itl", "e2e", "queue"):
-        lines.append(f"  {name.upper():<6}" + "".join(f"{s(r.get(f'{name}_{q}_s')):>11}" for q in ("p50", "p90", "p99",
-                                                                                                  "mean")))
-    lines += [
+        lines.append(
+            f"  {name.upper():<6}"
+            + "".join(f"{s(r.get(f'{name}_{q}_s')):>11}" for q in ("p50", "p90", "p99", "mean"))
+        )
+    lines += _render_totals(r, s)
+    if r["rejected"]:
+        more = f" (and {len(r['rejected']) - 1} more)" if len(r["rejected"]) > 1 else ""
+        lines += ["", f"  rejected: {r['rejected'][0]['reason']}{more}"]
+    wall = f" in {s(wall_s)} of wall time" if wall_s is not None else ""
+    lines += ["", f"  simulated {s(r['sim_end_s'])}{wall} ({r['events']:,} events)"]
+    return "\n".join(lines)
+
+
+def _render_totals(r: dict, s) -> list[str]:
+    from ..fmt import si
+
+    lines = [
         "",
         f"  throughput        {r['throughput_tokens_per_s'] or 0:,.0f} tokens/s",
         f"  SLO (TTFT <= {s(r['ttft_slo_s'])}, {r['tbt_stat']} gap <= {s(r['tbt_slo_s'])}): "
-        f"{100 * (r['slo_attainment'] or 0):.1f}% of requests; goodput {r['goodput_tokens_per_s'] or 0:,.0f} tokens/s",
-        f"  prefix cache      {100 * r['prefix_hit_ratio']:.1f}% of prompt tokens served from cache",
+        f"{100 * (r['slo_attainment'] or 0):.1f}% of requests; goodput "
+        f"{r['goodput_requests_per_s'] or 0:,.2f} requests/s, "
+        f"{r['goodput_tokens_per_s'] or 0:,.0f} tokens/s",
+        f"  prefix cache      {100 * r['prefix_hit_ratio']:.1f}% of prompt tokens served from "
+        "cache",
+        f"  preemptions       {r['preemptions']:,} of {r['requests_preempted']:,} requests"
+        + (f", {si(r['swapped_bytes'], 'B')} swapped" if r["swapped_bytes"] else ""),
         "",
         "  moved                 bytes   on critical path   hidden behind compute",
     ]
     for purpose, v in r["network"]["by_purpose"].items():
         if v["moves"]:
-            lines.append(f"  {purpose:<19}{si(v['bytes'], 'B'):>10}   {s(v['exposed_s']):>12}   {s(v['hidden_s']):>14}"
-                         f"   ({v['link']})")
-    if r["rejected"]:
-        lines += ["", f"  rejected: {r['rejected'][0]['reason']}" + (f" (and {len(r['rejected']) - 1} more)"
-                                                                       if len(r["rejected"]) > 1 else "")]
-    lines += ["", f"  simulated {s(r['sim_end_s'])} in {s(r['wall_s'])} of wall time ({r['events']:,} events)"]
-    return "\n".join(lines)
+            lines.append(
+                f"  {purpose:<19}{si(v['bytes'], 'B'):>10}   {s(v['exposed_s']):>12}   "
+                f"{s(v['hidden_s']):>14}   ({v['link']})"
+            )
+    return lines

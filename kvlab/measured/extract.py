@@ -20,7 +20,7 @@ the one its GEMM table was collected with. Only what the catalogue models need i
   dtypes; a layout the table lacks is interpolated linearly in query heads between the
   nearest measured layouts with the same K/V heads.
 - MoE layers (routed experts, fused) over tokens; TensorRT-LLM's all-reduce by message
-  size and GPU count.
+  size (bf16 elements) and GPU count.
 - two figures derived from the GEMM table, which the measured mode uses for the kernels
   no table has (norms, activation, embedding, sampling): the latency floor of a kernel
   that does almost nothing, and the bandwidth large GEMVs reach.
@@ -309,6 +309,9 @@ def _moe(root: Path, system: str, version: str, shapes: set) -> dict:
 
 
 def _all_reduce(root: Path, system: str, version: str) -> dict:
+    """TensorRT-LLM's all-reduce by message size. The source's `message_size` counts bf16
+    elements, not bytes: its collector all-reduces a (size / 4096, 4096) tensor, and
+    aiconfigurator queries the table with tokens x hidden size."""
     rel = f"comm/{FRAMEWORK}/{version}/custom_allreduce_perf.parquet"
     df = _table(root, system, rel)
     df = df[(df["op_name"] == "all_reduce") & (df["allreduce_dtype"] == "bfloat16")]
@@ -318,7 +321,7 @@ def _all_reduce(root: Path, system: str, version: str) -> dict:
         lat = np.full(len(sizes), np.nan)
         lat[np.searchsorted(sizes, g["message_size"])] = g["latency"]
         gpus[str(int(count))] = _us(lat)
-    return {**_meta(df, system, rel), "dtype": "bf16", "message_bytes": [int(v) for v in sizes],
+    return {**_meta(df, system, rel), "dtype": "bf16", "message_elements": [int(v) for v in sizes],
             "gpus": gpus}
 
 

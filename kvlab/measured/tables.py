@@ -234,7 +234,8 @@ class DeviceTables:
         return Curve(t["tokens"], lat * 1e-6), f"routing {entry['distribution']}"
 
     def all_reduce(self, gpus: int) -> Curve:
-        """Latency (s) of one bf16 all-reduce over `gpus` GPUs, by message bytes."""
+        """Latency (s) of one bf16 all-reduce over `gpus` GPUs, by message elements (a
+        decode step's message is tokens x hidden size elements, 2 bytes each)."""
         return self._cached(("all_reduce", gpus), lambda: self._all_reduce(gpus))
 
     def _all_reduce(self, gpus: int) -> Curve:
@@ -243,7 +244,7 @@ class DeviceTables:
             raise KvlabError(f"no measured all-reduce over {gpus} GPUs on {self.device} "
                              f"(have {', '.join(sorted(t['gpus']))})")
         lat = np.array([np.nan if v is None else v for v in t["gpus"][str(gpus)]])
-        return Curve(t["message_bytes"], lat * 1e-6)
+        return Curve(t["message_elements"], lat * 1e-6)
 
 
 @lru_cache(maxsize=16)

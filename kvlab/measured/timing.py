@@ -27,7 +27,7 @@ from ..dtypes import DType, parse_dtype
 from ..errors import KvlabError
 from ..hardware import Device, get_device
 from ..models import ModelSpec, expected_experts_touched, get_model
-from ..operators import ACTIVATION_BYTES, decode_operators, kv_bytes_per_token_per_gpu, layer_shapes
+from ..operators import decode_operators, kv_bytes_per_token_per_gpu, layer_shapes
 from .tables import DTYPE_KEYS, Curve, load
 
 #: Operators timed from the tables, and how each small kernel is timed.
@@ -155,10 +155,10 @@ class Kernels:
                                     ok, SMALL_KERNELS, "any size"))
         if self.all_reduce is not None:
             calls = 2 * self.model.num_layers
-            t, ok = self.all_reduce(tokens * self.model.hidden_size * ACTIVATION_BYTES)
+            t, ok = self.all_reduce(tokens * self.model.hidden_size)  # bf16 elements
             out.append(OperatorTime("all_reduce", "allreduce", calls, calls * t, 0.0 * t, ok,
                                     f"all-reduce over {self.tp} GPUs",
-                                    _range(self.all_reduce, "message bytes")))
+                                    _range(self.all_reduce, "message elements")))
         return out
 
     @property
@@ -173,24 +173,50 @@ class Kernels:
             ok = ok & np.asarray(op.in_range)
         return StepTime(total, self.overhead_s, ok, tuple(ops), self.source)
 
+    def allreduce_s(self, tokens) -> tuple:
+        """(total, latency part) of a step's all-reduces over `tokens` rows: the table's
+        time at each message, and the table's time for its smallest message (the fixed cost
+        of a collective) times the calls; (0, 0) at tp = 1."""
+        if self.all_reduce is None:
+            return 0.0, 0.0
+        calls = 2 * self.model.num_layers
+        t, _ = self.all_reduce(np.asarray(tokens, float) * self.model.hidden_size)  # elements
+        return calls * t, calls * float(self.all_reduce.y[0])
+
     # --------------------------------------------------------------------- the steps
-    def decode(self, batch, context) -> StepTime:
+    def _ceiling_attention(self, b, ctx, q):
+        """One layer's attention ceiling with q queries per sequence against ctx tokens."""
+        return np.maximum(b * (ctx + q) * self.kv_tok_layer / self.bandwidth,
+                          b * (q * ctx + q * (q - 1) / 2) * self.attn_flops_layer / self.peak)
+
+    def decode(self, batch, context, queries=1) -> StepTime:
         """One decode step of `batch` sequences with `context` tokens of KV each (arrays
-        broadcast; a batch of unequal contexts: pass their mean, which keeps the KV bytes)."""
+        broadcast; a batch of unequal contexts: pass their mean, which keeps the KV bytes).
+
+        `queries` > 1 is a speculative verify step: GEMMs, MoE and the small kernels run
+        at batch x queries rows. The generation-attention tables hold one query per
+        sequence; with q queries the kernel still reads each sequence's KV once, so it is
+        timed as the one-query measurement scaled by the ratio of the two ceilings (the
+        kernel keeps the fraction of its roofline the table shows), never below its own."""
         b = np.asarray(batch, dtype=float)
         ctx = np.asarray(self.model.effective_context(np.asarray(context, float)), float)
         grid, how = self.tables.attention("generation", *self.layout)
         t, ok = grid(b, ctx)
         layers = self.model.num_layers
-        ceiling = np.maximum(b * (ctx + 1) * self.kv_tok_layer / self.bandwidth,
-                             b * ctx * self.attn_flops_layer / self.peak)
+        ceiling = self._ceiling_attention(b, ctx, 1.0)
+        rows = b
+        if not (np.ndim(queries) == 0 and queries == 1):
+            q = np.asarray(queries, dtype=float)
+            scaled = self._ceiling_attention(b, ctx, q)
+            t, ceiling, rows = t * scaled / ceiling, scaled, b * q
+            how += f"; {np.max(q):g} queries per sequence: one-query time x ceiling ratio"
         attention = _timed(
             "attention", "attention", layers, t, ceiling, ok,
             f"generation attention {self.layout_label}: {how}",
             f"measured for batch {grid.x[0]:g} to {grid.x[-1]:g} and {grid.y[0]:g} to "
             f"{grid.y[-1]:g} tokens in the cache (fewer at large batch x context)")
-        ops = self._weights(b, b)
-        return self._step(ops[:1] + [attention] + ops[1:] + self._small(b))
+        ops = self._weights(rows, rows)
+        return self._step(ops[:1] + [attention] + ops[1:] + self._small(rows))
 
     def prefill(self, batch, prompt_tokens, cached_tokens=0) -> StepTime:
         """A prefill of `prompt_tokens - cached_tokens` new tokens in each of `batch`
@@ -264,29 +290,39 @@ def _plain(x):
     return x.item() if np.ndim(x) == 0 else x
 
 
-def measured_decode_fields(m, dev, wdt, kdt, batch, context, scalar: bool) -> dict:
-    """The `DecodeStep` fields measured mode replaces. A scalar point outside the tables
-    raises (naming the operators and their measured ranges); array points there are NaN."""
-    kernels_ = _kernels(m, dev, wdt, kdt, 1)
-    if scalar:  # the numpy-free path; the full one only to say what is out of range
+def measured_decode_fields(m, dev, wdt, kdt, batch, context, scalar: bool, tp: int = 1,
+                           queries=1) -> dict:
+    """The `DecodeStep` fields measured mode replaces (a verify step at `queries` > 1). A
+    scalar point outside the tables raises (naming the operators and their measured
+    ranges); array points there are NaN."""
+    kernels_ = _kernels(m, dev, wdt, kdt, tp)
+    single = type(queries) is int and queries == 1
+    extra = {}
+    if tp > 1:
+        rows = np.asarray(batch, dtype=float) * np.asarray(queries, dtype=float)
+        total, latency = kernels_.allreduce_s(rows)
+        extra = dict(allreduce_time_s=_plain(total),
+                     allreduce_latency_s=_plain(latency + 0.0 * rows))
+    if scalar and single:  # the numpy-free path; the full one only to say what is out of range
         t = kernels_.decode_step_s(batch, context)
         if t == t:
             return dict(step_time_s=t, tokens_per_s=batch / t, tokens_per_s_per_sequence=1.0 / t,
-                        efficiency_source=kernels_.source, overhead_s=kernels_.overhead_s)
-    step = kernels_.decode(batch, context)
+                        efficiency_source=kernels_.source, overhead_s=kernels_.overhead_s,
+                        **extra)
+    step = kernels_.decode(batch, context, queries)
     if scalar and not bool(step.in_range):
         raise KvlabError(f"{m.name} on {dev.name}, batch {batch}, context {context}: outside the "
                          f"measured kernel tables ({'; '.join(step.out_of_range())})")
     t = np.asarray(step.step_time_s, dtype=float)
-    b = np.asarray(batch, dtype=float)
+    b = np.asarray(batch, dtype=float) * np.asarray(queries, dtype=float)
     return dict(step_time_s=_plain(t), tokens_per_s=_plain(b / t),
-                tokens_per_s_per_sequence=_plain(1.0 / t),
-                efficiency_source=step.source, overhead_s=step.overhead_s)
+                tokens_per_s_per_sequence=_plain(np.asarray(queries, dtype=float) / t),
+                efficiency_source=step.source, overhead_s=step.overhead_s, **extra)
 
 
-def measured_prefill_time(m, dev, wdt, kdt, batch, prompt, cached) -> tuple:
+def measured_prefill_time(m, dev, wdt, kdt, batch, prompt, cached, tp: int = 1) -> tuple:
     """(time_s, source) of a measured prefill; a scalar point outside the tables raises."""
-    step = _kernels(m, dev, wdt, kdt, 1).prefill(batch, prompt, cached)
+    step = _kernels(m, dev, wdt, kdt, tp).prefill(batch, prompt, cached)
     scalar = all(np.ndim(v) == 0 for v in (batch, prompt, cached))
     if scalar and not bool(step.in_range):
         raise KvlabError(f"{m.name} on {dev.name}: a prefill of {prompt - cached} tokens x batch "

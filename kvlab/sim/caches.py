@@ -5,6 +5,7 @@ for a request about to be prefilled on node p: how many leading blocks are cache
 many of those sit in p's own DRAM (loaded over PCIe) rather than another node's (loaded
 over the network). `match_all` asks that for every node at once, for a cache-aware router.
 """
+
 from __future__ import annotations
 
 import math
@@ -35,9 +36,17 @@ class NoCache:
         return 0
 
     def stats(self) -> dict:
-        return {"kind": self.kind, "capacity_blocks": 0, "lookups": self.lookups, "lookup_blocks": self.lookup_blocks,
-                "hit_blocks": self.hit_blocks, "block_hit_ratio": 0.0, "inserted_blocks": 0, "evicted_blocks": 0,
-                "resident_blocks": 0}
+        return {
+            "kind": self.kind,
+            "capacity_blocks": 0,
+            "lookups": self.lookups,
+            "lookup_blocks": self.lookup_blocks,
+            "hit_blocks": self.hit_blocks,
+            "block_hit_ratio": 0.0,
+            "inserted_blocks": 0,
+            "evicted_blocks": 0,
+            "resident_blocks": 0,
+        }
 
 
 class LocalCaches(NoCache):
@@ -71,11 +80,17 @@ class LocalCaches(NoCache):
         return sum(len(c) for c in self.caches)
 
     def stats(self) -> dict:
-        return {"kind": self.kind, "capacity_blocks": _finite(self.capacity_blocks), "lookups": self.lookups,
-                "lookup_blocks": self.lookup_blocks, "hit_blocks": self.hit_blocks,
-                "block_hit_ratio": self.hit_blocks / self.lookup_blocks if self.lookup_blocks else 0.0,
-                "inserted_blocks": sum(c.inserted_blocks for c in self.caches),
-                "evicted_blocks": sum(c.evicted_blocks for c in self.caches), "resident_blocks": self._resident()}
+        return {
+            "kind": self.kind,
+            "capacity_blocks": _finite(self.capacity_blocks),
+            "lookups": self.lookups,
+            "lookup_blocks": self.lookup_blocks,
+            "hit_blocks": self.hit_blocks,
+            "block_hit_ratio": self.hit_blocks / self.lookup_blocks if self.lookup_blocks else 0.0,
+            "inserted_blocks": sum(c.inserted_blocks for c in self.caches),
+            "evicted_blocks": sum(c.evicted_blocks for c in self.caches),
+            "resident_blocks": self._resident(),
+        }
 
 
 class GlobalPool(LocalCaches):
@@ -95,7 +110,9 @@ class GlobalPool(LocalCaches):
 
     def _homes(self, hash_ids, k: int) -> np.ndarray:
         home = self.home
-        return np.bincount(np.fromiter((home[h] for h in hash_ids[:k]), np.int64, k), minlength=self.nodes)
+        return np.bincount(
+            np.fromiter((home[h] for h in hash_ids[:k]), np.int64, k), minlength=self.nodes
+        )
 
     def match_all(self, hash_ids):
         k = self.cache.match(hash_ids)

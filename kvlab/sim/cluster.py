@@ -15,8 +15,12 @@ proxy), so TTFT includes the KV move. With `remote_kv` nothing moves: the decode
 reads the prompt's KV over the network at every step.
 
 A request whose KV cannot fit on an empty GPU is rejected at arrival and reported, so a
-run always ends: every request ends done or rejected.
+run always ends: every request ends done or rejected. With `early_reject`, a request
+predicted to miss its SLOs is rejected at arrival too (kvlab.sim.admission), counted apart.
+KV lives in paged HBM on every decoding GPU; the newest sequence is preempted when a step
+finds no free block (kvlab.sim.engine).
 """
+
 from __future__ import annotations
 
 import math
@@ -32,12 +36,13 @@ from ..hardware import get_device
 from ..models import get_model
 from ..prompt import served_from_blocks
 from ..traces import load_trace
+from .admission import early_reject_reason, too_large_reason
 from .caches import make_caches
 from .config import SimConfig
-from .costs import ledger_cost, pipeline_time_s
+from .costs import make_cost, pipeline_time_s
 from .links import Link, Network
 from .loop import EventLoop
-from .schedulers import route_decode, route_prefill
+from .routers import route_decode, route_prefill
 from .workers import ColocatedWorker, DecodeWorker, PrefillWorker
 from .workload import DONE, REJECTED, SimRequest
 
@@ -57,8 +62,7 @@ class Simulation:
         self.trace = load_trace(self.trace)
         model, device = get_model(c.model), get_device(c.hardware)
         self.model = model
-        self.cost = self._cost or ledger_cost(c.model, c.hardware, c.weight_dtype, c.kv_dtype, c.efficiency,
-                                              c.link if c.remote_kv else None, c.link_efficiency, c.max_batch)
+        self.cost = self._cost or make_cost(c)
         self.kv_bytes_per_token = ledger.kv_bytes_per_token(model, c.kv_dtype)
         self.window = model.sliding_window or 0
         self.layers = model.num_layers
@@ -66,36 +70,66 @@ class Simulation:
         self.block_tokens = self.trace.block_tokens
         weights = ledger.weight_bytes(model, c.weight_dtype)
         self.kv_room_bytes = device.capacity_bytes * c.memory_fraction - weights
-        if self.kv_room_bytes <= 0:
-            raise KvlabError(f"{model.name} weights ({si(weights, 'B')}) do not fit in {c.memory_fraction:g} of "
-                             f"{device.name}'s {si(device.capacity_bytes, 'B')}: pick a larger GPU or smaller dtype")
-        sigma2 = math.log1p(c.step_jitter ** 2)
+        if self.kv_room_bytes < c.kv_block_tokens * self.kv_bytes_per_token:
+            raise KvlabError(
+                f"{model.name} weights ({si(weights, 'B')}) do not fit in {c.memory_fraction:g} of "
+                f"{device.name}'s {si(device.capacity_bytes, 'B')} with room for KV: pick a "
+                "larger GPU or "
+                "smaller dtype"
+            )
+        sigma2 = math.log1p(c.step_jitter**2)
         self.jitter_sigma, self.jitter_mu = math.sqrt(sigma2), -sigma2 / 2
         self.loop = EventLoop()
+        self._build_workers(c)
+        block_bytes = self.block_tokens * self.kv_bytes_per_token
+        self.caches = make_caches(
+            c.prefix_cache,
+            len(self.front),
+            math.floor(c.pool_bytes_per_node / block_bytes),
+            c.cache_policy,
+        )
+        kv = self.kv_bytes_per_token
+        held = (lambda n: min(n, self.window)) if self.window else (lambda n: n)
+        self.requests = [
+            SimRequest(i, r, kv * held(r.input_tokens)) for i, r in enumerate(self.trace.requests)
+        ]
+        self.pending: deque = deque()  # prefilled, waiting for a decode GPU with room
+        self.timeline: list = []
+        self.finished = 0
+        self.swapped_bytes = 0.0
+
+    def _build_workers(self, c) -> None:
         colocated = c.arch == "colocated"
         n_front = c.gpus if colocated else c.prefill_workers
         nodes = n_front if colocated else c.gpus
         rngs = [np.random.default_rng(s) for s in np.random.SeedSequence(c.seed).spawn(nodes)]
+        room = self.kv_room_bytes
         if colocated:
-            self.front = [ColocatedWorker(self, i, i, f"gpu-{i}", self.kv_room_bytes, c.max_batch, rngs[i],
-                                          c.chunk_tokens) for i in range(n_front)]
+            self.front = [
+                ColocatedWorker(self, i, i, f"gpu-{i}", room, c.max_batch, rngs[i])
+                for i in range(n_front)
+            ]
             self.decoders = self.front
         else:
-            self.front = [PrefillWorker(self, i, i, f"prefill-{i}", self.kv_room_bytes, rngs[i])
-                          for i in range(n_front)]
-            self.decoders = [DecodeWorker(self, j, n_front + j, f"decode-{j}", self.kv_room_bytes, c.max_batch,
-                                          rngs[n_front + j], remote=c.remote_kv) for j in range(c.decode_workers)]
-        self.network = Network(Link(c.link, c.link_efficiency), Link(c.host_link, c.link_efficiency), nodes)
-        block_bytes = self.block_tokens * self.kv_bytes_per_token
-        self.caches = make_caches(c.prefix_cache, n_front, math.floor(c.pool_bytes_per_node / block_bytes),
-                                  c.cache_policy)
-        kv = self.kv_bytes_per_token
-        held = (lambda n: min(n, self.window)) if self.window else (lambda n: n)
-        self.requests = [SimRequest(i, r, 0.0 if c.remote_kv else kv * held(r.input_tokens + r.output_tokens),
-                                    kv * held(r.input_tokens)) for i, r in enumerate(self.trace.requests)]
-        self.pending: deque = deque()  # prefilled, waiting for a decode GPU with room
-        self.timeline: list = []
-        self.finished = 0
+            self.front = [
+                PrefillWorker(self, i, i, f"prefill-{i}", room, rngs[i]) for i in range(n_front)
+            ]
+            self.decoders = [
+                DecodeWorker(
+                    self,
+                    j,
+                    n_front + j,
+                    f"decode-{j}",
+                    room,
+                    c.max_batch,
+                    rngs[n_front + j],
+                    remote=c.remote_kv,
+                )
+                for j in range(c.decode_workers)
+            ]
+        self.network = Network(
+            Link(c.link, c.link_efficiency), Link(c.host_link, c.link_efficiency), nodes
+        )
 
     # ------------------------------------------------------------------ running
     def run(self):
@@ -113,24 +147,21 @@ class Simulation:
         reqs = self.requests
         events = [(reqs[i + 1].arrival_s, self._on_arrival, (i + 1,))] if i + 1 < len(reqs) else []
         req = reqs[i]
-        reason = self._reject_reason(req)
+        reason = too_large_reason(self, req)
         if reason:
-            req.status, req.reason = REJECTED, reason
-            self._count(req)
-            return events
-        worker, req.est_s = route_prefill(self, now, req, self.front)
+            return events + self._reject(req, "too-large", reason)
+        worker, req.est_s, wait_s = route_prefill(self, now, req, self.front)
+        if self.config.early_reject:
+            reason = early_reject_reason(self, req, wait_s, req.est_s)
+            if reason:
+                return events + self._reject(req, "early", reason)
         events += worker.enqueue(now, req) or []
         return events
 
-    def _reject_reason(self, req) -> str:
-        room = self.kv_room_bytes
-        if req.transfer_bytes > room:
-            return (f"the prompt's KV ({req.input_tokens:,} tokens, {si(req.transfer_bytes, 'B')}) exceeds any GPU's "
-                    f"room for KV ({si(room, 'B')})")
-        if req.decode_bytes > room:
-            return (f"the KV of prompt + output ({req.input_tokens + req.output_tokens:,} tokens, "
-                    f"{si(req.decode_bytes, 'B')}) exceeds any GPU's room for KV ({si(room, 'B')})")
-        return ""
+    def _reject(self, req, kind: str, reason: str) -> list:
+        req.status, req.reject_kind, req.reason = REJECTED, kind, reason
+        self._count(req)
+        return []
 
     def _count(self, req) -> None:
         self.finished += 1
@@ -161,7 +192,11 @@ class Simulation:
         compute = self.cost.prefill_times_s(req.input_tokens, cached)[0]
         if self.jitter_sigma:
             compute *= float(worker.rng.lognormal(self.jitter_mu, self.jitter_sigma))
-        busy = pipeline_time_s(req.fetch_s, compute, self.layers) if self.overlap else req.fetch_s + compute
+        busy = (
+            pipeline_time_s(req.fetch_s, compute, self.layers)
+            if self.overlap
+            else req.fetch_s + compute
+        )
         self.book_fetch(req, busy - compute)
         end = now + busy
         if req.fetch_s > 0:
@@ -191,17 +226,20 @@ class Simulation:
         if new_blocks:
             stored = min(new_blocks * self.block_tokens, req.input_tokens) * self.kv_bytes_per_token
             self.network.book("cache-store", stored, self.network.host_link.time_s(stored), 0.0)
-        if worker.role == "colocated":
+        if worker.role == "colocated":  # the engine makes the token and lets it decode
             self.timeline.append((worker.name, req.prefill_start_s, now, "prefill", req.id))
             if req.fetch_s > 0:
-                self.timeline.append((worker.name, req.prefill_start_s, req.prefill_start_s + req.fetch_s, "fetch",
-                                      req.id))
-            req.first_token_s = now
+                self.timeline.append(
+                    (
+                        worker.name,
+                        req.prefill_start_s,
+                        req.prefill_start_s + req.fetch_s,
+                        "fetch",
+                        req.id,
+                    )
+                )
             req.token_worker = worker
             req.decode_worker = worker.index
-            if req.output_tokens == 1:
-                return self._finish(now, req, worker)
-            worker.incoming.append(req)  # the worker is at a step boundary and plans next
             return None
         if req.decode_worker >= 0:
             return None  # streamed during the prefill: its landing is already scheduled
@@ -210,24 +248,32 @@ class Simulation:
 
     # ------------------------------------------------------------------ KV to decode
     def _send(self, now: float, req, src_worker, target, producer_end_s=None):
-        target.accept(req)
+        events = target.accept(now, req) or []
         req.decode_worker = target.index
         req.token_worker = target
         req.dispatch_s = now
-        start, end, wire = self.network.reserve(src_worker.node, target.node, req.transfer_bytes, now,
-                                                producer_end_s, self.layers)
+        start, end, wire = self.network.reserve(
+            src_worker.node, target.node, req.transfer_bytes, now, producer_end_s, self.layers
+        )
         req.transfer_wire_s = wire
         self.timeline.append((target.name, start, end, "transfer", req.id))
-        return [(end, self._on_land, (req,))]
+        return [(end, self._on_land, (req,)), *events]
 
     def _on_land(self, now: float, req):
-        req.first_token_s = now
         req.transfer_exposed_s = now - max(req.prefill_end_s, req.dispatch_s)
-        self.network.book("kv-transfer", req.transfer_bytes, req.transfer_wire_s, req.transfer_exposed_s)
-        worker = self.decoders[req.decode_worker]
+        self.network.book(
+            "kv-transfer", req.transfer_bytes, req.transfer_wire_s, req.transfer_exposed_s
+        )
+        return self._first_token(now, req, self.decoders[req.decode_worker])
+
+    def _first_token(self, now: float, req, worker):
+        """The first token reaches the user from the decode GPU; the request decodes there."""
+        req.first_token_s = now
+        req.token_times.append(now)
+        req.produced = 1
         if req.output_tokens == 1:
-            return self._finish(now, req, worker)
-        return worker.arrive(now, req)
+            return self.finish(now, req, worker)
+        return worker.arrive(now, req) or []
 
     def _dispatch_pending(self, now: float):
         """Hand waiting prefilled requests (first come, first served) to decode GPUs with room."""
@@ -241,13 +287,9 @@ class Simulation:
             pending.popleft()
             req.decode_wait_s = now - req.prefill_end_s
             if self.config.remote_kv:  # nothing moves; the decode GPU reads the KV where it is
-                target.accept(req)
+                events += target.accept(now, req) or []
                 req.decode_worker, req.token_worker, req.dispatch_s = target.index, target, now
-                req.first_token_s = now
-                if req.output_tokens == 1:
-                    events += self._finish(now, req, target)
-                else:
-                    events += target.arrive(now, req) or []
+                events += self._first_token(now, req, target)
             else:
                 events += self._send(now, req, self.front[req.prefill_worker], target)
         return events
@@ -256,11 +298,11 @@ class Simulation:
     def decode_finished(self, now: float, worker, done):
         events = []
         for req in done:
-            self.timeline.append((worker.name, req.decode_start_s, now, "decode", req.id))
-            events += self._finish(now, req, worker)
+            events += self.finish(now, req, worker)
         return events
 
-    def _finish(self, now: float, req, worker):
+    def finish(self, now: float, req, worker):
+        """`req` made its last token: it leaves `worker`, whose room may let a waiting one in."""
         req.finish_s = now
         req.status = DONE
         worker.release(req)
@@ -269,9 +311,19 @@ class Simulation:
             return self._dispatch_pending(now)
         return []
 
+    def book_swap(self, req, nbytes: float) -> float:
+        """A preempted sequence's KV crosses the host link (out or back in); returns the bytes."""
+        req.swapped_bytes += nbytes
+        self.swapped_bytes += nbytes
+        wire = self.network.host_link.time_s(nbytes)
+        self.network.book("preempt-swap", nbytes, wire, wire)
+        return nbytes
+
     def book_remote_decode(self, history_tokens: float, network_s: float) -> None:
-        """Decode steps that read `history_tokens` of KV over the network, waiting network_s for it."""
-        self.network.book("remote-decode", history_tokens * self.kv_bytes_per_token, network_s, network_s)
+        """Decode steps that read `history_tokens` of KV over the network, waiting network_s."""
+        self.network.book(
+            "remote-decode", history_tokens * self.kv_bytes_per_token, network_s, network_s
+        )
 
 
 def simulate(trace, config: SimConfig | None = None, cost=None, progress=None, **overrides):
@@ -279,5 +331,9 @@ def simulate(trace, config: SimConfig | None = None, cost=None, progress=None, *
     config (`simulate("generated", arch="colocated", decode_workers=4)`). Returns a SimResult."""
     import dataclasses
 
-    config = dataclasses.replace(config or SimConfig(), **overrides) if overrides else (config or SimConfig())
+    config = (
+        dataclasses.replace(config or SimConfig(), **overrides)
+        if overrides
+        else (config or SimConfig())
+    )
     return Simulation(trace, config, cost, progress).run()

@@ -13,83 +13,262 @@ pool over all those nodes' host DRAM, any node's blocks usable by any other (ove
 network); the total capacity is the same, so only the sharing differs. `overlap`: KV
 moves (prefix loads, the prefill->decode transfer) stream layer by layer while the
 prefill computes, instead of before / after it.
+
+Every field carries its help text in `metadata`; `kvlab simulate` builds its flags from
+these fields (kvlab/cli/simulate.py), so a default lives here and nowhere else.
 """
+
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from .. import metrics
 from ..errors import KvlabError, check_number, unknown_name
+from ..hardware import get_device
+from .routers import DECODE_ROUTERS, PREFILL_ROUTERS
+from .schedulers import PREEMPTION_MODES, SCHEDULERS
 
 ARCHS = ("colocated", "disaggregated", "kv-centric")
 PREFIX_CACHES = ("none", "local", "global")
-PREFILL_ROUTERS = ("least-loaded", "cache-aware")
-DECODE_ROUTERS = ("least-loaded", "free-hbm")
 CACHE_POLICIES = ("lru", "lfu", "length-aware")
 
 ARCH_DEFAULTS = {
-    "colocated": dict(prefix_cache="local", prefill_router="least-loaded", decode_router="least-loaded", overlap=False),
-    "disaggregated": dict(prefix_cache="local", prefill_router="least-loaded", decode_router="least-loaded",
-                          overlap=False),
-    "kv-centric": dict(prefix_cache="global", prefill_router="cache-aware", decode_router="free-hbm", overlap=True),
+    "colocated": dict(
+        prefix_cache="local",
+        prefill_router="least-loaded",
+        decode_router="least-loaded",
+        overlap=False,
+    ),
+    "disaggregated": dict(
+        prefix_cache="local",
+        prefill_router="least-loaded",
+        decode_router="least-loaded",
+        overlap=False,
+    ),
+    "kv-centric": dict(
+        prefix_cache="global", prefill_router="cache-aware", decode_router="free-hbm", overlap=True
+    ),
 }
+
+#: The token budget of one chunked-prefill iteration that vLLM ships (`max_num_batched_tokens`
+#: when `vllm serve` is started without it; vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults,
+#: vLLM V1, Apache-2.0): 8192 on GPUs with at least 70 GiB of memory other than the A100 (H100,
+#: H200, MI300X), 2048 on the others (A100, L40S, L4, consumer cards). SGLang's default
+#: `chunked_prefill_size` is also 8192 on H100/H200-class GPUs (sglang/srt/server_args.py).
+ENGINE_CHUNK_TOKENS_LARGE_GPU = 8192
+ENGINE_CHUNK_TOKENS_OTHER_GPU = 2048
+LARGE_GPU_BYTES = 70 * 2**30
+
+
+def engine_chunk_tokens(hardware: str) -> int:
+    """vLLM's default per-iteration token budget for chunked prefill on `hardware`."""
+    device = get_device(hardware)
+    large = device.capacity_bytes >= LARGE_GPU_BYTES and "a100" not in device.name.lower()
+    return ENGINE_CHUNK_TOKENS_LARGE_GPU if large else ENGINE_CHUNK_TOKENS_OTHER_GPU
+
+
+def _f(default, help: str, **cli):  # noqa: A002 - argparse's word
+    """A config field with its command-line help (and flag details) in its metadata."""
+    return field(default=default, metadata={"help": help, **cli})
 
 
 @dataclass(frozen=True)
 class SimConfig:
     """A cluster and its policies. None fields take the architecture's default (`resolved()`)."""
 
-    arch: str = "kv-centric"
-    model: str = "llama-3.1-8b"  # catalogue name or config.json path (kvlab.models.get_model)
-    hardware: str = "h100-sxm"  # every GPU of the cluster
-    weight_dtype: str = "fp16"
-    kv_dtype: str = "fp16"
-    efficiency: float = 1.0  # share of peak FLOP/s and HBM bandwidth reached (the ledger's ceiling at 1)
-    prefill_workers: int = 2  # colocated: prefill_workers + decode_workers GPUs doing both
-    decode_workers: int = 2
-    link: str = "ib-200g"  # network tier between nodes, one NIC per GPU (kvlab.hardware tiers)
-    host_link: str = "pcie5-x16"  # host DRAM <-> GPU inside a node
-    link_efficiency: float = 1.0  # share of the links' peak reached
-    pool_bytes_per_node: float = 500e9  # host DRAM each prefill-capable node gives to prefix KV
-    prefix_cache: str | None = None  # none | local | global
-    cache_policy: str = "lru"  # eviction policy of the prefix caches (kvlab.prefix)
-    prefill_router: str | None = None  # least-loaded | cache-aware
-    decode_router: str | None = None  # least-loaded | free-hbm
-    overlap: bool | None = None  # layer-wise overlap of KV moves with prefill compute
-    remote_kv: bool = False  # decode reads the KV over `link` every step instead of moving it once
-    chunk_tokens: int = 8192  # colocated: prompt tokens one iteration prefills (0 = whole prompt at once)
-    max_batch: int = 256  # sequences a GPU decodes at once (vLLM's max_num_seqs)
-    memory_fraction: float = 0.9  # share of HBM for weights + KV (vLLM's gpu_memory_utilization)
-    step_jitter: float = 0.0  # coefficient of variation of every GPU step's time (0 = exact ledger times)
-    seed: int = 0
+    arch: str = _f("kv-centric", "cluster architecture", choices=ARCHS, required=True)
+    model: str = _f("llama-3.1-8b", "catalogue name or config.json path", metavar="NAME")
+    hardware: str = _f("h100-sxm", "GPU of every worker", metavar="NAME")
+    weight_dtype: str = _f("fp16", "weight dtype", metavar="DTYPE")
+    kv_dtype: str = _f("fp16", "KV cache dtype", metavar="DTYPE")
+    efficiency: float = _f(
+        1.0,
+        "share of peak FLOP/s and HBM bandwidth reached (1 = the ledger's ceiling)",
+        kind="number",
+        metavar="F",
+    )
+    prefill_workers: int = _f(
+        2,
+        "prefill GPUs (colocated: prefill + decode workers GPUs doing both)",
+        kind="count",
+        metavar="N",
+    )
+    decode_workers: int = _f(2, "decode GPUs", kind="count", metavar="N")
+    link: str = _f(
+        "ib-200g", "network between nodes, one NIC per GPU (a kvlab.hardware tier)", metavar="TIER"
+    )
+    host_link: str = _f(
+        "pcie5-x16", "host DRAM <-> GPU link inside a node (prefix loads, swaps)", metavar="TIER"
+    )
+    link_efficiency: float = _f(1.0, "share of the links' peak reached", kind="number", metavar="F")
+    pool_bytes_per_node: float = _f(
+        500e9,
+        "host DRAM each prefill-capable node gives to prefix KV, e.g. 5e11",
+        kind="number",
+        flag="--pool-bytes",
+        metavar="BYTES",
+    )
+    prefix_cache: str | None = _f(
+        None, "prefix cache (default: the architecture's)", choices=PREFIX_CACHES
+    )
+    cache_policy: str = _f("lru", "eviction policy of the prefix caches", choices=CACHE_POLICIES)
+    prefill_router: str | None = _f(
+        None, "prefill router (default: the architecture's)", choices=tuple(PREFILL_ROUTERS)
+    )
+    decode_router: str | None = _f(
+        None, "decode router (default: the architecture's)", choices=tuple(DECODE_ROUTERS)
+    )
+    overlap: bool | None = _f(
+        None,
+        "stream KV moves layer by layer during the prefill (kv-centric default)",
+        kind="tristate",
+    )
+    remote_kv: bool = _f(
+        False,
+        "leave the KV remote during decode, read over the link every step (the disaster)",
+        kind="flag",
+    )
+    scheduler: str = _f(
+        "chunked",
+        "what each GPU runs per iteration: prefill-first (vLLM v0: a prompt runs "
+        "alone, decodes wait), chunked (vLLM v1 / Sarathi: decodes plus prompt chunks up to "
+        "the token budget), decode-first (TGI-like: prompts wait up to --max-waiting-steps)",
+        choices=tuple(SCHEDULERS),
+    )
+    chunk_tokens: int | None = _f(
+        None,
+        "token budget of one iteration, decode tokens included (vLLM's "
+        "max_num_batched_tokens); 0 = no limit; default: vLLM's for the GPU (8192 on "
+        ">= 70 GiB GPUs but the A100, else 2048) with chunked, 0 otherwise",
+        kind="count",
+        metavar="TOKENS",
+    )
+    max_batch: int = _f(
+        256, "sequences a GPU holds at once (vLLM's max_num_seqs)", kind="count", metavar="N"
+    )
+    memory_fraction: float = _f(
+        0.9,
+        "share of HBM for weights + KV (vLLM's gpu_memory_utilization)",
+        kind="number",
+        metavar="F",
+    )
+    kv_block_tokens: int = _f(
+        16, "tokens per KV block in HBM (vLLM's block_size)", kind="count", metavar="TOKENS"
+    )
+    preemption: str = _f(
+        "recompute",
+        "what a GPU does with the newest sequence when a step finds no free KV "
+        "block: recompute it later, or swap its KV to host memory over the host link",
+        choices=PREEMPTION_MODES,
+    )
+    max_waiting_steps: int = _f(
+        20,
+        "decode-first: decode steps a waiting prompt lets pass before it runs "
+        "(TGI's max_waiting_tokens)",
+        kind="count",
+        metavar="N",
+    )
+    early_reject: bool = _f(
+        False,
+        "reject at arrival a request whose predicted TTFT or TBT misses its SLO "
+        "given the current queues (Mooncake)",
+        kind="flag",
+    )
+    ttft_slo_s: float = _f(
+        metrics.DEFAULT_TTFT_SLO_S,
+        "TTFT limit in seconds",
+        kind="number",
+        flag="--ttft-slo",
+        metavar="S",
+    )
+    tbt_slo_s: float = _f(
+        metrics.DEFAULT_TBT_SLO_S,
+        "time-between-tokens limit in seconds (Mooncake used 0.1/0.2/0.3)",
+        kind="number",
+        flag="--tbt-slo",
+        metavar="S",
+    )
+    tbt_stat: str = _f(
+        metrics.DEFAULT_TBT_STAT,
+        "which of a request's token gaps must meet the TBT limit (mean = TPOT)",
+        choices=metrics.TBT_STATS,
+    )
+    step_jitter: float = _f(
+        0.0,
+        "coefficient of variation of every GPU step's time (0 = exact ledger times)",
+        kind="number",
+        flag="--jitter",
+        metavar="CV",
+    )
+    seed: int = _f(0, "seed of the random streams", kind="count")
 
     def __post_init__(self):
         if self.arch not in ARCHS:
             raise unknown_name("architecture", self.arch, ARCHS)
-        for name, valid in (("prefix_cache", PREFIX_CACHES), ("prefill_router", PREFILL_ROUTERS),
-                            ("decode_router", DECODE_ROUTERS), ("cache_policy", CACHE_POLICIES)):
+        for name, valid in (
+            ("prefix_cache", PREFIX_CACHES),
+            ("prefill_router", PREFILL_ROUTERS),
+            ("decode_router", DECODE_ROUTERS),
+            ("cache_policy", CACHE_POLICIES),
+            ("scheduler", SCHEDULERS),
+            ("preemption", PREEMPTION_MODES),
+            ("tbt_stat", metrics.TBT_STATS),
+        ):
             value = getattr(self, name)
             if value is not None and value not in valid:
                 raise unknown_name(name.replace("_", " "), value, valid)
-        check_number("prefill_workers", self.prefill_workers, minimum=1, allow_equal_min=True, maximum=4096,
-                     integer=True)
-        check_number("decode_workers", self.decode_workers, minimum=1 if self.arch != "colocated" else 0,
-                     allow_equal_min=True, maximum=4096, integer=True)
-        check_number("efficiency", self.efficiency, maximum=1.0)
-        check_number("link_efficiency", self.link_efficiency, maximum=1.0)
-        check_number("pool_bytes_per_node", self.pool_bytes_per_node, minimum=0, allow_equal_min=True, maximum=1e15)
-        check_number("chunk_tokens", self.chunk_tokens, minimum=0, allow_equal_min=True, maximum=1e8, integer=True)
-        check_number("max_batch", self.max_batch, minimum=1, allow_equal_min=True, maximum=65536, integer=True)
-        check_number("memory_fraction", self.memory_fraction, maximum=1.0)
-        check_number("step_jitter", self.step_jitter, minimum=0, allow_equal_min=True, maximum=10)
-        check_number("seed", self.seed, minimum=0, allow_equal_min=True, maximum=2**63, integer=True)
+        self._check_numbers()
         if self.remote_kv and self.arch == "colocated":
-            raise KvlabError("remote_kv needs separate decode workers: use arch 'disaggregated' or 'kv-centric'")
+            raise KvlabError(
+                "remote_kv needs separate decode workers: use arch 'disaggregated' or 'kv-centric'"
+            )
+
+    def _check_numbers(self) -> None:
+        """Range checks; whole-number fields are stored as int (a CLI count arrives as a float)."""
+        whole = {
+            "prefill_workers": (1, 4096),
+            "decode_workers": (1 if self.arch != "colocated" else 0, 4096),
+            "max_batch": (1, 65536),
+            "kv_block_tokens": (1, 65536),
+            "max_waiting_steps": (0, 1e6),
+            "seed": (0, 2**63),
+        }
+        if self.chunk_tokens is not None:
+            whole["chunk_tokens"] = (0, 1e8)
+        for name, (low, high) in whole.items():
+            value = check_number(
+                name,
+                getattr(self, name),
+                minimum=low,
+                allow_equal_min=True,
+                maximum=high,
+                integer=True,
+            )
+            object.__setattr__(self, name, value)
+        for name in ("efficiency", "link_efficiency", "memory_fraction"):
+            check_number(name, getattr(self, name), maximum=1.0)
+        check_number(
+            "pool_bytes_per_node",
+            self.pool_bytes_per_node,
+            minimum=0,
+            allow_equal_min=True,
+            maximum=1e15,
+        )
+        check_number("step_jitter", self.step_jitter, minimum=0, allow_equal_min=True, maximum=10)
+        check_number("ttft_slo_s", self.ttft_slo_s, maximum=1e9)
+        check_number("tbt_slo_s", self.tbt_slo_s, maximum=1e9)
 
     def resolved(self) -> "SimConfig":
-        """This config with every None replaced by the architecture's default."""
-        defaults = ARCH_DEFAULTS[self.arch]
-        return dataclasses.replace(self, **{k: v for k, v in defaults.items() if getattr(self, k) is None})
+        """This config with every None replaced by the architecture's (or the engine's) default."""
+        defaults = dict(ARCH_DEFAULTS[self.arch])
+        if self.scheduler == "chunked":
+            defaults["chunk_tokens"] = engine_chunk_tokens(self.hardware)
+        else:
+            defaults["chunk_tokens"] = 0  # vLLM v0 without chunking: a prompt is never split
+        return dataclasses.replace(
+            self, **{k: v for k, v in defaults.items() if getattr(self, k) is None}
+        )
 
     @property
     def gpus(self) -> int:

@@ -5,9 +5,17 @@ The simulator asks a cost object four questions (duck-typed; see `LedgerCost`):
     decode_times_s(batch, mean_context)         one decode step per mean_context entry
     remote_decode_times_s(batch, mean_context)  the same with all KV read over the network
     prefill_times_s(prompt_tokens, cached)      (time, compute, memory) of a prefill
-    fused_time_s(batch, mean_context, prompt_tokens, cached)
-                                                one engine iteration: a prefill chunk and a
-                                                decode step run as one forward pass
+    iteration_time_s(batch, mean_context, chunks)
+                                                one engine iteration: prompt chunks
+                                                [(end token, start token), ...] and a decode
+                                                step of `batch` sequences (0: none) run as
+                                                one forward pass
+
+`make_cost(config)` builds the cost object a run uses; it is the one place that reads the
+config's cost knobs (model, GPU, dtypes, efficiency), so a step-time model measured on a
+GPU (`efficiency="measured"`, from kvlab.cost's measured mode) plugs in there: give it the
+four methods above (subclass `LedgerCost` and override the decode tables, as
+`MeasuredCost` does) and return it from `make_cost`.
 
 `LedgerCost` answers from `kvlab.cost` (and `kvlab.tiers` for remote KV) without a
 formula of its own: per batch size it evaluates the ledger at two contexts, and a step at
@@ -17,6 +25,7 @@ times are each affine in the context for a fixed batch (the tests check it again
 `decode_step` and `tiered_decode_step`). A whole run's steps then cost two numpy
 expressions per batch change instead of a ledger call per step.
 """
+
 from __future__ import annotations
 
 import functools
@@ -26,7 +35,9 @@ import numpy as np
 from .. import cost
 from ..errors import KvlabError, check_number
 from ..hardware import get_device
+from ..dtypes import parse_dtype
 from ..models import get_model
+from ..prompt import served_tokens
 
 
 def pipeline_time_s(a_s, b_s, stages: int):
@@ -46,8 +57,17 @@ class LedgerCost:
     network every step (`kvlab.tiers.tiered_decode_step`).
     """
 
-    def __init__(self, model, hardware, weight_dtype="fp16", kv_dtype="fp16", efficiency=1.0,
-                 remote_link=None, link_efficiency=1.0, max_batch=256):
+    def __init__(
+        self,
+        model,
+        hardware,
+        weight_dtype="fp16",
+        kv_dtype="fp16",
+        efficiency=1.0,
+        remote_link=None,
+        link_efficiency=1.0,
+        max_batch=256,
+    ):
         self.model = get_model(model)
         self.device = get_device(hardware)
         self.weight_dtype, self.kv_dtype = weight_dtype, kv_dtype
@@ -57,23 +77,47 @@ class LedgerCost:
         self.num_layers = self.model.num_layers
         self.kv_bytes_per_token = cost.kv_bytes_per_token(self.model, kv_dtype)
         self.weight_bytes = cost.weight_bytes(self.model, weight_dtype)
-        self._local = self._remote = None
-        self._prefill_memo: dict = {}
+        self._remote = self._terms = None
+        self._weights_memo: dict = {}  # tokens -> seconds (MoE: more experts with more tokens)
 
-    # ---------------------------------------------------------------- decode tables
-    def _tables(self):
-        """Per batch 1..max_batch: memory and compute time at mean context 1 and their
-        slope per token of mean context, and the weight-read time (for fused iterations)."""
-        if self._local is None:
-            b = np.arange(1, self.max_batch + 1)[:, None]
-            s = cost.decode_step(self.model, self.device, b, np.array([1, 2]), self.weight_dtype, self.kv_dtype,
-                                 efficiency=self.efficiency)
-            mem, comp = np.asarray(s.memory_time_s), np.asarray(s.compute_time_s)
-            bandwidth = self.device.memory_bandwidth_bytes_per_s * self.efficiency
-            weights = np.broadcast_to(cost.weight_read_bytes(self.model, b[:, 0], self.weight_dtype), b[:, 0].shape)
-            weights = weights / bandwidth  # dense models: the same for every batch
-            self._local = (mem[:, 0], mem[:, 1] - mem[:, 0], comp[:, 0], comp[:, 1] - comp[:, 0], weights)
-        return self._local
+    # ------------------------------------------------- the ledger's terms, per operator group
+    def _groups(self):
+        """Seconds per unit of the ledger's operator groups (kvlab.cost's per-operator
+        ceiling): dense weights (bytes once per pass, FLOPs per token), routed experts (bytes
+        by tokens, FLOPs per token), attention (bytes per KV token touched, FLOPs per
+        query-key pair). A pass costs the sum over groups of max(memory, compute)."""
+        if self._terms is None:
+            m, wdt = self.model, parse_dtype(self.weight_dtype)
+            p = m.params
+            bw = self.device.memory_bandwidth_bytes_per_s * self.efficiency
+            pk = self.device.peak_flops_per_s(wdt.compute) * self.efficiency
+            dense_bytes = p.streamed_dense * wdt.bytes_per_element
+            active = p.active_per_token(m.experts_per_token)
+            self._terms = dict(
+                dense_s=dense_bytes / bw, dense_per_token_s=2.0 * p.streamed_dense / pk,
+                dense_bytes=dense_bytes, bandwidth=bw,
+                experts_per_token_s=2.0 * (active - p.streamed_dense) / pk,
+                kv_s=self.kv_bytes_per_token / bw, pair_s=m.attention_flops_per_cached_token / pk,
+            )
+        return self._terms
+
+    def _experts_s(self, tokens: int) -> float:
+        """Seconds to stream the routed experts `tokens` tokens touch (0 for dense models)."""
+        if tokens not in self._weights_memo:
+            g = self._groups()
+            total = float(cost.weight_read_bytes(self.model, max(tokens, 1), self.weight_dtype))
+            self._weights_memo[tokens] = (total - g["dense_bytes"]) / g["bandwidth"]
+        return self._weights_memo[tokens]
+
+    def _weights_time_s(self, tokens: int) -> float:
+        """Seconds to stream the weights one forward pass over `tokens` tokens reads."""
+        return self._groups()["dense_s"] + self._experts_s(tokens)
+
+    def _gemm_s(self, tokens: int) -> float:
+        """The weight groups of one pass over `tokens` tokens: max(memory, compute) each."""
+        g = self._groups()
+        return (max(g["dense_s"], g["dense_per_token_s"] * tokens)
+                + max(self._experts_s(tokens), g["experts_per_token_s"] * tokens))
 
     def _remote_tables(self):
         if self._remote is None:
@@ -82,29 +126,47 @@ class LedgerCost:
             from ..tiers import tiered_decode_step
 
             b = np.arange(1, self.max_batch + 1)[:, None]
-            s = tiered_decode_step(self.model, self.device, b, np.array([1, 2]), tier=self.remote_link,
-                                   weight_dtype=self.weight_dtype, kv_dtype=self.kv_dtype,
-                                   efficiency=self.efficiency, tier_efficiency=self.link_efficiency)
-            mem = np.asarray(s.hbm_time_s) + np.asarray(s.tier_time_s)  # no overlap: attention waits for its KV
+            s = tiered_decode_step(
+                self.model,
+                self.device,
+                b,
+                np.array([1, 2]),
+                tier=self.remote_link,
+                weight_dtype=self.weight_dtype,
+                kv_dtype=self.kv_dtype,
+                efficiency=self.efficiency,
+                tier_efficiency=self.link_efficiency,
+            )
+            mem = np.asarray(s.hbm_time_s) + np.asarray(
+                s.tier_time_s
+            )  # no overlap: attention waits for its KV
             comp, tier = np.asarray(s.compute_time_s), np.asarray(s.tier_time_s)
-            self._remote = (mem[:, 0], mem[:, 1] - mem[:, 0], comp[:, 0], comp[:, 1] - comp[:, 0],
-                            tier[:, 0], tier[:, 1] - tier[:, 0])
+            self._remote = (
+                mem[:, 0],
+                mem[:, 1] - mem[:, 0],
+                comp[:, 0],
+                comp[:, 1] - comp[:, 0],
+                tier[:, 0],
+                tier[:, 1] - tier[:, 0],
+            )
         return self._remote
 
     def _check_batch(self, batch):
         if not 1 <= batch <= self.max_batch:
-            raise KvlabError(f"decode batch {batch} outside 1..{self.max_batch} (the cost model's max_batch)")
+            raise KvlabError(
+                f"decode batch {batch} outside 1..{self.max_batch} (the cost model's max_batch)"
+            )
 
     def decode_times_s(self, batch: int, mean_context) -> np.ndarray:
         """Seconds of one decode step of `batch` sequences at each mean KV history length."""
         self._check_batch(batch)
-        mem0, mem_slope, comp0, comp_slope, _ = self._tables()
-        i = batch - 1
-        m = np.asarray(mean_context, dtype=float) - 1.0
-        return np.maximum(mem0[i] + mem_slope[i] * m, comp0[i] + comp_slope[i] * m)
+        g = self._groups()
+        ctx = np.asarray(self.model.effective_context(np.asarray(mean_context, dtype=float)), dtype=float)
+        attention = np.maximum(batch * (ctx + 1.0) * g["kv_s"], batch * ctx * g["pair_s"])
+        return self._gemm_s(batch) + attention
 
     def remote_decode_times_s(self, batch: int, mean_context) -> tuple[np.ndarray, np.ndarray]:
-        """(step seconds, of which waiting on the network) with all KV history read over the link."""
+        """(step seconds, of which waiting on the network), all KV history read over the link."""
         self._check_batch(batch)
         mem0, mem_slope, comp0, comp_slope, tier0, tier_slope = self._remote_tables()
         i = batch - 1
@@ -113,34 +175,55 @@ class LedgerCost:
         return step, tier0[i] + tier_slope[i] * m
 
     # ---------------------------------------------------------------------- prefill
-    def prefill_times_s(self, prompt_tokens: int, cached_tokens):
+    def prefill_times_s(self, prompt_tokens, cached_tokens):
         """(time, compute time, memory time) of prefilling `prompt_tokens` of which
-        `cached_tokens` (scalar or array) come from a prefix cache."""
-        key = (prompt_tokens, cached_tokens) if np.ndim(cached_tokens) == 0 else None
-        if key is not None and key in self._prefill_memo:
-            return self._prefill_memo[key]
-        p = cost.prefill(self.model, self.device, prompt_tokens, cached_tokens, weight_dtype=self.weight_dtype,
-                         kv_dtype=self.kv_dtype, efficiency=self.efficiency)
-        out = (p.time_s, p.compute_time_s, p.memory_time_s)
-        if key is not None:
-            if len(self._prefill_memo) > 200_000:
-                self._prefill_memo.clear()
-            self._prefill_memo[key] = out
-        return out
+        `cached_tokens` (scalar or array) come from a prefix cache: kvlab.cost.prefill's
+        per-operator ceiling, with the last prompt token always computed."""
+        g = self._groups()
+        if not isinstance(prompt_tokens, np.ndarray) and not isinstance(cached_tokens, np.ndarray):
+            c = served_tokens(int(cached_tokens), int(prompt_tokens))
+            n = prompt_tokens - c
+            pairs = n * c + n * (n + 1) / 2
+            kv, att = g["kv_s"] * (c + n), g["pair_s"] * pairs
+            time = self._gemm_s(n) + max(kv, att)
+            compute = (g["dense_per_token_s"] + g["experts_per_token_s"]) * n + att
+            return time, compute, self._weights_time_s(n) + kv
+        p = np.asarray(prompt_tokens, dtype=float)
+        c = np.asarray(served_tokens(np.asarray(cached_tokens, dtype=float), p), dtype=float)
+        n, shape = p - c, np.broadcast(p, c).shape
+        pairs = n * c + n * (n + 1) / 2
+        kv, att = g["kv_s"] * (c + n), g["pair_s"] * pairs
+        flat = np.broadcast_to(n, shape).ravel().astype(np.int64)
+        gemm = np.array([self._gemm_s(int(t)) for t in flat]).reshape(shape)
+        weights = np.array([self._weights_time_s(int(t)) for t in flat]).reshape(shape)
+        compute = (g["dense_per_token_s"] + g["experts_per_token_s"]) * n + att
+        return gemm + np.maximum(kv, att), compute, weights + kv
 
-    def fused_time_s(self, batch: int, mean_context: float, prompt_tokens: int, cached_tokens: int) -> float:
+    def iteration_time_s(self, batch: int, mean_context: float, chunks) -> float:
+        """One forward pass over prompt chunks [(end token, start token), ...] and one decode
+        token for each of `batch` sequences: every weight group is read once for all the
+        pass's tokens; prefill attention and decode attention are kernels of their own."""
+        g = self._groups()
+        tokens, kv, att = 0, 0.0, 0.0
+        for end, start in chunks:
+            n = end - start
+            tokens += n
+            kv += g["kv_s"] * end
+            att += g["pair_s"] * (n * start + n * (n + 1) / 2)
+        time = max(kv, att) if chunks else 0.0
+        if batch:
+            self._check_batch(batch)
+            ctx = float(self.model.effective_context(float(mean_context)))
+            time += max(batch * (ctx + 1.0) * g["kv_s"], batch * ctx * g["pair_s"])
+            tokens += batch
+        return float(time + self._gemm_s(tokens)) if tokens else 0.0
+
+    def fused_time_s(
+        self, batch: int, mean_context: float, prompt_tokens: int, cached_tokens: int
+    ) -> float:
         """One iteration that prefills tokens cached_tokens..prompt_tokens of a prompt and
-        decodes one token for `batch` sequences: one forward pass, so the weights are read
-        once, the KV of both parts and the FLOPs of both add up."""
-        time_s, comp_p, mem_p = self.prefill_times_s(prompt_tokens, cached_tokens)
-        if batch == 0:
-            return float(time_s)
-        self._check_batch(batch)
-        mem0, mem_slope, comp0, comp_slope, weights = self._tables()
-        i, m = batch - 1, mean_context - 1.0
-        memory = mem_p + mem0[i] + mem_slope[i] * m - weights[i]
-        compute = comp_p + comp0[i] + comp_slope[i] * m
-        return float(max(memory, compute))
+        decodes one token for `batch` sequences (`iteration_time_s` with one chunk)."""
+        return self.iteration_time_s(batch, mean_context, [(prompt_tokens, cached_tokens)])
 
 
 class MeasuredCost(LedgerCost):
@@ -159,8 +242,11 @@ class MeasuredCost(LedgerCost):
         self.contexts = np.asarray(contexts, dtype=float)
         self.table = np.asarray(step_times_s, dtype=float)
         if self.table.shape != (self.batches.size, self.contexts.size):
-            raise KvlabError(f"step_times_s must be (batches, contexts) = {(self.batches.size, self.contexts.size)}, "
-                             f"got {self.table.shape}")
+            raise KvlabError(
+                "step_times_s must be (batches, contexts) = "
+                f"{(self.batches.size, self.contexts.size)}, "
+                f"got {self.table.shape}"
+            )
         if np.any(np.diff(self.batches) <= 0) or np.any(np.diff(self.contexts) <= 0):
             raise KvlabError("measured batches and contexts must be strictly increasing")
         check_number("measured step time (s)", self.table, maximum=3600)
@@ -170,7 +256,11 @@ class MeasuredCost(LedgerCost):
         rows = np.array([np.interp(m, self.contexts, row) for row in self.table])  # (B, steps)
         if rows.ndim == 1:
             rows = rows[:, None]
-        lo = int(np.clip(np.searchsorted(self.batches, batch, side="right") - 1, 0, self.batches.size - 1))
+        lo = int(
+            np.clip(
+                np.searchsorted(self.batches, batch, side="right") - 1, 0, self.batches.size - 1
+            )
+        )
         hi = min(lo + 1, self.batches.size - 1)
         if hi == lo or batch <= self.batches[lo]:
             out = rows[lo]
@@ -179,15 +269,34 @@ class MeasuredCost(LedgerCost):
             out = rows[lo] * (1 - min(w, 1.0)) + rows[hi] * min(w, 1.0)
         return out if np.ndim(mean_context) else out.reshape(())
 
-    def fused_time_s(self, batch: int, mean_context: float, prompt_tokens: int, cached_tokens: int) -> float:
-        time_s, _, _ = self.prefill_times_s(prompt_tokens, cached_tokens)
-        if batch == 0:
-            return float(time_s)
-        return float(time_s + float(self.decode_times_s(batch, mean_context)))
+    def iteration_time_s(self, batch: int, mean_context: float, chunks) -> float:
+        """The ledger's prefill of every chunk plus the measured decode step (no shared
+        weight read: conservative)."""
+        time_s = sum(float(self.prefill_times_s(end, start)[0]) for end, start in chunks)
+        if batch:
+            time_s += float(self.decode_times_s(batch, mean_context))
+        return float(time_s)
+
+
+def make_cost(config) -> LedgerCost:
+    """The step-time model of a (resolved) SimConfig; the seam for measured step times."""
+    return ledger_cost(
+        config.model,
+        config.hardware,
+        config.weight_dtype,
+        config.kv_dtype,
+        config.efficiency,
+        config.link if config.remote_kv else None,
+        config.link_efficiency,
+        config.max_batch,
+    )
 
 
 @functools.lru_cache(maxsize=16)
-def ledger_cost(model, hardware, weight_dtype, kv_dtype, efficiency, remote_link, link_efficiency,
-                max_batch) -> LedgerCost:
+def ledger_cost(
+    model, hardware, weight_dtype, kv_dtype, efficiency, remote_link, link_efficiency, max_batch
+) -> LedgerCost:
     """A shared LedgerCost per configuration: sweeps reuse its tables and prefill memo."""
-    return LedgerCost(model, hardware, weight_dtype, kv_dtype, efficiency, remote_link, link_efficiency, max_batch)
+    return LedgerCost(
+        model, hardware, weight_dtype, kv_dtype, efficiency, remote_link, link_efficiency, max_batch
+    )

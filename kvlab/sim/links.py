@@ -10,6 +10,7 @@ Every move is booked by purpose with its bytes and with how much of its time was
 request's critical path ("exposed") versus hidden behind compute: the "same bytes, lower
 latency" ledger of chapter 4.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -18,7 +19,15 @@ import numpy as np
 
 from ..tiers.placement import LINK_LATENCY_S, get_placement, transfer_time_s
 
-PURPOSES = ("kv-transfer", "prefix-load-local", "prefix-load-remote", "cache-store", "remote-decode")
+PURPOSES = (
+    "kv-transfer",
+    "prefix-load-local",
+    "prefix-load-remote",
+    "cache-store",
+    "remote-decode",
+    "preempt-swap",
+)
+HOST_PURPOSES = ("prefix-load-local", "cache-store", "preempt-swap")  # over the host link
 
 
 class Link:
@@ -32,7 +41,9 @@ class Link:
         self.efficiency = efficiency
         # transfer_time_s is affine in the bytes: read its intercept and slope off it once
         # (a call per move would spend more time checking arguments than simulating)
-        t0, t1 = transfer_time_s(np.array([0.0, 1e9]), self.bandwidth_bytes_per_s, efficiency, self.latency_s)
+        t0, t1 = transfer_time_s(
+            np.array([0.0, 1e9]), self.bandwidth_bytes_per_s, efficiency, self.latency_s
+        )
         self._t0, self._per_byte = float(t0), float(t1 - t0) / 1e9
 
     def time_s(self, nbytes: float) -> float:
@@ -51,12 +62,23 @@ class Network:
         self.bytes = defaultdict(float)  # purpose -> bytes
         self.moves = defaultdict(int)
         self.wire_s = defaultdict(float)  # purpose -> seconds of moving (latency + bytes/bandwidth)
-        self.exposed_s = defaultdict(float)  # purpose -> seconds of the move on a request's critical path
-        self.delay_s = defaultdict(float)  # purpose -> seconds requests waited on it (NIC queueing included)
+        self.exposed_s = defaultdict(
+            float
+        )  # purpose -> seconds of the move on a request's critical path
+        self.delay_s = defaultdict(
+            float
+        )  # purpose -> seconds requests waited on it (NIC queueing included)
         self.nic_busy_s = [0.0] * nodes
 
-    def reserve(self, src: int, dst: int, nbytes: float, ready_s: float, producer_end_s: float | None = None,
-                stages: int = 1):
+    def reserve(
+        self,
+        src: int,
+        dst: int,
+        nbytes: float,
+        ready_s: float,
+        producer_end_s: float | None = None,
+        stages: int = 1,
+    ):
         """Book a network move from node src to node dst that can start at ready_s.
 
         With `producer_end_s` the bytes stream out while a producer (a prefill) makes them,
@@ -85,7 +107,7 @@ class Network:
         self.delay_s[purpose] += max(0.0, exposed_s)
 
     def link_of(self, purpose: str) -> str:
-        return self.host_link.name if purpose in ("prefix-load-local", "cache-store") else self.link.name
+        return self.host_link.name if purpose in HOST_PURPOSES else self.link.name
 
     def summary(self) -> dict:
         """{"by_purpose": {purpose: {link, bytes, moves, wire_s, exposed_s, hidden_s, delay_s}},
@@ -94,15 +116,29 @@ class Network:
         by_purpose, by_link = {}, defaultdict(float)
         for p in PURPOSES:
             wire, exposed = self.wire_s[p], self.exposed_s[p]
-            if wire - exposed < 1e-9 * max(wire, 1.0):  # a sum of exact cancellations, not hidden time
+            if wire - exposed < 1e-9 * max(
+                wire, 1.0
+            ):  # a sum of exact cancellations, not hidden time
                 exposed = wire
-            by_purpose[p] = {"link": self.link_of(p), "bytes": self.bytes[p], "moves": self.moves[p],
-                             "wire_s": wire, "exposed_s": exposed, "hidden_s": max(0.0, wire - exposed),
-                             "delay_s": self.delay_s[p]}
+            by_purpose[p] = {
+                "link": self.link_of(p),
+                "bytes": self.bytes[p],
+                "moves": self.moves[p],
+                "wire_s": wire,
+                "exposed_s": exposed,
+                "hidden_s": max(0.0, wire - exposed),
+                "delay_s": self.delay_s[p],
+            }
             by_link[self.link_of(p)] += self.bytes[p]
         exposed = sum(v["exposed_s"] for v in by_purpose.values())
         hidden = sum(v["hidden_s"] for v in by_purpose.values())
         delay = sum(v["delay_s"] for v in by_purpose.values())
-        return {"by_purpose": by_purpose, "by_link": dict(by_link), "exposed_s": exposed, "hidden_s": hidden,
-                "delay_s": delay,
-                "network_link": self.link.name, "host_link": self.host_link.name}
+        return {
+            "by_purpose": by_purpose,
+            "by_link": dict(by_link),
+            "exposed_s": exposed,
+            "hidden_s": hidden,
+            "delay_s": delay,
+            "network_link": self.link.name,
+            "host_link": self.host_link.name,
+        }

@@ -5,6 +5,7 @@ scheduled (SimPy's tie-break) and two loops never share state. An event is a tup
 (time_s, handler, args); a handler is called as handler(now, *args) and returns an
 iterable of new events, or None.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -26,8 +27,10 @@ class EventLoop:
 
     def schedule(self, time_s: float, handler, *args) -> None:
         if not time_s >= self.now:  # also rejects NaN
-            raise SimulationError(f"event {getattr(handler, '__name__', handler)} scheduled at {time_s!r}, "
-                                  f"before now ({self.now!r})")
+            raise SimulationError(
+                f"event {getattr(handler, '__name__', handler)} scheduled at {time_s!r}, "
+                f"before now ({self.now!r})"
+            )
         heapq.heappush(self._heap, (time_s, self._seq, handler, args))
         self._seq += 1
 
@@ -51,8 +54,10 @@ class EventLoop:
             if new:
                 for t, h, a in new:
                     if not t >= time_s:
-                        raise SimulationError(f"{getattr(handler, '__name__', handler)} at {time_s!r} returned an "
-                                              f"event at {t!r}, in the past")
+                        raise SimulationError(
+                            f"{getattr(handler, '__name__', handler)} at {time_s!r} returned an "
+                            f"event at {t!r}, in the past"
+                        )
                     push(heap, (t, self._seq, h, a))
                     self._seq += 1
         return self.now

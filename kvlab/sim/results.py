@@ -1,4 +1,5 @@
 """What a simulation returns: per-request records, token timestamps, link and cache ledgers."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -11,18 +12,41 @@ from .. import metrics
 from .config import SimConfig
 from .workload import DONE, REJECTED, STATUS, UNFINISHED
 
-SIM_DTYPE = np.dtype([
-    ("request", "i8"), ("status", "i1"), ("input_tokens", "i8"), ("output_tokens", "i8"), ("cached_tokens", "i8"),
-    ("prefill_worker", "i4"), ("decode_worker", "i4"),
-    ("prefill_start_s", "f8"), ("prefill_end_s", "f8"), ("decode_start_s", "f8"),
-    ("queue_s", "f8"), ("fetch_s", "f8"), ("fetch_exposed_s", "f8"),
-    ("transfer_bytes", "f8"), ("transfer_wire_s", "f8"), ("transfer_exposed_s", "f8"), ("decode_wait_s", "f8"),
-])
+SIM_DTYPE = np.dtype(
+    [
+        ("request", "i8"),
+        ("status", "i1"),
+        ("input_tokens", "i8"),
+        ("output_tokens", "i8"),
+        ("cached_tokens", "i8"),
+        ("prefill_worker", "i4"),
+        ("decode_worker", "i4"),
+        ("prefill_start_s", "f8"),
+        ("prefill_end_s", "f8"),
+        ("decode_start_s", "f8"),
+        ("queue_s", "f8"),
+        ("fetch_s", "f8"),
+        ("fetch_exposed_s", "f8"),
+        ("transfer_bytes", "f8"),
+        ("transfer_wire_s", "f8"),
+        ("transfer_exposed_s", "f8"),
+        ("decode_wait_s", "f8"),
+        ("preemptions", "i4"),
+        ("swapped_bytes", "f8"),
+    ]
+)
 RECORD_DTYPE = np.dtype(SIM_DTYPE.descr + [d for d in metrics.REQUEST_DTYPE.descr])
 
 #: JSON keys `kvlab simulate --json` always prints (a contract, see kvlab/cli/simulate.py).
-SUMMARY_KEYS = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "itl_p99_s", "throughput_tokens_per_s",
-                "requests_completed", "prefix_hit_ratio")
+SUMMARY_KEYS = (
+    "ttft_p50_s",
+    "ttft_p90_s",
+    "tpot_p50_s",
+    "itl_p99_s",
+    "throughput_tokens_per_s",
+    "requests_completed",
+    "prefix_hit_ratio",
+)
 
 
 @dataclass(frozen=True)
@@ -40,14 +64,14 @@ class SimResult:
     cache: dict = dataclasses.field(repr=False)
     workers: tuple = dataclasses.field(repr=False)
     timeline: tuple = dataclasses.field(repr=False)  # (worker, start_s, end_s, kind, request)
-    rejected: tuple  # (request, reason)
+    rejected: tuple  # (request, reason, kind): kind "too-large" or "early"
     events: int
     sim_end_s: float
-    wall_s: float
+    wall_s: float  # machine time of the run: not in summary() (results compare byte for byte)
 
     def tokens(self, i: int) -> np.ndarray:
         """Token timestamps of request i (seconds from the slice start)."""
-        return self.token_times_s[self.token_offsets[i]: self.token_offsets[i + 1]]
+        return self.token_times_s[self.token_offsets[i] : self.token_offsets[i + 1]]
 
     @property
     def done(self) -> np.ndarray:
@@ -60,29 +84,66 @@ class SimResult:
         total = self.records["input_tokens"][started].sum()
         return float(self.records["cached_tokens"][started].sum() / total) if total else 0.0
 
-    def summary(self, ttft_slo_s=metrics.DEFAULT_TTFT_SLO_S, tbt_slo_s=metrics.DEFAULT_TBT_SLO_S,
-                tbt_stat: str = metrics.DEFAULT_TBT_STAT) -> dict:
-        """Headline figures (JSON-ready): latency percentiles, throughput, SLOs, hits, bytes."""
+    def summary(self, ttft_slo_s=None, tbt_slo_s=None, tbt_stat: str | None = None) -> dict:
+        """Headline figures (JSON-ready): latency percentiles, throughput, SLOs, hits, bytes,
+        preemptions. The SLOs default to the config's."""
         c = self.config
+        ttft_slo_s = c.ttft_slo_s if ttft_slo_s is None else ttft_slo_s
+        tbt_slo_s = c.tbt_slo_s if tbt_slo_s is None else tbt_slo_s
+        tbt_stat = c.tbt_stat if tbt_stat is None else tbt_stat
         r = self.records
         done = self.done
-        out = {"arch": c.arch, "trace": self.trace, "generated": self.generated, "model": c.model,
-               "hardware": c.hardware, "link": c.link, "prefill_workers": c.prefill_workers,
-               "decode_workers": c.decode_workers, "gpus": c.gpus, "prefix_cache": c.prefix_cache,
-               "overlap": c.overlap, "remote_kv": c.remote_kv}
+        out = {
+            "arch": c.arch,
+            "trace": self.trace,
+            "generated": self.generated,
+            "model": c.model,
+            "hardware": c.hardware,
+            "link": c.link,
+            "prefill_workers": c.prefill_workers,
+            "decode_workers": c.decode_workers,
+            "gpus": c.gpus,
+            "prefix_cache": c.prefix_cache,
+            "overlap": c.overlap,
+            "remote_kv": c.remote_kv,
+            "scheduler": c.scheduler,
+            "chunk_tokens": c.chunk_tokens,
+            "preemption": c.preemption,
+            "early_reject": c.early_reject,
+        }
         # SLO shares are over all requests: a rejected request missed its SLO
-        out.update(metrics.summarize(r["arrival_s"], self.token_times_s, self.token_offsets,
-                                     ttft_slo_s=ttft_slo_s, tbt_slo_s=tbt_slo_s, tbt_stat=tbt_stat,
-                                     records=_metric_view(r), duration_s=self._duration_s()))
+        out.update(
+            metrics.summarize(
+                r["arrival_s"],
+                self.token_times_s,
+                self.token_offsets,
+                ttft_slo_s=ttft_slo_s,
+                tbt_slo_s=tbt_slo_s,
+                tbt_stat=tbt_stat,
+                records=_metric_view(r),
+                duration_s=self._duration_s(),
+            )
+        )
         out["requests"] = int(r.size)
         out["requests_completed"] = int(done.sum())
         out["requests_rejected"] = int((r["status"] == REJECTED).sum())
+        kinds = [kind for _, _, kind in self.rejected]
+        out["requests_rejected_early"] = kinds.count("early")
+        out["requests_rejected_too_large"] = kinds.count("too-large")
+        out["itl_max_s"] = (
+            float(np.nanmax(r["itl_max_s"][done])) if (done & (r["tokens"] > 1)).any() else None
+        )
+        out["preemptions"] = int(r["preemptions"].sum())
+        out["requests_preempted"] = int((r["preemptions"] > 0).sum())
+        out["swapped_bytes"] = float(r["swapped_bytes"].sum())
         out["requests_unfinished"] = int((r["status"] == UNFINISHED).sum())
         out["prefix_hit_ratio"] = self.prefix_hit_ratio
         out["prefix_block_hit_ratio"] = self.cache.get("block_hit_ratio", 0.0)
         out.update(metrics.percentiles(r["queue_s"][done], prefix="queue_"))
         out["mean_decode_wait_s"] = float(r["decode_wait_s"][done].mean()) if done.any() else None
-        out["mean_transfer_exposed_s"] = float(r["transfer_exposed_s"][done].mean()) if done.any() else None
+        out["mean_transfer_exposed_s"] = (
+            float(r["transfer_exposed_s"][done].mean()) if done.any() else None
+        )
         out["bytes_by_link"] = self.network["by_link"]
         out["bytes_moved"] = float(sum(self.network["by_link"].values()))
         out["move_wire_s"] = float(sum(v["wire_s"] for v in self.network["by_purpose"].values()))
@@ -92,7 +153,6 @@ class SimResult:
         out["gpu_busy_share"] = {w["name"]: w["busy_share"] for w in self.workers}
         out["sim_end_s"] = self.sim_end_s
         out["events"] = self.events
-        out["wall_s"] = self.wall_s
         return _json_ready(out)
 
     def _duration_s(self) -> float:
@@ -108,15 +168,16 @@ class SimResult:
             row["status"] = STATUS[row["status"]]
         return rows
 
-    def to_dict(self, ttft_slo_s=metrics.DEFAULT_TTFT_SLO_S, tbt_slo_s=metrics.DEFAULT_TBT_SLO_S,
-                tbt_stat: str = metrics.DEFAULT_TBT_STAT) -> dict:
+    def to_dict(self, ttft_slo_s=None, tbt_slo_s=None, tbt_stat: str | None = None) -> dict:
         """Summary + config + network and cache ledgers + rejections (no per-token data)."""
         out = self.summary(ttft_slo_s, tbt_slo_s, tbt_stat)
         out["config"] = self.config.to_dict()
         out["network"] = self.network
         out["cache"] = self.cache
         out["workers"] = list(self.workers)
-        out["rejected"] = [{"request": i, "reason": why} for i, why in self.rejected]
+        out["rejected"] = [
+            {"request": i, "reason": why, "kind": kind} for i, why, kind in self.rejected
+        ]
         return _json_ready(out)
 
 
@@ -149,16 +210,52 @@ def _check_invariants(sim) -> None:
     ended = sum(q.status != UNFINISHED for q in sim.requests)
     if sim.finished != ended:
         raise SimulationError(f"{sim.finished} request endings counted for {ended} ended requests")
+    if sim.pending:
+        raise SimulationError(f"{len(sim.pending)} prefilled requests never found a decode GPU")
     if len(sim.loop):
         raise SimulationError(f"{len(sim.loop)} events left after the run")
     for w in sim.decoders:
-        if w.slots or abs(w.reserved_bytes) > 1e-6 * max(w.capacity_bytes, 1.0) or w.running or w.incoming:
-            raise SimulationError(f"{w.name} still holds {w.slots} sequences / {w.reserved_bytes:.0f} bytes at the end")
+        left = (
+            w.slots,
+            w.other_blocks,
+            len(w.running),
+            len(w.incoming),
+            len(w.prefilling),
+            len(w.waiting),
+            len(w.swapped),
+        )
+        if any(left):
+            raise SimulationError(
+                f"{w.name} still holds (slots, blocks, running, incoming, prefilling, waiting, "
+                f"swapped) = {left} at the end"
+            )
     for q in sim.requests:
-        if q.status == DONE and q.token_worker is not None and q.output_tokens > 1:
-            if q.finish_step - q.join_step != q.output_tokens - 1:
-                raise SimulationError(f"request {q.id} decoded {q.finish_step - q.join_step} steps for "
-                                      f"{q.output_tokens} output tokens")
+        if q.status == DONE and q.produced != q.output_tokens:
+            raise SimulationError(f"request {q.id} made {q.produced} tokens for {q.output_tokens}")
+
+
+def _token_times(reqs) -> tuple[np.ndarray, np.ndarray]:
+    arrays = [q.tokens_s() if q.status == DONE else np.zeros(0) for q in reqs]
+    return metrics.token_csr(arrays)
+
+
+def _workers(sim, span_s: float) -> list[dict]:
+    out, seen = [], set()
+    for w in (*sim.front, *sim.decoders):
+        if id(w) in seen:
+            continue
+        seen.add(id(w))
+        out.append(
+            {
+                "name": w.name,
+                "role": w.role,
+                "busy_s": w.busy_s,
+                "busy_share": w.busy_s / span_s,
+                "steps": getattr(w, "n", None),
+                "preemptions": getattr(w, "preemptions", 0),
+            }
+        )
+    return out
 
 
 def build_result(sim, wall_s: float) -> SimResult:
@@ -166,43 +263,55 @@ def build_result(sim, wall_s: float) -> SimResult:
     reqs = sim.requests
     n = len(reqs)
     _check_invariants(sim)
-    token_arrays = []
-    for req in reqs:
-        if req.status != DONE:
-            token_arrays.append(np.zeros(0))
-            continue
-        steps = req.token_worker.log.view()[req.join_step: req.finish_step] if req.output_tokens > 1 else ()
-        token_arrays.append(np.concatenate(([req.first_token_s], steps)))
-    flat, offsets = metrics.token_csr(token_arrays)
+    flat, offsets = _token_times(reqs)
     arrival = np.fromiter((q.arrival_s for q in reqs), float, n)
     per = metrics.request_metrics(arrival, flat, offsets)
     rec = np.zeros(n, dtype=RECORD_DTYPE)
     for name in metrics.REQUEST_DTYPE.names:
         rec[name] = per[name]
-    cols = ("id", "status", "input_tokens", "output_tokens", "cached_tokens", "prefill_worker", "decode_worker",
-            "prefill_start_s", "prefill_end_s", "decode_start_s", "fetch_s", "fetch_exposed_s", "transfer_bytes",
-            "transfer_wire_s", "transfer_exposed_s", "decode_wait_s")
+    cols = (
+        "id",
+        "status",
+        "input_tokens",
+        "output_tokens",
+        "cached_tokens",
+        "prefill_worker",
+        "decode_worker",
+        "prefill_start_s",
+        "prefill_end_s",
+        "decode_start_s",
+        "fetch_s",
+        "fetch_exposed_s",
+        "transfer_bytes",
+        "transfer_wire_s",
+        "transfer_exposed_s",
+        "decode_wait_s",
+        "preemptions",
+        "swapped_bytes",
+    )
     for col in cols:
         rec["request" if col == "id" else col] = [getattr(q, col) for q in reqs]
     rec["queue_s"] = rec["prefill_start_s"] - rec["arrival_s"]
-    moved = (rec["decode_worker"] >= 0) & (sim.config.arch != "colocated") & (not sim.config.remote_kv)
+    moved = (
+        (rec["decode_worker"] >= 0) & (sim.config.arch != "colocated") & (not sim.config.remote_kv)
+    )
     rec["transfer_bytes"][~moved] = 0.0  # bytes that actually crossed to a decode GPU
     end = sim.loop.now
     span = max(end - (arrival.min() if n else 0.0), 1e-12)
-    workers = []
-    seen = set()
-    for w in (*sim.front, *sim.decoders):
-        if id(w) in seen:
-            continue
-        seen.add(id(w))
-        steps = w.n if hasattr(w, "n") else None
-        workers.append({"name": w.name, "role": w.role, "busy_s": w.busy_s, "busy_share": w.busy_s / span,
-                        "steps": steps})
-    rejected = tuple((q.id, q.reason) for q in reqs if q.status == REJECTED)
-    cache = sim.caches.stats()
+    rejected = tuple((q.id, q.reason, q.reject_kind) for q in reqs if q.status == REJECTED)
     return SimResult(
-        config=sim.config, trace=sim.trace.label, generated=sim.trace.generated, records=rec,
-        token_times_s=flat, token_offsets=offsets, network=sim.network.summary(), cache=cache,
-        workers=tuple(workers), timeline=tuple(sorted(sim.timeline, key=lambda row: (row[1], row[0]))),
-        rejected=rejected, events=sim.loop.events, sim_end_s=end, wall_s=wall_s,
+        config=sim.config,
+        trace=sim.trace.label,
+        generated=sim.trace.generated,
+        records=rec,
+        token_times_s=flat,
+        token_offsets=offsets,
+        network=sim.network.summary(),
+        cache=sim.caches.stats(),
+        workers=tuple(_workers(sim, span)),
+        timeline=tuple(sorted(sim.timeline, key=lambda row: (row[1], row[0]))),
+        rejected=rejected,
+        events=sim.loop.events,
+        sim_end_s=end,
+        wall_s=wall_s,
     )

@@ -1,66 +1,110 @@
-"""Where a request goes: the prefill (or colocated) worker, then the decode worker.
+"""What one GPU runs in its next iteration: a registry of engine schedulers.
 
-Prefill routers see, for every candidate, the queue ahead of the request (estimated
-seconds) and what the request itself would cost there: its prefix hit on that node's view
-of the cache, the time to load the hit KV (local DRAM over PCIe, another node's over the
-network) and the prefill of the rest.
+At every step boundary a GPU (kvlab.sim.workers.Engine) has already admitted the
+sequences whose KV landed, swapped back the preempted ones it has room for and preempted
+the newest sequences if the next decode step would find no free KV block. The scheduler
+then picks the iteration: prompt chunks to prefill (admitting waiting prompts when their
+KV blocks and a batch slot are free) and whether the running sequences decode in it.
 
-    least-loaded   the shortest queue; cache hits are taken where they fall.
-    cache-aware    the smallest estimated time to first token: queue + load + prefill,
-                   Mooncake's Conductor rule (it trades a longer queue for a longer hit).
+    prefill-first  vLLM v0's default: a waiting prompt runs as its own iteration, as
+                   many whole prompts as the token budget holds (at least one); the
+                   running sequences wait, so every new prompt stalls every stream.
+    chunked        vLLM v1 / Sarathi-Serve: every iteration decodes the running
+                   sequences and fills the rest of the token budget (`chunk_tokens`,
+                   decode tokens count against it) with chunks of waiting prompts.
+    decode-first   TGI-style: the running sequences keep decoding; a waiting prompt runs
+                   (as in prefill-first) once `max_waiting_steps` decode steps have
+                   passed since it arrived, or when nothing is decoding.
 
-Decode routers pick among decode workers with room (free HBM for the request's KV and a
-batch slot):
-
-    least-loaded   the fewest sequences;
-    free-hbm       the most free HBM (the KV-centric scheduler's input).
-
-Equal prefill scores go to the GPU holding the fewest sequences (colocated GPUs also
-decode), then to the lowest index, so routing is deterministic.
+A scheduler is a function pick(engine) -> Iteration | None, plus the number of decode
+steps a newly queued prompt lets pass before it interrupts a decode plan (`patience`).
 """
+
 from __future__ import annotations
 
-from ..prompt import served_from_blocks
-from .costs import pipeline_time_s
+from dataclasses import dataclass, field
+
+PREEMPTION_MODES = ("recompute", "swap")
 
 
-def prefill_estimates(sim, now: float, req, workers) -> tuple[list, list]:
-    """(seconds queued ahead, seconds of this request's own prefill incl. KV loads) per worker."""
-    k, local = sim.caches.match_all(req.hash_ids)
-    bt, kv, prompt = sim.block_tokens, sim.kv_bytes_per_token, req.input_tokens
-    host, link, nic_free = sim.network.host_link, sim.network.link, sim.network.nic_free_s
-    prefill, overlap, layers = sim.cost.prefill_times_s, sim.overlap, sim.layers
-    waits, jobs = [], []
-    for w, kw, lw in zip(workers, k.tolist(), local.tolist()):
-        cached = served_from_blocks(kw, bt, prompt)
-        local_tok = min(lw * bt, cached)
-        remote_tok = cached - local_tok
-        fetch = host.time_s(local_tok * kv)
-        if remote_tok:
-            fetch = max(fetch, link.time_s(remote_tok * kv) + max(0.0, nic_free[w.node] - now))
-        compute = float(prefill(req.input_tokens, cached)[0])
-        jobs.append(pipeline_time_s(fetch, compute, layers) if overlap else fetch + compute)
-        waits.append(w.wait_estimate_s(now))
-    return waits, jobs
+@dataclass
+class Iteration:
+    """One engine iteration: prompt chunks (request, first token, end token) and a decode
+    step of the running sequences (`decode`); decode-only iterations may repeat up to
+    `max_steps` steps."""
+
+    chunks: list = field(default_factory=list)
+    decode: bool = False
+    max_steps: int | None = None
 
 
-def route_prefill(sim, now: float, req, workers):
-    """(worker, its estimated job seconds) for a new request under the configured router."""
-    wait, job = prefill_estimates(sim, now, req, workers)
-    score = [w + j for w, j in zip(wait, job)] if sim.config.prefill_router == "cache-aware" else wait
-    # equal scores (idle queues) go to the GPU holding the fewest sequences, then the lowest index
-    i = min(range(len(score)), key=lambda i: (score[i], getattr(workers[i], "slots", 0), i))
-    return workers[i], job[i]
+def _budget(engine) -> float:
+    return engine.chunk_tokens if engine.chunk_tokens > 0 else float("inf")
 
 
-def route_decode(sim, req, workers):
-    """The decode worker with room for `req` under the configured router, or None."""
-    best, best_key = None, None
-    free_hbm = sim.config.decode_router == "free-hbm"
-    for w in workers:
-        if not w.fits(req):
-            continue
-        key = (-w.free_bytes, w.slots) if free_hbm else (w.slots, -w.free_bytes)
-        if best is None or key < best_key:
-            best, best_key = w, key
-    return best
+def _whole_prompts(engine) -> Iteration | None:
+    """A prefill-only iteration of whole waiting prompts, as many as the budget holds."""
+    budget, chunks, used = _budget(engine), [], 0
+    while engine.waiting:
+        req = engine.waiting[0]
+        size = req.target_tokens  # before the prefix lookup: the whole prompt counts
+        if chunks and used + size > budget:
+            break
+        if not engine.admit_prompt(req):
+            break
+        chunks.append((req, req.done_tokens, req.target_tokens))
+        used += size
+    return Iteration(chunks=chunks) if chunks else None
+
+
+def prefill_first(engine) -> Iteration | None:
+    if not engine.swapped:  # vLLM v0: no new prompt while a swapped sequence waits to come back
+        it = _whole_prompts(engine)
+        if it is not None:
+            return it
+    return Iteration(decode=True) if engine.running else None
+
+
+def chunked(engine) -> Iteration | None:
+    budget = _budget(engine) - len(engine.running)
+    chunks = []
+    for req in engine.prefilling:  # prompts already under way go first
+        if budget <= 0:
+            break
+        take = min(req.target_tokens - req.done_tokens, budget)
+        chunks.append((req, req.done_tokens, req.done_tokens + take))
+        budget -= take
+    while (
+        budget > 0
+        and engine.waiting
+        and not engine.swapped
+        and engine.admit_prompt(engine.waiting[0])
+    ):
+        req = engine.prefilling[-1]
+        take = min(req.target_tokens - req.done_tokens, budget)
+        chunks.append((req, req.done_tokens, req.done_tokens + take))
+        budget -= take
+    if not chunks and not engine.running:
+        return None
+    return Iteration(chunks=chunks, decode=bool(engine.running))
+
+
+def decode_first(engine) -> Iteration | None:
+    if engine.running and engine.waiting:
+        wait_left = engine.waiting[0].deadline_step - engine.n
+        if wait_left > 0:
+            return Iteration(decode=True, max_steps=wait_left)
+    return prefill_first(engine)
+
+
+@dataclass(frozen=True)
+class Scheduler:
+    pick: object  # engine -> Iteration | None
+    patience: object  # SimConfig -> decode steps a newly queued prompt lets pass
+
+
+SCHEDULERS = {
+    "prefill-first": Scheduler(prefill_first, lambda config: 0),
+    "chunked": Scheduler(chunked, lambda config: 0),
+    "decode-first": Scheduler(decode_first, lambda config: config.max_waiting_steps),
+}

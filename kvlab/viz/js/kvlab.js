@@ -161,6 +161,8 @@ window.KVLAB = window.KVLAB || (function () {
       ceiling_step_time_s: ceiling,
       efficiency_source: "the sheet's bandwidth and FLOP/s x efficiency",
       overhead_s: 0.0,
+      // one GPU: no tensor parallelism, so no all-reduces and nothing to note about them
+      tensor_parallel: 1, allreduce_time_s: 0.0, allreduce_latency_s: 0.0, notes: [],
     };
   }
   // Mirrors kvlab.cost.memory_fit for scalar inputs: the longest context is unbounded

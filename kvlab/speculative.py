@@ -1,0 +1,256 @@
+"""Speculative decoding in the ledger: draft K tokens cheaply, verify them in one pass.
+
+A decode step reads every weight to make one token per sequence. Speculative decoding
+(Leviathan et al., 2023, arXiv:2211.17192; Chen et al., 2023, arXiv:2302.01318) drafts K
+tokens with something cheap, then runs the target model once over K + 1 positions per
+sequence (`cost.verify_step`): the weights are read once for all of them, so while that
+pass stays memory-bound it costs about one decode step, and every accepted draft token is
+a step saved. With each drafted token accepted independently with probability A (the
+papers' i.i.d. assumption), a verification yields (1 - A^(K+1)) / (1 - A) tokens: the
+accepted prefix plus the one token the verify pass always adds.
+
+The verify pass runs its GEMMs at batch x (K + 1) rows, so it turns compute-bound K + 1
+times sooner than a decode step does: as the batch grows, speculation pays less, and
+`breakeven_batch` finds where the speedup falls to 1. Its attention still reads each
+sequence's KV once, so where long contexts make the step KV-bound, speculation keeps
+paying at large batch (as MagicDec, Chen et al., 2024, arXiv:2408.11049, observed).
+
+Drafts:
+- `draft_model=NAME`: a smaller model with the target's vocabulary drafts
+  autoregressively: K decode steps of its own ledger, on the same GPUs, dtypes and
+  tensor-parallel degree (vLLM's default); its weights and KV count against memory.
+- `draft_model=None`: self-drafting heads (EAGLE, Li et al., 2024, arXiv:2401.15077;
+  DeepSeek-V3's multi-token prediction, arXiv:2412.19437). Each drafted token costs one
+  decoder layer of the target's shape plus a pass over the target's LM head: EAGLE's
+  draft head is one decoder layer that reuses the target's LM head, an MTP module one
+  transformer block sharing the embedding and output head. In the ledger that is 1/L of
+  every per-layer operator of the target's decode step plus the LM head, embedding and
+  sampling once; one layer's weights and KV count against memory. The LM head is most of
+  that cost on small models (1 GB of Llama 3.1 8B's 16), which is why EAGLE-3 drafts over a
+  reduced vocabulary; Medusa's heads draft all K tokens in one pass. For both this is an
+  upper bound.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import cost
+from .cost import MAX_BATCH, MAX_SPECULATIVE_TOKENS, Result, _plain
+from .dtypes import parse_dtype
+from .errors import KvlabError, check_number
+from .hardware import get_device
+from .models import ModelSpec, get_model
+from .operators import allreduce_s, ceiling_s, decode_operators
+from .parallel import allreduce_link
+
+SELF_DRAFT = ("self-drafting head (EAGLE / multi-token prediction style): each drafted token "
+              "costs one decoder layer of the target's shape plus a pass over its LM head")
+
+
+def tokens_per_verify_step(acceptance, speculative_tokens):
+    """Expected tokens a sequence gains per verification: (1 - A^(K+1)) / (1 - A), with
+    each of the K drafted tokens accepted independently with probability A (Leviathan et
+    al., 2023). A = 1 gives K + 1, A = 0 gives the one token the verify pass adds itself."""
+    a = check_number("acceptance", acceptance, minimum=0.0, allow_equal_min=True, maximum=1.0)
+    k = check_number("speculative_tokens", speculative_tokens, minimum=0, allow_equal_min=True,
+                     maximum=MAX_SPECULATIVE_TOKENS, integer=True)
+    if type(a) is float and type(k) is int:
+        return float(k + 1) if a == 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
+    a, k = np.asarray(a, dtype=float), np.asarray(k, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        geometric = (1.0 - a ** (k + 1)) / (1.0 - a)
+    return np.where(a == 1.0, k + 1, geometric)
+
+
+@dataclass(frozen=True)
+class SpeculativeStep(Result):
+    """One speculation round of `batch` sequences: K draft steps, one verify pass."""
+
+    model: str
+    hardware: str
+    draft_model: str | None  # None: self-drafting heads
+    draft: str  # what drafts, and what it costs
+    weight_dtype: str
+    kv_dtype: str
+    batch: object
+    context: object
+    speculative_tokens: object  # K, drafted per round
+    acceptance: object  # A, per drafted token
+    tensor_parallel: int
+    efficiency: object
+    tokens_per_verify_step: object  # (1 - A^(K+1)) / (1 - A)
+    verify_weight_read_bytes: object  # per GPU, as every byte figure here
+    verify_kv_read_bytes: object
+    verify_kv_write_bytes: object  # K + 1 new entries per sequence
+    verify_step_bytes: object
+    verify_flops: object
+    verify_arithmetic_intensity: object
+    verify_bound: object
+    verify_allreduce_time_s: object
+    verify_step_time_s: object
+    draft_step_time_s: object  # one drafted token for the whole batch
+    draft_time_s: object  # K of them
+    cycle_time_s: object  # draft + verify: one round
+    baseline_step_time_s: object  # a plain decode step, same settings
+    time_per_token_s: object  # cycle / tokens per verify step: the effective TPOT
+    tokens_per_s: object  # aggregate over the batch
+    tokens_per_s_per_sequence: object
+    speculative_speedup: object  # tokens/s over the plain decode step's
+    memory_needed_bytes: object  # target + draft weights and KV, K + 1 extra entries
+    capacity_bytes: object
+    fits: object
+    max_batch: object  # largest batch that fits with the draft at this context
+    efficiency_source: str
+    notes: tuple = ()
+
+
+def speculative_step(model, hardware, batch=1, context=4096, speculative_tokens=4,
+                     acceptance=0.7, draft_model=None, weight_dtype="fp16", kv_dtype="fp16",
+                     bandwidth_bytes_per_s=None, efficiency=1.0, capacity_bytes=None,
+                     tensor_parallel=1) -> SpeculativeStep:
+    """Tokens/s of speculative decoding against plain decode, with the same settings as
+    `cost.decode_step` (arrays broadcast, `efficiency="measured"` times every pass from
+    the kernel tables). See the module docstring for the draft's cost."""
+    m = get_model(model)
+    k = check_number("speculative_tokens", speculative_tokens, minimum=1, allow_equal_min=True,
+                     maximum=MAX_SPECULATIVE_TOKENS, integer=True)
+    tau = tokens_per_verify_step(acceptance, k)
+    common = dict(weight_dtype=weight_dtype, kv_dtype=kv_dtype, capacity_bytes=capacity_bytes,
+                  bandwidth_bytes_per_s=bandwidth_bytes_per_s, efficiency=efficiency,
+                  tensor_parallel=tensor_parallel)
+    base = cost.decode_step(m, hardware, batch, context, **common)
+    verify = cost.verify_step(m, hardware, batch, context, k, **common)
+    if draft_model is None:
+        step_s, w_bytes, kv_tok, what = _self_draft(m, base)
+    else:
+        step_s, w_bytes, kv_tok, what = _draft_model(m, draft_model, hardware, batch, context,
+                                                     common)
+    draft_s = k * np.asarray(step_s, dtype=float)
+    cycle = verify.step_time_s + draft_s
+    b = np.asarray(base.batch, dtype=float)
+    attended = np.asarray(m.effective_context(np.asarray(base.context, dtype=float)))
+    per_seq = (np.maximum(attended, 1.0) + k + 1) * base.kv_bytes_per_token + \
+        np.maximum(attended, 1.0) * kv_tok
+    needed = base.memory_needed_bytes + b * (k + 1) * base.kv_bytes_per_token + w_bytes \
+        + b * attended * kv_tok
+    room = np.maximum(base.capacity_bytes - base.weight_bytes - w_bytes, 0.0)
+    notes = _measured_note(verify) + tuple(base.notes)
+    return SpeculativeStep._build(
+        model=m.name, hardware=base.hardware, draft_model=None if draft_model is None
+        else get_model(draft_model).name, draft=what, weight_dtype=base.weight_dtype,
+        kv_dtype=base.kv_dtype, batch=base.batch, context=base.context, speculative_tokens=k,
+        acceptance=acceptance if np.ndim(acceptance) == 0 else np.asarray(acceptance, float),
+        tensor_parallel=base.tensor_parallel, efficiency=base.efficiency,
+        tokens_per_verify_step=tau, verify_weight_read_bytes=verify.weight_read_bytes,
+        verify_kv_read_bytes=verify.kv_read_bytes, verify_kv_write_bytes=verify.kv_write_bytes,
+        verify_step_bytes=verify.step_bytes, verify_flops=verify.flops,
+        verify_arithmetic_intensity=verify.arithmetic_intensity, verify_bound=verify.bound,
+        verify_allreduce_time_s=verify.allreduce_time_s,
+        verify_step_time_s=verify.step_time_s, draft_step_time_s=_plain(step_s),
+        draft_time_s=_plain(draft_s), cycle_time_s=_plain(cycle),
+        baseline_step_time_s=base.step_time_s, time_per_token_s=_plain(cycle / tau),
+        tokens_per_s=_plain(b * tau / cycle), tokens_per_s_per_sequence=_plain(tau / cycle),
+        speculative_speedup=_plain(tau * np.asarray(base.step_time_s) / cycle),
+        memory_needed_bytes=_plain(needed), capacity_bytes=base.capacity_bytes,
+        fits=_plain(np.asarray(needed <= base.capacity_bytes)),
+        max_batch=_plain(np.floor(room / per_seq).astype(np.int64)),
+        efficiency_source=verify.efficiency_source, notes=notes)
+
+
+def _measured_note(verify) -> tuple:
+    if verify.efficiency != "measured":
+        return ()
+    return ("verify attention: the generation-attention tables hold one query per sequence; "
+            "with K + 1 queries the kernel still reads the KV once, so it is timed as the "
+            "one-query measurement scaled by the ratio of the two ceilings",)
+
+
+def _layer_share(m: ModelSpec, calls: int) -> float:
+    """The part of an operator one extra decoder layer runs: 1/L of a per-layer kernel, all
+    of a once-per-step one (LM head, embedding, sampling)."""
+    return 1.0 if calls == 1 else 1.0 / m.num_layers
+
+
+def _self_draft(m: ModelSpec, base) -> tuple:
+    """(time of one drafted token, weight bytes, KV bytes per token, description) of a
+    self-drafting head: one decoder layer of the target's shape plus its LM head."""
+    dev = get_device(base.hardware)
+    wdt, kdt, tp = parse_dtype(base.weight_dtype), parse_dtype(base.kv_dtype), base.tensor_parallel
+    if base.efficiency == "measured":
+        from .measured import kernels
+
+        ops = kernels(m, dev, wdt, kdt, tp).decode(base.batch, base.context).operators
+        step_s = sum(_layer_share(m, op.calls) * op.measured_s for op in ops)
+    else:
+        ops = decode_operators(m, base.batch, base.context, wdt, kdt, tp)
+        peak, eff = dev.peak_flops_per_s(wdt.compute), base.efficiency
+        step_s = 0.0
+        for op in ops:
+            if op.kind == "allreduce":
+                link = allreduce_link(dev, tp)
+                latency, link_s = allreduce_s(op, link.bandwidth_bytes_per_s, link.latency_s)
+                step_s = step_s + (latency + link_s / eff) / m.num_layers
+            else:
+                share = _layer_share(m, op.calls)
+                step_s = step_s + share * ceiling_s([op], base.bandwidth_bytes_per_s, peak) / eff
+    p = m.params
+    head = (p.embedding + (0.0 if m.tie_word_embeddings else m.vocab_size * m.hidden_size)) / tp
+    layer_bytes = max(base.weight_bytes - head * wdt.bytes_per_element, 0.0) / m.num_layers
+    return _plain(step_s), layer_bytes, base.kv_bytes_per_token / m.num_layers, SELF_DRAFT
+
+
+def _draft_model(m: ModelSpec, draft_model, hardware, batch, context, common) -> tuple:
+    """(time of one drafted token, weight bytes, KV bytes per token, description) of a
+    separate draft model: one decode step of its own ledger per drafted token."""
+    d = get_model(draft_model)
+    if d.vocab_size != m.vocab_size:
+        raise KvlabError(f"draft model {d.name} has a vocabulary of {d.vocab_size:,} tokens, "
+                         f"{m.name} one of {m.vocab_size:,}: a draft must share the target's "
+                         "tokenizer")
+    step = cost.decode_step(d, hardware, batch, context, **common)
+    what = (f"draft model {d.name}: K decode steps of its own ledger on the same GPUs "
+            f"({step.weight_dtype} weights, {step.kv_dtype} KV, tensor parallel "
+            f"{step.tensor_parallel})")
+    return step.step_time_s, step.weight_bytes, step.kv_bytes_per_token, what
+
+
+def breakeven_batch(model, hardware, context=4096, speculative_tokens=4, acceptance=0.7,
+                    draft_model=None, max_batch=MAX_BATCH, **settings) -> int | None:
+    """The smallest batch at which speculation stops paying (speedup <= 1), or None when it
+    pays at every batch up to `max_batch` (measured mode: up to the tables' edge).
+
+    The speedup is read on a doubling grid of batches, then bisected between the last
+    batch that pays and the first that does not; `settings` are `speculative_step`'s
+    (dtypes, efficiency, tensor_parallel...). Scalar context, K and A only."""
+    if any(np.ndim(v) for v in (context, speculative_tokens, acceptance)):
+        raise KvlabError("breakeven_batch takes one context, draft length and acceptance")
+    top = check_number("max_batch", max_batch, minimum=1, allow_equal_min=True,
+                       maximum=MAX_BATCH, integer=True)
+    grid = 2 ** np.arange(int(math.log2(top)) + 1)
+
+    def speedup(batches):
+        s = speculative_step(model, hardware, batches, context, speculative_tokens, acceptance,
+                             draft_model, **settings)
+        return np.atleast_1d(np.asarray(s.speculative_speedup, dtype=float))
+
+    s = speedup(grid)
+    known = np.flatnonzero(~np.isfinite(s))
+    edge = known[0] if known.size else s.size  # beyond the measured tables
+    below = np.flatnonzero(s[:edge] <= 1.0)
+    if not below.size:
+        return None
+    i = int(below[0])
+    if i == 0:
+        return 1
+    lo, hi = int(grid[i - 1]), int(grid[i])  # pays at lo, not at hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        value = speedup(np.array([mid]))[0]
+        if value <= 1.0 or not np.isfinite(value):
+            hi = mid
+        else:
+            lo = mid
+    return hi
