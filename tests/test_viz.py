@@ -79,6 +79,18 @@ def test_ledger_panel_values_are_the_cli_budget(speed, efficiency_in_cli):
         assert values["step_time_s"] > values["ceiling_step_time_s"]  # real kernels are slower
 
 
+def test_ledger_panel_gives_every_number_the_three_panels_it_replaces_gave():
+    """knee_*, context_* and roofline_* (the prose's glue) are ledger_* now, same texts.
+    (Delete with batch_panel, context_panel and roofline_panel.)"""
+    from kvlab.viz.ledger import batch_panel, context_panel
+    from kvlab.viz.roofline import roofline_panel
+
+    new = panels()["ledger"]().readout_texts()
+    for old in (batch_panel(), context_panel(), roofline_panel()):
+        for key, text in old.readout_texts().items():
+            assert new["ledger_" + key.split("_", 1)[1]] == text, key
+
+
 def test_ledger_panel_says_why_a_state_is_not_measured():
     """Measured mode where the tables have nothing: the ceiling, and one phrase saying why."""
     panel = panels()["ledger"]()

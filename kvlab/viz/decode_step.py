@@ -254,7 +254,7 @@ def _batch_figures(src):
     from bokeh.layouts import column
 
     tps = style.new_figure("Throughput against batch", "batch (sequences)", "tokens per second",
-                           x_axis_type="log", y_axis_type="log", height=280)
+                           x_axis_type="log", y_axis_type="log", height=330)
     tps.line("batch", "tokens_per_s", source=src["batch_ref"], color=style.GREY, width=1.5, legend_field="ref_label")
     tps.line("batch", "per_sequence", source=src["batch_ref"], color=style.GREY, width=1.5, line_dash="dashed")
     a = tps.line("batch", "tokens_per_s", source=src["batch"], color=style.BLUE, width=2.5, legend_field="total_label")
@@ -265,8 +265,9 @@ def _batch_figures(src):
                 line_color="black", line_width=2, legend_label="this step")
     tps.xaxis.formatter = style.count_ticks()
     tps.yaxis.formatter = style.count_ticks()
-    tps.legend.location = "top_left"
     tps.legend.label_text_font_size = "10px"
+    tps.legend.ncols = 2
+    tps.add_layout(tps.legend[0], "below")  # clear of the curves, which fill the plot
     style.hover(tps, [("batch", "@batch{0,0}"), ("tokens/s (batch)", "@tokens_per_s{0,0.0}"),
                       ("tokens/s (each)", "@per_sequence{0,0.0}")], [a, b], mode="vline")
     tpot = style.new_figure("Time per output token against batch", "batch (sequences)", "TPOT",

@@ -217,7 +217,7 @@ PD_LINKS = {"ethernet-10g": ("ethernet-10g", None), "ib-200g": ("ib-200g", None)
             "article-200GB/s": ("remote-ib-200g", ARTICLE_IB_BYTES_PER_S), "ib-400g": ("ib-400g", None),
             "nvlink4": ("nvlink4", None)}
 PD_LABELS = {"ethernet-10g": "10 GbE", "ib-200g": "one 200 Gb/s NIC", "article-200GB/s": "200 GB/s (the article)",
-             "ib-400g": "one 400 Gb/s NIC (a GPU's share of an H100 node)", "nvlink4": "NVLink 4 (in a node)"}
+             "ib-400g": "one 400 Gb/s NIC, one per GPU", "nvlink4": "NVLink 4 (in a node)"}
 PD_READOUT = (
     ("kv_bytes", "KV of the batch at this context", "bytes"),
     ("decode_step_s", "One decode step (KV local)", "seconds"),
