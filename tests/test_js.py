@@ -202,7 +202,8 @@ def test_decode_step_panel_in_measured_mode(library):
     assert timed > 500 and len(states) - timed > 500  # both kinds, many of each
     assert {v["speed"].split(": ")[-1] for v in values} >= {
         "no kernel tables for this device", "no MLA attention tables", "no int4 weight tables",
-        "no fp8 KV tables", "outside the tables' range", "TRTLLM 1.3.0rc20 kernels", "TRTLLM 1.0.0 kernels"}
+        "no fp8 KV tables", "outside the tables' range", "TRTLLM 1.3.0rc20 kernels",
+        "TRTLLM 1.0.0 kernels"}
     check_panel(panel, states, library)
 
 

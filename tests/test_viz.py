@@ -62,8 +62,8 @@ def test_panels_compute_on_every_grid_corner(key):
 @pytest.mark.parametrize("speed, efficiency_in_cli", [("ceiling", 0.8), ("measured", "measured")])
 def test_ledger_panel_values_are_the_cli_budget(speed, efficiency_in_cli):
     panel = panels()["ledger"]()
-    state = {**panel.default_state, "model": "mixtral-8x7b", "batch": 64, "kv_dtype": "fp8", "efficiency": 0.8,
-             "speed": speed}
+    state = {**panel.default_state, "model": "mixtral-8x7b", "batch": 64, "kv_dtype": "fp8",
+             "efficiency": 0.8, "speed": speed}
     values = panel.compute(state)["values"]
     keys = panel.budget_keys(state)
     assert keys["efficiency"] == efficiency_in_cli
@@ -75,7 +75,8 @@ def test_ledger_panel_values_are_the_cli_budget(speed, efficiency_in_cli):
     if speed == "measured":
         assert values["speed"] == "measured: TRTLLM 1.3.0rc20 kernels"
         title = panel.compute(state)["titles"]["time"]  # the figure names its source
-        assert title == "Time per step (measured: TRTLLM 1.3.0rc20 kernel tables, NVIDIA H100 80GB HBM3)"
+        tables = "TRTLLM 1.3.0rc20 kernel tables, NVIDIA H100 80GB HBM3"
+        assert title == f"Time per step (measured: {tables})"
         assert values["step_time_s"] > values["ceiling_step_time_s"]  # real kernels are slower
 
 
@@ -94,14 +95,17 @@ def test_ledger_panel_gives_every_number_the_three_panels_it_replaces_gave():
 def test_ledger_panel_says_why_a_state_is_not_measured():
     """Measured mode where the tables have nothing: the ceiling, and one phrase saying why."""
     panel = panels()["ledger"]()
-    cases = {("rtx-4090", "llama-3.1-8b", "fp16", "fp16", 1, 4096): "no kernel tables for this device",
+    cases = {("rtx-4090", "llama-3.1-8b", "fp16", "fp16", 1, 4096):
+             "no kernel tables for this device",
              ("h100-sxm", "deepseek-v3", "fp16", "fp16", 1, 4096): "no MLA attention tables",
              ("h100-sxm", "llama-3.1-8b", "int4", "fp16", 1, 4096): "no int4 weight tables",
              ("a100-80gb", "llama-3.1-8b", "fp16", "fp8", 1, 4096): "no fp8 KV tables",
-             ("h100-sxm", "llama-3.1-8b", "fp16", "fp16", 1024, 131072): "outside the tables' range"}
+             ("h100-sxm", "llama-3.1-8b", "fp16", "fp16", 1024, 131072):
+             "outside the tables' range"}
     for (hw, model, w, kv, batch, context), why in cases.items():
-        state = {**panel.default_state, "hardware": hw, "model": model, "weight_dtype": w, "kv_dtype": kv,
-                 "batch": batch, "context": context, "efficiency": 0.8, "speed": "measured"}
+        state = {**panel.default_state, "hardware": hw, "model": model, "weight_dtype": w,
+                 "kv_dtype": kv, "batch": batch, "context": context, "efficiency": 0.8,
+                 "speed": "measured"}
         out = panel.compute(state)
         ceiling = panel.compute({**state, "speed": "ceiling"})["values"]
         assert out["values"]["speed"] == f"ceiling × 80.0%: {why}"
@@ -144,9 +148,11 @@ def test_measured_terms_add_up_to_the_measured_step_bit_for_bit():
                 per_layer = data[row + j] if j < att[1 + i] else math.nan
                 floor = max(b * (c + 1) * mt["kv_tok_layer"][keys[kv]] / bandwidth,
                             b * c * mt["attn_flops_layer"] / peak)
-                got = float(data[fixed + i]) + get_model(m).num_layers * max(float(per_layer), floor)
+                layers = get_model(m).num_layers
+                got = float(data[fixed + i]) + layers * max(float(per_layer), floor)
                 want = k.decode_step_s(b, c)
-                assert got == want or (math.isnan(per_layer) and math.isnan(want)), (m, hw, w, kv, b, c)
+                same = got == want or (math.isnan(per_layer) and math.isnan(want))
+                assert same, (m, hw, w, kv, b, c)
                 checked += 1
     assert checked > 5000
 
@@ -361,7 +367,8 @@ def legend_states(panel) -> list[dict]:
     if math.prod(len(o) for o in options) <= 4000:
         return [dict(zip(keys, combo)) for combo in itertools.product(*options)]
     rows = covering_rows([len(o) for o in options], strength=2)
-    states = [panel.default_state] + [{k: o[i] for k, o, i in zip(keys, options, row)} for row in rows]
+    states = [panel.default_state] + [{k: o[i] for k, o, i in zip(keys, options, row, strict=True)}
+                                      for row in rows]
     return states + (measured_states(panel) if panel.key == "ledger" else [])
 
 

@@ -57,7 +57,8 @@ def _mark(batch: int, **columns) -> dict:
     """One figure mark at `batch` (a callable column is evaluated there), or none at all
     (no glyph, no legend entry) when the batch is 0: nothing can run."""
     row = {k: (v(batch) if callable(v) else v) for k, v in columns.items()} if batch >= 1 else None
-    return {"batch": [batch] if row else [], **{k: [v] if row else [] for k, v in (row or columns).items()}}
+    rows = {k: [v] if row else [] for k, v in (row or columns).items()}
+    return {"batch": [batch] if row else [], **rows}
 
 
 def _limit(tpot: int, memory: int) -> str:
@@ -80,31 +81,41 @@ def tpot_budget_panel() -> Panel:
         tpot = [s.step_time_s for s in steps]
         at = dict(zip(batches, steps))
         chosen = at.get(allowed)
-        return {"sources": {
-            "curve": {"batch": batches, "tpot_s": tpot, "tokens_per_s": [s.tokens_per_s for s in steps]},
+        tps = chosen.tokens_per_s if chosen else 0.0
+
+        def time(b):
+            return at[b].step_time_s
+
+        sources = {
+            "curve": {"batch": batches, "tpot_s": tpot,
+                      "tokens_per_s": [s.tokens_per_s for s in steps]},
             "slo": {"batch": [batches[0], batches[-1]], "tpot_s": [slo, slo]},
-            "budget": _mark(budget, tpot_s=lambda b: at[b].step_time_s, budget_label=LIMIT_LABELS[0]),
-            "memory": _mark(memory, low=min(tpot), high=max(max(tpot), slo), memory_label=LIMIT_LABELS[1]),
-            "allowed": _mark(allowed, tpot_s=lambda b: at[b].step_time_s, allowed_label=LIMIT_LABELS[2])},
-            "values": {"tpot_batch": budget, "max_batch": memory, "allowed_batch": allowed,
-                       "limited_by": _limit(budget, memory),
-                       "allowed_tpot_s": chosen.step_time_s if chosen else math.nan,
-                       "allowed_tokens_per_s": chosen.tokens_per_s if chosen else 0.0,
-                       "knee_batch": float(BATCH_GRID[cost.batch_knee(grid)]),
-                       "slo_batch": allowed, "slo_tokens_per_s": chosen.tokens_per_s if chosen else 0.0}}
+            "budget": _mark(budget, tpot_s=time, budget_label=LIMIT_LABELS[0]),
+            "memory": _mark(memory, low=min(tpot), high=max(max(tpot), slo),
+                            memory_label=LIMIT_LABELS[1]),
+            "allowed": _mark(allowed, tpot_s=time, allowed_label=LIMIT_LABELS[2])}
+        return {"sources": sources, "values": {
+            "tpot_batch": budget, "max_batch": memory, "allowed_batch": allowed,
+            "limited_by": _limit(budget, memory),
+            "allowed_tpot_s": chosen.step_time_s if chosen else math.nan,
+            "allowed_tokens_per_s": tps,
+            "knee_batch": float(BATCH_GRID[cost.batch_knee(grid)]),
+            "slo_batch": allowed, "slo_tokens_per_s": tps}}
 
     def figures(src):
-        fig = style.new_figure("TPOT budget and memory: two limits on the batch", "batch (sequences)", "TPOT",
-                               x_axis_type="log", y_axis_type="log", height=340)
+        fig = style.new_figure("TPOT budget and memory: two limits on the batch",
+                               "batch (sequences)", "TPOT", x_axis_type="log", y_axis_type="log",
+                               height=340)
         fig.line("batch", "tpot_s", source=src["curve"], color=style.GREEN, width=2.5, legend_label="TPOT")
         fig.line("batch", "tpot_s", source=src["slo"], color=style.VERMILION, width=2, line_dash="dashed",
                  legend_label="TPOT budget")
-        fig.segment("batch", "low", "batch", "high", source=src["memory"], color=style.GREY, width=2.5,
-                    line_dash="dotted", legend_field="memory_label")  # each mark absent when its batch is 0
+        # each mark is absent (no glyph, no legend entry) when its batch is 0
+        fig.segment("batch", "low", "batch", "high", source=src["memory"], color=style.GREY,
+                    width=2.5, line_dash="dotted", legend_field="memory_label")
         fig.scatter("batch", "tpot_s", source=src["budget"], size=10, color=style.VERMILION,
                     legend_field="budget_label")
-        fig.scatter("batch", "tpot_s", source=src["allowed"], size=15, fill_color=None, line_color=style.BLUE,
-                    line_width=3, legend_field="allowed_label")
+        fig.scatter("batch", "tpot_s", source=src["allowed"], size=15, fill_color=None,
+                    line_color=style.BLUE, line_width=3, legend_field="allowed_label")
         fig.xaxis.formatter = style.count_ticks()
         fig.yaxis.formatter = style.seconds_ticks()
         fig.legend.location = "top_left"
@@ -116,7 +127,8 @@ def tpot_budget_panel() -> Panel:
     controls = (model_control(), hardware_control(), context_control(8192), slo)
     terms = {**ledger_terms(models(), devices()), "batches": list(BATCH_GRID),
              "dtypes_used": DTYPES_USED, "max_batch": cost.MAX_BATCH, "labels": list(LIMIT_LABELS)}
-    return Panel("tpot-budget", controls, compute, figures, "tpot-budget", terms, SLO_READOUT, glue=SLO_GLUE)
+    return Panel("tpot-budget", controls, compute, figures, "tpot-budget", terms, SLO_READOUT,
+                 glue=SLO_GLUE)
 
 
 class DiagnosisReport:

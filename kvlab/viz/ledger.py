@@ -19,6 +19,7 @@ from .controls import (
     BATCH_GRID, CONTEXT_GRID, batch_control, context_control, dtype_control, efficiency_control,
     hardware_control, ledger_state, model_control,
 )
+from .decode_step import BYTES_Y, LONG_CONTEXT, SHORT_CONTEXT, decode_step_panel
 from .panel import Panel
 from .terms import ledger_terms
 
@@ -35,12 +36,9 @@ def _step(state: dict, **override):
 def ledger_panel() -> Panel:
     """The ledger of one decode step: since chapter 2's one control bar drives every figure of
     the ledger, this is kvlab.viz.decode_step's panel (key "ledger")."""
-    from .decode_step import decode_step_panel
-
     return decode_step_panel()
 
 
-BYTES_Y = ("per step",)  # the bytes bar's one category
 TIME_KINDS = ("memory", "compute")  # the time bars, in the order of TIME_COLORS
 TIME_COLORS = (style.BLUE, style.GREY)
 
@@ -118,7 +116,6 @@ def batch_panel() -> Panel:
 
 
 # ---------------------------------------------------------------- context
-SHORT_CONTEXT, LONG_CONTEXT = 4096, 32768  # the two contexts the readout compares
 CONTEXT_READOUT = (
     ("at_4k", "Tokens/s per sequence at 4K", "rate"),
     ("at_32k", "Tokens/s per sequence at 32K", "rate"),

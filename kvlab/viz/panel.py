@@ -173,7 +173,8 @@ class Panel:
             args=dict(controls=widgets, grids=grids, terms=self.terms, sources=sources, readout=readout,
                       spec=[list(r) for r in self.readout], titles=titles),
             code=f"const K = window.KVLAB, twin = K.panels[{json.dumps(self.js)}];\n"
-                 "K.apply(twin(K, terms, K.state(controls, grids)), sources, readout, spec, titles);",
+                 "const result = twin(K, terms, K.state(controls, grids));\n"
+                 "K.apply(result, sources, readout, spec, titles);",
         )
         for c in self.controls:
             widgets[c.key].js_on_change("value", callback)
@@ -344,7 +345,8 @@ LOOKUP_DIGITS = 7  # significant digits kept in lookup tables
 
 
 def lookup_panel(key: str, controls: tuple, compute: Callable[[dict], dict], figures, readout,
-                 budget_keys=None, js_sources: tuple[str, dict] | None = None, glue: tuple = ()) -> Panel:
+                 budget_keys=None, js_sources: tuple[str, dict] | None = None,
+                 glue: tuple = ()) -> Panel:
     """A panel whose every grid state kvlab computes at build time; the page only looks
     results up (`KVLAB.panels.lookup`, kvlab/viz/js/lookup.js). For small grids whose
     results are expensive (trace replays, simulations).

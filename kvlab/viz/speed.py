@@ -13,6 +13,7 @@ little-endian doubles: bit for bit, 10.7 characters each where JSON decimals tak
 Where a state has no measured time, the panels say why in one short phrase (`why_not`)
 and draw the ceiling; js/measured.js derives the same phrase from the terms.
 """
+
 from __future__ import annotations
 
 import base64
@@ -112,8 +113,12 @@ def _layout_key(k) -> str:
 
 def _fixed_s(k, batches) -> list[float]:
     """The step outside attention at each batch, summed as `Kernels.decode_step_s` sums it."""
-    return [float(sum(op.measured_s for op in k.decode(float(b), 1.0).operators
-                      if op.kind != "attention")) for b in batches]
+    return [
+        float(
+            sum(op.measured_s for op in k.decode(float(b), 1.0).operators if op.kind != "attention")
+        )
+        for b in batches
+    ]
 
 
 def _attention_rows(k, batches, contexts) -> list[list[float]]:
@@ -137,12 +142,21 @@ def _measured_terms(models: tuple, devices: tuple, batches: tuple, contexts: tup
     fixed, attention, device_terms, model_terms = {}, {}, {}, {}
     for name in models:
         m = get_model(name)
-        model_terms[name] = {"mla": m.is_mla, "layers": m.num_layers, "window": m.sliding_window or 0,
-                             "kv_tok_layer": {}, "attn_flops_layer": None, "layout": ""}
+        model_terms[name] = {
+            "mla": m.is_mla,
+            "layers": m.num_layers,
+            "window": m.sliding_window or 0,
+            "kv_tok_layer": {},
+            "attn_flops_layer": None,
+            "layout": "",
+        }
     for hw in (d for d in devices if d in devices_with_data()):
         t = load(hw)
-        device_terms[hw] = {"short": short_source(hw), "source": f"measured: {t.label}",
-                            "tables": table_title(hw)}
+        device_terms[hw] = {
+            "short": short_source(hw),
+            "source": f"measured: {t.label}",
+            "tables": table_title(hw),
+        }
         for name in (m for m in models if not model_terms[m]["mla"]):
             for w in sorted(set(DTYPE_KEYS.values())):
                 for kv in sorted(set(DTYPE_KEYS.values())):
@@ -163,9 +177,17 @@ def _measured_terms(models: tuple, devices: tuple, batches: tuple, contexts: tup
                         attention[key] = [len(numbers), *(len(r) for r in rows)]
                         numbers += [v for r in rows for v in r]
     data = base64.b64encode(np.asarray(numbers, dtype="<f8").tobytes()).decode("ascii")
-    return {"batches": list(batches), "contexts": list(contexts), "dtype_keys": dict(DTYPE_KEYS),
-            "devices": device_terms, "models": model_terms, "fixed": fixed, "attention": attention,
-            "data": data, "no": {"device": NO_DEVICE, "mla": NO_MLA, "range": NO_RANGE}}
+    return {
+        "batches": list(batches),
+        "contexts": list(contexts),
+        "dtype_keys": dict(DTYPE_KEYS),
+        "devices": device_terms,
+        "models": model_terms,
+        "fixed": fixed,
+        "attention": attention,
+        "data": data,
+        "no": {"device": NO_DEVICE, "mla": NO_MLA, "range": NO_RANGE},
+    }
 
 
 def measured_terms(models, devices, batches, contexts) -> dict:

@@ -62,12 +62,13 @@ def footprint_panel() -> Panel:
         shown = grid.size if fp.kv_room_bytes > 0 else 0
         room = {"context": grid.tolist()[:shown], "room": [fp.kv_room_bytes] * shown,
                 "room_label": [ROOM_LABEL] * shown}
-        return {"sources": {"kv": {"context": grid.tolist(), "kv": np.asarray(fp.kv_cache_bytes).tolist()},
-                            "room": room},
+        kv = {"context": grid.tolist(), "kv": np.asarray(fp.kv_cache_bytes).tolist()}
+        return {"sources": {"kv": kv, "room": room},
                 "values": {"kv_bytes_per_token": fp.kv_bytes_per_token,
                            "request_4k_bytes": REQUEST_TOKENS * fp.kv_bytes_per_token,
                            "batch_4k_bytes": at4k.kv_cache_bytes,
-                           "weight_bytes": fp.weight_bytes, "weights_fit": fp.weight_bytes <= fp.capacity_bytes,
+                           "weight_bytes": fp.weight_bytes,
+                           "weights_fit": fp.weight_bytes <= fp.capacity_bytes,
                            "room_bytes": fp.kv_room_bytes,
                            "max_batch_4k": at4k.max_batch, "max_context": at4k.max_context}}
 
@@ -75,8 +76,9 @@ def footprint_panel() -> Panel:
         fig = style.new_figure("How fat the KV cache gets", "context (tokens per sequence)", "bytes",
                                x_axis_type="log", y_axis_type="log", height=330)
         a = fig.line("context", "kv", source=src["kv"], color=style.KV_READ, width=3, legend_label="KV of the batch")
-        fig.line("context", "room", source=src["room"], color=style.GREY, width=2, line_dash="dashed",
-                 legend_field="room_label")  # absent, legend entry too, where nothing is left
+        # absent, legend entry too, where nothing is left
+        fig.line("context", "room", source=src["room"], color=style.GREY, width=2,
+                 line_dash="dashed", legend_field="room_label")
         fig.xaxis.formatter = style.count_ticks()
         fig.yaxis.formatter = style.si_ticks("B")
         fig.legend.location = "top_left"
@@ -118,7 +120,8 @@ def _tier_times(state: dict) -> tuple[dict, np.ndarray, bool]:
     out, local = {}, None
     for name in SHOWN_PLACEMENTS:
         step = tiers.tiered_decode_step(model, TIER_HARDWARE, batch, TIER_CONTEXTS, name)
-        out[name] = kernel_s + np.asarray(step.tier_time_s) if measured else np.asarray(step.step_time_s)
+        tier_s, ceiling_s = np.asarray(step.tier_time_s), np.asarray(step.step_time_s)
+        out[name] = kernel_s + tier_s if measured else ceiling_s
         local = kernel_s if measured else np.asarray(step.hbm_step_time_s)
     return out, local, measured
 
@@ -133,14 +136,17 @@ def tier_read_panel():
         c = TIER_CONTEXTS.astype(float)
         i4k = int(np.flatnonzero(c == 4096)[0])
         tps = {name: state["batch"] / t for name, t in times.items()}
-        sources = {name: {"context": c[np.isfinite(v)].tolist(), "tokens_per_s": v[np.isfinite(v)].tolist()}
-                   for name, v in tps.items()}
+        sources = {name: {"context": c[np.isfinite(v)].tolist(),
+                          "tokens_per_s": v[np.isfinite(v)].tolist()} for name, v in tps.items()}
         why = speed.why_not(state["model"], TIER_HARDWARE, "fp16", "fp16") if measured else ""
         if measured and not why and not np.isfinite(local[i4k]):
             why = speed.NO_RANGE
-        title = f"{TIER_TITLE} ({speed.short_source(TIER_HARDWARE)}, H100 SXM)" if measured else TIER_TITLE
+        title = TIER_TITLE
+        if measured:
+            title = f"{TIER_TITLE} ({speed.short_source(TIER_HARDWARE)}, H100 SXM)"
         return {"sources": sources, "titles": {"tier-read": title}, "values": {
-            "hbm_4k": tps["hbm"][i4k], "host_4k": tps["host-pcie5"][i4k], "remote_400g_4k": tps[REMOTE][i4k],
+            "hbm_4k": tps["hbm"][i4k], "host_4k": tps["host-pcie5"][i4k],
+            "remote_400g_4k": tps[REMOTE][i4k],
             "host_slowdown": times["host-pcie5"][i4k] / local[i4k],
             "speed": speed.speed_text(measured, why, 1.0, TIER_HARDWARE),
             "remote_200g_4k": tps["remote-ib-200g"][i4k], "remote_4k": tps["remote-ib-200g"][i4k]}}
@@ -159,8 +165,8 @@ def tier_read_panel():
         return fig
 
     batch = Control("batch", "Batch (sequences)", (1, 8, 32), 8, kind="slider", live_range=(1, 512), log=True)
-    return lookup_panel("tier-read", (small_model_control(), batch, speed.speed_control()), compute, figures,
-                        TIER_READOUT, glue=TIER_GLUE)
+    controls = (small_model_control(), batch, speed.speed_control())
+    return lookup_panel("tier-read", controls, compute, figures, TIER_READOUT, glue=TIER_GLUE)
 
 
 # -------------------------------------------------------------- hit vs miss
@@ -267,7 +273,8 @@ def pd_panel():
     context = Control("context", "Context (tokens)", (1024, 4096, 32768), 4096, kind="slider",
                       live_range=(128, 131072), log=True)
     batch = Control("batch", "Requests moved together", (1, 8), 1, kind="slider", live_range=(1, 256), log=True)
-    return lookup_panel("pd", (small_model_control(), context, batch), compute, figures, PD_READOUT, glue=PD_GLUE)
+    return lookup_panel("pd", (small_model_control(), context, batch), compute, figures, PD_READOUT,
+                        glue=PD_GLUE)
 
 
 # ------------------------------------------------------ measured transfers

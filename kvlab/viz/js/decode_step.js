@@ -21,7 +21,8 @@
   // decode_step._main: measured times (NaN where not covered) if any point is covered.
   function main(K, T, s, ceilingTimes, pairs) {
     if (s.speed === "measured") {
-      const times = pairs.map(([b, c]) => K.measuredTime(T, T.measured, at(s, { batch: b, context: c })).t);
+      const times = pairs.map(
+        ([b, c]) => K.measuredTime(T, T.measured, at(s, { batch: b, context: c })).t);
       if (times.some((t) => t === t)) return [times, true];
     }
     return [ceilingTimes, false];
@@ -30,10 +31,12 @@
   function batchPart(K, T, s, short) {
     const b = T.batches, steps = b.map((x) => K.step(T, at(s, { batch: x })));
     const k = K.batchKnee(steps);
-    const [times, measured] = main(K, T, s, steps.map((r) => r.step_time_s), b.map((x) => [x, s.context]));
+    const [times, measured] = main(K, T, s, steps.map((r) => r.step_time_s),
+                                   b.map((x) => [x, s.context]));
     const keep = times.map((t) => t === t), tps = b.map((x, i) => x / times[i]);
     const label = measured ? " (" + short + ")" : "";
-    const line = { batch: b, tokens_per_s: tps, per_sequence: times.map((t) => 1.0 / t), tpot_s: times,
+    const line = { batch: b, tokens_per_s: tps, per_sequence: times.map((t) => 1.0 / t),
+                   tpot_s: times,
                    total_label: b.map(() => "whole batch" + label),
                    each_label: b.map(() => "each sequence" + label) };
     let ref = empty("batch", "tokens_per_s", "per_sequence", "tpot_s", "ref_label");
@@ -43,7 +46,8 @@
               per_sequence: steps.map((r) => r.tokens_per_s_per_sequence),
               tpot_s: steps.map((r) => r.step_time_s), ref_label: b.map(() => ceiling) };
     }
-    const knee = keep[k] ? { batch: [b[k]], tokens_per_s: [tps[k]], tpot_s: [times[k]], knee_label: ["knee"] }
+    const knee = keep[k]
+      ? { batch: [b[k]], tokens_per_s: [tps[k]], tpot_s: [times[k]], knee_label: ["knee"] }
       : empty("batch", "tokens_per_s", "tpot_s", "knee_label");
     const values = { knee_batch: b[k], knee_tokens_per_s: tps[k], knee_tpot_s: times[k],
                      batch1_tokens_per_s: tps[0], max_tokens_per_s: tps[tps.length - 1] };
@@ -52,10 +56,11 @@
 
   function contextPart(K, T, s, short) {
     const c = T.contexts, steps = c.map((x) => K.step(T, at(s, { context: x })));
-    const [times, measured] = main(K, T, s, steps.map((r) => r.step_time_s), c.map((x) => [s.batch, x]));
+    const [times, measured] = main(K, T, s, steps.map((r) => r.step_time_s),
+                                   c.map((x) => [s.batch, x]));
     const keep = times.map((t) => t === t), each = times.map((t) => 1.0 / t);
     const line = { context: c, per_sequence: each,
-                   label: c.map(() => (measured ? "each sequence (" + short + ")" : "each sequence")) };
+                   label: c.map(() => "each sequence" + (measured ? " (" + short + ")" : "")) };
     let ref = empty("context", "per_sequence", "ref_label");
     if (measured) {
       const ceiling = "ceiling × " + K.percent(s.efficiency);
@@ -85,12 +90,14 @@
     const styles = T.points.slice();
     if (r.efficiency === "measured") {
       pts.push([r.flops, r.step_bytes, r.step_time_s]);
-      styles.push([T.measured_point[0] + " (" + short + ")", T.measured_point[1], T.measured_point[2]]);
+      const [label, color, marker] = T.measured_point;
+      styles.push([label + " (" + short + ")", color, marker]);
     }
     const peak = r.ridge_flops_per_byte * r.bandwidth_bytes_per_s;
     const roofPeak = ceiling.ridge_flops_per_byte * ceiling.bandwidth_bytes_per_s;
     const bw = ceiling.bandwidth_bytes_per_s;
-    return [{ roof: { x: T.roof_x, y: T.roof_x.map((x) => Math.min(roofPeak, x * bw) * s.efficiency) },
+    const roof = T.roof_x.map((x) => Math.min(roofPeak, x * bw) * s.efficiency);
+    return [{ roof: { x: T.roof_x, y: roof },
               points: { label: styles.map((p) => p[0]), color: styles.map((p) => p[1]),
                         marker: styles.map((p) => p[2]), intensity: pts.map((p) => p[0] / p[1]),
                         flops_per_s: pts.map((p) => p[0] / p[2]) } },

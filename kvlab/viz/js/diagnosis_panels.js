@@ -32,10 +32,11 @@
     const budget = tpotBatch(K, T, base);
     const grid = T.batches.map((b) => K.step(T, at(base, { batch: b })));
     const memory = grid[0].max_batch, allowed = Math.min(budget, memory);
-    const batches = Array.from(new Set(T.batches.concat([budget, memory, allowed].filter((b) => b >= 1))))
-      .sort((a, b) => a - b);
+    const marks = [budget, memory, allowed].filter((b) => b >= 1);
+    const batches = Array.from(new Set(T.batches.concat(marks))).sort((a, b) => a - b);
     const steps = batches.map((b) => K.step(T, at(base, { batch: b })));
-    const tpot = steps.map((r) => r.step_time_s), here = new Map(batches.map((b, i) => [b, steps[i]]));
+    const tpot = steps.map((r) => r.step_time_s);
+    const here = new Map(batches.map((b, i) => [b, steps[i]]));
     const chosen = here.get(allowed), tps = chosen ? chosen.tokens_per_s : 0.0;
     const time = (b) => here.get(b).step_time_s;
     const limit = memory < budget ? "memory" : (budget < memory ? "TPOT budget" : "both");
@@ -50,7 +51,8 @@
       },
       values: { tpot_batch: budget, max_batch: memory, allowed_batch: allowed, limited_by: limit,
                 allowed_tpot_s: chosen ? chosen.step_time_s : NaN, allowed_tokens_per_s: tps,
-                knee_batch: T.batches[K.batchKnee(grid)], slo_batch: allowed, slo_tokens_per_s: tps },
+                knee_batch: T.batches[K.batchKnee(grid)], slo_batch: allowed,
+                slo_tokens_per_s: tps },
     };
   };
 })(window.KVLAB);

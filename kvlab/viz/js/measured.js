@@ -25,8 +25,12 @@
     const kk = M.dtype_keys[s.kv_dtype];
     if (!M.devices[s.hardware]) return M.no.device;
     if (m.mla) return M.no.mla;
-    if (!M.fixed[s.model + "|" + s.hardware + "|" + wk]) return "no " + s.weight_dtype + " weight tables";
-    if (!M.attention[s.hardware + "|" + m.layout + "/" + kk]) return "no " + s.kv_dtype + " KV tables";
+    if (!M.fixed[s.model + "|" + s.hardware + "|" + wk]) {
+      return "no " + s.weight_dtype + " weight tables";
+    }
+    if (!M.attention[s.hardware + "|" + m.layout + "/" + kk]) {
+      return "no " + s.kv_dtype + " KV tables";
+    }
     return "";
   }
 
