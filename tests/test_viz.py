@@ -393,6 +393,32 @@ def test_every_legend_entry_has_data_in_every_state(key):
     assert bad == []
 
 
+def test_texts_that_only_some_states_show_have_their_chinese():
+    """Words a panel shows only in some states (the measured mode's legends, titles and
+    phrases, the limit that binds the batch) are in the Chinese table too; tests/test_i18n.py
+    checks every panel's default state."""
+    from test_js import measured_states
+
+    from kvlab.viz import i18n
+    from kvlab.viz.panel import FORMATS
+
+    texts = set()
+    for key in ("ledger", "tier-read", "tpot-budget", "footprint", "pd"):
+        panel = panels()[key]()
+        states = legend_states(panel)
+        if key == "ledger":
+            states = states[::10] + measured_states(panel)[::3]
+        for state in states:
+            out = panel.compute(state)
+            texts |= {FORMATS[kind](out["values"][k]) for k, _label, kind in panel.readout
+                      if kind == "text"}
+            texts |= set(out.get("titles", {}).values())
+            for name, data in out["sources"].items():
+                texts |= {v for col, values in data.items() if col not in i18n.HIDDEN_COLUMNS
+                          for v in values if isinstance(v, str)}
+    assert i18n.missing(texts) == [], "add these to kvlab/viz/i18n_zh.py"
+
+
 def test_footprint_draws_no_room_when_the_weights_overflow_the_device():
     panel = panels()["footprint"]()
     state = {**panel.default_state, "model": "llama-3.1-70b", "hardware": "h100-sxm"}
@@ -414,12 +440,13 @@ def test_tpot_budget_keeps_the_slo_and_the_memory_limit_apart():
     step = lambda b: cost.decode_step(m, hw, b, ctx).step_time_s  # noqa: E731
     assert step(v["tpot_batch"]) <= slo < step(v["tpot_batch"] + 1)  # the budget's exact edge
     assert v["max_batch"] == cost.memory_fit(m, hw, 1, ctx).max_batch
-    assert v["max_batch"] < v["tpot_batch"] and v["limited_by"] == "memory"
+    assert v["max_batch"] < v["tpot_batch"] and v["limited_by"] == "device memory"
     assert v["allowed_batch"] == v["max_batch"] and v["allowed_tpot_s"] < 0.5 * slo
     tight = panel.values(slo=0.02)  # a tight budget: now the budget sets the batch
     assert tight["limited_by"] == "TPOT budget" and tight["allowed_batch"] == tight["tpot_batch"]
     none = panel.values(model="llama-3.1-70b")  # fp16 70B does not fit one H100 at all
-    assert none["max_batch"] == 0 and none["allowed_batch"] == 0 and none["limited_by"] == "memory"
+    assert none["max_batch"] == 0 and none["allowed_batch"] == 0
+    assert none["limited_by"] == "device memory"
     assert none["allowed_tpot_s"] != none["allowed_tpot_s"]  # NaN: nothing runs
 
 

@@ -62,7 +62,7 @@ def _mark(batch: int, **columns) -> dict:
 
 
 def _limit(tpot: int, memory: int) -> str:
-    return "memory" if memory < tpot else ("TPOT budget" if tpot < memory else "both")
+    return "device memory" if memory < tpot else ("TPOT budget" if tpot < memory else "both")
 
 
 def tpot_budget_panel() -> Panel:

@@ -9,9 +9,40 @@ from __future__ import annotations
 #: numbers with units and all-capital product names, which kvlab.viz.i18n.exempt knows).
 KEEP = frozenset({
     "conversation", "synthetic", "toolagent", "lru", "lfu", "KV", "TTFT", "TPOT", "ITL", "e.g.",
+    "aiconfigurator-core 0.12.0",
 })
 
 ZH: dict[str, str] = {
+    # ------------------------------------------- the decode-step panel, its speed, the limits
+    "... KV on a node across one 400G NIC": "……KV 在另一节点、经一块 400G 网卡",
+    "Context where KV reads match weights": "KV 读取量与权重相当时的上下文长度",
+    "Decode reading the KV over 400G every step: slower by": "每步都经 400G 读取 KV 的解码：慢了",
+    "FLOPs per byte moved": "每搬运一字节的 FLOP 数",
+    "KV history read per step": "每步读取的 KV 历史",
+    "KV over one 400 Gb/s NIC": "经一块 400 Gb/s 网卡传 KV",
+    "Largest batch both allow": "两者都允许的最大批",
+    "Largest batch within the TPOT budget (memory aside)": "TPOT 预算内的最大批（不计显存）",
+    "Speed": "速度",
+    "Speed from": "速度依据",
+    "TPOT at that batch": "该批大小下的 TPOT",
+    "TPOT budget and memory: two limits on the batch": "TPOT 预算与显存：批大小的两个限制",
+    "Time per step": "每步时间",
+    "Weights fit in device memory": "权重放得进显存",
+    "Weights read per step": "每步读取的权重",
+    "What limits the batch": "限制批大小的是",
+    "both": "两者",
+    "device memory": "显存",
+    "ceiling × efficiency": "上限 × 效率",
+    "largest batch within the TPOT budget": "TPOT 预算内的最大批",
+    "measured kernels": "实测内核",
+    "memory limit: largest batch that fits": "显存上限：放得下的最大批",
+    "no MLA attention tables": "没有 MLA 注意力表",
+    "no kernel tables for this device": "此设备没有内核表",
+    "one 400 Gb/s NIC, one per GPU": "一块 400 Gb/s 网卡（每 GPU 一块）",
+    "outside the tables' range": "超出表的范围",
+    "step (TPOT)": "整步（TPOT）",
+    "the batch both allow": "两者都允许的批大小",
+    "this step": "当前这一步",
     # ---------------------------------------------------------------- control labels
     "Achieved fraction of peak": "实际达到峰值的比例",
     "Architecture": "架构",
@@ -308,6 +339,14 @@ ZH: dict[str, str] = {
     "GPU <-> GPU inside an H100/H200 HGX node (18 links x 25 GB/s per direction)":
         "H100/H200 HGX 节点内 GPU <-> GPU（18 条链路 × 每方向 25 GB/s）",
     "host <-> GPU on A100 / L40S / RTX class systems": "A100 / L40S / RTX 级系统上的主机 <-> GPU",
+    "host <-> GPU on A100 / L40S / RTX class systems; GPU <-> GPU where there is no NVLink":
+        "A100 / L40S / RTX 级系统上的主机 <-> GPU；没有 NVLink 时的 GPU <-> GPU",
+    "GPU <-> GPU inside a B200 HGX node (18 links x 50 GB/s per direction)":
+        "B200 HGX 节点内 GPU <-> GPU（18 条链路 × 每方向 50 GB/s）",
+    "GPU <-> GPU inside an A100 HGX node (12 links x 25 GB/s per direction)":
+        "A100 HGX 节点内 GPU <-> GPU（12 条链路 × 每方向 25 GB/s）",
+    "GPU <-> GPU on an 8 x MI300X platform (each GPU linked to its 7 peers, 7 x 64 GB/s per "
+    "direction)": "8 × MI300X 平台上的 GPU <-> GPU（每块 GPU 连向其余 7 块，7 × 每方向 64 GB/s）",
     "host <-> GPU on H100 / H200 systems": "H100 / H200 系统上的主机 <-> GPU",
     "one HDR InfiniBand or 200G RoCE NIC": "一块 HDR InfiniBand 或 200G RoCE 网卡",
     "one NDR InfiniBand or 400G RoCE NIC": "一块 NDR InfiniBand 或 400G RoCE 网卡",
@@ -343,6 +382,8 @@ PATTERNS: list[tuple[str, str]] = [
     ("One global pool or {n} separate caches", "一个全局池，还是 {n} 个独立缓存"),
     ("Same bytes, lower latency", "字节不变，延迟更低"),
     ("{fw} kernel tables, {gpu}", "{fw} 内核表，{gpu}"),
+    ("Data: {source}", "数据：{source}"),
+    ("{fw} kernel tables ({package}): {gpus}", "{fw} 内核表（{package}）：{gpus}"),
     ("W {w} · KV {kv}", "权重 {w} · KV {kv}"),
     ("{device}, batch {n}", "{device}，批大小 {n}"),
     ("batch {n}, KV {dtype}, PyTorch kernels", "批大小 {n}，KV {dtype}，PyTorch 内核"),
@@ -360,6 +401,16 @@ PATTERNS: list[tuple[str, str]] = [
     ("{policy}: token hit ratio", "{policy}：token 命中率"),
     ("{policy}: request-level hit rate", "{policy}：请求级命中率"),
     ("{a} / 8 bits per byte = {b}", "{a} / 每字节 8 位 = {b}"),
+    ("Decode speed when the KV is read from a tier every step ({src}, {gpu})",
+     "每步都从某一层读取 KV 时的解码速度（{src}，{gpu}）"),
+    ("Time per step ({where})", "每步时间（{where}）"),
+    ("whole batch ({src})", "整批（{src}）"),
+    ("each sequence ({src})", "每个序列（{src}）"),
+    ("decode step, measured ({src})", "解码步，实测（{src}）"),
+    ("ceiling × {share}", "上限 × {share}"),
+    ("no {dtype} weight tables", "没有 {dtype} 权重表"),
+    ("no {dtype} KV tables", "没有 {dtype} KV 表"),
+    ("{fw} kernels", "{fw} 内核"),
     ("{a}: {b}", "{a}：{b}"),
     ("{a}; {b}", "{a}；{b}"),
 ]

@@ -213,7 +213,7 @@ class Panel:
             for name, data in out["sources"].items():
                 sources[name].data = data
             for name, text in out.get("titles", {}).items():
-                titles[name].text = text
+                titles[name].text = i18n.t(text)
             readout.value = readout_html(self.readout, out["values"])
 
         for widget in widgets.values():

@@ -39,7 +39,7 @@
     const here = new Map(batches.map((b, i) => [b, steps[i]]));
     const chosen = here.get(allowed), tps = chosen ? chosen.tokens_per_s : 0.0;
     const time = (b) => here.get(b).step_time_s;
-    const limit = memory < budget ? "memory" : (budget < memory ? "TPOT budget" : "both");
+    const limit = memory < budget ? "device memory" : (budget < memory ? "TPOT budget" : "both");
     return {
       sources: {
         curve: { batch: batches, tpot_s: tpot, tokens_per_s: steps.map((r) => r.tokens_per_s) },
