@@ -167,6 +167,46 @@ def test_covering_arrays_cover_every_three_controls():
     assert len(rows) < 1.2 * 17 * 10 * 9  # near the bound: the three largest grids' product
 
 
+# ------------------------------------------------------- the measured mode
+#: (batch, context) points of the measured states: inside the kernel tables' range, at its
+#: edges, and outside it (a large batch at a long context).
+MEASURED_POINTS = ((1, 256), (24, 4096), (8, 65536), (192, 16384), (384, 2048), (1024, 131072))
+
+
+def measured_states(panel) -> list[dict]:
+    """The decode-step panel in measured mode: every model x device x dtype pair of the
+    grid the kernel tables cover, at MEASURED_POINTS, and one state for each kind of
+    configuration they do not cover (no tables for the device, MLA, each weight or KV dtype)."""
+    from kvlab.grids import DTYPE_CHOICES
+    from kvlab.viz import speed
+
+    covered, uncovered = [], {}
+    for m, d, w, k in itertools.product(models(), devices(), DTYPE_CHOICES, DTYPE_CHOICES):
+        base = {**panel.default_state, "model": m, "hardware": d, "weight_dtype": w, "kv_dtype": k,
+                "efficiency": 0.8, "speed": "measured"}
+        why = speed.why_not(m, d, w, k)
+        if why:
+            uncovered.setdefault(why, base)  # one state per phrase
+        else:
+            covered += [{**base, "batch": b, "context": c} for b, c in MEASURED_POINTS]
+    return covered + list(uncovered.values())
+
+
+def test_decode_step_panel_in_measured_mode(library):
+    """The ledger panel's JavaScript against Python in measured mode, for every covered
+    configuration (out of the tables' range too) and every kind of uncovered one."""
+    panel = built_panel("ledger")
+    states = measured_states(panel)
+    values = [panel.compute(s)["values"] for s in states]
+    timed = sum(v["efficiency"] == "measured" for v in values)
+    assert timed > 500 and len(states) - timed > 500  # both kinds, many of each
+    assert {v["speed"].split(": ")[-1] for v in values} >= {
+        "no kernel tables for this device", "no MLA attention tables", "no int4 weight tables",
+        "no fp8 KV tables", "outside the tables' range", "TRTLLM 1.3.0rc20 kernels",
+        "TRTLLM 1.0.0 kernels"}
+    check_panel(panel, states, library)
+
+
 # ------------------------------------------------------- sliding windows
 @pytest.fixture
 def windowed_catalogue(monkeypatch):
@@ -292,6 +332,7 @@ def test_readout_formats_are_twins(library):
     numbers = np.concatenate([10 ** rng.uniform(-9, 16, 60),
                               [0.0, 1.0, 2.5, 999.95, 1e21, 0.125, 0.95]]).tolist()
     samples = {"yesno": [True, False], "text": ["memory", "compute", "Llama 3.1 8B"],
+               "ratio": numbers + [None],
                "count_or_never": [None, 0.0, 12.0, 4096.0],
                "count_or_unbounded": [None, 0.0, 15735.0]}
     jobs = [{"library": f"FORMATS.{kind}", "terms": None,

@@ -14,7 +14,9 @@ def panels() -> dict[str, Callable[[], object]]:
 
     return _unique([
         ("hits", what_a_hit_saves.hit_panel),
-        ("ledger", pick(bandwidth_wall, "ledger")),
+        ("ledger", pick(bandwidth_wall, "ledger")),  # the decode step: bytes, time, sweeps, roofline
+        # chapter 2 still shows these three; the ledger panel draws all they draw: remove
+        # them here when the chapter's notebook stops showing them
         ("knee", pick(bandwidth_wall, "batch")),
         ("context", pick(bandwidth_wall, "context")),
         ("roofline", pick(bandwidth_wall, "roofline")),

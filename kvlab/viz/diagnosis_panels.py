@@ -1,7 +1,9 @@
-"""Chapter 5 figures: the TPOT budget against batch (pitfall 1) and diagnosis reports."""
+"""Chapter 5 figures: the TPOT budget and the memory limit against batch (pitfall 1), and
+diagnosis reports."""
 from __future__ import annotations
 
 import html
+import math
 
 import numpy as np
 
@@ -17,49 +19,116 @@ from .terms import ledger_terms
 SLO_GRID = (0.02, 0.03, 0.05, 0.1, 0.2)
 DTYPES_USED = {"weight_dtype": "fp16", "kv_dtype": "fp16"}  # the panel has no dtype controls
 SLO_READOUT = (
-    ("slo_batch", "Largest batch within the TPOT budget", "count"),
-    ("slo_tokens_per_s", "Tokens/s at that batch", "rate"),
-    ("knee_batch", "Knee (KV reads reach the weights)", "count"),
+    ("tpot_batch", "Largest batch within the TPOT budget (memory aside)", "count"),
     ("max_batch", "Largest batch that fits in memory", "count"),
+    ("allowed_batch", "Largest batch both allow", "count"),
+    ("limited_by", "What limits the batch", "text"),
+    ("allowed_tpot_s", "TPOT at that batch", "seconds"),
+    ("allowed_tokens_per_s", "Tokens/s at that batch", "rate"),
+    ("knee_batch", "Knee (KV reads reach the weights)", "count"),
 )
+#: Kept while chapter 5's prose quotes them: the batch both limits allow, and its tokens/s.
+SLO_GLUE = (("slo_batch", "count"), ("slo_tokens_per_s", "rate"))
+LIMIT_LABELS = ("largest batch within the TPOT budget", "memory limit: largest batch that fits",
+                "the batch both allow")
+
+
+def tpot_batch(model, hardware, context, slo_s, **dtypes) -> int:
+    """The largest batch whose TPOT stays within `slo_s`, memory aside (0 if not even one
+    sequence does): the ledger's step time grows with the batch, so a bisection finds it."""
+    def within(b):
+        return cost.decode_step(model, hardware, b, context, **dtypes).step_time_s <= slo_s
+
+    if not within(1):
+        return 0
+    lo, hi = 1, cost.MAX_BATCH
+    if within(hi):
+        return hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if within(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _mark(batch: int, **columns) -> dict:
+    """One figure mark at `batch` (a callable column is evaluated there), or none at all
+    (no glyph, no legend entry) when the batch is 0: nothing can run."""
+    row = {k: (v(batch) if callable(v) else v) for k, v in columns.items()} if batch >= 1 else None
+    rows = {k: [v] if row else [] for k, v in (row or columns).items()}
+    return {"batch": [batch] if row else [], **rows}
+
+
+def _limit(tpot: int, memory: int) -> str:
+    return "device memory" if memory < tpot else ("TPOT budget" if tpot < memory else "both")
 
 
 def tpot_budget_panel() -> Panel:
-    """TPOT against batch with a TPOT budget: raise the batch while watching TPOT."""
-    grid = np.array(BATCH_GRID, dtype=float)
+    """TPOT against batch with a TPOT budget and the memory limit, kept apart: the budget
+    allows one batch, memory another, and the smaller one is what the deployment gets."""
 
     def compute(state):
-        s = cost.decode_step(state["model"], state["hardware"], grid, state["context"],
-                             **DTYPES_USED)
-        within = np.flatnonzero((s.step_time_s <= state["slo"]) & s.fits)
-        k = within[-1] if within.size else 0
-        knee = cost.batch_knee(s)
-        return {"sources": {
-            "curve": {"batch": grid.tolist(), "tpot_s": s.step_time_s.tolist(), "tokens_per_s": s.tokens_per_s.tolist()},
-            "slo": {"batch": [grid[0], grid[-1]], "tpot_s": [state["slo"], state["slo"]]},
-            "pick": {"batch": [grid[k]], "tpot_s": [s.step_time_s[k]]}},
-            "values": {"slo_batch": float(grid[k]) if within.size else 0.0,
-                       "slo_tokens_per_s": float(s.tokens_per_s[k]) if within.size else 0.0,
-                       "knee_batch": float(grid[knee]), "max_batch": float(np.ravel(s.max_batch)[0])}}
+        m, hw, ctx, slo = state["model"], state["hardware"], state["context"], state["slo"]
+        budget = tpot_batch(m, hw, ctx, slo, **DTYPES_USED)
+        grid = cost.decode_step(m, hw, np.array(BATCH_GRID), ctx, **DTYPES_USED)
+        memory = int(np.ravel(grid.max_batch)[0])
+        allowed = min(budget, memory)
+        marks = [budget, memory, allowed]
+        batches = sorted(set(BATCH_GRID) | {b for b in marks if b >= 1})
+        steps = [cost.decode_step(m, hw, b, ctx, **DTYPES_USED) for b in batches]
+        tpot = [s.step_time_s for s in steps]
+        at = dict(zip(batches, steps))
+        chosen = at.get(allowed)
+        tps = chosen.tokens_per_s if chosen else 0.0
+
+        def time(b):
+            return at[b].step_time_s
+
+        sources = {
+            "curve": {"batch": batches, "tpot_s": tpot,
+                      "tokens_per_s": [s.tokens_per_s for s in steps]},
+            "slo": {"batch": [batches[0], batches[-1]], "tpot_s": [slo, slo]},
+            "budget": _mark(budget, tpot_s=time, budget_label=LIMIT_LABELS[0]),
+            "memory": _mark(memory, low=min(tpot), high=max(max(tpot), slo),
+                            memory_label=LIMIT_LABELS[1]),
+            "allowed": _mark(allowed, tpot_s=time, allowed_label=LIMIT_LABELS[2])}
+        return {"sources": sources, "values": {
+            "tpot_batch": budget, "max_batch": memory, "allowed_batch": allowed,
+            "limited_by": _limit(budget, memory),
+            "allowed_tpot_s": chosen.step_time_s if chosen else math.nan,
+            "allowed_tokens_per_s": tps,
+            "knee_batch": float(BATCH_GRID[cost.batch_knee(grid)]),
+            "slo_batch": allowed, "slo_tokens_per_s": tps}}
 
     def figures(src):
-        fig = style.new_figure("Raise the batch while watching TPOT", "batch (sequences)", "TPOT",
-                               x_axis_type="log", y_axis_type="log", height=320)
+        fig = style.new_figure("TPOT budget and memory: two limits on the batch",
+                               "batch (sequences)", "TPOT", x_axis_type="log", y_axis_type="log",
+                               height=340)
         fig.line("batch", "tpot_s", source=src["curve"], color=style.GREEN, width=2.5, legend_label="TPOT")
         fig.line("batch", "tpot_s", source=src["slo"], color=style.VERMILION, width=2, line_dash="dashed",
                  legend_label="TPOT budget")
-        fig.scatter("batch", "tpot_s", source=src["pick"], size=11, color=style.BLUE, legend_label="largest batch within it")
+        # each mark is absent (no glyph, no legend entry) when its batch is 0
+        fig.segment("batch", "low", "batch", "high", source=src["memory"], color=style.GREY,
+                    width=2.5, line_dash="dotted", legend_field="memory_label")
+        fig.scatter("batch", "tpot_s", source=src["budget"], size=10, color=style.VERMILION,
+                    legend_field="budget_label")
+        fig.scatter("batch", "tpot_s", source=src["allowed"], size=15, fill_color=None,
+                    line_color=style.BLUE, line_width=3, legend_field="allowed_label")
         fig.xaxis.formatter = style.count_ticks()
         fig.yaxis.formatter = style.seconds_ticks()
         fig.legend.location = "top_left"
+        fig.legend.label_text_font_size = "10px"
         return fig
 
     slo = Control("slo", "TPOT budget", SLO_GRID, 0.05, kind="slider", integer=False, live_range=(0.005, 0.5),
                   option_labels=tuple(f"{round(v * 1000)} ms" for v in SLO_GRID))
     controls = (model_control(), hardware_control(), context_control(8192), slo)
     terms = {**ledger_terms(models(), devices()), "batches": list(BATCH_GRID),
-             "dtypes_used": DTYPES_USED}
-    return Panel("tpot-budget", controls, compute, figures, "tpot-budget", terms, SLO_READOUT)
+             "dtypes_used": DTYPES_USED, "max_batch": cost.MAX_BATCH, "labels": list(LIMIT_LABELS)}
+    return Panel("tpot-budget", controls, compute, figures, "tpot-budget", terms, SLO_READOUT,
+                 glue=SLO_GLUE)
 
 
 class DiagnosisReport:

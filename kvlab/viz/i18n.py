@@ -211,7 +211,7 @@ _BROWSER = """(function () {
     K.FORMATS[kind] = (v) => tr(format(v));
   }
   const apply = K.apply;
-  K.apply = function (result, sources, readout, spec) {
+  K.apply = function (result, sources, readout, spec, titles) {
     const translated = {};
     for (const [name, data] of Object.entries(result.sources || {})) {
       translated[name] = {};
@@ -222,7 +222,9 @@ _BROWSER = """(function () {
       }
     }
     const labels = (spec || []).map(([key, label, kind]) => [key, tr(label), kind]);
-    return apply(Object.assign({}, result, {sources: translated}), sources, readout, labels);
+    const named = Object.fromEntries(Object.entries(result.titles || {}).map(([k, v]) => [k, tr(v)]));
+    return apply(Object.assign({}, result, {sources: translated, titles: named}), sources, readout,
+                 labels, titles);
   };
   K.tr = tr;
 })();

@@ -1,4 +1,7 @@
-"""Chapter 2 panels: the bandwidth ledger, the batch knee, context, quantization.
+"""Chapter 2 panels: the bandwidth ledger (kvlab.viz.decode_step: one control bar for the
+step, its batch and context sweeps and its roofline point), and the batch knee and context
+panels the chapter showed before it (kept while its notebook still shows them; the
+decode-step panel draws both).
 
 Each factory returns a `Panel`: `compute` asks kvlab.cost (any value), its twin in
 js/ledger.js recombines the build-time terms through KVLAB.step (grid values), `figures`
@@ -16,31 +19,13 @@ from .controls import (
     BATCH_GRID, CONTEXT_GRID, batch_control, context_control, dtype_control, efficiency_control,
     hardware_control, ledger_state, model_control,
 )
+from .decode_step import BYTES_Y, LONG_CONTEXT, SHORT_CONTEXT, decode_step_panel
 from .panel import Panel
 from .terms import ledger_terms
-
-STEP_READOUT = (
-    ("weight_read_bytes", "Weights read", "bytes"),
-    ("kv_read_bytes", "KV history read", "bytes"),
-    ("step_bytes", "Bytes per step", "bytes"),
-    ("step_time_s", "Time per step (TPOT)", "seconds"),
-    ("tokens_per_s", "Tokens/s, whole batch", "rate"),
-    ("tokens_per_s_per_sequence", "Tokens/s, each sequence", "rate"),
-    ("bound", "Bound by", "text"),
-    ("arithmetic_intensity", "Arithmetic intensity", "intensity"),
-    ("kv_cache_bytes", "KV cache held", "bytes"),
-    ("fits", "Fits in memory", "yesno"),
-    ("max_batch", "Largest batch that fits", "count"),
-)
 
 
 def _terms() -> dict:
     return ledger_terms(models(), devices())
-
-
-def _budget(state: dict) -> dict:
-    keys = ("model", "hardware", "batch", "context", "weight_dtype", "kv_dtype", "efficiency")
-    return {k: state[k] for k in keys if k in state}
 
 
 def _step(state: dict, **override):
@@ -49,48 +34,17 @@ def _step(state: dict, **override):
 
 # ------------------------------------------------------------------ the ledger
 def ledger_panel() -> Panel:
-    """Bytes one decode step moves (weights vs KV) and the time it takes."""
-
-    def compute(state):
-        s = _step(state)
-        return {"sources": _ledger_sources(s.weight_read_bytes, s.kv_read_bytes, s.kv_write_bytes,
-                                           s.memory_time_s, s.compute_time_s),
-                "values": s.to_dict()}
-
-    def figures(src):
-        from bokeh.layouts import column
-
-        fig = style.new_figure("Bytes one decode step moves", "bytes per step", "", height=170,
-                               y_range=list(BYTES_Y), x_range=style.from_zero())
-        renderers = fig.hbar_stack(["weights", "kv_read", "kv_write"], y="y", height=0.6, source=src["bytes"],
-                                   color=[style.WEIGHTS, style.KV_READ, style.KV_WRITE],
-                                   legend_label=["weights", "KV history read", "KV written"])
-        fig.xaxis.formatter = style.si_ticks("B")
-        fig.legend.orientation = "horizontal"
-        fig.add_layout(fig.legend[0], "above")
-        style.hover(fig, [("weights", "@weights{0.000a}B"), ("KV read", "@kv_read{0.000a}B"),
-                          ("KV written", "@kv_write{0.000a}B")], renderers)
-        times = style.new_figure("Time per step: moving bytes vs doing FLOPs", "seconds", "", height=170,
-                                 y_range=list(TIME_KINDS[::-1]), x_range=style.from_zero())
-        times.hbar(y="kind", right="seconds", height=0.6, color="color", source=src["time"])
-        times.xaxis.formatter = style.seconds_ticks()
-        style.hover(times, [("", "@kind"), ("time", "@label")])
-        return column(fig, times)
-
-    controls = (model_control(), hardware_control(), batch_control(), context_control(),
-                dtype_control("weight_dtype", "Weights"), dtype_control("kv_dtype", "KV cache"), efficiency_control())
-    terms = {**_terms(), "bytes_y": list(BYTES_Y), "time_kinds": list(TIME_KINDS),
-             "time_colors": list(TIME_COLORS)}
-    return Panel("ledger", controls, compute, figures, "ledger", terms, STEP_READOUT, _budget)
+    """The ledger of one decode step: since chapter 2's one control bar drives every figure of
+    the ledger, this is kvlab.viz.decode_step's panel (key "ledger")."""
+    return decode_step_panel()
 
 
-BYTES_Y = ("per step",)  # the bytes bar's one category
 TIME_KINDS = ("memory", "compute")  # the time bars, in the order of TIME_COLORS
 TIME_COLORS = (style.BLUE, style.GREY)
 
 
 def _ledger_sources(weights, kv_read, kv_write, memory_s, compute_s) -> dict:
-    """The ledger's bytes and time bars; KVLAB.panels.ledger (js/ledger.js) is the twin."""
+    """The ledger's bytes and time bars (the live dashboard draws them)."""
     from ..fmt import seconds
 
     return {
@@ -162,7 +116,6 @@ def batch_panel() -> Panel:
 
 
 # ---------------------------------------------------------------- context
-SHORT_CONTEXT, LONG_CONTEXT = 4096, 32768  # the two contexts the readout compares
 CONTEXT_READOUT = (
     ("at_4k", "Tokens/s per sequence at 4K", "rate"),
     ("at_32k", "Tokens/s per sequence at 32K", "rate"),

@@ -39,7 +39,7 @@ FORMATS: dict[str, Callable] = {
     # None or infinity: a sliding window caps the KV, so no context is too long
     "count_or_unbounded": lambda v: (
         "unbounded" if v is None or not math.isfinite(v) else fmt.fixed(v, 0)),
-    "ratio": lambda v: f"{fmt.sig(v, 3)}×",
+    "ratio": lambda v: "n/a" if v is None or not math.isfinite(v) else f"{fmt.sig(v, 3)}×",
     "intensity": lambda v: f"{fmt.sig(v, 3)} FLOP/B",
     "yesno": lambda v: "yes" if v else "no",
     "text": str,
@@ -118,6 +118,7 @@ class Panel:
     terms: dict = field(default_factory=dict)  # build-time numbers the JS may combine
     readout: tuple = ()  # (key, label, format kind)
     budget_keys: Callable[[dict], dict] | None = None  # state -> kvlab budget kwargs (tests)
+    glue: tuple = ()  # (key, format kind): values the prose quotes that the readout does not show
 
     @property
     def default_state(self) -> dict:
@@ -128,11 +129,12 @@ class Panel:
         return self.compute({**self.default_state, **state})["values"]
 
     def readout_texts(self, prefix: str | None = None, **state) -> dict[str, str]:
-        """Every readout value formatted as the readout shows it, keyed for the prose:
-        {"<prefix>_<key>": text} (prefix: the panel's key), at the default state
-        overridden by `state`."""
+        """Every readout value (and every `glue` value) formatted as the readout would show
+        it, keyed for the prose: {"<prefix>_<key>": text} (prefix: the panel's key), at the
+        default state overridden by `state`."""
         values = self.values(**state)
-        return {f"{prefix or self.key}_{key}": FORMATS[kind](values[key]) for key, _label, kind in self.readout}
+        kinds = [(key, kind) for key, _label, kind in self.readout] + list(self.glue)
+        return {f"{prefix or self.key}_{key}": FORMATS[kind](values[key]) for key, kind in kinds}
 
     # ------------------------------------------------------------------ static
     def static_html(self) -> str:
@@ -166,18 +168,21 @@ class Panel:
                                         name=name, width=175)
         readout = Div(text=readout_html(self.readout, result["values"]), name=f"{self.key}.readout", width=280,
                       stylesheets=[InlineStyleSheet(css=CSS)])
+        figures = self.figures(sources)
+        titles = _titles(figures, result)
         callback = CustomJS(
             args=dict(controls=widgets, grids=grids, terms=self.terms, sources=sources, readout=readout,
-                      spec=[list(r) for r in self.readout]),
+                      spec=[list(r) for r in self.readout], titles=titles),
             code=f"const K = window.KVLAB, twin = K.panels[{json.dumps(self.js)}];\n"
-                 "K.apply(twin(K, terms, K.state(controls, grids)), sources, readout, spec);",
+                 "const result = twin(K, terms, K.state(controls, grids));\n"
+                 "K.apply(result, sources, readout, spec, titles);",
         )
         for c in self.controls:
             widgets[c.key].js_on_change("value", callback)
         controls = list(widgets.values())
         half = (len(controls) + 1) // 2
         columns = [column(*part) for part in (controls[:half], controls[half:]) if part]
-        layout = i18n.localize(column(row(*columns, readout), self.figures(sources)))
+        layout = i18n.localize(column(row(*columns, readout), figures))
         script, div = components(layout)
         meta = {c.key: {"options": list(c.options), "kind": c.kind} for c in self.controls}
         return (
@@ -207,6 +212,8 @@ class Panel:
                 return
             for name, data in out["sources"].items():
                 sources[name].data = data
+            for name, text in out.get("titles", {}).items():
+                titles[name].text = i18n.t(text)
             readout.value = readout_html(self.readout, out["values"])
 
         for widget in widgets.values():
@@ -214,7 +221,21 @@ class Panel:
         from jupyter_bokeh import BokehModel
 
         controls = w.VBox(list(widgets.values()), layout=w.Layout(min_width="370px"))
-        return w.VBox([w.HBox([controls, readout]), BokehModel(self.figures(sources))])
+        figures = self.figures(sources)
+        titles = _titles(figures, result)
+        return w.VBox([w.HBox([controls, readout]), BokehModel(figures)])
+
+
+def _titles(figures, result: dict) -> dict:
+    """The Title models of the figures whose titles `compute` sets (result["titles"], keyed
+    by the figure's bokeh name): a title can name where its numbers come from."""
+    from bokeh.models import Plot
+
+    named = {plot.name: plot.title for plot in figures.select({"type": Plot}) if plot.name}
+    missing = set(result.get("titles", {})) - set(named)
+    if missing:
+        raise ValueError(f"compute sets the titles of figures it does not draw: {sorted(missing)}")
+    return {name: named[name] for name in result.get("titles", {})}
 
 
 def _live_widget(c: Control):
@@ -264,6 +285,7 @@ CSS = """
 .kvlab-readout th { color: #555; font-weight: normal; text-align: left; padding: 1px 12px 1px 0; vertical-align: top; }
 .kvlab-readout td { font-variant-numeric: tabular-nums; font-weight: 600; text-align: right; white-space: nowrap;
   padding: 1px 0; }
+.kvlab-readout td[data-key="speed"] { white-space: normal; min-width: 10em; }
 .kvlab-error { color: #D55E00; }
 """
 
@@ -325,7 +347,8 @@ LOOKUP_DIGITS = 7  # significant digits kept in lookup tables
 
 
 def lookup_panel(key: str, controls: tuple, compute: Callable[[dict], dict], figures, readout,
-                 budget_keys=None, js_sources: tuple[str, dict] | None = None) -> Panel:
+                 budget_keys=None, js_sources: tuple[str, dict] | None = None,
+                 glue: tuple = ()) -> Panel:
     """A panel whose every grid state kvlab computes at build time; the page only looks
     results up (`KVLAB.panels.lookup`, kvlab/viz/js/lookup.js). For small grids whose
     results are expensive (trace replays, simulations).
@@ -337,7 +360,7 @@ def lookup_panel(key: str, controls: tuple, compute: Callable[[dict], dict], fig
 
     grid = [dict(zip([c.key for c in controls], combo)) for combo in itertools.product(*(c.options for c in controls))]
     results = {state_key(controls, s): jsonable(compute(s), LOOKUP_DIGITS) for s in grid}
-    keys = [k for k, _, _ in readout]
+    keys = [k for k, _, _ in readout] + [k for k, _ in glue]
     if js_sources:  # values only, in readout order: the page rebuilds the sources
         table = {k: [r["values"][name] for name in keys] for k, r in results.items()}
     else:
@@ -352,4 +375,4 @@ def lookup_panel(key: str, controls: tuple, compute: Callable[[dict], dict], fig
              "table": json.dumps(table, separators=(",", ":")),
              "sources": js_sources[0] if js_sources else None,
              "source_terms": js_sources[1] if js_sources else None}
-    return Panel(key, controls, cached, figures, "lookup", terms, readout, budget_keys)
+    return Panel(key, controls, cached, figures, "lookup", terms, readout, budget_keys, glue)

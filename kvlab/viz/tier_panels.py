@@ -16,7 +16,8 @@ from ..hardware import devices
 from ..models import get_model, models
 from ..tiers.links import MODEL_LINKS, link_model_curves
 from ..tiers.placement import PLACEMENT_NAMES
-from ..tiers.series import hit_rate_series, pd_series, tier_throughput_series
+from ..tiers.series import CONTEXTS as TIER_CONTEXTS
+from ..tiers.series import hit_rate_series, pd_series
 from . import style
 from .controls import CONTEXT_GRID, batch_control, hardware_control, model_control
 from .panel import Control, Panel, lookup_panel
@@ -39,11 +40,13 @@ FOOTPRINT_READOUT = (
     ("request_4k_bytes", "KV of one 4K-token request", "bytes"),
     ("batch_4k_bytes", "KV of the batch at 4K tokens", "bytes"),
     ("weight_bytes", "Weights", "bytes"),
+    ("weights_fit", "Weights fit in device memory", "yesno"),
     ("room_bytes", "Memory left for KV", "bytes"),
     ("max_batch_4k", "Largest batch at 4K tokens", "count"),
     ("max_context", "Longest context at this batch", "count_or_unbounded"),  # window: unbounded
 )
 REQUEST_TOKENS = 4096  # the request the readout sizes
+ROOM_LABEL = "device memory left after the weights"
 DTYPES_USED = {"weight_dtype": "fp16", "kv_dtype": "fp16"}  # the panel has no dtype controls
 
 
@@ -55,61 +58,103 @@ def footprint_panel() -> Panel:
         model, hw, batch = state["model"], state["hardware"], state["batch"]
         fp = tiers.kv_footprint(model, hw, batch, grid, **DTYPES_USED)
         at4k = tiers.kv_footprint(model, hw, batch, REQUEST_TOKENS, **DTYPES_USED)
-        room = np.full(grid.shape, fp.kv_room_bytes)
-        return {"sources": {"kv": {"context": grid.tolist(), "kv": np.asarray(fp.kv_cache_bytes).tolist(),
-                                   "room": room.tolist()}},
+        # no room at all (the weights fill or overflow the device): no line on a log axis
+        shown = grid.size if fp.kv_room_bytes > 0 else 0
+        room = {"context": grid.tolist()[:shown], "room": [fp.kv_room_bytes] * shown,
+                "room_label": [ROOM_LABEL] * shown}
+        kv = {"context": grid.tolist(), "kv": np.asarray(fp.kv_cache_bytes).tolist()}
+        return {"sources": {"kv": kv, "room": room},
                 "values": {"kv_bytes_per_token": fp.kv_bytes_per_token,
                            "request_4k_bytes": REQUEST_TOKENS * fp.kv_bytes_per_token,
                            "batch_4k_bytes": at4k.kv_cache_bytes,
-                           "weight_bytes": fp.weight_bytes, "room_bytes": fp.kv_room_bytes,
+                           "weight_bytes": fp.weight_bytes,
+                           "weights_fit": fp.weight_bytes <= fp.capacity_bytes,
+                           "room_bytes": fp.kv_room_bytes,
                            "max_batch_4k": at4k.max_batch, "max_context": at4k.max_context}}
 
     def figures(src):
         fig = style.new_figure("How fat the KV cache gets", "context (tokens per sequence)", "bytes",
                                x_axis_type="log", y_axis_type="log", height=330)
         a = fig.line("context", "kv", source=src["kv"], color=style.KV_READ, width=3, legend_label="KV of the batch")
-        fig.line("context", "room", source=src["kv"], color=style.GREY, width=2, line_dash="dashed",
-                 legend_label="device memory left after the weights")
+        # absent, legend entry too, where nothing is left
+        fig.line("context", "room", source=src["room"], color=style.GREY, width=2,
+                 line_dash="dashed", legend_field="room_label")
         fig.xaxis.formatter = style.count_ticks()
         fig.yaxis.formatter = style.si_ticks("B")
         fig.legend.location = "top_left"
-        style.hover(fig, [("context", "@context{0,0}"), ("KV", "@kv{0.000a}B"), ("room", "@room{0.000a}B")], [a],
-                    mode="vline")
+        style.hover(fig, [("context", "@context{0,0}"), ("KV", "@kv{0.000a}B")], [a], mode="vline")
         return fig
 
     controls = (model_control("article-7b"), hardware_control(), batch_control(32))
     terms = {**ledger_terms(models(), devices()), "contexts": list(CONTEXT_GRID),
-             "request_tokens": REQUEST_TOKENS, "dtypes_used": DTYPES_USED}
+             "request_tokens": REQUEST_TOKENS, "dtypes_used": DTYPES_USED, "room_label": ROOM_LABEL}
     return Panel("footprint", controls, compute, figures, "footprint", terms, FOOTPRINT_READOUT)
 
 
 # ------------------------------------------------------- KV read from a tier
+TIER_HARDWARE = "h100-sxm"  # the node the tier panels describe: one 400 Gb/s NIC per GPU
+REMOTE = "remote-ib-400g"  # the default network case
 TIER_READOUT = (
     ("hbm_4k", "Tokens/s at 4K, KV in HBM", "rate"),
     ("host_4k", "... KV in host memory over PCIe 5", "rate"),
-    ("remote_4k", "... KV on a node across 200G", "rate"),
+    ("remote_400g_4k", "... KV on a node across one 400G NIC", "rate"),
     ("host_slowdown", "Host memory is slower than HBM by", "ratio"),
+    ("speed", "Speed from", "text"),
 )
+#: The 200 Gb/s case; `remote_4k` is its name while chapter 3's prose still quotes it.
+TIER_GLUE = (("remote_200g_4k", "rate"), ("remote_4k", "rate"))
+TIER_TITLE = "Decode speed when the KV is read from a tier every step"
+
+
+def _tier_times(state: dict) -> tuple[dict, np.ndarray, bool]:
+    """Step time per placement over the contexts, the step with all KV in HBM, and whether
+    they are measured: the ceiling of kvlab.tiers; or, measured, the kernel tables' decode
+    step (all KV in HBM) plus the KV's trip over the placement's path every step (the link
+    model: the tables hold kernels, not links), a fetch that does not overlap the step."""
+    from . import speed
+
+    model, batch = state["model"], state["batch"]
+    measured = state["speed"] == "measured"
+    kernel_s = np.array([speed.measured_time(model, TIER_HARDWARE, "fp16", "fp16", batch, int(c))[0]
+                         for c in TIER_CONTEXTS])
+    out, local = {}, None
+    for name in SHOWN_PLACEMENTS:
+        step = tiers.tiered_decode_step(model, TIER_HARDWARE, batch, TIER_CONTEXTS, name)
+        tier_s, ceiling_s = np.asarray(step.tier_time_s), np.asarray(step.step_time_s)
+        out[name] = kernel_s + tier_s if measured else ceiling_s
+        local = kernel_s if measured else np.asarray(step.hbm_step_time_s)
+    return out, local, measured
 
 
 def tier_read_panel():
-    """Tokens/s against context when the KV is read from each placement at every step."""
+    """Tokens/s against context when the KV is read from each placement at every step,
+    at the ceiling or with the decode kernels measured."""
+    from . import speed
 
     def compute(state):
-        s = tier_throughput_series(state["model"], "h100-sxm", state["batch"], placements=SHOWN_PLACEMENTS)
-        c = s["contexts"]
+        times, local, measured = _tier_times(state)
+        c = TIER_CONTEXTS.astype(float)
         i4k = int(np.flatnonzero(c == 4096)[0])
-        sources = {p: {"context": c.astype(float).tolist(), "tokens_per_s": v["tokens_per_s"].tolist()}
-                   for p, v in s["placements"].items()}
-        pl = s["placements"]
-        return {"sources": sources, "values": {
-            "hbm_4k": float(pl["hbm"]["tokens_per_s"][i4k]), "host_4k": float(pl["host-pcie5"]["tokens_per_s"][i4k]),
-            "remote_4k": float(pl["remote-ib-200g"]["tokens_per_s"][i4k]),
-            "host_slowdown": float(pl["host-pcie5"]["slowdown"][i4k])}}
+        tps = {name: state["batch"] / t for name, t in times.items()}
+        sources = {name: {"context": c[np.isfinite(v)].tolist(),
+                          "tokens_per_s": v[np.isfinite(v)].tolist()} for name, v in tps.items()}
+        why = speed.why_not(state["model"], TIER_HARDWARE, "fp16", "fp16") if measured else ""
+        if measured and not why and not np.isfinite(local[i4k]):
+            why = speed.NO_RANGE
+        title = TIER_TITLE
+        if measured:
+            title = f"{TIER_TITLE} ({speed.short_source(TIER_HARDWARE)}, H100 SXM)"
+        return {"sources": sources, "titles": {"tier-read": title}, "values": {
+            "hbm_4k": tps["hbm"][i4k], "host_4k": tps["host-pcie5"][i4k],
+            "remote_400g_4k": tps[REMOTE][i4k],
+            "host_slowdown": times["host-pcie5"][i4k] / local[i4k],
+            "speed": speed.speed_text(measured, why, 1.0, TIER_HARDWARE),
+            "remote_200g_4k": tps["remote-ib-200g"][i4k], "remote_4k": tps["remote-ib-200g"][i4k]}}
 
     def figures(src):
-        fig = style.new_figure("Decode speed when the KV is read from a tier every step", "context (tokens)",
-                               "tokens per second, whole batch", x_axis_type="log", y_axis_type="log", height=380)
+        fig = style.new_figure(TIER_TITLE, "context (tokens)", "tokens per second, whole batch",
+                               x_axis_type="log", y_axis_type="log", height=380)
+        fig.name = "tier-read"
         for name in SHOWN_PLACEMENTS:
             fig.line("context", "tokens_per_s", source=src[name], color=PLACEMENT_COLORS[name], width=2.5,
                      legend_label=tiers.get_placement(name).description if name != "hbm" else "the GPU's own HBM")
@@ -120,7 +165,8 @@ def tier_read_panel():
         return fig
 
     batch = Control("batch", "Batch (sequences)", (1, 8, 32), 8, kind="slider", live_range=(1, 512), log=True)
-    return lookup_panel("tier-read", (small_model_control(), batch), compute, figures, TIER_READOUT)
+    controls = (small_model_control(), batch, speed.speed_control())
+    return lookup_panel("tier-read", controls, compute, figures, TIER_READOUT, glue=TIER_GLUE)
 
 
 # -------------------------------------------------------------- hit vs miss
@@ -177,23 +223,25 @@ PD_LINKS = {"ethernet-10g": ("ethernet-10g", None), "ib-200g": ("ib-200g", None)
             "article-200GB/s": ("remote-ib-200g", ARTICLE_IB_BYTES_PER_S), "ib-400g": ("ib-400g", None),
             "nvlink4": ("nvlink4", None)}
 PD_LABELS = {"ethernet-10g": "10 GbE", "ib-200g": "one 200 Gb/s NIC", "article-200GB/s": "200 GB/s (the article)",
-             "ib-400g": "one 400 Gb/s NIC", "nvlink4": "NVLink 4 (in a node)"}
+             "ib-400g": "one 400 Gb/s NIC, one per GPU", "nvlink4": "NVLink 4 (in a node)"}
 PD_READOUT = (
     ("kv_bytes", "KV of the batch at this context", "bytes"),
     ("decode_step_s", "One decode step (KV local)", "seconds"),
     ("t_10g_s", "KV over 10 GbE", "seconds"),
     ("t_200g_s", "KV over one 200 Gb/s NIC", "seconds"),
+    ("t_400g_s", "KV over one 400 Gb/s NIC", "seconds"),
     ("t_article_s", "KV at 200 GB/s (the article's figure)", "seconds"),
     ("t_nvlink_s", "KV over NVLink 4", "seconds"),
-    ("remote_slowdown_200g", "Decode reading the KV over 200G every step: slower by", "ratio"),
+    ("remote_slowdown_400g", "Decode reading the KV over 400G every step: slower by", "ratio"),
 )
+PD_GLUE = (("remote_slowdown_200g", "ratio"),)  # the 200 Gb/s case, for comparison
 
 
 def pd_panel():
     """One request's KV over each link against one decode step, and the every-step disaster."""
 
     def compute(state):
-        s = pd_series(state["model"], "h100-sxm", state["context"], state["batch"], PD_LINKS)
+        s = pd_series(state["model"], TIER_HARDWARE, state["context"], state["batch"], PD_LINKS)
         names = list(s["links"])
         rows = s["links"]
         sources = {"links": {
@@ -204,7 +252,9 @@ def pd_panel():
         return {"sources": sources, "values": {
             "kv_bytes": s["kv_bytes"], "decode_step_s": s["decode_step_s"],
             "t_10g_s": rows["ethernet-10g"]["transfer_s"], "t_200g_s": rows["ib-200g"]["transfer_s"],
+            "t_400g_s": rows["ib-400g"]["transfer_s"],
             "t_article_s": rows["article-200GB/s"]["transfer_s"], "t_nvlink_s": rows["nvlink4"]["transfer_s"],
+            "remote_slowdown_400g": rows["ib-400g"]["every_step_slowdown"],
             "remote_slowdown_200g": rows["ib-200g"]["every_step_slowdown"]}}
 
     def figures(src):
@@ -223,7 +273,8 @@ def pd_panel():
     context = Control("context", "Context (tokens)", (1024, 4096, 32768), 4096, kind="slider",
                       live_range=(128, 131072), log=True)
     batch = Control("batch", "Requests moved together", (1, 8), 1, kind="slider", live_range=(1, 256), log=True)
-    return lookup_panel("pd", (small_model_control(), context, batch), compute, figures, PD_READOUT)
+    return lookup_panel("pd", (small_model_control(), context, batch), compute, figures, PD_READOUT,
+                        glue=PD_GLUE)
 
 
 # ------------------------------------------------------ measured transfers

@@ -75,7 +75,7 @@ window.KVLAB = window.KVLAB || (function () {
     percent: (v) => percent(v),
     count: (v) => fixed(v, 0),
     count_or_never: (v) => (v === null ? "never" : fixed(v, 0)),
-    ratio: (v) => sig(v, 3) + "×",
+    ratio: (v) => (v === null || !isFinite(v) ? "n/a" : sig(v, 3) + "×"),
     intensity: (v) => sig(v, 3) + " FLOP/B",
     yesno: (v) => (v ? "yes" : "no"),
     count_or_unbounded: (v) => (v === null ? "unbounded" : fixed(v, 0)),  // null: a window caps KV
@@ -233,9 +233,12 @@ window.KVLAB = window.KVLAB || (function () {
     }
     return out;
   }
-  function apply(result, sources, readout, spec) {
+  function apply(result, sources, readout, spec, titles) {
     for (const [name, data] of Object.entries(result.sources || {})) {
       sources[name].data = data;
+    }
+    for (const [name, text] of Object.entries(result.titles || {})) {
+      titles[name].text = text;  // a figure's title that names its numbers' source
     }
     if (readout) readout.text = readoutHtml(spec, result.values);
     window.KVLAB.updates = (window.KVLAB.updates || 0) + 1;  // tests wait on this
@@ -245,6 +248,7 @@ window.KVLAB = window.KVLAB || (function () {
   // KVLAB.panels[name](K, T, s) with K this library, T the panel's build-time terms and s
   // the state; lookup panels' source builders register in KVLAB.sources the same way.
   return { decimalsFor, fixed, sig, si, seconds, rate, percent, FORMATS, readoutHtml,
-           weightReadElements, step, prefill, memoryFit, batchKnee, servedTokens, state, apply,
+           weightReadElements, peakFlops, step, prefill, memoryFit, batchKnee, servedTokens,
+           state, apply,
            panels: {}, sources: {}, tables: {} };
 })();

@@ -1,24 +1,10 @@
-// kvlab/viz/ledger.py's panels in the browser: the ledger, the batch knee and context.
+// kvlab/viz/ledger.py's panels in the browser: the batch knee and context (the ledger panel
+// is js/decode_step.js).
 // Each is the twin of its panel's Python `compute`, built from KVLAB.step over the grids
 // Python put in the terms (tests/test_js.py checks them against `compute` under node).
 (function (KVLAB) {
   "use strict";
   const at = (s, change) => Object.assign({}, s, change);
-
-  // ledger_panel: the bytes one decode step moves and its time.
-  KVLAB.panels.ledger = function (K, T, s) {
-    const r = K.step(T, s);
-    return {
-      sources: {
-        bytes: { y: T.bytes_y, weights: [r.weight_read_bytes], kv_read: [r.kv_read_bytes],
-                 kv_write: [r.kv_write_bytes] },
-        time: { kind: T.time_kinds, seconds: [r.memory_time_s, r.compute_time_s],
-                color: T.time_colors,
-                label: [K.seconds(r.memory_time_s), K.seconds(r.compute_time_s)] },
-      },
-      values: r,
-    };
-  };
 
   // batch_panel: throughput and TPOT over the batch grid, and the knee (cost.batch_knee).
   KVLAB.panels.knee = function (K, T, s) {

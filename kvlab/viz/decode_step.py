@@ -1,0 +1,624 @@
+"""Chapter 2's decode-step panel: one control bar (model, device, batch, context, dtypes,
+efficiency, speed) drives every figure of the bandwidth ledger at once: the bytes one step
+moves and its time, the batch and context sweeps through that step, and where it sits on
+the roofline.
+
+Speed: the ceiling (the sheet's peaks x the efficiency) or the kernels measured in
+published tables (`kvlab.viz.speed`). In measured mode the sweeps draw the measured times
+where the tables cover them and the ceiling beside them in grey; a state the tables do not
+cover shows the ceiling, and the readout says why. The readout shows the step at the chosen
+speed; every other number the prose quotes is a `glue` value of the same compute. The
+twin is KVLAB.panels["decode-step"] (js/decode_step.js), checked under node.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import cost
+from ..fmt import percent, seconds
+from ..grids import BATCH_GRID, CONTEXT_GRID
+from ..hardware import devices
+from ..models import models
+from . import speed, style
+from .controls import (
+    batch_control,
+    context_control,
+    dtype_control,
+    efficiency_control,
+    hardware_control,
+    model_control,
+)
+from .panel import Panel
+from .roofline import POINTS, ROOF_X
+from .terms import ledger_terms
+
+READOUT = (
+    ("weight_read_bytes", "Weights read per step", "bytes"),
+    ("kv_read_bytes", "KV history read per step", "bytes"),
+    ("step_time_s", "Time per step (TPOT)", "seconds"),
+    ("tokens_per_s", "Tokens/s, whole batch", "rate"),
+    ("tokens_per_s_per_sequence", "Tokens/s, each sequence", "rate"),
+    ("bound", "Bound by", "text"),
+    ("arithmetic_intensity", "FLOPs per byte moved", "intensity"),
+    ("ridge_flops_per_byte", "Ridge point of the device", "intensity"),
+    ("knee_batch", "Knee: batch where KV reads match weights", "count"),
+    ("kv_equals_weights_context", "Context where KV reads match weights", "count"),
+    ("max_batch", "Largest batch that fits", "count"),
+    ("speed", "Speed from", "text"),
+)
+#: Values the prose quotes beside the readout's (at the chosen speed where they are times).
+GLUE = (
+    ("step_bytes", "bytes"),
+    ("kv_cache_bytes", "bytes"),
+    ("fits", "yesno"),
+    ("memory_time_s", "seconds"),
+    ("compute_time_s", "seconds"),
+    ("knee_tokens_per_s", "rate"),
+    ("knee_tpot_s", "seconds"),
+    ("batch1_tokens_per_s", "rate"),
+    ("max_tokens_per_s", "rate"),
+    ("at_4k", "rate"),
+    ("at_32k", "rate"),
+    ("slowdown", "ratio"),
+    ("peak_compute_used", "percent"),
+    ("no_cache_time_s", "seconds"),
+    ("prefill_naive_intensity", "intensity"),
+    ("prefill_flash_intensity", "intensity"),
+)
+BYTES_Y = ("per step",)  # the bytes bar's one category
+SHORT_CONTEXT, LONG_CONTEXT = 4096, 32768  # the two contexts the context values compare
+TIME_KINDS = ("memory", "compute", "step (TPOT)")  # the time bars, top to bottom
+TIME_COLORS = (style.BLUE, style.GREY, style.GREEN, style.VERMILION)  # ..., step measured
+TIME_TITLE = "Time per step"
+MEASURED_POINT = ("decode step, measured", style.VERMILION, "star")
+BATCHES, CONTEXTS = np.array(BATCH_GRID, dtype=float), np.array(CONTEXT_GRID, dtype=float)
+
+
+def _kw(state: dict) -> dict:
+    return {k: state[k] for k in ("weight_dtype", "kv_dtype", "efficiency")}
+
+
+def _measured_times(state: dict, batches, contexts) -> list[float]:
+    """Measured seconds at each (batch, context) pair (NaN where the tables have none)."""
+    args = (state["model"], state["hardware"], state["weight_dtype"], state["kv_dtype"])
+    return [speed.measured_time(*args, int(b), int(c))[0] for b, c in zip(batches, contexts)]
+
+
+def _main(state: dict, ceiling_s, batches, contexts) -> tuple[list[float], bool]:
+    """The times a sweep draws: measured (NaN where not covered) when the speed is measured
+    and the tables cover some point of it, else the ceiling."""
+    if state["speed"] == "measured":
+        times = _measured_times(state, batches, contexts)
+        if any(t == t for t in times):
+            return times, True
+    return [float(t) for t in ceiling_s], False
+
+
+def _rows(columns: dict, keep: list[bool]) -> dict:
+    return {k: [v for v, ok in zip(col, keep) if ok] for k, col in columns.items()}
+
+
+def _empty(*names) -> dict:
+    return {n: [] for n in names}
+
+
+def _nan_ratio(a: float, b: float) -> float:
+    return a / b if a == a and b == b else math.nan
+
+
+# ------------------------------------------------------------------ the compute
+def _point(state: dict):
+    """The step the readout shows: measured where the tables cover it, else the ceiling;
+    and the readout's phrase for where its speed comes from."""
+    m, hw, b, c = state["model"], state["hardware"], state["batch"], state["context"]
+    measured = state["speed"] == "measured"
+    why = ""
+    if measured:
+        _t, why = speed.measured_time(m, hw, state["weight_dtype"], state["kv_dtype"], b, c)
+    kw = _kw(state)
+    if measured and not why:
+        kw["efficiency"] = "measured"
+    step = cost.decode_step(m, hw, b, c, **kw)
+    return step, speed.speed_text(measured, why, state["efficiency"], hw)
+
+
+def _batch_part(state: dict, short: str) -> tuple[dict, dict, int]:
+    s = cost.decode_step(state["model"], state["hardware"], BATCHES, state["context"], **_kw(state))
+    k = cost.batch_knee(s)
+    times, measured = _main(state, s.step_time_s, BATCHES, [state["context"]] * len(BATCHES))
+    keep = [t == t for t in times]
+    b = BATCHES.tolist()
+    tps = [x / t for x, t in zip(b, times)]
+    label = f" ({short})" if measured else ""
+    main = {
+        "batch": b,
+        "tokens_per_s": tps,
+        "per_sequence": [1.0 / t for t in times],
+        "tpot_s": times,
+        "total_label": [f"whole batch{label}"] * len(b),
+        "each_label": [f"each sequence{label}"] * len(b),
+    }
+    ref = _empty("batch", "tokens_per_s", "per_sequence", "tpot_s", "ref_label")
+    if measured:
+        ceiling = f"ceiling × {percent(state['efficiency'])}"
+        ref = {
+            "batch": b,
+            "tokens_per_s": s.tokens_per_s.tolist(),
+            "per_sequence": s.tokens_per_s_per_sequence.tolist(),
+            "tpot_s": s.step_time_s.tolist(),
+            "ref_label": [ceiling] * len(b),
+        }
+    knee = _empty("batch", "tokens_per_s", "tpot_s", "knee_label")
+    if keep[k]:
+        knee = {
+            "batch": [b[k]],
+            "tokens_per_s": [tps[k]],
+            "tpot_s": [times[k]],
+            "knee_label": ["knee"],
+        }
+    values = {
+        "knee_batch": b[k],
+        "knee_tokens_per_s": tps[k],
+        "knee_tpot_s": times[k],
+        "batch1_tokens_per_s": tps[0],
+        "max_tokens_per_s": tps[-1],
+    }
+    return {"batch": _rows(main, keep), "batch_ref": ref, "knee": knee}, values, k
+
+
+def _context_part(state: dict, short: str) -> tuple[dict, dict]:
+    s = cost.decode_step(state["model"], state["hardware"], state["batch"], CONTEXTS, **_kw(state))
+    times, measured = _main(state, s.step_time_s, [state["batch"]] * len(CONTEXTS), CONTEXTS)
+    keep = [t == t for t in times]
+    c = CONTEXTS.tolist()
+    each = [1.0 / t for t in times]
+    main = {
+        "context": c,
+        "per_sequence": each,
+        "label": [f"each sequence ({short})" if measured else "each sequence"] * len(c),
+    }
+    ref = _empty("context", "per_sequence", "ref_label")
+    if measured:
+        ref = {
+            "context": c,
+            "per_sequence": s.tokens_per_s_per_sequence.tolist(),
+            "ref_label": [f"ceiling × {percent(state['efficiency'])}"] * len(c),
+        }
+    near, far = each[CONTEXT_GRID.index(SHORT_CONTEXT)], each[CONTEXT_GRID.index(LONG_CONTEXT)]
+    crossover = s.weight_read_bytes / (state["batch"] * s.kv_bytes_per_token)
+    sources = {
+        "context": _rows(main, keep),
+        "context_ref": ref,
+        "context_bytes": {
+            "context": c,
+            "weights": np.broadcast_to(s.weight_read_bytes, CONTEXTS.shape).tolist(),
+            "kv_read": s.kv_read_bytes.tolist(),
+        },
+    }
+    values = {
+        "at_4k": near,
+        "at_32k": far,
+        "slowdown": _nan_ratio(near, far),
+        "kv_equals_weights_context": float(np.floor(crossover)),
+    }
+    return sources, values
+
+
+def _roofline_part(state: dict, point, short: str) -> tuple[dict, dict]:
+    m, hw, eff = state["model"], state["hardware"], state["efficiency"]
+    ceiling = cost.decode_step(m, hw, state["batch"], state["context"], **_kw(state))
+    kw = _kw(state)
+    no_cache = cost.prefill(m, hw, state["context"] + 1, **kw)
+    flash = cost.prefill(m, hw, state["context"], **kw)
+    naive = cost.prefill(m, hw, state["context"], flash_attention=False, **kw)
+    rows = [
+        (ceiling.flops, ceiling.step_bytes, ceiling.step_time_s),
+        (no_cache.flops, no_cache.bytes_moved, no_cache.time_s),
+        (naive.flops, naive.bytes_moved, naive.time_s),
+        (flash.flops, flash.bytes_moved, flash.time_s),
+    ]
+    styles = list(POINTS)
+    if point.efficiency == "measured":
+        rows.append((point.flops, point.step_bytes, point.step_time_s))
+        styles.append((f"{MEASURED_POINT[0]} ({short})", *MEASURED_POINT[1:]))
+    peak = point.ridge_flops_per_byte * point.bandwidth_bytes_per_s
+    roof_peak = ceiling.ridge_flops_per_byte * ceiling.bandwidth_bytes_per_s
+    sources = {
+        "roof": {
+            "x": ROOF_X.tolist(),
+            "y": (np.minimum(roof_peak, ROOF_X * ceiling.bandwidth_bytes_per_s) * eff).tolist(),
+        },
+        "points": {
+            "label": [p[0] for p in styles],
+            "color": [p[1] for p in styles],
+            "marker": [p[2] for p in styles],
+            "intensity": [f / b for f, b, _ in rows],
+            "flops_per_s": [f / t for f, _, t in rows],
+        },
+    }
+    values = {
+        "peak_compute_used": point.flops / point.step_time_s / peak,
+        "no_cache_time_s": no_cache.time_s,
+        "prefill_naive_intensity": naive.flops / naive.bytes_moved,
+        "prefill_flash_intensity": flash.flops / flash.bytes_moved,
+    }
+    return sources, values
+
+
+def _compute(state: dict) -> dict:
+    point, phrase = _point(state)
+    hw = state["hardware"]
+    short = (
+        speed.short_source(hw)
+        if state["speed"] == "measured"
+        and not speed.why_not(state["model"], hw, state["weight_dtype"], state["kv_dtype"])
+        else ""
+    )
+    batch_sources, batch_values, _k = _batch_part(state, short)
+    context_sources, context_values = _context_part(state, short)
+    roof_sources, roof_values = _roofline_part(state, point, short)
+    measured = point.efficiency == "measured"
+    times = [point.memory_time_s, point.compute_time_s, point.step_time_s]
+    sources = {
+        "bytes": {
+            "y": list(BYTES_Y),
+            "weights": [point.weight_read_bytes],
+            "kv_read": [point.kv_read_bytes],
+            "kv_write": [point.kv_write_bytes],
+        },
+        "time": {
+            "kind": list(TIME_KINDS),
+            "seconds": times,
+            "color": list(TIME_COLORS[:2]) + [TIME_COLORS[2 + measured]],
+            "label": [seconds(t) for t in times],
+        },
+        **batch_sources,
+        "batch_here": {
+            "batch": [point.batch],
+            "tokens_per_s": [point.tokens_per_s],
+            "tpot_s": [point.step_time_s],
+        },
+        **context_sources,
+        "context_here": {
+            "context": [point.context],
+            "per_sequence": [point.tokens_per_s_per_sequence],
+        },
+        **roof_sources,
+    }
+    values = {**point.to_dict(), "speed": phrase, **batch_values, **context_values, **roof_values}
+    where = (
+        f"measured: {speed.table_title(hw)}"
+        if measured
+        else f"ceiling × {percent(state['efficiency'])}"
+    )
+    return {"sources": sources, "values": values, "titles": {"time": f"{TIME_TITLE} ({where})"}}
+
+
+def _budget(state: dict) -> dict:
+    """The `kvlab budget` arguments of the readout's step (tests compare the two)."""
+    keys = ("model", "hardware", "batch", "context", "weight_dtype", "kv_dtype", "efficiency")
+    out = {k: state[k] for k in keys}
+    if _point(state)[0].efficiency == "measured":
+        out["efficiency"] = "measured"
+    return out
+
+
+# ------------------------------------------------------------------ the figures
+def _figures(src):
+    from bokeh.layouts import column
+    from bokeh.models import TabPanel, Tabs
+
+    tabs = Tabs(
+        tabs=[
+            TabPanel(child=_batch_figures(src), title="Batch"),
+            TabPanel(child=_context_figures(src), title="Context"),
+            TabPanel(child=_roofline_figure(src), title="Roofline"),
+        ]
+    )
+    return column(_step_figures(src), tabs)
+
+
+def _step_figures(src):
+    from bokeh.layouts import column
+
+    fig = style.new_figure(
+        "Bytes one decode step moves",
+        "bytes per step",
+        "",
+        height=150,
+        y_range=list(BYTES_Y),
+        x_range=style.from_zero(),
+    )
+    renderers = fig.hbar_stack(
+        ["weights", "kv_read", "kv_write"],
+        y="y",
+        height=0.6,
+        source=src["bytes"],
+        color=[style.WEIGHTS, style.KV_READ, style.KV_WRITE],
+        legend_label=["weights", "KV history read", "KV written"],
+    )
+    fig.xaxis.formatter = style.si_ticks("B")
+    fig.legend.orientation = "horizontal"
+    fig.add_layout(fig.legend[0], "above")
+    style.hover(
+        fig,
+        [
+            ("weights", "@weights{0.000a}B"),
+            ("KV read", "@kv_read{0.000a}B"),
+            ("KV written", "@kv_write{0.000a}B"),
+        ],
+        renderers,
+    )
+    times = style.new_figure(
+        TIME_TITLE,
+        "seconds",
+        "",
+        height=170,
+        y_range=list(TIME_KINDS[::-1]),
+        x_range=style.from_zero(),
+        name="time",
+    )  # the title names the step's source
+    times.hbar(y="kind", right="seconds", height=0.6, color="color", source=src["time"])
+    times.xaxis.formatter = style.seconds_ticks()
+    style.hover(times, [("", "@kind"), ("time", "@label")])
+    return column(fig, times)
+
+
+def _batch_figures(src):
+    from bokeh.layouts import column
+
+    tps = style.new_figure(
+        "Throughput against batch",
+        "batch (sequences)",
+        "tokens per second",
+        x_axis_type="log",
+        y_axis_type="log",
+        height=330,
+    )
+    tps.line(
+        "batch",
+        "tokens_per_s",
+        source=src["batch_ref"],
+        color=style.GREY,
+        width=1.5,
+        legend_field="ref_label",
+    )
+    tps.line(
+        "batch",
+        "per_sequence",
+        source=src["batch_ref"],
+        color=style.GREY,
+        width=1.5,
+        line_dash="dashed",
+    )
+    a = tps.line(
+        "batch",
+        "tokens_per_s",
+        source=src["batch"],
+        color=style.BLUE,
+        width=2.5,
+        legend_field="total_label",
+    )
+    b = tps.line(
+        "batch",
+        "per_sequence",
+        source=src["batch"],
+        color=style.ORANGE,
+        width=2.5,
+        line_dash="dashed",
+        legend_field="each_label",
+    )
+    tps.scatter(
+        "batch",
+        "tokens_per_s",
+        source=src["knee"],
+        size=11,
+        color=style.VERMILION,
+        legend_field="knee_label",
+    )
+    tps.scatter(
+        "batch",
+        "tokens_per_s",
+        source=src["batch_here"],
+        size=12,
+        marker="circle",
+        fill_color=None,
+        line_color="black",
+        line_width=2,
+        legend_label="this step",
+    )
+    tps.xaxis.formatter = style.count_ticks()
+    tps.yaxis.formatter = style.count_ticks()
+    tps.legend.label_text_font_size = "10px"
+    tps.legend.ncols = 2
+    tps.add_layout(tps.legend[0], "below")  # clear of the curves, which fill the plot
+    style.hover(
+        tps,
+        [
+            ("batch", "@batch{0,0}"),
+            ("tokens/s (batch)", "@tokens_per_s{0,0.0}"),
+            ("tokens/s (each)", "@per_sequence{0,0.0}"),
+        ],
+        [a, b],
+        mode="vline",
+    )
+    tpot = style.new_figure(
+        "Time per output token against batch",
+        "batch (sequences)",
+        "TPOT",
+        x_axis_type="log",
+        height=220,
+        x_range=tps.x_range,
+    )
+    tpot.line("batch", "tpot_s", source=src["batch_ref"], color=style.GREY, width=1.5)
+    c = tpot.line("batch", "tpot_s", source=src["batch"], color=style.GREEN, width=2.5)
+    tpot.scatter("batch", "tpot_s", source=src["knee"], size=11, color=style.VERMILION)
+    tpot.scatter(
+        "batch",
+        "tpot_s",
+        source=src["batch_here"],
+        size=12,
+        fill_color=None,
+        line_color="black",
+        line_width=2,
+    )
+    tpot.xaxis.formatter = style.count_ticks()
+    tpot.yaxis.formatter = style.seconds_ticks()
+    style.hover(
+        tpot, [("batch", "@batch{0,0}"), ("TPOT", "@tpot_s{0.000000} s")], [c], mode="vline"
+    )
+    return column(tps, tpot)
+
+
+def _context_figures(src):
+    from bokeh.layouts import column
+
+    speed_fig = style.new_figure(
+        "Decode speed against context",
+        "context (tokens)",
+        "tokens per second, each sequence",
+        x_axis_type="log",
+        height=280,
+    )
+    speed_fig.line(
+        "context",
+        "per_sequence",
+        source=src["context_ref"],
+        color=style.GREY,
+        width=1.5,
+        legend_field="ref_label",
+    )
+    line = speed_fig.line(
+        "context",
+        "per_sequence",
+        source=src["context"],
+        color=style.BLUE,
+        width=2.5,
+        legend_field="label",
+    )
+    speed_fig.scatter(
+        "context",
+        "per_sequence",
+        source=src["context_here"],
+        size=12,
+        fill_color=None,
+        line_color="black",
+        line_width=2,
+        legend_label="this step",
+    )
+    speed_fig.xaxis.formatter = style.count_ticks()
+    speed_fig.legend.location = "top_right"
+    speed_fig.legend.label_text_font_size = "10px"
+    style.hover(
+        speed_fig,
+        [("context", "@context{0,0}"), ("tokens/s", "@per_sequence{0,0.0}")],
+        [line],
+        mode="vline",
+    )
+    split = style.new_figure(
+        "Bytes per step: weights vs KV history",
+        "context (tokens)",
+        "bytes per step",
+        x_axis_type="log",
+        y_axis_type="log",
+        height=220,
+        x_range=speed_fig.x_range,
+    )
+    split.line(
+        "context",
+        "weights",
+        source=src["context_bytes"],
+        color=style.WEIGHTS,
+        width=2.5,
+        legend_label="weights",
+    )
+    split.line(
+        "context",
+        "kv_read",
+        source=src["context_bytes"],
+        color=style.KV_READ,
+        width=2.5,
+        legend_label="KV history",
+    )
+    split.xaxis.formatter = style.count_ticks()
+    split.yaxis.formatter = style.si_ticks("B")
+    split.legend.location = "top_left"
+    return column(speed_fig, split)
+
+
+def _roofline_figure(src):
+    fig = style.new_figure(
+        "Roofline: attainable FLOP/s against arithmetic intensity",
+        "arithmetic intensity (FLOPs per byte moved)",
+        "FLOP/s",
+        x_axis_type="log",
+        y_axis_type="log",
+        height=400,
+    )
+    fig.line(
+        "x",
+        "y",
+        source=src["roof"],
+        color=style.GREY,
+        width=3,
+        legend_label="roof (peak × efficiency)",
+    )
+    pts = fig.scatter(
+        "intensity",
+        "flops_per_s",
+        source=src["points"],
+        size=13,
+        color="color",
+        marker="marker",
+        legend_field="label",
+    )
+    fig.yaxis.formatter = style.si_ticks("FLOP/s")
+    fig.xaxis.formatter = style.count_ticks()
+    fig.legend.location = "bottom_right"
+    fig.legend.label_text_font_size = "10px"
+    style.hover(
+        fig,
+        [
+            ("", "@label"),
+            ("intensity", "@intensity{0,0.00} FLOP/B"),
+            ("attained", "@flops_per_s{0.000a}FLOP/s"),
+        ],
+        [pts],
+    )
+    return fig
+
+
+def decode_step_panel() -> Panel:
+    """One decode step, its sweeps over batch and context, and its place on the roofline."""
+    controls = (
+        model_control(),
+        hardware_control(),
+        batch_control(),
+        context_control(),
+        dtype_control("weight_dtype", "Weights"),
+        dtype_control("kv_dtype", "KV cache"),
+        efficiency_control(),
+        speed.speed_control(),
+    )
+    names = (models(), devices())
+    terms = {
+        **ledger_terms(*names),
+        "bytes_y": list(BYTES_Y),
+        "time_kinds": list(TIME_KINDS),
+        "time_colors": list(TIME_COLORS),
+        "time_title": TIME_TITLE,
+        "batches": list(BATCH_GRID),
+        "contexts": list(CONTEXT_GRID),
+        "short": CONTEXT_GRID.index(SHORT_CONTEXT),
+        "long": CONTEXT_GRID.index(LONG_CONTEXT),
+        "roof_x": ROOF_X.tolist(),
+        "points": [list(p) for p in POINTS],
+        "measured_point": list(MEASURED_POINT),
+        "measured": speed.measured_terms(*names, BATCH_GRID, CONTEXT_GRID),
+    }
+    return Panel(
+        "ledger", controls, _compute, _figures, "decode-step", terms, READOUT, _budget, GLUE
+    )
