@@ -14,12 +14,13 @@ HTML_DIR    := $(BUILD_DIR)/html
 # Kernels, Chromium and Voila write into $HOME: give them a throw-away one.
 RUN_HOME    := $(CURDIR)/$(BUILD_DIR)/home
 SUDO        := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-APT_PACKAGES := chromium libibverbs1
+APT_PACKAGES := chromium libibverbs1 fonts-noto-cjk
 
-.PHONY: help venv system-deps book test test-fast dashboard labs jupyter bench bench-gpu gpu-session clean
+.PHONY: help venv system-deps book locale test test-fast dashboard labs jupyter bench bench-gpu gpu-session clean
 
 help:
-	@echo "make book       build the book (HTML in $(HTML_DIR)/index.html)"
+	@echo "make book       build the book (HTML in $(HTML_DIR)/index.html, Chinese in $(HTML_DIR)/zh/)"
+	@echo "make locale     update the Chinese catalogues (locale/zh_CN) from the English pages"
 	@echo "make test       the whole suite: unit, property, CLI, notebooks, browser"
 	@echo "make dashboard  serve the live dashboard with Voila on 127.0.0.1"
 	@echo "make labs       write student copies of the labs (answers blanked) to labs/"
@@ -42,18 +43,34 @@ system-deps:
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	ldconfig -p | grep -q 'libibverbs.so.1 ' || missing="$$missing libibverbs1"; \
 	command -v cc >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1 || missing="$$missing gcc"; \
+	fc-list :lang=zh 2>/dev/null | grep -q . || missing="$$missing fonts-noto-cjk"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
+# Two editions: English into $(HTML_DIR), then Chinese (Sphinx gettext catalogues in
+# locale/, configuration derived from _config.yml) into $(ZH_BUILD), copied to $(HTML_DIR)/zh.
+ZH_BUILD    := $(BUILD_DIR)/zh
+BOOK_FLAGS  := --warningiserror --nitpick --keep-going
 book: $(STAMP)
 	@mkdir -p $(RUN_HOME)
-	HOME=$(RUN_HOME) KVLAB_BOOK_BUILD=1 $(BIN)/jupyter-book build . \
-	  --warningiserror --nitpick --keep-going
+	HOME=$(RUN_HOME) KVLAB_BOOK_BUILD=1 $(BIN)/jupyter-book build . $(BOOK_FLAGS)
+	$(BIN)/python book/_ext/kvlab_i18n.py config zh_CN $(ZH_BUILD)/_config.yml
+	HOME=$(RUN_HOME) KVLAB_BOOK_BUILD=1 KVLAB_BOOK_LANG=zh_CN $(BIN)/jupyter-book build . \
+	  --config $(ZH_BUILD)/_config.yml --path-output $(ZH_BUILD) $(BOOK_FLAGS)
+	rm -rf $(HTML_DIR)/zh && cp -r $(ZH_BUILD)/_build/html $(HTML_DIR)/zh
 	@echo
-	@echo "The book is built: $(CURDIR)/$(HTML_DIR)/index.html"
+	@echo "The book is built: $(CURDIR)/$(HTML_DIR)/index.html (中文: $(HTML_DIR)/zh/index.html)"
 	@echo "Serve it with: $(BIN)/python -m http.server --bind 127.0.0.1 8000 --directory $(HTML_DIR)"
+
+# Translators: refresh the catalogues from the English pages (new paragraphs appear
+# untranslated, changed ones fuzzy), edit locale/zh_CN/LC_MESSAGES/**/*.po, run `make book`.
+locale: $(STAMP)
+	@mkdir -p $(RUN_HOME)
+	HOME=$(RUN_HOME) KVLAB_BOOK_BUILD=1 $(BIN)/jupyter-book build . --builder custom \
+	  --custom-builder gettext --path-output $(BUILD_DIR)/gettext
+	$(BIN)/sphinx-intl update -p $(BUILD_DIR)/gettext/_build/gettext -l zh_CN -d locale
 
 test: $(STAMP) system-deps book
 	@mkdir -p $(RUN_HOME)

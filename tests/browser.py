@@ -1,5 +1,6 @@
-"""Shared browser-test plumbing: build or reuse the site, serve it on 127.0.0.1, drive
-Debian's Chromium with Playwright (no browser download)."""
+"""Shared browser-test plumbing: build or reuse the site (both editions: English at the
+root, Chinese under zh/), serve it on 127.0.0.1, drive Debian's Chromium with Playwright
+(no browser download)."""
 from __future__ import annotations
 
 import contextlib
@@ -8,7 +9,6 @@ import http.server
 import os
 import shutil
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -26,14 +26,37 @@ def chromium_path() -> str:
     return path
 
 
+ZH = "zh"  # the Chinese edition's folder inside the site (_config.yml kvlab_editions)
+
+
 def ensure_site() -> Path:
-    """Reuse _build/html when `make book` built it, else build it (warnings as errors)."""
-    if not (SITE / "index.html").exists():
-        env = {**os.environ, "KVLAB_BOOK_BUILD": "1"}
-        jb = Path(sys.executable).with_name("jupyter-book")
-        subprocess.run([str(jb), "build", str(ROOT), "--warningiserror", "--nitpick", "--keep-going"],
-                       check=True, env=env, cwd=ROOT)
+    """Reuse _build/html (and its Chinese edition, _build/html/zh) when `make book` built
+    them, else build both the way `make book` does (warnings as errors)."""
+    if not ((SITE / "index.html").exists() and (SITE / ZH / "index.html").exists()):
+        subprocess.run(["make", "book"], check=True, cwd=ROOT)
     return SITE
+
+
+def page_language(page: str) -> str:
+    """'zh_CN' for a page of the Chinese edition, else 'en'."""
+    return "zh_CN" if page.startswith(f"{ZH}/") else "en"
+
+
+@contextlib.contextmanager
+def edition(language: str):
+    """Python computes as it did for that edition's build (KVLAB_BOOK_LANG)."""
+    before = os.environ.get("KVLAB_BOOK_LANG")
+    if language == "en":
+        os.environ.pop("KVLAB_BOOK_LANG", None)
+    else:
+        os.environ["KVLAB_BOOK_LANG"] = language
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("KVLAB_BOOK_LANG", None)
+        else:
+            os.environ["KVLAB_BOOK_LANG"] = before
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
@@ -56,13 +79,14 @@ def serve(folder: Path):
 
 
 def site_pages() -> list[str]:
-    """Every HTML page of the built book (relative paths)."""
+    """Every HTML page of the built book, both editions (relative paths; zh/... Chinese)."""
     if not SITE.exists():
         return []
     pages = []
     for path in sorted(SITE.rglob("*.html")):
         rel = path.relative_to(SITE).as_posix()
-        if rel.startswith(("_static/", "_sources/", "_images/")):
+        if rel.startswith(("_static/", "_sources/", "_images/", f"{ZH}/_static/", f"{ZH}/_sources/",
+                           f"{ZH}/_images/")):
             continue
         pages.append(rel)
     return pages

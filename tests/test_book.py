@@ -105,6 +105,14 @@ def test_hit_rates_timeline_streams(gen):
 def test_remote_kv_disaster(gen):
     d = sim_runs.remote_kv_disaster(gen, duration_s=20)
     assert d["remote"]["tpot_p50_s"] > 10 * d["local"]["tpot_p50_s"]
+    # HBM (3.35 TB/s) over one 400 Gb/s NIC (50 GB/s); a step also reads the weights from HBM
+    assert d["link"] == "ib-400g" and d["bandwidth_ratio"] == pytest.approx(67.0)
+    assert 1 < d["step_ratio"] < d["bandwidth_ratio"]
+    # one request at a time, the TPOT ratio is about one step's; under load it outgrows both
+    assert d["light_tpot_ratio"] == pytest.approx(d["step_ratio"], rel=0.25)
+    assert d["tpot_ratio"] > d["light_tpot_ratio"]
+    slow = sim_runs.remote_kv_disaster(gen, duration_s=20, link="ib-200g")
+    assert slow["bandwidth_ratio"] == pytest.approx(134.0) and slow["tpot_ratio"] > d["tpot_ratio"]
 
 
 # ------------------------------------------------------------------- catalog
@@ -191,6 +199,81 @@ def test_the_hit_slower_than_a_miss_needs_all_its_conditions():
     assert not c["remote_10gbe"]["pays"] and not c["block_copies"]["pays"]
     assert c["block_copies"]["copies"] == 4096 // 16 * 32 * 2
     assert 100 < c["short_prompt_tokens"] < 1000
+
+
+# ------------------------------------------------- chapter 4: capacity under load
+
+def test_saturation_rate_hand_checked():
+    rates = [1.0, 2.0, 3.0]
+    crossed = sim_runs.saturation_rate(rates, [1.0, 0.95, 0.8])
+    assert crossed == (pytest.approx(2 + 0.05 / 0.15), "crossed")
+    assert sim_runs.saturation_rate(rates, [0.99, 0.98, 0.97]) == (3.0, "above")
+    assert sim_runs.saturation_rate(rates, [0.5, 0.4, 0.1]) == (1.0, "below")
+
+
+@pytest.fixture(scope="module")
+def load(gen):
+    variants = {k: sim_runs.LOAD_VARIANTS[k] for k in
+                ("colocated", "colocated-512", "disaggregated", "kv-centric", "kv-centric+er")}
+    return sim_runs.load_sweep(gen, requests=150, rates=(0.5, 4.0, 100.0), variants=variants)
+
+
+def test_load_sweep_attainment_falls_and_rejection_holds_goodput(gen, load):
+    from kvlab import cost
+    from kvlab.sim import trace_slice
+
+    rates = load["rates"]
+    # the TTFT limit: ten idle prefills of the slice's p90 prompt (the ledger's ceiling)
+    p90 = int(np.percentile(trace_slice(gen, 0, None, 150).input_tokens, 90))
+    idle = cost.prefill("llama-3.1-8b", "h100-sxm", p90).time_s
+    assert load["ttft_slo_s"] == pytest.approx(10 * idle)
+    assert load["settings"]["colocated"]["chunk_tokens"] == 8192  # vLLM's on an H100
+    assert load["settings"]["colocated-512"]["chunk_tokens"] == 512
+    for name, m in load["metrics"].items():
+        att, good = m["slo_attainment"], m["goodput_requests_per_s"]
+        assert att[0] > 0.9 > att[-1], name  # light load is served, 100 requests/s is not
+        assert np.all(good <= rates * 1.05), name  # nothing serves more than arrives
+        assert (m["requests_rejected_early"] > 0).any() == name.endswith("+er")
+        rate, status = load["saturation"][name]
+        assert status == "crossed" and rates[0] < rate < rates[-1]
+    on, off = load["metrics"]["kv-centric+er"], load["metrics"]["kv-centric"]
+    assert on["goodput_requests_per_s"][-1] > off["goodput_requests_per_s"][-1]
+    small, engine = load["metrics"]["colocated-512"], load["metrics"]["colocated"]
+    assert small["itl_p99_s"][-1] < engine["itl_p99_s"][-1] / 3  # smaller chunks, shorter gaps
+    json.dumps(jsonable(load), allow_nan=False)
+
+
+def test_capacity_panel_and_numbers(load):
+    from kvlab.book import kv_centric
+    from kvlab.viz.sim_panels import capacity_panel
+
+    panel = capacity_panel(load, sim_runs.SATURATION_ATTAINMENT)
+    assert [c.key for c in panel.controls] == ["rate", "chunk", "early_reject"]
+    assert panel.controls[1].options == (512, 8192) and panel.controls[1].default == 8192
+    v = panel.values(rate=100.0, chunk=512, early_reject="off")
+    m = load["metrics"]
+    assert v["colocated_slo_attainment"] == m["colocated-512"]["slo_attainment"][-1]
+    assert v["kv_centric_goodput_requests_per_s"] == m["kv-centric"]["goodput_requests_per_s"][-1]
+    on = panel.values(rate=100.0, early_reject="on")
+    assert on["kv_centric_itl_p99_s"] == m["kv-centric+er"]["itl_p99_s"][-1]
+    numbers = kv_centric.capacity_numbers(load, panel)
+    assert numbers["load_requests"] == "150" and numbers["load_tbt_stat"] == "p90"
+    assert numbers["sat_kv_centric_er"].endswith("requests/s")
+    # early rejection is on by default
+    assert numbers["capacity_kv_centric_saturation"] == numbers["sat_kv_centric_er"]
+    assert numbers["capacity_colocated_saturation"] == numbers["sat_colocated"]  # vLLM's budget
+
+
+def test_trace_at_rate_keeps_order_and_bursts(gen):
+    from kvlab.sim import trace_at_rate
+
+    fast = trace_at_rate(gen, 10.0)
+    a, b = gen.arrival_s, fast.arrival_s
+    assert (len(fast) - 1) / (b[-1] - b[0]) == pytest.approx(10.0)
+    assert np.all(np.diff(b) >= 0) and b[0] == 0.0
+    scale = b[-1] / (a[-1] - a[0])
+    np.testing.assert_allclose(np.diff(b), np.diff(a) * scale, rtol=1e-9, atol=1e-12)
+    assert [r.input_tokens for r in fast.requests] == [r.input_tokens for r in gen.requests]
 
 
 # ------------------------------------------------- chapter 2c: past the per-user ceiling

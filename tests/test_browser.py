@@ -1,8 +1,9 @@
-"""The built book in a real browser, as a smoke test: every page clean and offline, every
-static panel's readout equal to what kvlab computes (`kvlab budget --json` for ledger
-quantities) as built and after a few control changes, a slider dragged with the mouse. The
-panels' JavaScript over their whole grids, and the formatting twins digit for digit, are
-checked under node by tests/test_js.py."""
+"""The built book in a real browser, as a smoke test, in both editions (English at the
+root, Chinese under zh/): every page clean and offline, every static panel's readout equal
+to what kvlab computes (`kvlab budget --json` for ledger quantities) as built and after a
+few control changes (in Chinese: the same values, their words through kvlab.viz.i18n), a
+slider dragged with the mouse, the Chinese search. The panels' JavaScript over their whole
+grids, and the formatting twins digit for digit, are checked under node by tests/test_js.py."""
 from __future__ import annotations
 
 import functools
@@ -14,7 +15,10 @@ from contextlib import redirect_stdout
 
 import pytest
 
-from browser import CHROMIUM_ARGS, ROOT, SHOTS, chromium_path, ensure_site, page_panels, serve, site_pages
+from browser import (
+    CHROMIUM_ARGS, ROOT, SHOTS, ZH, chromium_path, edition, ensure_site, page_language, page_panels, serve,
+    site_pages,
+)
 
 pytestmark = pytest.mark.browser
 
@@ -76,7 +80,10 @@ def test_toc_pages_were_built():
         f"{m}.html" for m in re.findall(r"file:\s*(\S+)", (ROOT / "_toc.yml").read_text())
     }
     assert expected <= set(site_pages())
-    assert page_panels(), "the book embeds no static panel"
+    assert {f"{ZH}/{page}" for page in expected} <= set(site_pages())  # the Chinese edition
+    english = [key for page, key in page_panels() if page_language(page) == "en"]
+    assert english, "the book embeds no static panel"
+    assert sorted(key for page, key in page_panels() if page_language(page) != "en") == sorted(english)
 
 
 def test_page_is_clean(browser, base_url, page):
@@ -126,20 +133,27 @@ def budget_json(kwargs: dict) -> dict:
 
 
 @functools.lru_cache(maxsize=None)
-def built_panel(key: str):
-    """Each panel once per session (lookup panels replay traces when built)."""
+def built_panel(key: str, language: str = "en"):
+    """Each panel once per session and edition (lookup panels replay traces when built)."""
     from kvlab.book.catalog import panels
 
-    return panels()[key]()
+    with edition(language):
+        return panels()[key]()
 
 
-def check_readout(panel_key: str, state: dict, readout_html: str) -> None:
-    """The page's readout equals kvlab: the CLI for ledger keys, the panel's Python twin else."""
+def check_readout(panel_key: str, state: dict, readout_html: str, language: str = "en") -> None:
+    """The page's readout equals kvlab: the CLI for ledger keys, the panel's Python twin else,
+    computed as for the page's edition; the words in the edition's language."""
+    with edition(language):
+        _check_readout(built_panel(panel_key, language), state, readout_html)
+
+
+def _check_readout(panel, state: dict, readout_html: str) -> None:
     import html as html_lib
 
+    from kvlab.viz import i18n
     from kvlab.viz.panel import FORMATS
 
-    panel = built_panel(panel_key)
     expected = panel.compute(state)["values"]
     cli = budget_json(panel.budget_keys(state)) if panel.budget_keys else {}
     shown = parse_readout(readout_html)
@@ -156,7 +170,7 @@ def check_readout(panel_key: str, state: dict, readout_html: str) -> None:
             assert raw == str(want).lower(), (key, state)
         else:
             assert math.isclose(float(raw), float(want), rel_tol=1e-9, abs_tol=1e-12), (key, raw, want, state)
-        assert html_lib.unescape(text) == FORMATS[kind](want), (key, text, want, state)
+        assert html_lib.unescape(text) == i18n.t(FORMATS[kind](want)), (key, text, want, state)
 
 
 def other_values(meta: dict, current) -> list:
@@ -170,23 +184,25 @@ def other_values(meta: dict, current) -> list:
 
 def test_panel_readouts_match_kvlab(browser, base_url, panel):
     page_path, key = panel
+    language = page_language(page_path)
     tab, problems = open_page(browser, f"{base_url}/{page_path}")
     tab.wait_for_function("window.Bokeh && Bokeh.documents.length > 0 && window.KVLAB")
     first = tab.evaluate(READ_PANEL, [key])
-    check_readout(key, first["state"], first["readout"])  # as built, before any change
+    check_readout(key, first["state"], first["readout"], language)  # as built, before any change
     for control, meta in first["meta"].items():
         for value in other_values(meta, first["state"][control]):
             before = tab.evaluate(READ_PANEL, [key])["updates"]
             assert tab.evaluate(SET_CONTROL, [f"{key}.{control}", value])
             tab.wait_for_function(f"(window.KVLAB.updates || 0) > {before}", timeout=5000)
             now = tab.evaluate(READ_PANEL, [key])
-            check_readout(key, now["state"], now["readout"])
+            check_readout(key, now["state"], now["readout"], language)
     tab.close()
     assert problems == []
 
 
-def test_dragging_a_slider_with_the_mouse_updates_the_readout(browser, base_url):
-    page_path, key = next(p for p in page_panels() if p[1] == "ledger")
+@pytest.mark.parametrize("language", ["en", "zh_CN"])
+def test_dragging_a_slider_with_the_mouse_updates_the_readout(browser, base_url, language):
+    page_path, key = next(p for p in page_panels() if p[1] == "ledger" and page_language(p[0]) == language)
     tab, problems = open_page(browser, f"{base_url}/{page_path}")
     tab.wait_for_function("window.Bokeh && Bokeh.documents.length > 0 && window.KVLAB")
     before = tab.evaluate(READ_PANEL, [key])
@@ -200,6 +216,32 @@ def test_dragging_a_slider_with_the_mouse_updates_the_readout(browser, base_url)
     tab.wait_for_function(f"(window.KVLAB.updates || 0) > {before['updates']}", timeout=5000)
     after = tab.evaluate(READ_PANEL, [key])
     assert after["readout"] != before["readout"]
-    check_readout(key, after["state"], after["readout"])
+    check_readout(key, after["state"], after["readout"], language)
     tab.close()
+    assert problems == []
+
+
+def test_chinese_readouts_are_in_chinese(browser, base_url):
+    """The static page's readout after a change keeps its Chinese labels (KVLAB.apply is
+    wrapped by the table kvlab.viz.i18n ships with the Chinese site)."""
+    page_path, key = next(p for p in page_panels() if p[1] == "ledger" and page_language(p[0]) == "zh_CN")
+    tab, problems = open_page(browser, f"{base_url}/{page_path}")
+    tab.wait_for_function("window.Bokeh && Bokeh.documents.length > 0 && window.KVLAB")
+    before = tab.evaluate(READ_PANEL, [key])
+    assert tab.evaluate(SET_CONTROL, [f"{key}.batch", other_values(before["meta"]["batch"], before["state"]["batch"])[0]])
+    tab.wait_for_function(f"(window.KVLAB.updates || 0) > {before['updates']}", timeout=5000)
+    after = tab.evaluate(READ_PANEL, [key])["readout"]
+    labels = re.findall(r"<th>([^<]*)</th>", after)
+    assert labels and all(re.search(r"[\u4e00-\u9fff]", label) for label in labels), labels
+    tab.close()
+    assert problems == []
+
+
+def test_chinese_search_works_offline(browser, base_url):
+    """Sphinx's search in the Chinese edition (words segmented by jieba at build time)."""
+    tab, problems = open_page(browser, f"{base_url}/{ZH}/search.html?q=%E5%B8%A6%E5%AE%BD")  # 带宽
+    tab.wait_for_function("document.querySelectorAll('#search-results li').length > 0", timeout=15000)
+    found = tab.evaluate("[...document.querySelectorAll('#search-results li a')].map(a => a.href)")
+    tab.close()
+    assert any("glossary" in url for url in found), found
     assert problems == []

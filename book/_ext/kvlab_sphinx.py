@@ -24,7 +24,8 @@ BOKEH_FILES = ("bokeh.min.js", "bokeh-widgets.min.js")
 
 
 def _vendor_dir(app) -> Path:
-    return Path(app.outdir).parent / "vendor"
+    """One vendor folder for every edition (the Chinese build's outdir is _build/zh/_build/html)."""
+    return Path(app.srcdir) / "_build" / "vendor"
 
 
 def _copy_bokeh(static: Path) -> list[str]:
@@ -45,9 +46,10 @@ def _write_kvlab_js(folder: Path) -> str:
     """kvlab's browser code (library + every panel's function), once per site."""
     import hashlib
 
+    from kvlab.viz import i18n
     from kvlab.viz.panel import kvlab_js
 
-    text = kvlab_js()
+    text = kvlab_js() + i18n.browser_js()  # the label table, in the Chinese edition only
     name = f"kvlab-{hashlib.sha256(text.encode()).hexdigest()[:12]}.js"
     for old in folder.glob("kvlab*.js"):  # earlier builds' copies would ship with the site
         if old.name != name:

@@ -31,5 +31,6 @@ def panels() -> dict[str, Callable[[], object]]:
         "pd": pick(beyond_hbm, "pd"),
         "tpot-budget": pick(metrics_and_diagnosis, "budget"),
         "sweep": kv_centric.sweep_panel,
+        "capacity": kv_centric.capacity_panel,
         "timeline": kv_centric.timeline_panel,
     }

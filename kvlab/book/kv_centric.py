@@ -1,11 +1,15 @@
 """Chapter 4, "Mooncake: the KV cache at the centre of scheduling": three designs on
-one trace, a cluster sweep, bytes against the critical path, a global pool, a timeline
-and the remote-KV disaster, all simulated when the book is built."""
+one trace, their capacity as the load rises (SLO attainment and goodput), a cluster sweep,
+bytes against the critical path, a global pool, a timeline and the remote-KV disaster, all
+simulated when the book is built."""
 from __future__ import annotations
 
 import functools
 
+import numpy as np
+
 from .. import cost, fmt
+from ..hardware import get_tier
 from ..sim import SimConfig
 from . import sim_runs
 
@@ -13,7 +17,9 @@ from . import sim_runs
 ARCH_KEYS = {"colocated": "colocated", "disaggregated": "disaggregated", "kv-centric": "kv_centric"}
 VARIANT_KEYS = {"disaggregated": "disaggregated", "disaggregated + overlap": "disaggregated_overlap",
                 "kv-centric": "kv_centric"}
-COMPARE_S, SWEEP_S, CRITICAL_PATH_S, POOLS_S, TIMELINE_S, DISASTER_S = 600.0, 180.0, 300.0, 600.0, 20.0, 60.0
+#: Seconds of the conversation trace each figure replays.
+COMPARE_S, SWEEP_S, CRITICAL_PATH_S = 600.0, 120.0, 300.0
+POOLS_S, TIMELINE_S, DISASTER_S = 600.0, 20.0, 60.0
 
 
 @functools.cache
@@ -37,6 +43,17 @@ def pools() -> dict:
 
 
 @functools.cache
+def load() -> dict:
+    """The load sweep (kvlab.book.sim_runs.load_sweep): every design at rising rates."""
+    return sim_runs.load_sweep()
+
+
+@functools.cache
+def disaster() -> dict:
+    return sim_runs.remote_kv_disaster(duration_s=DISASTER_S)
+
+
+@functools.cache
 def timeline(arch: str) -> dict:
     return sim_runs.timeline(arch=arch, duration_s=TIMELINE_S)
 
@@ -52,6 +69,13 @@ def sweep_panel():
     from ..viz import sim_panels
 
     return sim_panels.sweep_panel(sweep(), _sweep_point)
+
+
+@functools.cache
+def capacity_panel():
+    from ..viz import sim_panels
+
+    return sim_panels.capacity_panel(load(), sim_runs.SATURATION_ATTAINMENT)
 
 
 @functools.cache
@@ -81,10 +105,12 @@ def pools_figure():
 
 def _setup() -> str:
     cfg = SimConfig()
+    tier = get_tier(cfg.link)
     return (f"{cfg.prefill_workers} prefill and {cfg.decode_workers} decode GPUs "
             f"({cfg.prefill_workers + cfg.decode_workers} doing both when colocated), "
             f"{cost.get_device(cfg.hardware).display_name}, {cost.get_model(cfg.model).display_name}, "
-            f"a {cfg.link} network")
+            f"one {fmt.si(tier.bandwidth_bytes_per_s * 8, 'b/s')} NIC per GPU ({cfg.link}, "
+            f"{fmt.si(tier.bandwidth_bytes_per_s, 'B/s')})")
 
 
 def numbers() -> dict[str, str]:
@@ -108,7 +134,65 @@ def numbers() -> dict[str, str]:
                 "gl_global": fmt.percent(gl["global_token_hit_ratio"][mid]),
                 "gl_local": fmt.percent(gl["local_token_hit_ratio"][mid])})
     out.update(timeline_panel().readout_texts())
-    disaster = sim_runs.remote_kv_disaster(duration_s=DISASTER_S)
-    out.update({"remote_tpot": fmt.seconds(disaster["remote"]["tpot_p50_s"]),
-                "local_tpot": fmt.seconds(disaster["local"]["tpot_p50_s"])})
+    out.update(_disaster_numbers(disaster()))
+    out.update(capacity_numbers(load(), capacity_panel()))
+    return out
+
+
+def _ratio(x: float) -> str:
+    return f"{fmt.sig(x, 3)}×"
+
+
+def _disaster_numbers(d: dict) -> dict[str, str]:
+    """The remote-KV disaster: TPOT at the trace's load and one request at a time, beside
+    the bandwidth ratio and one step's slowdown that bound a single step."""
+    return {"remote_tpot": fmt.seconds(d["remote"]["tpot_p50_s"]),
+            "local_tpot": fmt.seconds(d["local"]["tpot_p50_s"]),
+            "disaster_link": d["link"], "disaster_trace": d["trace"],
+            "disaster_bandwidth_ratio": _ratio(d["bandwidth_ratio"]),
+            "disaster_context": fmt.fixed(d["context"], 0),
+            "disaster_step_ratio": _ratio(d["step_ratio"]),
+            "disaster_tpot_ratio": _ratio(d["tpot_ratio"]),
+            "disaster_light_requests": fmt.fixed(d["light_remote"]["requests"], 0),
+            "disaster_light_local_tpot": fmt.seconds(d["light_local"]["tpot_p50_s"]),
+            "disaster_light_remote_tpot": fmt.seconds(d["light_remote"]["tpot_p50_s"]),
+            "disaster_light_tpot_ratio": _ratio(d["light_tpot_ratio"])}
+
+
+#: The light load at which the chapter compares token gaps (requests/s, on the sweep's grid).
+LIGHT_RATE = 3.0
+
+
+def capacity_numbers(d: dict, panel) -> dict[str, str]:
+    """The load sweep's prose numbers: the setting and SLOs, each variant's saturation
+    rate, peak goodput and goodput at the highest load, token gaps and prefix hits at a
+    light load (keys <figure>_<variant>, the variant's name with "-" and "+" as "_":
+    sat_kv_centric_er), and the capacity panel's readout at its default state
+    (capacity_<design>_<figure>)."""
+    from ..viz.sim_panels import saturation_text
+
+    rates, level = d["rates"], sim_runs.SATURATION_ATTAINMENT
+    light = int(np.flatnonzero(rates == LIGHT_RATE)[0]) if LIGHT_RATE in rates else 0
+    out = {"load_trace": d["trace"], "load_requests": fmt.fixed(d["requests"], 0),
+           "load_rates": f"{fmt.sig(rates[0], 2)}–{fmt.sig(rates[-1], 2)} requests/s",
+           "load_top_rate": f"{fmt.sig(rates[-1], 2)} requests/s",
+           "load_light_rate": f"{fmt.sig(rates[light], 2)} requests/s",
+           "load_ttft_slo": fmt.seconds(d["ttft_slo_s"]),
+           "load_tbt_slo": fmt.seconds(d["tbt_slo_s"]),
+           "load_tbt_stat": d["tbt_stat"], "load_saturation_level": fmt.percent(level, 2),
+           "load_ttft_slo_prefills": fmt.fixed(sim_runs.TTFT_SLO_PREFILLS, 0),
+           "load_ttft_slo_percentile": f"p{fmt.fixed(sim_runs.TTFT_SLO_PROMPT_PERCENTILE, 0)}",
+           "load_default_chunk": fmt.fixed(d["settings"]["colocated"]["chunk_tokens"], 0)}
+    for name in d["variants"]:
+        key, m = name.replace("-", "_").replace("+", "_"), d["metrics"][name]
+        out.update({f"sat_{key}": saturation_text(*d["saturation"][name], level),
+                    f"peak_goodput_{key}": fmt.rate(np.nanmax(m["goodput_requests_per_s"])),
+                    f"top_goodput_{key}": fmt.rate(m["goodput_requests_per_s"][-1]),
+                    f"top_attainment_{key}": fmt.percent(m["slo_attainment"][-1]),
+                    f"top_rejected_{key}": fmt.fixed(m["requests_rejected_early"][-1], 0),
+                    f"light_itl_p99_{key}": fmt.seconds(m["itl_p99_s"][light]),
+                    f"light_ttft_p90_{key}": fmt.seconds(m["ttft_p90_s"][light]),
+                    f"light_tpot_p50_{key}": fmt.seconds(m["tpot_p50_s"][light]),
+                    f"light_hits_{key}": fmt.percent(m["prefix_hit_ratio"][light])})
+    out.update(panel.readout_texts())
     return out

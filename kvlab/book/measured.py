@@ -9,6 +9,7 @@ from ..bench import report
 from ..hardware import get_device
 from ..models import get_model
 from . import gpu_tables
+from .lang import clauses, join, pick, sentences
 
 #: Batches the attention figure follows, and the context the ledger figure uses.
 ATTENTION_BATCHES = (1, 64)
@@ -22,12 +23,17 @@ def decode_summary(kernels: str = "default", kv_dtype: str = "bf16") -> str:
         rows = [r for r in t["rows"] if r["kv_dtype"] == kv_dtype]
         if not rows:
             continue
-        who = {"native": "kvlab's kernels", "torch": "PyTorch's kernels"}.get(t["kernels"], t["kernels"])
-        parts = [f"at batch {r['batch']} the steps used at least {fmt.percent(r['fraction_of_bandwidth_min'])} "
-                 f"of the copy bandwidth and the ledger was within {fmt.percent(r['max_abs_error'])}"
+        who = {"native": pick("kvlab's kernels", "kvlab 的内核"),
+               "torch": pick("PyTorch's kernels", "PyTorch 的内核")}.get(t["kernels"], t["kernels"])
+        parts = [pick(f"at batch {r['batch']} the steps used at least {fmt.percent(r['fraction_of_bandwidth_min'])} "
+                      f"of the copy bandwidth and the ledger was within {fmt.percent(r['max_abs_error'])}",
+                      f"批大小 {r['batch']} 时，解码步至少用到拷贝带宽的 "
+                      f"{fmt.percent(r['fraction_of_bandwidth_min'])}，账本误差在 {fmt.percent(r['max_abs_error'])} 以内")
                  for r in rows]
-        out.append(f"On {t['device_name']} with {who} ({kv_dtype} KV): " + "; ".join(parts) + ".")
-    return " ".join(out)
+        out.append(pick(f"On {t['device_name']} with {who} ({kv_dtype} KV): ",
+                        f"在 {t['device_name']} 上用 {who}（{kv_dtype} KV）：")
+                   + clauses(parts) + pick(".", "。"))
+    return sentences(out)
 
 
 #: A point counts as measured in a faster memory state when the copy bandwidth around it
@@ -42,7 +48,8 @@ def bandwidth_range() -> str:
     bws = [b for b in bws if len(b)]
     if not bws:
         return ""
-    return f"{fmt.si(min(b.min() for b in bws), 'B/s')} to {fmt.si(max(b.max() for b in bws), 'B/s')}"
+    low, high = fmt.si(min(b.min() for b in bws), "B/s"), fmt.si(max(b.max() for b in bws), "B/s")
+    return pick(f"{low} to {high}", f"{low} 至 {high}")
 
 
 def kernels_notes() -> str:
@@ -64,29 +71,42 @@ def pace_summary() -> str:
             continue
         bw, share = bw[ok], share[ok]
         fast = bw > FAST_STATE_RATIO * bw.min()
+        name = entry["device_name"]
         if not fast.any():
-            out.append(f"In the recorded run on {entry['device_name']} the copy bandwidth around these steps "
-                       f"stayed between {fmt.si(bw.min(), 'B/s')} and {fmt.si(bw.max(), 'B/s')}, and the cores kept "
-                       "up with it; on a "
-                       "machine with more bandwidth per core the arithmetic starts to show, and the third figure "
-                       "below (each step's achieved bandwidth against the bandwidth around it) is where it would.")
+            low, high = fmt.si(bw.min(), "B/s"), fmt.si(bw.max(), "B/s")
+            out.append(pick(
+                f"In the recorded run on {name} the copy bandwidth around these steps "
+                f"stayed between {low} and {high}, and the cores kept up with it; on a "
+                "machine with more bandwidth per core the arithmetic starts to show, and the third figure "
+                "below (each step's achieved bandwidth against the bandwidth around it) is where it would.",
+                f"在 {name} 的记录中，这些解码步前后的拷贝带宽保持在 {low} 到 {high} 之间，"
+                "核心跟得上；在每核带宽更高的机器上，计算开销就会显现出来，"
+                "下面第三张图（每步实际带宽对比其前后的带宽）就是它会出现的地方。"))
         else:
-            out.append(f"On {entry['device_name']} some steps ran while the copy bandwidth was up to "
-                       f"{fmt.si(bw[fast].max(), 'B/s')} instead of {fmt.si(bw[~fast].min(), 'B/s')} to "
-                       f"{fmt.si(bw[~fast].max(), 'B/s')}: those used {fmt.percent(share[fast].min())} to "
-                       f"{fmt.percent(share[fast].max())} of it, the others {fmt.percent(share[~fast].min())} to "
-                       f"{fmt.percent(share[~fast].max())}. There the cores, not the memory, set the pace; the third "
-                       "figure below shows each step's achieved bandwidth against the bandwidth around it.")
-    return " ".join(out)
+            top, low, high = (fmt.si(bw[fast].max(), "B/s"), fmt.si(bw[~fast].min(), "B/s"),
+                              fmt.si(bw[~fast].max(), "B/s"))
+            fast_lo, fast_hi = fmt.percent(share[fast].min()), fmt.percent(share[fast].max())
+            slow_lo, slow_hi = fmt.percent(share[~fast].min()), fmt.percent(share[~fast].max())
+            out.append(pick(
+                f"On {name} some steps ran while the copy bandwidth was up to "
+                f"{top} instead of {low} to {high}: those used {fast_lo} to {fast_hi} of it, "
+                f"the others {slow_lo} to {slow_hi}. There the cores, not the memory, set the pace; the third "
+                "figure below shows each step's achieved bandwidth against the bandwidth around it.",
+                f"在 {name} 上，有些解码步运行时拷贝带宽高达 {top}，而平时是 {low} 到 {high}："
+                f"这些步只用到其中的 {fast_lo} 到 {fast_hi}，其余步则是 {slow_lo} 到 {slow_hi}。"
+                "这时定节奏的是核心，而不是内存；下面第三张图画出了每步实际带宽与其前后带宽的对比。"))
+    return sentences(out)
 
 
 
 def gpu_status() -> str:
     gpus = sorted({m["device_name"] for m in report.machines().values() if str(m["device"]).startswith("cuda")})
     if gpus:
-        return "GPUs recorded: " + ", ".join(gpus) + "."
-    return ("No GPU has been recorded yet: the figures show this CPU only until someone runs `make bench-gpu` on a "
-            "GPU box and commits its results.")
+        return pick("GPUs recorded: " + join(gpus) + ".", "已记录的 GPU：" + join(gpus) + "。")
+    return pick("No GPU has been recorded yet: the figures show this CPU only until someone runs `make bench-gpu` on a "
+                "GPU box and commits its results.",
+                "还没有记录任何 GPU：在有人到 GPU 机器上运行 `make bench-gpu` 并提交结果之前，"
+                "图中只有这台 CPU。")
 
 
 def crossover_findings() -> str:
@@ -95,15 +115,22 @@ def crossover_findings() -> str:
     for c in report.recompute_curves():
         where = f"{c['device_name']} ({c['preset']})"
         if c["crossover_tokens"]:
-            findings.append(f"on {where} the curves cross at {fmt.fixed(c['crossover_tokens'], 0)} tokens: where the "
-                            "fetch curve lies above the recompute curve, a prefix hit served from host memory is a "
-                            "liability")
+            tokens = fmt.fixed(c["crossover_tokens"], 0)
+            findings.append(pick(
+                f"on {where} the curves cross at {tokens} tokens: where the "
+                "fetch curve lies above the recompute curve, a prefix hit served from host memory is a liability",
+                f"在 {where} 上，两条曲线在 {tokens} 个 token 处相交：取回曲线高于重算曲线的地方，"
+                "从主机内存提供的前缀命中反而是负担"))
         elif c["tokens"] is not None and c["fetch_s"][-1] < c["recompute_s"][-1]:
-            findings.append(f"on {where} fetching is faster than recomputing at every measured length: host memory "
-                            "sits close to this CPU, which is why the liability appears behind a PCIe link")
+            findings.append(pick(
+                f"on {where} fetching is faster than recomputing at every measured length: host memory "
+                "sits close to this CPU, which is why the liability appears behind a PCIe link",
+                f"在 {where} 上，每个测过的长度都是取回比重算快：主机内存就在这颗 CPU 旁边，"
+                "所以这种负担要隔着一条 PCIe 链路才会出现"))
         else:
-            findings.append(f"on {where} recomputing is faster at every measured length")
-    return "; ".join(findings) or "no results recorded yet"
+            findings.append(pick(f"on {where} recomputing is faster at every measured length",
+                                 f"在 {where} 上，每个测过的长度都是重算更快"))
+    return clauses(findings) or pick("no results recorded yet", "尚无记录的结果")
 
 
 def numbers() -> dict[str, str]:
@@ -115,18 +142,23 @@ def cpu_numbers() -> dict[str, str]:
     rows = [r for t in report.targets() for r in t["rows"]]
     mem = report.memory_bandwidth()
     return {
-        "machines": ", ".join(sorted({m["device_name"] or name for name, m in machines.items()})) or "none yet",
+        "machines": join(sorted({m["device_name"] or name for name, m in machines.items()}))
+        or pick("none yet", "暂无"),
         "gpu_status": gpu_status(),
-        "worst_error": fmt.percent(max(r["max_abs_error"] for r in rows)) if rows else "n/a",
-        "worst_share": fmt.percent(min(r["fraction_of_bandwidth_min"] for r in rows)) if rows else "n/a",
-        "decode_summary": decode_summary() or "No decode results are recorded yet.",
-        "int8_summary": decode_summary(kv_dtype="int8") or "No int8 results are recorded yet.",
-        "torch_summary": decode_summary("torch") or
-        "no comparison run with PyTorch's kernels is recorded yet (`make bench` records one)",
-        "bracket_bw": bandwidth_range() or "n/a",
-        "pace_note": pace_summary() or "No decode results are recorded yet.",
-        "kernels_note": kernels_notes() or "no run with kvlab's kernels is recorded yet",
-        "copy_bw": "; ".join(f"{m['device_name']}: {fmt.si(m['bandwidth_bytes_per_s'], 'B/s')}" for m in mem) or "n/a",
+        "worst_error": fmt.percent(max(r["max_abs_error"] for r in rows)) if rows else _na(),
+        "worst_share": fmt.percent(min(r["fraction_of_bandwidth_min"] for r in rows)) if rows else _na(),
+        "decode_summary": decode_summary() or _no_decode(),
+        "int8_summary": decode_summary(kv_dtype="int8") or pick("No int8 results are recorded yet.",
+                                                                "尚未记录 int8 的结果。"),
+        "torch_summary": decode_summary("torch") or pick(
+            "no comparison run with PyTorch's kernels is recorded yet (`make bench` records one)",
+            "尚未记录与 PyTorch 内核的对比（`make bench` 会记录一次）"),
+        "bracket_bw": bandwidth_range() or _na(),
+        "pace_note": pace_summary() or _no_decode(),
+        "kernels_note": kernels_notes() or pick("no run with kvlab's kernels is recorded yet",
+                                                "尚未记录使用 kvlab 内核的运行"),
+        "copy_bw": clauses(pick(f"{m['device_name']}: ", f"{m['device_name']}：")
+                           + fmt.si(m["bandwidth_bytes_per_s"], "B/s") for m in mem) or _na(),
         "crossover": crossover_findings(),
     }
 
@@ -138,7 +170,15 @@ def _names() -> dict[str, str]:
 
 
 def _sources() -> list[str]:
-    return [gpu_tables.source_label(d) for d in gpu_tables.gpus()]
+    """One line per framework version: which GPUs' tables it measured, and the package."""
+    from ..measured import load
+
+    by_version: dict[str, list[str]] = {}
+    for d in gpu_tables.gpus():
+        t = load(d)
+        by_version.setdefault(f"{t.framework} {t.framework_version}", []).append(t.device_string)
+    package = load(gpu_tables.gpus()[0]).raw["package"]
+    return [f"{version} kernel tables ({package}): {', '.join(devices)}" for version, devices in by_version.items()]
 
 
 def gemv_figure():
@@ -164,14 +204,21 @@ def attention_figure():
 def ledger_figure():
     from ..viz import gpu_figures
 
-    return gpu_figures.ledger_figure([gpu_tables.ledger_against_kernels(d) for d in gpu_tables.gpus()], _names(),
-                                     _sources())
+    curves = [gpu_tables.ledger_against_kernels(d) for d in gpu_tables.gpus()]
+    return gpu_figures.ledger_figure(curves, _names(), _sources(), get_model(curves[0]["model"]).display_name)
 
 
 def _listing(values: dict[str, str]) -> str:
-    """'A 79%, B 74% and C 76%'."""
-    items = [f"{name} {value}" for name, value in values.items()]
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+    """'A 79%, B 74% and C 76%' ('A 79%、B 74% 和 C 76%' in Chinese)."""
+    return join(f"{name} {value}" for name, value in values.items())
+
+
+def _na() -> str:
+    return pick("n/a", "无")
+
+
+def _no_decode() -> str:
+    return pick("No decode results are recorded yet.", "尚未记录解码结果。")
 
 
 def gpu_numbers() -> dict[str, str]:
@@ -188,13 +235,13 @@ def gpu_numbers() -> dict[str, str]:
         "gpu_list": _listing({names[d]: f"({load_version(d)})" for d in gpus}),
         "gemv_shares": _listing({names[d]: fmt.percent(_derived(d)["gemv_fraction_of_sheet"]) for d in in_sheet}),
         "gemv_above": _listing({names[d]: fmt.percent(_derived(d)["gemv_fraction_of_sheet"]) for d in above})
-        or "none",
+        or pick("none", "无"),
         "gemv_how": _derived(h100)["gemv_how"],
         "gemm_m1_h100": fmt.percent(float(gemm[h100]["efficiency"][0])),
         "gemm_best_h100": fmt.percent(float(np.max(gemm[h100]["efficiency"]))),
         "attn_best_h100": fmt.percent(float(attention[h100]["fraction_of_sheet"].max())),
         "attn_impossible": _listing({names[d]: fmt.percent(float(attention[d]["fraction_of_sheet"].max()))
-                                     for d in impossible}) or "none",
+                                     for d in impossible}) or pick("none", "无"),
         "ledger_b1": _listing({names[d]: f"{fmt.sig(float(ledger[d]['ratio'][0]), 3)}×" for d in gpus}),
         "ledger_h100_b1": f"{fmt.sig(float(ledger[h100]['ratio'][0]), 3)}×",
         "ledger_h100_last": f"{fmt.sig(float(ledger[h100]['ratio'][-1]), 3)}×",

@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import metrics
 from ..prefix.pools import global_vs_local
-from ..sim import ARCHS, SimConfig, simulate, trace_slice
+from ..sim import ARCHS, SimConfig, make_cost, simulate, trace_at_rate, trace_slice
 from ..traces import load_trace, trace_or_generated
 
 #: Links the chapter's network slider steps through (commodity Ethernet .. NVLink).
@@ -87,7 +87,8 @@ def sweep(trace=None, start_s: float = 0.0, duration_s: float = 180.0, links=SWE
     "metrics": {arch: {key: array of shape (links, pools, prefill, decode)}}}; a value is
     NaN where a run completed no request. Colocated runs prefill + decode GPUs that do both
     and moves no KV between GPUs, so its values do not depend on the link (it is run once
-    per link-free point). The default grid on a 3-minute slice is 243 runs, ~11 s on a 2-core CPU.
+    per link-free point). The default grid is 243 runs: about 13 s of CPU on a 2-minute slice of
+    the conversation trace (the chapter's) on the 2-core development machine.
     """
     from ..hardware import get_tier
 
@@ -236,12 +237,147 @@ def token_streams(trace=None, start_s: float = 0.0, duration_s: float = 60.0, re
     return out
 
 
+#: The light-load twin of the disaster: this many requests of the slice, one at a time.
+DISASTER_LIGHT_REQUESTS = 12
+
+
 def remote_kv_disaster(trace=None, start_s: float = 0.0, duration_s: float = 60.0,
                        config: SimConfig | None = None, **overrides) -> dict:
     """Disaggregation with the KV moved once into the decode GPU's HBM against read over
-    the network at every step: {"trace", "local": summary, "remote": summary}."""
+    the network at every step, at the trace's own load and at light load, beside the two
+    ratios that bound the slowdown of one step.
+
+    Returns {"trace", "local", "remote": summaries at the trace's load, "light_local",
+    "light_remote": summaries of the slice's first DISASTER_LIGHT_REQUESTS requests arriving
+    one at a time, "link", "bandwidth_ratio" (HBM bandwidth over the link's, from the
+    catalogues), "context" (the slice's median prompt), "step_ratio" (a batch-1 decode step
+    at that context with its KV remote over one with it in HBM: kvlab.tiers),
+    "tpot_ratio" and "light_tpot_ratio" (median TPOT remote over local, simulated)}.
+
+    A step reads the weights from HBM either way, so one step slows by less than the
+    bandwidth ratio; under load a remote-KV decode GPU makes so few tokens per second that
+    its batch and queue grow, which is how the simulated TPOT ratio outgrows both."""
+    from ..hardware import get_device, get_tier
+    from ..tiers import tiered_decode_step
+
     sliced = _slice(trace, start_s, duration_s)
-    base = dataclasses.replace(_config(config, overrides), arch="disaggregated")
-    return {"trace": sliced.label,
-            "local": simulate(sliced, dataclasses.replace(base, remote_kv=False)).summary(),
-            "remote": simulate(sliced, dataclasses.replace(base, remote_kv=True)).summary()}
+    base = dataclasses.replace(_config(config, overrides), arch="disaggregated").resolved()
+    light = trace_slice(sliced, 0.0, None, min(DISASTER_LIGHT_REQUESTS, len(sliced)))
+    runs = {}
+    for load, tr in (("", sliced), ("light_", _one_at_a_time(light))):
+        for where, remote in (("local", False), ("remote", True)):
+            runs[load + where] = simulate(tr, dataclasses.replace(base, remote_kv=remote)).summary()
+    device = get_device(base.hardware)
+    context = int(np.median(sliced.input_tokens))
+    step = tiered_decode_step(base.model, device, 1, context, tier=base.link,
+                              weight_dtype=base.weight_dtype, kv_dtype=base.kv_dtype)
+    ratio = lambda a, b: a["tpot_p50_s"] / b["tpot_p50_s"]  # noqa: E731
+    return {"trace": sliced.label, **runs, "link": base.link,
+            "bandwidth_ratio": device.memory_bandwidth_bytes_per_s
+            / get_tier(base.link).bandwidth_bytes_per_s,
+            "context": context, "step_ratio": float(step.slowdown),
+            "tpot_ratio": ratio(runs["remote"], runs["local"]),
+            "light_tpot_ratio": ratio(runs["light_remote"], runs["light_local"])}
+
+
+def _one_at_a_time(trace, gap_s: float = 3600.0):
+    """The trace's requests in order, `gap_s` apart: each one runs alone."""
+    requests = tuple(
+        dataclasses.replace(r, arrival_s=i * gap_s) for i, r in enumerate(trace.requests)
+    )
+    return dataclasses.replace(trace, name=f"{trace.name}, one at a time", requests=requests)
+
+
+# ------------------------------------------------------------------ capacity under load
+#: Mean request rates of the load sweep (requests/s): below, at and past each design's knee.
+LOAD_RATES = (2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0)
+#: Requests replayed at every rate: the first ones of the trace, their gaps scaled.
+LOAD_REQUESTS = 400
+#: A design saturates where fewer than this share of requests meet both SLOs.
+SATURATION_ATTAINMENT = 0.9
+#: The TTFT limit is this many times an idle GPU's prefill of the slice's p90 prompt.
+TTFT_SLO_PREFILLS = 10.0
+TTFT_SLO_PROMPT_PERCENTILE = 90.0
+#: The designs of the load sweep: a name and what it changes in the base config. Colocated
+#: at the engine's default token budget (None: vLLM's for the GPU) and at smaller ones;
+#: disaggregated and KV-centric without and with early rejection.
+LOAD_VARIANTS = {
+    "colocated": dict(arch="colocated", chunk_tokens=None),
+    "colocated-2048": dict(arch="colocated", chunk_tokens=2048),
+    "colocated-512": dict(arch="colocated", chunk_tokens=512),
+    "disaggregated": dict(arch="disaggregated", early_reject=False),
+    "disaggregated+er": dict(arch="disaggregated", early_reject=True),
+    "kv-centric": dict(arch="kv-centric", early_reject=False),
+    "kv-centric+er": dict(arch="kv-centric", early_reject=True),
+}
+#: Summary figures stored at every (variant, rate) of `load_sweep`.
+LOAD_KEYS = ("slo_attainment", "goodput_requests_per_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s",
+             "tpot_p50_s", "itl_p99_s", "throughput_tokens_per_s", "prefix_hit_ratio",
+             "requests_rejected_early", "requests_completed", "preemptions")
+
+
+def capacity_ttft_slo_s(sliced, config: SimConfig) -> float:
+    """TTFT limit of the load sweep: TTFT_SLO_PREFILLS idle-GPU prefills of the slice's
+    TTFT_SLO_PROMPT_PERCENTILE-th percentile prompt, priced by the run's own step costs.
+
+    Mooncake held Kimi's traffic to TTFT <= 30 s; that limit belongs to a far larger model
+    than the 8B one simulated here, whose long prompts prefill in a fraction of a second, so
+    the limit is scaled to the model: a request may queue for about nine of its prefills."""
+    prompt = int(np.percentile(sliced.input_tokens, TTFT_SLO_PROMPT_PERCENTILE))
+    prefill_s = float(make_cost(config.resolved()).prefill_times_s(prompt, 0)[0])
+    return TTFT_SLO_PREFILLS * prefill_s
+
+
+def saturation_rate(rates, attainment, level: float = SATURATION_ATTAINMENT) -> tuple[float, str]:
+    """Where attainment first falls below `level`, linearly interpolated between the rates
+    around the crossing: (rate, "crossed"); (first rate, "below") when it is below already
+    there; (last rate, "above") when it never falls below within the rates."""
+    r, a = np.asarray(rates, dtype=float), np.asarray(attainment, dtype=float)
+    below = np.flatnonzero(a < level)
+    if below.size == 0:
+        return float(r[-1]), "above"
+    i = int(below[0])
+    if i == 0:
+        return float(r[0]), "below"
+    w = (a[i - 1] - level) / (a[i - 1] - a[i])
+    return float(r[i - 1] + w * (r[i] - r[i - 1])), "crossed"
+
+
+def load_sweep(trace=None, requests: int = LOAD_REQUESTS, rates=LOAD_RATES, variants=None,
+               config: SimConfig | None = None, ttft_slo_s: float | None = None,
+               tbt_slo_s: float = metrics.DEFAULT_TBT_SLO_S, keys=LOAD_KEYS, **overrides) -> dict:
+    """Every design at rising request rates: the first `requests` requests of the trace,
+    their arrival gaps scaled to each mean rate (burstiness and prefix sharing kept), under
+    one pair of SLOs (TTFT <= `ttft_slo_s`, by default `capacity_ttft_slo_s`; the p90 of
+    each request's token gaps <= `tbt_slo_s`, Mooncake's strictest TBT limit). Rejected
+    requests count as missing their SLOs.
+
+    Returns {"trace", "generated", "requests", "rates", "ttft_slo_s", "tbt_slo_s", "tbt_stat",
+    "variants": [names], "settings": {name: resolved config fields that differ},
+    "metrics": {name: {key: array over rates}}, "saturation": {name: (rate, status)}}
+    (status: see `saturation_rate`)."""
+    sliced = trace_slice(_slice(trace, 0.0, None), 0.0, None, requests)
+    base = _config(config, overrides)
+    variants = dict(LOAD_VARIANTS if variants is None else variants)
+    if ttft_slo_s is None:
+        ttft_slo_s = capacity_ttft_slo_s(sliced, base)
+    base = dataclasses.replace(base, ttft_slo_s=ttft_slo_s, tbt_slo_s=tbt_slo_s)
+    rates = tuple(float(r) for r in rates)
+    played = [trace_at_rate(sliced, rate) for rate in rates]
+    out = {"trace": sliced.label, "generated": sliced.generated, "requests": len(sliced),
+           "rates": np.array(rates), "ttft_slo_s": ttft_slo_s, "tbt_slo_s": tbt_slo_s,
+           "tbt_stat": base.tbt_stat, "variants": list(variants), "settings": {}, "metrics": {},
+           "saturation": {}}
+    for name, change in variants.items():
+        cfg = dataclasses.replace(base, **change)
+        resolved = cfg.resolved()
+        out["settings"][name] = {k: getattr(resolved, k) for k in (
+            "arch", "chunk_tokens", "early_reject", "prefill_workers", "decode_workers", "link")}
+        grid = {k: np.full(len(rates), np.nan) for k in keys}
+        for i, tr in enumerate(played):
+            s = simulate(tr, cfg).summary()
+            for k in keys:
+                grid[k][i] = np.nan if s.get(k) is None else s[k]
+        out["metrics"][name] = grid
+        out["saturation"][name] = saturation_rate(rates, grid["slo_attainment"])
+    return out

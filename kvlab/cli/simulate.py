@@ -4,7 +4,9 @@ JSON contract (always present): ttft_p50_s, ttft_p90_s, tpot_p50_s, itl_p99_s,
 throughput_tokens_per_s, requests_completed, prefix_hit_ratio; plus the other
 percentiles, SLO attainment and goodput, preemptions and swapped bytes, bytes moved per
 link, move time exposed on the critical path vs hidden behind compute, rejected requests
-(too large, or rejected early), and the resolved config. The flags are SimConfig's fields
+(too large, or rejected early), where the step times came from (`efficiency_source`; with
+`--efficiency measured`, `steps_priced_outside_tables` of `steps_priced` fell beyond the
+kernel tables), and the resolved config. The flags are SimConfig's fields
 (kvlab/sim/config.py holds every default and help text). Identical runs print identical
 JSON; `--timing` adds the run's wall time.
 """
@@ -65,7 +67,13 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-_KINDS = {"count": count, "number": number}
+def _efficiency(text: str):
+    from .budget import efficiency
+
+    return efficiency(text)
+
+
+_KINDS = {"count": count, "number": number, "efficiency": _efficiency}
 
 
 def _default_text(value) -> str:
@@ -242,6 +250,7 @@ def render(r: dict, wall_s: float | None = None) -> str:
         + (", KV REMOTE during decode" if r["remote_kv"] else ""),
         f"  {cfg['scheduler']} scheduler ({budget}), {cfg['preemption']} on preemption"
         + (", early rejection" if cfg["early_reject"] else ""),
+        f"  step times from {r['efficiency_source']}" + _outside(r),
         f"  requests {r['requests']:,}: {r['requests_completed']:,} done, "
         f"{r['requests_rejected_too_large']:,} rejected as too large for a GPU, "
         f"{r['requests_rejected_early']:,} rejected early; {r['tokens_generated']:,} tokens in "
@@ -261,6 +270,16 @@ def render(r: dict, wall_s: float | None = None) -> str:
     wall = f" in {s(wall_s)} of wall time" if wall_s is not None else ""
     lines += ["", f"  simulated {s(r['sim_end_s'])}{wall} ({r['events']:,} events)"]
     return "\n".join(lines)
+
+
+def _outside(r: dict) -> str:
+    """How many step prices fell beyond the measured tables (measured mode only)."""
+    if not r["steps_priced_outside_tables"]:
+        return ""
+    return (
+        f"\n    ({r['steps_priced_outside_tables']:,} of {r['steps_priced']:,} step prices lie "
+        "beyond the tables: held at the efficiency of the nearest size measured)"
+    )
 
 
 def _render_totals(r: dict, s) -> list[str]:

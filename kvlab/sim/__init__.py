@@ -4,18 +4,22 @@
     simulate(trace, config=None, cost=None, **overrides) -> SimResult
     SimConfig    the cluster and its policies (frozen; sweep with dataclasses.replace)
     SCHEDULERS   what a GPU runs per iteration (prefill-first, chunked, decode-first)
-    LedgerCost   step times from kvlab.cost (default); MeasuredCost for measured decode steps
-    trace_slice  a window of a trace (start, duration, limit)
+    LedgerCost   step times from kvlab.cost (default); KernelCost from measured kernel tables
+                 (efficiency="measured"); MeasuredCost from a measured decode-step table
+    trace_slice  a window of a trace (start, duration, limit); trace_at_rate: the same
+                 requests arriving at a chosen mean rate
 """
 
 from .cluster import Simulation, simulate
 from .config import ARCH_DEFAULTS, ARCHS, PREFIX_CACHES, SimConfig, engine_chunk_tokens
-from .costs import LedgerCost, MeasuredCost, make_cost, pipeline_time_s
+from .cost_model import make_cost
+from .costs import LedgerCost, MeasuredCost, pipeline_time_s
 from .loop import EventLoop, SimulationError
 from .results import RECORD_DTYPE, SUMMARY_KEYS, SimResult
 from .routers import DECODE_ROUTERS, PREFILL_ROUTERS
 from .schedulers import PREEMPTION_MODES, SCHEDULERS
-from .workload import DONE, REJECTED, UNFINISHED, trace_slice
+from .kernel_cost import KernelCost
+from .workload import DONE, REJECTED, UNFINISHED, trace_at_rate, trace_slice
 
 __all__ = [
     "Simulation",
@@ -39,6 +43,8 @@ __all__ = [
     "RECORD_DTYPE",
     "SUMMARY_KEYS",
     "trace_slice",
+    "trace_at_rate",
+    "KernelCost",
     "DONE",
     "REJECTED",
     "UNFINISHED",

@@ -39,7 +39,8 @@ from ..traces import load_trace
 from .admission import early_reject_reason, too_large_reason
 from .caches import make_caches
 from .config import SimConfig
-from .costs import make_cost, pipeline_time_s
+from .cost_model import make_cost
+from .costs import pipeline_time_s
 from .links import Link, Network
 from .loop import EventLoop
 from .routers import route_decode, route_prefill
@@ -63,6 +64,8 @@ class Simulation:
         model, device = get_model(c.model), get_device(c.hardware)
         self.model = model
         self.cost = self._cost or make_cost(c)
+        counts = getattr(self.cost, "counts", None)
+        self.cost_counts_start = counts() if counts else (0, 0)
         self.kv_bytes_per_token = ledger.kv_bytes_per_token(model, c.kv_dtype)
         self.window = model.sliding_window or 0
         self.layers = model.num_layers

@@ -82,11 +82,13 @@ class SimConfig:
     hardware: str = _f("h100-sxm", "GPU of every worker", metavar="NAME")
     weight_dtype: str = _f("fp16", "weight dtype", metavar="DTYPE")
     kv_dtype: str = _f("fp16", "KV cache dtype", metavar="DTYPE")
-    efficiency: float = _f(
+    efficiency: float | str = _f(
         1.0,
-        "share of peak FLOP/s and HBM bandwidth reached (1 = the ledger's ceiling)",
-        kind="number",
-        metavar="F",
+        "share of peak FLOP/s and HBM bandwidth reached (1 = the ledger's ceiling), or "
+        "'measured': every operator timed from published kernel tables (TensorRT-LLM via "
+        "aiconfigurator-core; kvlab/sim/kernel_cost.py)",
+        kind="efficiency",
+        metavar="F|measured",
     )
     prefill_workers: int = _f(
         2,
@@ -96,7 +98,11 @@ class SimConfig:
     )
     decode_workers: int = _f(2, "decode GPUs", kind="count", metavar="N")
     link: str = _f(
-        "ib-200g", "network between nodes, one NIC per GPU (a kvlab.hardware tier)", metavar="TIER"
+        "ib-400g",
+        "network between nodes, one NIC per GPU (a kvlab.hardware tier): H100 nodes carry one "
+        "400 Gb/s NIC per GPU (50 GB/s), which Mooncake's transfer engine aggregates; ib-200g "
+        "for one 200 Gb/s NIC",
+        metavar="TIER",
     )
     host_link: str = _f(
         "pcie5-x16", "host DRAM <-> GPU link inside a node (prefix loads, swaps)", metavar="TIER"
@@ -246,7 +252,15 @@ class SimConfig:
                 integer=True,
             )
             object.__setattr__(self, name, value)
-        for name in ("efficiency", "link_efficiency", "memory_fraction"):
+        if isinstance(self.efficiency, str):
+            if self.efficiency.strip().lower() != "measured":
+                raise KvlabError(
+                    f"efficiency must be a number in (0, 1] or 'measured', got {self.efficiency!r}"
+                )
+            object.__setattr__(self, "efficiency", "measured")
+        else:
+            check_number("efficiency", self.efficiency, maximum=1.0)
+        for name in ("link_efficiency", "memory_fraction"):
             check_number(name, getattr(self, name), maximum=1.0)
         check_number(
             "pool_bytes_per_node",

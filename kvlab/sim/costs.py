@@ -11,11 +11,14 @@ The simulator asks a cost object four questions (duck-typed; see `LedgerCost`):
                                                 step of `batch` sequences (0: none) run as
                                                 one forward pass
 
-`make_cost(config)` builds the cost object a run uses; it is the one place that reads the
-config's cost knobs (model, GPU, dtypes, efficiency), so a step-time model measured on a
-GPU (`efficiency="measured"`, from kvlab.cost's measured mode) plugs in there: give it the
-four methods above (subclass `LedgerCost` and override the decode tables, as
-`MeasuredCost` does) and return it from `make_cost`.
+`make_cost(config)` (kvlab/sim/cost_model.py) builds the cost object a run uses; it is
+the one place that reads the config's cost knobs (model, GPU, dtypes, efficiency): a
+number gives `LedgerCost` (the ledger's ceiling, scaled by the efficiency),
+`efficiency="measured"` gives `KernelCost` (kvlab/sim/kernel_cost.py: every operator timed
+from published kernel tables, as kvlab.cost's measured mode does). Another step-time model plugs in there: give it the
+four methods above (subclass `LedgerCost`, as `KernelCost` and `MeasuredCost` do) and
+return it from `make_cost`. Cost objects also say where their times come from (`source`)
+and how many step prices fell outside measured data (`counts()`).
 
 `LedgerCost` answers from `kvlab.cost` (and `kvlab.tiers` for remote KV) without a
 formula of its own: per batch size it evaluates the ledger at two contexts, and a step at
@@ -27,8 +30,6 @@ expressions per batch change instead of a ledger call per step.
 """
 
 from __future__ import annotations
-
-import functools
 
 import numpy as np
 
@@ -79,6 +80,17 @@ class LedgerCost:
         self.weight_bytes = cost.weight_bytes(self.model, weight_dtype)
         self._remote = self._terms = None
         self._weights_memo: dict = {}  # tokens -> seconds (MoE: more experts with more tokens)
+
+    @property
+    def source(self) -> str:
+        """Where the step times come from (a run's `efficiency_source`)."""
+        if self.efficiency == 1.0:
+            return "ledger: per-operator ceiling (efficiency 1)"
+        return f"ledger: per-operator ceiling x efficiency {self.efficiency:g}"
+
+    def counts(self) -> tuple[int, int]:
+        """(step prices given, of which outside measured data): the ledger needs no data."""
+        return 0, 0
 
     # ------------------------------------------------- the ledger's terms, per operator group
     def _groups(self):
@@ -251,6 +263,10 @@ class MeasuredCost(LedgerCost):
             raise KvlabError("measured batches and contexts must be strictly increasing")
         check_number("measured step time (s)", self.table, maximum=3600)
 
+    @property
+    def source(self) -> str:
+        return "a measured decode-step table (prefill from the ledger's ceiling)"
+
     def decode_times_s(self, batch: int, mean_context) -> np.ndarray:
         m = np.asarray(mean_context, dtype=float)
         rows = np.array([np.interp(m, self.contexts, row) for row in self.table])  # (B, steps)
@@ -276,27 +292,3 @@ class MeasuredCost(LedgerCost):
         if batch:
             time_s += float(self.decode_times_s(batch, mean_context))
         return float(time_s)
-
-
-def make_cost(config) -> LedgerCost:
-    """The step-time model of a (resolved) SimConfig; the seam for measured step times."""
-    return ledger_cost(
-        config.model,
-        config.hardware,
-        config.weight_dtype,
-        config.kv_dtype,
-        config.efficiency,
-        config.link if config.remote_kv else None,
-        config.link_efficiency,
-        config.max_batch,
-    )
-
-
-@functools.lru_cache(maxsize=16)
-def ledger_cost(
-    model, hardware, weight_dtype, kv_dtype, efficiency, remote_link, link_efficiency, max_batch
-) -> LedgerCost:
-    """A shared LedgerCost per configuration: sweeps reuse its tables and prefill memo."""
-    return LedgerCost(
-        model, hardware, weight_dtype, kv_dtype, efficiency, remote_link, link_efficiency, max_batch
-    )

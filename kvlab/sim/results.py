@@ -68,6 +68,8 @@ class SimResult:
     events: int
     sim_end_s: float
     wall_s: float  # machine time of the run: not in summary() (results compare byte for byte)
+    #: where step times came from: {"source", "steps_priced", "steps_priced_outside_tables"}
+    step_costs: dict = dataclasses.field(default_factory=dict, repr=False)
 
     def tokens(self, i: int) -> np.ndarray:
         """Token timestamps of request i (seconds from the slice start)."""
@@ -110,7 +112,12 @@ class SimResult:
             "chunk_tokens": c.chunk_tokens,
             "preemption": c.preemption,
             "early_reject": c.early_reject,
+            "efficiency": c.efficiency,
         }
+        costs = self.step_costs
+        out["efficiency_source"] = costs.get("source")
+        out["steps_priced"] = costs.get("steps_priced", 0)
+        out["steps_priced_outside_tables"] = costs.get("steps_priced_outside_tables", 0)
         # SLO shares are over all requests: a rejected request missed its SLO
         out.update(
             metrics.summarize(
@@ -314,4 +321,18 @@ def build_result(sim, wall_s: float) -> SimResult:
         events=sim.loop.events,
         sim_end_s=end,
         wall_s=wall_s,
+        step_costs=_step_costs(sim),
     )
+
+
+def _step_costs(sim) -> dict:
+    """Where this run's step times came from, and how many were priced beyond measured data
+    (the cost object's counters, read as differences: sweeps share one cost object)."""
+    counts = getattr(sim.cost, "counts", None)
+    priced, outside = counts() if counts else (0, 0)
+    start_priced, start_outside = sim.cost_counts_start
+    return {
+        "source": getattr(sim.cost, "source", type(sim.cost).__name__),
+        "steps_priced": priced - start_priced,
+        "steps_priced_outside_tables": outside - start_outside,
+    }

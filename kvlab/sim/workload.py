@@ -47,6 +47,27 @@ def trace_slice(
     return dataclasses.replace(trace, name=f"{trace.name} [{where}]", requests=shifted)
 
 
+def trace_at_rate(trace, rate_per_s: float) -> Trace:
+    """The same requests in the same order with their gaps scaled so that they arrive at a
+    mean `rate_per_s` (requests - 1 over the span from the first arrival to the last):
+    a real trace's burstiness and prefix sharing at a chosen load."""
+    trace = load_trace(trace)
+    check_number("rate_per_s", rate_per_s, maximum=1e9)
+    if len(trace) < 2:
+        raise KvlabError("a trace needs two requests or more to be played at a rate")
+    t0 = trace.requests[0].arrival_s
+    span = trace.requests[-1].arrival_s - t0
+    if span <= 0:
+        raise KvlabError(f"every request of trace {trace.name!r} arrives at once: it has no rate")
+    scale = (len(trace) - 1) / span / rate_per_s
+    requests = tuple(
+        dataclasses.replace(r, arrival_s=(r.arrival_s - t0) * scale) for r in trace.requests
+    )
+    return dataclasses.replace(
+        trace, name=f"{trace.name} at {rate_per_s:g} requests/s", requests=requests
+    )
+
+
 class SimRequest:
     """One request as it moves through the cluster (times in seconds from the slice start)."""
 

@@ -23,11 +23,21 @@ def _legend_below(fig, columns: int = 2):
 
 
 def _source_note(fig, sources: list[str]):
-    """Name the tables behind the figure, under it."""
+    """Name the tables behind the figure, under it, one line per source (never cut short)."""
     from bokeh.models import Title
 
-    fig.add_layout(Title(text="Data: " + "; ".join(sources), text_font_size="10px", text_font_style="italic",
-                         text_color=style.GREY), "below")
+    for i, line in enumerate(sources):
+        fig.add_layout(Title(text=("Data: " if i == 0 else "") + line, text_font_size="10px",
+                             text_font_style="italic", text_color=style.GREY), "below")
+    fig.height += 14 * len(sources)
+
+
+def _ticks_125(lo: float, hi: float):
+    """Log-axis ticks at 1, 2 and 5 x 10^k inside [lo, hi] (bokeh's own leave gaps)."""
+    from bokeh.models import FixedTicker
+
+    decades = range(int(np.floor(np.log10(lo))), int(np.ceil(np.log10(hi))) + 1)
+    return FixedTicker(ticks=[m * 10.0 ** e for e in decades for m in (1, 2, 5) if lo <= m * 10.0 ** e <= hi])
 
 
 def _band(fig, x_range):
@@ -41,11 +51,12 @@ def _band(fig, x_range):
 def gemv_band_figure(bands: list[dict], names: dict, sources: list[str]):
     """Achieved bandwidth of one-token GEMMs (m = 1) against their weight bytes, per GPU,
     as a share of the data-sheet bandwidth."""
-    fig = style.new_figure("One token through a weight matrix: share of the sheet bandwidth",
-                           "weight bytes of the matrix", "achieved / sheet bandwidth", x_axis_type="log",
-                           y_range=(0, 1.5), height=360)
     lo = min(float(b["weight_bytes"].min()) for b in bands)
     hi = max(float(b["weight_bytes"].max()) for b in bands)
+    top = max(1.5, 1.05 * max(float(b["fraction_of_sheet"].max()) for b in bands))
+    fig = style.new_figure("One token through a weight matrix: share of the sheet bandwidth",
+                           "weight bytes of the matrix", "achieved / sheet bandwidth", x_axis_type="log",
+                           y_range=(0, top), height=360)
     _band(fig, (lo, hi))
     fig.line([lo, hi], [1.0, 1.0], color="black", width=1, legend_label="the data sheet")
     for i, b in enumerate(bands):
@@ -53,6 +64,7 @@ def gemv_band_figure(bands: list[dict], names: dict, sources: list[str]):
         fig.scatter(b["weight_bytes"], b["fraction_of_sheet"], size=6, color=color, alpha=0.8,
                     legend_label=names[b["device"]])
     fig.xaxis.formatter = style.si_ticks("B")
+    fig.xaxis.ticker = _ticks_125(lo, hi)
     fig.yaxis.formatter = style.percent_ticks()
     _legend_below(fig)
     _source_note(fig, sources)
@@ -79,9 +91,10 @@ def attention_figure(curves: list[dict], names: dict, sources: list[str], layout
     """Decode attention of one layer: KV bytes read per second over the tokens in the cache,
     as a share of the sheet bandwidth, per GPU and batch (line style)."""
     heads, kv, dim = layout
+    top = max(float(np.max(c["fraction_of_sheet"])) for c in curves)
     fig = style.new_figure(f"Decode attention ({heads} query heads, {kv} K/V heads of {dim}): KV read per second",
                            "tokens in the cache per sequence", "KV bytes per second / sheet bandwidth",
-                           x_axis_type="log", y_range=(0, 1.8), height=380)
+                           x_axis_type="log", y_range=(0, max(1.2, 1.05 * top)), height=380)
     x = [min(float(c["tokens"].min()) for c in curves), max(float(c["tokens"].max()) for c in curves)]
     fig.line(x, [1.0, 1.0], color="black", width=1, legend_label="the data sheet")
     devices = list(dict.fromkeys(c["device"] for c in curves))
@@ -98,10 +111,10 @@ def attention_figure(curves: list[dict], names: dict, sources: list[str], layout
     return fig
 
 
-def ledger_figure(curves: list[dict], names: dict, sources: list[str]):
+def ledger_figure(curves: list[dict], names: dict, sources: list[str], model_name: str):
     """A decode step in measured mode over its ceiling, against the batch, per GPU."""
     first = curves[0]
-    fig = style.new_figure(f"Decode step of {first['model']} at {first['context']:,} tokens: measured / ceiling",
+    fig = style.new_figure(f"Decode step of {model_name} at {first['context']:,} tokens: measured / ceiling",
                            "batch (sequences)", "measured step time / ceiling", x_axis_type="log",
                            y_range=(0.9, max(2.0, 1.05 * max(float(np.max(c["ratio"])) for c in curves))),
                            height=340)
@@ -109,7 +122,10 @@ def ledger_figure(curves: list[dict], names: dict, sources: list[str]):
         color = style.PALETTE[i % len(style.PALETTE)]
         fig.line(c["batch"], c["ratio"], color=color, width=2.5, legend_label=names[c["device"]])
         fig.scatter(c["batch"], c["ratio"], color=color, size=6)
+    from bokeh.models import FixedTicker
+
     fig.xaxis.formatter = style.count_ticks()
+    fig.xaxis.ticker = FixedTicker(ticks=sorted({int(b) for c in curves for b in c["batch"]}))
     _legend_below(fig)
     _source_note(fig, sources)
     return fig

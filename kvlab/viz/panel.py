@@ -21,6 +21,7 @@ from typing import Callable
 
 from .. import fmt
 from ..jsonsafe import jsonable
+from . import i18n
 
 BOOK_BUILD_ENV = "KVLAB_BOOK_BUILD"
 
@@ -74,9 +75,9 @@ def readout_html(spec, values: dict) -> str:
         raw = repr(float(value)) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
         if isinstance(value, bool):
             raw = "true" if value else "false"
-        parts.append(
-            f'<tr><th>{html.escape(label)}</th><td data-key="{key}" data-value="{html.escape(raw)}">'
-            f"{html.escape(FORMATS[kind](value))}</td></tr>"
+        parts.append(  # the words in the edition's language (i18n.t), the data-value as computed
+            f'<tr><th>{html.escape(i18n.t(label))}</th><td data-key="{key}" data-value="{html.escape(raw)}">'
+            f"{html.escape(i18n.t(FORMATS[kind](value)))}</td></tr>"
         )
     parts.append("</table>")
     return "".join(parts)
@@ -176,7 +177,7 @@ class Panel:
         controls = list(widgets.values())
         half = (len(controls) + 1) // 2
         columns = [column(*part) for part in (controls[:half], controls[half:]) if part]
-        layout = column(row(*columns, readout), self.figures(sources))
+        layout = i18n.localize(column(row(*columns, readout), self.figures(sources)))
         script, div = components(layout)
         meta = {c.key: {"options": list(c.options), "kind": c.kind} for c in self.controls}
         return (
@@ -301,6 +302,7 @@ def show(obj) -> None:
     if isinstance(obj, Panel):
         display(StaticHTML(obj.static_html()) if is_book_build() else obj.live())
         return
+    obj = i18n.localize(obj)  # the edition's language (a no-op in English)
     if is_book_build():
         display(StaticHTML(static_figure_html(obj)))
     else:

@@ -10,10 +10,11 @@ from typing import Callable
 
 import numpy as np
 
+from .. import fmt
 from ..errors import KvlabError
-from ..sim import ARCHS
+from ..sim import ARCHS, SimConfig
 from . import style
-from .panel import Control, lookup_panel
+from .panel import Control, Panel, lookup_panel
 
 ARCH_COLORS = {"colocated": style.GREY, "disaggregated": style.ORANGE, "kv-centric": style.BLUE}
 KIND_COLORS = {"fetch": style.PURPLE, "prefill": style.VERMILION, "transfer": style.YELLOW, "decode": style.BLUE}
@@ -76,7 +77,8 @@ def sweep_panel(s: dict, run_point: Callable[[dict], dict] | None = None):
                    _paired_bars("Between tokens", src["bars"], ("tpot_p50_s", "TPOT p50"), ("itl_p99_s", "ITL p99")))
 
     controls = (
-        Control("link", "Network between nodes", links, "ib-200g"),
+        Control("link", "Network between nodes", links,
+                SimConfig().link if SimConfig().link in links else links[0]),
         Control("pool", "Prefix pool per node", pools, pools[-1],
                 option_labels=tuple("none" if p == 0 else f"{p / 1e9:.0f} GB" for p in pools)),
         Control("prefill", "Prefill GPUs", tuple(int(p) for p in s["prefill_workers"]), 2, kind="slider"),
@@ -100,6 +102,127 @@ def _paired_bars(title: str, source, first: tuple[str, str], second: tuple[str, 
     fig.legend.location = "top_left"
     fig.xaxis.major_label_text_font_size = "10px"
     return fig
+
+
+# ------------------------------------------------------------- capacity under load
+#: Design -> readout stem (glue keys: capacity_<stem>_<metric>).
+DESIGN_KEYS = {
+    "colocated": "colocated", "disaggregated": "disaggregated", "kv-centric": "kv_centric"
+}
+#: What the capacity panel reads of each design at the chosen load: (key, label, format).
+CAPACITY_SHOWN = (("slo_attainment", "requests within both SLOs", "percent"),
+                  ("goodput_requests_per_s", "goodput (requests/s)", "rate"),
+                  ("ttft_p90_s", "TTFT p90", "seconds"),
+                  ("itl_p99_s", "TBT p99 (all token gaps)", "seconds"))
+CAPACITY_READOUT = tuple(
+    (f"{DESIGN_KEYS[d]}_{k}", f"{d}: {label}", kind)
+    for d in ARCHS for k, label, kind in CAPACITY_SHOWN
+) + tuple((f"{DESIGN_KEYS[d]}_saturation", f"{d} saturates at", "text") for d in ARCHS)
+EARLY_REJECT_OPTIONS = ("on", "off")
+
+
+def saturation_text(rate: float, status: str, level: float) -> str:
+    """A design's saturation rate as the readout says it."""
+    where = {"crossed": "", "above": "above ", "below": "below "}[status]
+    return f"{where}{fmt.sig(rate, 2)} requests/s" + (f" (never under {fmt.percent(level, 2)})"
+                                                       if status == "above" else "")
+
+
+def capacity_panel(data: dict, level: float) -> Panel:
+    """SLO attainment and goodput of the three designs against the offered load; controls
+    for the load, the colocated engine's token budget and the KV-centric design's early
+    rejection; the readout gives each design's figures at that load and where it saturates
+    (attainment under `level`). `data` from kvlab.book.sim_runs.load_sweep, which must hold
+    the variants named in its settings: colocated at each budget, disaggregated, KV-centric
+    with and without early rejection.
+
+    Every state is a lookup into `data` (the browser twin, KVLAB.panels.capacity in
+    js/sim_panels.js, does the same lookups): the curves depend on two controls only, so
+    the page stores them once, not once per load as a lookup panel's table would."""
+    rates = [float(r) for r in data["rates"]]
+    settings = data["settings"]
+    colocated = {str(cfg["chunk_tokens"]): name for name, cfg in settings.items()
+                 if cfg["arch"] == "colocated" and not cfg["early_reject"]}
+    kv = {("on" if cfg["early_reject"] else "off"): name for name, cfg in settings.items()
+          if cfg["arch"] == "kv-centric"}
+    plain = next(name for name, cfg in settings.items()
+                 if cfg["arch"] == "disaggregated" and not cfg["early_reject"])
+    used = sorted({*colocated.values(), *kv.values(), plain})
+    keys = [k for k, _, _ in CAPACITY_SHOWN]
+    terms = {
+        "rates": rates, "designs": [DESIGN_KEYS[d] for d in ARCHS],
+        "colors": [ARCH_COLORS[d] for d in ARCHS], "keys": keys,
+        "colocated": colocated, "disaggregated": plain, "kv_centric": kv,
+        "curves": {name: {k: [float(v) for v in data["metrics"][name][k]] for k in keys}
+                   for name in used},
+        "saturation": {name: saturation_text(*data["saturation"][name], level) for name in used},
+    }
+    budgets = tuple(sorted(int(c) for c in colocated))
+    default_budget = (settings["colocated"]["chunk_tokens"] if "colocated" in settings
+                      else budgets[-1])
+
+    def compute(state):
+        return _capacity_state(terms, state)
+
+    controls = (
+        Control("rate", "Offered load (requests/s)", tuple(rates), rates[len(rates) // 2],
+                kind="slider", integer=False),
+        Control("chunk", "Colocated token budget", budgets, default_budget,
+                option_labels=tuple(f"{b:,}" + (" (vLLM's default)" if b == default_budget else "")
+                                    for b in budgets)),
+        Control("early_reject", "KV-centric early rejection", EARLY_REJECT_OPTIONS, "on"),
+    )
+    return Panel("capacity", controls, compute, lambda src: _capacity_figures(src, rates, level),
+                 "capacity", terms, CAPACITY_READOUT)
+
+
+def _capacity_state(terms: dict, state: dict) -> dict:
+    """The figures' sources and the readout of one state: lookups only (the JS twin's)."""
+    i = terms["rates"].index(float(state["rate"]))
+    picked = {"colocated": terms["colocated"][str(state["chunk"])],
+              "disaggregated": terms["disaggregated"],
+              "kv_centric": terms["kv_centric"][state["early_reject"]]}
+    curves, values = {"rate": list(terms["rates"])}, {}
+    at = {"design": list(terms["designs"]), "color": list(terms["colors"]),
+          "rate": [terms["rates"][i]] * len(terms["designs"])}
+    at["slo_attainment"], at["goodput_requests_per_s"] = [], []
+    for d in terms["designs"]:
+        c = terms["curves"][picked[d]]
+        for k in terms["keys"]:
+            values[f"{d}_{k}"] = c[k][i]
+        for k in ("slo_attainment", "goodput_requests_per_s"):
+            curves[f"{d}_{k}"] = list(c[k])
+            at[k].append(c[k][i])
+        values[f"{d}_saturation"] = terms["saturation"][picked[d]]
+    return {"sources": {"curves": curves, "at": at}, "values": values}
+
+
+def _capacity_figures(src, rates: list[float], level: float):
+    """Attainment and goodput against the offered load, one line per design."""
+    from bokeh.layouts import row
+    from bokeh.models import ColumnDataSource
+
+    top = max(rates) * 1.05
+    att = style.new_figure("Requests within both SLOs", "offered load (requests/s)",
+                           "share of requests", x_range=(0, top), y_range=(0, 1.02), width=340,
+                           height=320)
+    good = style.new_figure("Goodput", "offered load (requests/s)", "requests/s within both SLOs",
+                            x_range=(0, top), y_range=(0, top), width=340, height=320)
+    limit = ColumnDataSource({"rate": [0.0, top], "level": [level, level], "offered": [0.0, top]})
+    att.line("rate", "level", source=limit, color=style.GREY, line_dash="dashed",
+             legend_label=f"{fmt.percent(level, 2)}: saturation")
+    good.line("rate", "offered", source=limit, color=style.GREY, line_dash="dashed",
+              legend_label="every request served")
+    for design, key in DESIGN_KEYS.items():
+        for fig, metric in ((att, "slo_attainment"), (good, "goodput_requests_per_s")):
+            fig.line("rate", f"{key}_{metric}", source=src["curves"], color=ARCH_COLORS[design],
+                     width=2.5, legend_label=design)
+    for fig, metric in ((att, "slo_attainment"), (good, "goodput_requests_per_s")):
+        fig.scatter("rate", metric, source=src["at"], color="color", size=9)
+        fig.legend.location = "bottom_left" if fig is att else "top_left"
+        fig.legend.label_text_font_size = "10px"
+    att.yaxis.formatter = style.percent_ticks()
+    return row(att, good)
 
 
 # ------------------------------------------------- same bytes, lower latency

@@ -8,3 +8,28 @@
     return { bars };
   };
 })(window.KVLAB);
+
+// kvlab/viz/sim_panels.py capacity_panel in the browser: the same lookups as its Python
+// `_capacity_state` into the load sweep kvlab ran when the book was built.
+(function (KVLAB) {
+  "use strict";
+  KVLAB.panels.capacity = function (K, T, s) {
+    const i = T.rates.indexOf(s.rate);
+    const picked = { colocated: T.colocated[String(s.chunk)], disaggregated: T.disaggregated,
+                     kv_centric: T.kv_centric[s.early_reject] };
+    const curves = { rate: T.rates.slice() }, values = {};
+    const at = { design: T.designs.slice(), color: T.colors.slice(),
+                 rate: T.designs.map(() => T.rates[i]), slo_attainment: [],
+                 goodput_requests_per_s: [] };
+    for (const d of T.designs) {
+      const c = T.curves[picked[d]];
+      for (const k of T.keys) values[d + "_" + k] = c[k][i];
+      for (const k of ["slo_attainment", "goodput_requests_per_s"]) {
+        curves[d + "_" + k] = c[k].slice();
+        at[k].push(c[k][i]);
+      }
+      values[d + "_saturation"] = T.saturation[picked[d]];
+    }
+    return { sources: { curves, at }, values };
+  };
+})(window.KVLAB);

@@ -1,0 +1,268 @@
+"""Step times from measured kernels: `SimConfig(efficiency="measured")`.
+
+Every operator of a simulated GPU pass is timed from the published kernel tables that
+`kvlab.cost`'s measured mode uses (`kvlab.measured`: TensorRT-LLM latencies extracted from
+NVIDIA aiconfigurator-core), so a pure decode step costs exactly
+`kvlab.cost.decode_step(..., efficiency="measured").step_time_s` and a lone prefill
+`kvlab.cost.prefill(..., efficiency="measured").time_s`.
+
+An engine iteration that fuses prompt chunks with a decode step (chunked prefill) is one
+forward pass, priced the way the tables price its parts:
+
+    GEMMs, MoE experts, norms and the other small kernels   at the pass's total m (every
+        prompt-chunk token plus one token per decoding sequence), read once for the pass;
+    decode attention     the generation-attention table at (batch, mean context);
+    each chunk's attention   the context-attention table for that chunk (a chunk of n new
+        tokens after c already in KV is timed as a fresh prompt with the same query-key
+        pairs, as kvlab.measured does for a cached prefix).
+
+Approximations: the attention kernels of the decodes and of each chunk run one after the
+other (real engines may launch one varlen kernel); the tables' per-kernel floor, which
+is the step's fixed overhead, is paid once per pass through the small kernels at m.
+
+Outside a table's measured range nothing is silently extrapolated: the operator runs at
+the efficiency (measured time over its max(bytes/bandwidth, FLOPs/peak) ceiling) that its
+table shows at the nearest size it covers (for decode attention: the same batch at the
+longest context measured; for a prefill: the longest fresh prompt every table covers),
+and the run counts those step prices (`steps_priced_outside_tables` in its summary). The
+generation tables stop at batch x context ~ 0.5 M tokens, so long-context batches do
+leave them; decode attention there is memory-bound, so holding its efficiency is what a
+longer read does.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import KvlabError
+from ..prompt import served_tokens
+from .costs import LedgerCost
+
+#: Contexts per decode plan above which one vectorised table call beats scalar lookups.
+VECTOR_MIN = 128
+#: Passes of up to this many tokens have their GEMM and small-kernel time tabulated at once.
+PASS_TABLE_TOKENS = 1 << 17
+
+
+class KernelCost(LedgerCost):
+    """Step times from measured kernel tables for one (model, device, dtypes).
+
+    The ledger's terms (efficiency 1) remain for the ceilings and for remote KV's network
+    time; `remote_link` as in `LedgerCost`."""
+
+    def __init__(self, model, hardware, weight_dtype="fp16", kv_dtype="fp16", remote_link=None,
+                 link_efficiency=1.0, max_batch=256):
+        super().__init__(model, hardware, weight_dtype, kv_dtype, 1.0, remote_link,
+                         link_efficiency, max_batch)
+        from ..measured import kernels
+
+        self.kernels = kernels(self.model, self.device, weight_dtype, kv_dtype)
+        # look every table up now: a device or dtype without data fails before a run starts
+        self.kernels.decode(1.0, 1.0)
+        self.kernels.prefill(1.0, 1.0)
+        self.steps_priced = 0
+        self.steps_outside = 0
+        self._edge_context: dict[int, tuple[float, float, float]] = {}  # batch -> edge
+        self._pass_memo: dict[int, float] = {}  # tokens -> non-attention seconds of a pass
+        self._prefill_memo: dict[tuple[int, int], tuple[float, float, bool]] = {}
+        self._prompt_ref = None
+        self._pass_table = None
+        self._attention_ratio = None
+
+    @property
+    def source(self) -> str:
+        return self.kernels.source
+
+    def counts(self) -> tuple[int, int]:
+        """(step prices given, of which beyond the tables' measured ranges) so far."""
+        return self.steps_priced, self.steps_outside
+
+    # ---------------------------------------------------------------- decode attention
+    def _edge(self, batch: int) -> tuple[float, float, float]:
+        """(longest context the generation table covers at `batch`, the measured decode
+        step there, its attention's measured seconds over its ceiling there)."""
+        edge = self._edge_context.get(batch)
+        if edge is None:
+            step_s = self.kernels.decode_step_s
+            lo, hi = 1, 1 << 20  # finite at lo (every table starts at context 1)
+            if not math.isfinite(step_s(batch, 1.0)):
+                raise KvlabError(f"decode batch {batch} is outside the measured kernel tables")
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (mid, hi) if math.isfinite(step_s(batch, float(mid))) else (lo, mid)
+            attention = _op(self.kernels.decode(float(batch), float(lo)), "attention")
+            ratio = float(attention.measured_s) / float(self._attention_ceiling_s(batch, lo))
+            edge = self._edge_context[batch] = (float(lo), step_s(batch, float(lo)), ratio)
+        return edge
+
+    def _attention_ceiling_s(self, batch: int, context):
+        """Decode attention's ceiling (efficiency 1), as kvlab.measured computes it."""
+        g = self._groups()
+        ctx = np.asarray(self.model.effective_context(np.asarray(context, dtype=float)), float)
+        return np.maximum(batch * (ctx + 1.0) * g["kv_s"], batch * ctx * g["pair_s"])
+
+    def _decode(self, batch: int, contexts: np.ndarray) -> tuple[np.ndarray, int]:
+        """(measured decode step seconds at each context, how many lie beyond the tables).
+        Beyond the generation table, attention keeps the efficiency it has at the longest
+        context measured for this batch: the step there plus the extra attention ceiling
+        time scaled by that efficiency."""
+        if contexts.size >= VECTOR_MIN:
+            out = np.asarray(self.kernels.decode(float(batch), contexts).step_time_s, float)
+        else:
+            out = np.array([self.kernels.decode_step_s(batch, float(c)) for c in contexts])
+        bad = ~np.isfinite(out)
+        if bad.any():
+            ctx_edge, step_edge, ratio = self._edge(batch)
+            extra = self._attention_ceiling_s(batch, contexts[bad]) - self._attention_ceiling_s(
+                batch, ctx_edge)
+            out[bad] = step_edge + ratio * extra
+        return out, int(bad.sum())
+
+    def decode_times_s(self, batch: int, mean_context) -> np.ndarray:
+        """Measured seconds of one decode step of `batch` sequences at each mean context."""
+        self._check_batch(batch)
+        ctx = np.asarray(mean_context, dtype=float)
+        out, outside = self._decode(batch, ctx.ravel())
+        self.steps_priced += ctx.size
+        self.steps_outside += outside
+        return out.reshape(ctx.shape)
+
+    def remote_decode_times_s(self, batch: int, mean_context):
+        """(step seconds, of which waiting on the network): the measured step after its KV
+        history crossed the link (attention waits for it, as in the ledger's remote mode)."""
+        _, network = super().remote_decode_times_s(batch, mean_context)
+        return self.decode_times_s(batch, mean_context) + network, network
+
+    # ------------------------------------------------------------ passes and prefills
+    def _nonattention_s(self, tokens: int) -> float:
+        """GEMMs, experts and small kernels of one pass over `tokens` tokens (memoised)."""
+        if self._pass_table is None:  # every pass up to PASS_TABLE_TOKENS: one table call
+            self._pass_table = self._pass_seconds(np.arange(1.0, PASS_TABLE_TOKENS + 1.0))
+        if 1 <= tokens <= len(self._pass_table):
+            return self._pass_table[tokens - 1]
+        t = self._pass_memo.get(tokens)
+        if t is None:
+            step = self.kernels.decode(float(tokens), 1.0)
+            ref = self._reference_prompt()
+            refs = None if tokens <= ref else self.kernels.decode(float(ref), 1.0)
+            t = self._pass_memo[tokens] = _sum(step, refs, skip="attention")[0]
+        return t
+
+    def _pass_seconds(self, tokens: np.ndarray) -> list[float]:
+        """`_nonattention_s` over many token counts at once (see `_sum`)."""
+        ref = self.kernels.decode(float(self._reference_prompt()), 1.0)
+        refs = {op.name: op for op in ref.operators}
+        total = np.zeros(tokens.size)
+        for op in self.kernels.decode(tokens, 1.0).operators:  # in order, as _sum adds them
+            if op.name == "attention":
+                continue
+            r = refs[op.name]  # small kernels have no ceiling and no range to leave
+            ratio = float(r.measured_s) / float(r.ceiling_s) if float(r.ceiling_s) > 0 else 0.0
+            beyond = np.asarray(op.ceiling_s, float) * ratio
+            inside = np.broadcast_to(np.asarray(op.in_range, dtype=bool), tokens.shape)
+            total = total + np.where(inside, np.asarray(op.measured_s, float), beyond)
+        return total.tolist()
+
+    def _reference_prompt(self) -> int:
+        """The longest fresh prompt (batch 1) that every table covers whole."""
+        if self._prompt_ref is None:
+            lo, hi = 1, 1 << 20
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                inside = bool(self.kernels.prefill(1.0, float(mid)).in_range)
+                lo, hi = (mid, hi) if inside else (lo, mid)
+            self._prompt_ref = lo
+        return self._prompt_ref
+
+    def _context_attention_s(self, end: int, start: int) -> tuple[float, bool]:
+        """(seconds, beyond the table?) of the context attention of tokens start..end (start
+        already in KV), as Kernels.prefill times it: the table at a fresh prompt of equal
+        query-key pairs, never below its ceiling; beyond the table, the ceiling at the
+        efficiency the table shows for the reference prompt."""
+        k = self.kernels
+        n, c = end - start, start
+        pairs = n * c + n * (n + 1) / 2
+        grid, _ = k.tables.attention("context", *k.layout)
+        per_layer = grid.scalar(1.0, (math.sqrt(1 + 8 * pairs) - 1) / 2)
+        floor = max((c + n) * k.kv_tok_layer / k.bandwidth, pairs * k.attn_flops_layer / k.peak)
+        if per_layer == per_layer:
+            return self.model.num_layers * max(per_layer, floor), False
+        if self._attention_ratio is None:
+            ref = self._reference_prompt()
+            at_ref, _ = self._context_attention_s(ref, 0)
+            pairs_ref = ref * (ref + 1) / 2
+            floor_ref = max(ref * k.kv_tok_layer / k.bandwidth,
+                            pairs_ref * k.attn_flops_layer / k.peak)
+            self._attention_ratio = at_ref / (self.model.num_layers * floor_ref)
+        return self.model.num_layers * floor * self._attention_ratio, True
+
+    def _prefill(self, end: int, start: int) -> tuple[float, float, bool]:
+        """(whole prefill seconds, its attention's seconds, beyond the tables?) of tokens
+        start..end of a prompt, start of them already in KV (memoised)."""
+        key = (end, start)
+        hit = self._prefill_memo.get(key)
+        if hit is None:
+            if end <= start:  # a full hit computes nothing
+                return 0.0, 0.0, False
+            attention, beyond = self._context_attention_s(end, start)
+            total = self._nonattention_s(end - start) + attention
+            beyond = beyond or end - start > self._reference_prompt()
+            hit = self._prefill_memo[key] = (total, attention, beyond)
+        return hit
+
+    def prefill_times_s(self, prompt_tokens, cached_tokens):
+        """(measured time, ceiling compute time, ceiling memory time) of a prefill of
+        `prompt_tokens` of which `cached_tokens` come from a prefix cache (scalars)."""
+        if isinstance(prompt_tokens, np.ndarray) or isinstance(cached_tokens, np.ndarray):
+            raise KvlabError("measured step costs take one prefill at a time")
+        _, compute, memory = super().prefill_times_s(prompt_tokens, cached_tokens)
+        c = served_tokens(int(cached_tokens), int(prompt_tokens))
+        total, _, outside = self._prefill(int(prompt_tokens), c)
+        self.steps_priced += 1
+        self.steps_outside += outside
+        return total, compute, memory
+
+    def iteration_time_s(self, batch: int, mean_context: float, chunks) -> float:
+        """One forward pass over prompt chunks [(end token, start token), ...] and one decode
+        token for each of `batch` sequences (the pricing in the module docstring)."""
+        if not chunks:
+            return float(self.decode_times_s(batch, float(mean_context))) if batch else 0.0
+        tokens, attention_s, outside = batch, 0.0, 0
+        for end, start in chunks:
+            tokens += end - start
+            _, att, beyond = self._prefill(int(end), int(start))
+            attention_s += att
+            outside |= beyond
+        if batch:
+            self._check_batch(batch)
+            step, beyond = self._decode(batch, np.array([float(mean_context)]))
+            attention_s += float(step[0]) - self._nonattention_s(batch)
+            outside |= bool(beyond)
+        self.steps_priced += 1
+        self.steps_outside += int(outside)
+        return float(self._nonattention_s(tokens) + attention_s) if tokens else 0.0
+
+
+def _op(step, name: str):
+    return next(op for op in step.operators if op.name == name)
+
+
+def _sum(step, refs, skip: str = "", only: str = "") -> tuple[float, bool]:
+    """(seconds, any operator outside its table) of a StepTime's operators; an operator
+    outside its measured range runs at the measured/ceiling ratio it has in `refs`."""
+    by_name = {op.name: op for op in refs.operators} if refs is not None else {}
+    total, outside = 0.0, False
+    for op in step.operators:
+        if op.name == skip or (only and op.name != only):
+            continue
+        if bool(np.all(op.in_range)):
+            total += float(op.measured_s)
+            continue
+        ref = by_name.get(op.name)
+        if ref is None or not bool(np.all(ref.in_range)) or float(ref.ceiling_s) <= 0:
+            raise KvlabError(f"{op.name}: {op.limit}, and no measured size to scale from")
+        total += float(op.ceiling_s) * float(ref.measured_s) / float(ref.ceiling_s)
+        outside = True
+    return total, outside
