@@ -115,6 +115,69 @@ def _int4_speedup():
     return int4.tokens_per_s / fp16.tokens_per_s
 
 
+@exercise("ch2b.gemv_share", "",
+          "the weight bytes (rows x columns x 2 in bf16) over the measured time at one token "
+          "(m = 1), against the H100's data-sheet bandwidth (kvlab.hardware)")
+def _gemv_share():
+    from .hardware import get_device
+    from .measured import load
+
+    curve, _how = load("h100-sxm").gemm("bf16", 6144, 4096)
+    return 6144 * 4096 * 2 / curve.scalar(1) / get_device("h100-sxm").memory_bandwidth_bytes_per_s
+
+
+@exercise("ch2b.measured_over_ceiling", "x",
+          "the measured step time (efficiency='measured', bf16 weights and KV) over the same "
+          "step's ceiling_step_time_s")
+def _measured_over_ceiling():
+    from . import cost
+
+    s = cost.decode_step("llama-3.1-8b", "h100-sxm", 16, 8192, "bf16", "bf16", efficiency="measured")
+    return s.step_time_s / s.ceiling_step_time_s
+
+
+@exercise("ch2c.tokens_per_verify", "tokens",
+          "(1 - A^(K+1)) / (1 - A): the accepted prefix of K drafted tokens plus the one token "
+          "the verify pass always adds")
+def _tokens_per_verify():
+    from .speculative import tokens_per_verify_step
+
+    return tokens_per_verify_step(0.8, 3)
+
+
+@exercise("ch2c.spec_breakeven_batch", "sequences",
+          "the smallest batch whose speculative_speedup is at most 1 (bf16 weights and KV, "
+          "a self-drafting head: no draft model)")
+def _spec_breakeven_batch():
+    from .speculative import breakeven_batch
+
+    return float(breakeven_batch("llama-3.1-8b", "h100-sxm", 256, 8, 0.8, weight_dtype="bf16",
+                                 kv_dtype="bf16"))
+
+
+@exercise("ch2c.tp2_max_batch", "sequences",
+          "each GPU's memory after its half of the fp8 weights, over one sequence's KV per GPU "
+          "(its 8 K/V heads split two ways, bf16)")
+def _tp2_max_batch():
+    from . import cost
+
+    return float(cost.decode_step("llama-3.1-70b", "h100-sxm", 1, 8192, "fp8", "bf16",
+                                  tensor_parallel=2).max_batch)
+
+
+@exercise("ch2c.allreduce_over_sheet", "x",
+          "the message (batch x hidden bf16 elements), the measured all-reduce over 8 GPUs at that "
+          "size, and the ring's 2 (N - 1) / N of the message over the link's sheet bandwidth")
+def _allreduce_over_sheet():
+    from .measured import load
+    from .models import get_model
+    from .parallel import allreduce_link
+
+    elements = 256 * get_model("llama-3.1-70b").hidden_size  # one bf16 activation per token
+    sheet_s = 2 * (8 - 1) / 8 * 2 * elements / allreduce_link("h100-sxm", 8).bandwidth_bytes_per_s
+    return load("h100-sxm").all_reduce(8).scalar(elements) / sheet_s
+
+
 @exercise("ch3.request_kv_mib", "MiB",
           "the KV bytes per token (2 x layers x KV heads x head_dim x 2 bytes) and MiB = 2**20 bytes")
 def _request_kv_mib():

@@ -111,10 +111,8 @@ def _calls(m: ModelSpec, name: str) -> int:
 
 
 @lru_cache(maxsize=256)
-def _weight_params(m: ModelSpec, tp: int) -> dict:
-    """Parameters per GPU carried by each operator per step (all layers), such that at
-    tp = 1 they add up to the ledger's streamed parameters exactly (plus routed experts,
-    which the `experts` operator carries by the batch)."""
+def _laid_out_params(m: ModelSpec, tp: int) -> dict:
+    """Parameters per GPU of the operators `layer_shapes` lays out, and of the norms."""
     shapes = layer_shapes(m, tp)
     per_step = {name: float(n * k * _calls(m, name)) for name, (n, k) in shapes.gemms.items()}
     if m.qkv_bias and "qkv_proj" in per_step:
@@ -122,11 +120,33 @@ def _weight_params(m: ModelSpec, tp: int) -> dict:
     if m.tie_word_embeddings:
         per_step["lm_head"] = 0.0  # the ledger counts a tied head with the embedding
     per_step["norms"] = float(2 * m.hidden_size * m.num_layers + m.hidden_size)
+    return per_step
+
+
+def _mla_projections_per_gpu(m: ModelSpec, whole: float, tp: int) -> float:
+    """One GPU's share of an MLA model's attention projections (`whole` at tp = 1): the
+    down-projections into the query and KV latents (q_a_proj, kv_a_proj_with_mqa) and the
+    latents' norms are replicated on every GPU, as vLLM and SGLang lay them out; the
+    up-projections and the output projection split over tp."""
+    if tp == 1:
+        return whole
+    latents = m.q_lora_rank + m.kv_lora_rank  # q_lora_rank 0: no query latent
+    replicated = float(m.num_layers * (m.hidden_size * (latents + m.qk_rope_head_dim) + latents))
+    replicated = min(replicated, whole)
+    return replicated + (whole - replicated) / tp
+
+
+@lru_cache(maxsize=256)
+def _weight_params(m: ModelSpec, tp: int) -> dict:
+    """Parameters per GPU carried by each operator per step (all layers), such that at
+    tp = 1 they add up to the ledger's streamed parameters exactly (plus routed experts,
+    which the `experts` operator carries by the batch)."""
+    per_step = dict(_laid_out_params(m, tp))
     derived = m if m.num_parameters_override is None else replace(m, num_parameters_override=None)
     streamed = derived.params.streamed_dense
-    if m.is_mla:  # MLA projections: what the laid-out shapes leave over, split over tp
-        per_step["attention_proj"] = (streamed - sum(_weight_params(m, 1).values())) / tp \
-            if tp > 1 else streamed - sum(per_step.values())
+    if m.is_mla:  # MLA projections: what the laid-out shapes leave over at tp = 1
+        whole = streamed - sum(_laid_out_params(m, 1).values())
+        per_step["attention_proj"] = _mla_projections_per_gpu(m, whole, tp)
     if m.num_parameters_override is not None:  # a stated size: scale the shapes to it
         scale = m.params.streamed_dense / streamed
         per_step = {name: value * scale for name, value in per_step.items()}

@@ -274,3 +274,131 @@ def test_trace_at_rate_keeps_order_and_bursts(gen):
     scale = b[-1] / (a[-1] - a[0])
     np.testing.assert_allclose(np.diff(b), np.diff(a) * scale, rtol=1e-9, atol=1e-12)
     assert [r.input_tokens for r in fast.requests] == [r.input_tokens for r in gen.requests]
+
+
+# ------------------------------------------------- chapter 2c: past the per-user ceiling
+
+@pytest.fixture(scope="module")
+def ceiling_numbers():
+    from kvlab.book import past_the_ceiling
+
+    return past_the_ceiling.numbers()
+
+
+def test_speculation_pays_less_as_the_batch_grows_at_short_contexts():
+    """At 256 tokens the verify pass turns compute-bound: the speedup falls with the batch and
+    crosses 1 where the readout says; at 4K the KV reads keep it paying (MagicDec)."""
+    from kvlab.book import past_the_ceiling as ch
+    from kvlab.grids import BATCH_GRID
+
+    panel = ch.panels()["speculative"]
+    short = panel.compute({**panel.default_state, "context": 256})
+    speedup = np.array(short["sources"]["curve"]["speedup"])
+    batches = np.array(BATCH_GRID)
+    assert speedup[0] > 1.9 and np.all(np.diff(speedup[batches >= 48]) <= 1e-6)  # terms: 7 digits
+    assert speedup[-1] < 0.8 * speedup[0]  # beyond the ridge every rejected row is paid for
+    breakeven = short["values"]["breakeven_batch"]
+    assert breakeven == 180 == ch.breakeven_batch("llama-3.1-8b", "h100-sxm", 256, 4, 0.7,
+                                                  weight_dtype="bf16", kv_dtype="bf16")
+    assert np.all(speedup[batches < breakeven] > 1) and np.all(speedup[batches >= breakeven] <= 1)
+    long_ = panel.values()  # 4K: pays at every batch that fits
+    assert long_["breakeven_batch"] is None and long_["max_batch"] == 114
+    assert ch.spec(batch=114).speculative_speedup > 1.9
+    # at batch 1 the verify pass of K + 1 = 5 positions costs one decode step (memory-bound)
+    assert long_["verify_over_decode"] == pytest.approx(1.0, abs=0.01)
+    assert long_["tokens_per_verify_step"] == pytest.approx((1 - 0.7**5) / 0.3)
+    # more acceptance, more speed; a draft model costs more than a draft head
+    speedup_at = {a: panel.values(acceptance=a)["speedup"] for a in (0.5, 0.9)}
+    assert speedup_at[0.9] > long_["speedup"] > speedup_at[0.5]
+    by_model = panel.values(setup="70b-8xh100-8b")
+    assert by_model["speedup"] < panel.values(setup="70b-8xh100-head")["speedup"]
+    assert by_model["breakeven_batch"] == 112
+
+
+def test_speculative_panel_terms_are_the_ledger_and_live_states_work():
+    from kvlab.book import past_the_ceiling as ch
+
+    panel = ch.panels()["speculative"]
+    for setup in ("8b-h100-head", "v3-8xh200-mtp"):
+        v = panel.values(setup=setup, batch=64, context=1024, speculative_tokens=3, acceptance=0.8)
+        s = levers_setup_step(setup, 64, 1024, 3, 0.8)
+        assert v["spec_each"] == pytest.approx(s.tokens_per_s_per_sequence, rel=1e-6)
+        assert v["speedup"] == pytest.approx(s.speculative_speedup, rel=1e-6)
+    off_grid = panel.values(acceptance=0.72, batch=100)  # the live face: any value
+    s = levers_setup_step("8b-h100-head", 100, 4096, 4, 0.72)
+    assert off_grid["speedup"] == pytest.approx(s.speculative_speedup, rel=1e-12)
+    assert (panel.values(acceptance=0.7, batch=100)["speedup"]
+            < off_grid["speedup"] < panel.values(acceptance=0.75, batch=100)["speedup"])
+
+
+def levers_setup_step(setup, batch, context, k, a):
+    from kvlab.speculative import speculative_step
+    from kvlab.viz.levers_panels import SPEC_SETUPS
+
+    s = SPEC_SETUPS[setup]
+    return speculative_step(s.model, s.hardware, batch, context, k, a, **s.settings())
+
+
+def test_tensor_parallel_eight_gpus_fit_the_70b_and_run_it_faster_but_not_eight_times():
+    from kvlab.book import past_the_ceiling as ch
+
+    steps = ch.tp_steps()
+    one, eight = steps[1], steps[8]
+    assert not one.fits and eight.fits  # 141 GB of bf16 weights: no single H100 holds them
+    assert one.weight_bytes == pytest.approx(141.1e9, rel=1e-3)
+    assert eight.weight_bytes == pytest.approx(one.weight_bytes / 8, rel=1e-3)  # norms stay whole
+    assert eight.tokens_per_s_per_sequence > one.tokens_per_s_per_sequence
+    assert eight.tokens_per_s_per_sequence < 8 * one.tokens_per_s_per_sequence
+    # 160 all-reduces of a 16 kB message: latency, not bandwidth, sets their time at batch 1
+    assert eight.allreduce_latency_s / eight.allreduce_time_s > 0.95
+    assert eight.allreduce_time_s == pytest.approx(160 * 3.2298e-6 + (eight.allreduce_time_s
+                                                                     - eight.allreduce_latency_s))
+    # the all-reduces' share grows with the batch, more so as measured
+    big = ch.tp_steps(64)[8]
+    assert big.allreduce_time_s / big.step_time_s > eight.allreduce_time_s / eight.step_time_s
+    ar = ch.allreduce_at_batch(64)
+    assert ar["measured_s"] > 5 * ar["sheet_s"] and ar["measured_s"] > ar["ceiling_s"]
+    panel = ch.panels()["tensor_parallel"]
+    v8, v1 = panel.values(), panel.values(tensor_parallel=1)
+    assert v8["fits"] and not v1["fits"] and v1["max_batch"] == 0
+    assert v8["step_time_s"] == pytest.approx(eight.step_time_s, rel=1e-6)
+    assert v8["max_batch"] == eight.max_batch and v8["speedup"] == pytest.approx(
+        one.step_time_s / eight.step_time_s, rel=1e-6)
+    assert 0 < v8["share_of_ideal"] < 1
+    assert v8["measured_step_time_s"] > v8["step_time_s"]
+    deepseek = panel.values(model="deepseek-v3", hardware="h200")
+    assert deepseek["fits"] and deepseek["measured_step_time_s"] is None  # no MLA tables
+    assert not panel.values(model="deepseek-v3")["fits"]  # 84.8 GB per GPU > an H100's 80 GB
+    off_grid = panel.values(batch=100)  # the live face
+    assert off_grid["step_time_s"] == pytest.approx(
+        ch._step("llama-3.1-70b", "h100-sxm", 100, tensor_parallel=8).step_time_s, rel=1e-12)
+
+
+def test_deepseek_v3_reads_more_experts_as_the_batch_grows_and_mtp_pays_more():
+    from kvlab import cost
+    from kvlab.book import past_the_ceiling as ch
+
+    reads = [cost.weight_read_bytes("deepseek-v3", b, "fp8") for b in (1, 64, 256)]
+    assert reads[0] == pytest.approx(36.6e9, rel=1e-2) and reads[0] < reads[1] < reads[2]
+    assert reads[2] < cost.weight_bytes("deepseek-v3", "fp8")
+    tp8 = ch._step("deepseek-v3", "h200", 1, tensor_parallel=8, weight_dtype="fp8")
+    assert tp8.fits and tp8.kv_bytes_per_token == 70272  # the latent is not split
+    assert tp8.weight_read_bytes > reads[0] / 8  # the latent down-projections stay whole
+    mtp = ch.speculative_step("deepseek-v3", "h200", np.array([1, 64, 256]), 4096, 1, 0.85,
+                              weight_dtype="fp8", kv_dtype="bf16", tensor_parallel=8)
+    speedup = np.asarray(mtp.speculative_speedup)
+    assert 1 < speedup[0] < speedup[1] < speedup[2] < 1.85  # the verify pass touches ~16 experts
+
+
+def test_past_the_ceiling_numbers_glue_every_role(ceiling_numbers):
+    import re
+    from pathlib import Path
+
+    notebook = Path(__file__).resolve().parents[1] / "notebooks" / "02c_past_the_ceiling.ipynb"
+    text = notebook.read_text()
+    roles = set(re.findall(r"\{glue:text\}`([\w-]+)`", text))
+    assert roles and roles <= set(ceiling_numbers), roles - set(ceiling_numbers)
+    assert all(isinstance(v, str) and v for v in ceiling_numbers.values())
+    assert ceiling_numbers["tp1_fits"] == "no" and ceiling_numbers["v3_h100_fits"] == "no"
+    assert ceiling_numbers["spec_short_breakeven_batch"] == "180"
+    assert ceiling_numbers["speculative_breakeven_batch"] == "never"

@@ -29,6 +29,7 @@ PENDING = [
     "notebooks/01_what_a_hit_saves",
     "notebooks/02_bandwidth_wall",
     "notebooks/02b_measured",
+    "notebooks/02c_past_the_ceiling",
     "notebooks/03_beyond_hbm",
     "notebooks/04_kv_centric",
     "notebooks/05_metrics_and_diagnosis",

@@ -233,6 +233,29 @@ def test_replicated_kv_heads_are_said_and_counted():
     assert any("MLA latent" in note for note in mla.notes)
 
 
+def test_mla_projections_split_over_tensor_parallel_with_the_down_projections_replicated():
+    """DeepSeek-V3's attention projections at TP8: the up- and output projections split
+    eight ways, the down-projections into the latents (hidden x (1536 + 512 + 64) per
+    layer) stay whole on every GPU (vLLM's ReplicatedLinear). A regression: they once
+    counted zero bytes at any TP above 1."""
+    from kvlab.dtypes import parse_dtype
+    from kvlab.operators import decode_operators
+
+    m = models()["deepseek-v3"]
+    w, kv = parse_dtype("fp8"), parse_dtype("bf16")
+
+    def proj_bytes(tp):
+        return next(op.bytes for op in decode_operators(m, 1, 4096, w, kv, tp)
+                    if op.name == "attention_proj")
+
+    replicated = m.num_layers * (7168 * (1536 + 512 + 64) + 1536 + 512)
+    assert proj_bytes(8) == pytest.approx(replicated + (proj_bytes(1) - replicated) / 8)
+    assert proj_bytes(1) / 8 < proj_bytes(8) < proj_bytes(1) / 2
+    one = cost.decode_step(m, "h200", 1, 4096, "fp8", tensor_parallel=1)
+    eight = cost.decode_step(m, "h200", 1, 4096, "fp8", tensor_parallel=8)
+    assert one.weight_bytes / 8 < eight.weight_bytes < one.weight_bytes / 7
+
+
 def test_tensor_parallel_prefill_and_memory_fit_are_per_gpu():
     one = cost.prefill("llama-3.1-8b", H100, 4096)
     eight = cost.prefill("llama-3.1-8b", H100, 4096, tensor_parallel=8)

@@ -7,7 +7,8 @@ from typing import Callable
 
 def panels() -> dict[str, Callable[[], object]]:
     """{panel key: a factory returning that kvlab.viz.Panel}."""
-    from . import bandwidth_wall, beyond_hbm, kv_centric, metrics_and_diagnosis, prefix_caching, what_a_hit_saves
+    from . import (bandwidth_wall, beyond_hbm, kv_centric, metrics_and_diagnosis, past_the_ceiling,
+                   prefix_caching, what_a_hit_saves)
 
     def pick(module, name):
         return lambda: module.panels()[name]
@@ -21,6 +22,8 @@ def panels() -> dict[str, Callable[[], object]]:
         ("context", pick(bandwidth_wall, "context")),
         ("roofline", pick(bandwidth_wall, "roofline")),
         ("quantization", pick(bandwidth_wall, "quantization")),
+        ("speculative", pick(past_the_ceiling, "speculative")),
+        ("tensor-parallel", pick(past_the_ceiling, "tensor_parallel")),
         ("capacity", pick(prefix_caching, "capacity")),
         ("latency", pick(prefix_caching, "latency")),
         ("granularity", pick(prefix_caching, "granularity")),
