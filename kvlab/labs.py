@@ -9,6 +9,10 @@ The repository keeps the reference answer (a worked computation, nbval-tested); 
 labs` writes student copies in which every `# ANSWER` line becomes `answer = ...`. A
 check within tolerance passes; a wrong or missing answer gets a hint naming the quantity
 to recheck. The expected values come from kvlab, never from a typed number.
+
+The verdicts speak the reader's language: in the Chinese edition (KVLAB_BOOK_LANG=zh_CN,
+kvlab.viz.i18n) they are written in Chinese, with the exercise's `hint_zh` (its English
+hint where an exercise has none yet).
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from .errors import KvlabError, unknown_name
+from .viz.i18n import chinese
 
 ANSWER_MARK = "# ANSWER"
 BLANK = "answer = ...  # your answer here"
@@ -32,6 +37,7 @@ class Exercise:
     expected: Callable[[], float]  # computed by kvlab
     hint: str  # the quantity to recheck
     rel_tol: float = 0.02
+    hint_zh: str | None = None  # the same hint in Chinese, for the Chinese edition
 
 
 @dataclass(frozen=True)
@@ -52,17 +58,19 @@ class CheckResult:
 _EXERCISES: dict[str, Exercise] = {}
 
 
-def exercise(key: str, unit: str, hint: str, rel_tol: float = 0.02):
-    """Register the decorated function as the kvlab computation of exercise `key`'s answer."""
+def exercise(key: str, unit: str, hint: str, rel_tol: float = 0.02, hint_zh: str | None = None):
+    """Register the decorated function as the kvlab computation of exercise `key`'s answer
+    (`hint_zh`: the hint for the Chinese edition)."""
     def register(expected: Callable[[], float]) -> Callable[[], float]:
-        _EXERCISES[key] = Exercise(key, unit, expected, hint, rel_tol)
+        _EXERCISES[key] = Exercise(key, unit, expected, hint, rel_tol, hint_zh)
         return expected
 
     return register
 
 
 @exercise("ch1.ceiling", "tokens/s",
-          "the weight bytes (parameters x 2 bytes in fp16) and the bandwidth in bytes per second")
+          "the weight bytes (parameters x 2 bytes in fp16) and the bandwidth in bytes per second",
+          hint_zh="权重字节数（fp16 下为参数量 × 2 字节）和以字节/秒计的带宽")
 def _ceiling():
     from . import cost
     from .article import ARTICLE_BANDWIDTH_BYTES_PER_S
@@ -71,7 +79,8 @@ def _ceiling():
 
 
 @exercise("ch1.ttft_ratio", "x",
-          "the prefill FLOPs of the uncached tokens, including causal attention over the cached prefix")
+          "the prefill FLOPs of the uncached tokens, including causal attention over the cached prefix",
+          hint_zh="未缓存 token 的预填充 FLOP，包括它们对已缓存前缀所做的因果注意力")
 def _ttft_ratio():
     from . import cost
     from .prompt import served_tokens
@@ -82,7 +91,8 @@ def _ttft_ratio():
 
 
 @exercise("ch1.tpot_ms", "ms",
-          "the bytes one decode step moves (weights + KV history); the hit rate does not enter TPOT")
+          "the bytes one decode step moves (weights + KV history); the hit rate does not enter TPOT",
+          hint_zh="一个解码步搬运的字节（权重 + KV 历史）；命中率不影响 TPOT")
 def _tpot_ms():
     from . import cost
 
@@ -90,7 +100,8 @@ def _tpot_ms():
 
 
 @exercise("ch2.kv_per_token", "bytes",
-          "the KV heads: Llama 2 7B uses full multi-head attention (32 KV heads), 2 bytes per element")
+          "the KV heads: Llama 2 7B uses full multi-head attention (32 KV heads), 2 bytes per element",
+          hint_zh="KV 头数：Llama 2 7B 用的是完整的多头注意力（32 个 KV 头），每个元素 2 字节")
 def _kv_token():
     from . import cost
 
@@ -98,7 +109,8 @@ def _kv_token():
 
 
 @exercise("ch2.kv_equals_weights_batch", "sequences",
-          "the weight bytes streamed per step and the KV bytes per token (Qwen2.5 7B has 4 KV heads)")
+          "the weight bytes streamed per step and the KV bytes per token (Qwen2.5 7B has 4 KV heads)",
+          hint_zh="每步读取的权重字节数和每个 token 的 KV 字节数（Qwen2.5 7B 有 4 个 KV 头）")
 def _kv_equals_weights():
     from . import cost
 
@@ -106,7 +118,8 @@ def _kv_equals_weights():
     return s.weight_read_bytes / (8192 * s.kv_bytes_per_token)
 
 
-@exercise("ch2.int4_speedup", "x", "which term dominates the bytes at 16K x 8: int4 shrinks only the weights")
+@exercise("ch2.int4_speedup", "x", "which term dominates the bytes at 16K x 8: int4 shrinks only the weights",
+          hint_zh="16K × 8 时哪一项占了字节的大头：int4 只压缩权重")
 def _int4_speedup():
     from . import cost
 
@@ -179,14 +192,17 @@ def _allreduce_over_sheet():
 
 
 @exercise("ch3.request_kv_mib", "MiB",
-          "the KV bytes per token (2 x layers x KV heads x head_dim x 2 bytes) and MiB = 2**20 bytes")
+          "the KV bytes per token (2 x layers x KV heads x head_dim x 2 bytes) and MiB = 2**20 bytes",
+          hint_zh="每个 token 的 KV 字节数（2 × 层数 × KV 头数 × head_dim × 2 字节），"
+                  "以及 MiB = 2**20 字节")
 def _request_kv_mib():
     from . import cost
 
     return 4096 * cost.kv_bytes_per_token("article-7b", "fp16") / 2**20
 
 
-@exercise("ch3.transfer_10gbe_s", "s", "the link's bytes per second: 10 Gb/s is 1.25e9 bytes/s, not 10e9")
+@exercise("ch3.transfer_10gbe_s", "s", "the link's bytes per second: 10 Gb/s is 1.25e9 bytes/s, not 10e9",
+          hint_zh="链路每秒传输的字节数：10 Gb/s 是 1.25e9 字节/秒，不是 10e9")
 def _transfer_10gbe_s():
     from .tiers import kv_fetch_time_s
 
@@ -194,7 +210,8 @@ def _transfer_10gbe_s():
 
 
 @exercise("ch3.host_slowdown", "x",
-          "the KV bytes read per step and the PCIe 5.0 x16 bandwidth (63 GB/s) against HBM's")
+          "the KV bytes read per step and the PCIe 5.0 x16 bandwidth (63 GB/s) against HBM's",
+          hint_zh="每步读取的 KV 字节数，以及 PCIe 5.0 x16 的带宽（63 GB/s）与 HBM 带宽的对比")
 def _host_slowdown():
     from .tiers import tiered_decode_step
 
@@ -202,7 +219,9 @@ def _host_slowdown():
 
 
 @exercise("ch4.transfer_over_prefill", "",
-          "the KV bytes of 8,192 tokens over 25 GB/s (a 200 Gb/s NIC) against the prefill's FLOPs")
+          "the KV bytes of 8,192 tokens over 25 GB/s (a 200 Gb/s NIC) against the prefill's FLOPs",
+          hint_zh="8,192 个 token 的 KV 字节以 25 GB/s（一块 200 Gb/s 网卡）传输，"
+                  "对比预填充的 FLOP")
 def _transfer_over_prefill():
     from . import cost
     from .tiers import kv_fetch_time_s
@@ -211,7 +230,8 @@ def _transfer_over_prefill():
 
 
 @exercise("ch4.remote_every_step", "x",
-          "the whole KV history read over the NIC at every step, on top of the weights read from HBM")
+          "the whole KV history read over the NIC at every step, on top of the weights read from HBM",
+          hint_zh="每一步都要经网卡读取完整的 KV 历史，此外还要从 HBM 读取权重")
 def _remote_every_step():
     from .tiers import tiered_decode_step
 
@@ -219,7 +239,8 @@ def _remote_every_step():
 
 
 @exercise("ch5.knee_16k", "sequences",
-          "the batch at which the KV reads of a step reach the weight bytes (kvlab.cost.batch_knee)")
+          "the batch at which the KV reads of a step reach the weight bytes (kvlab.cost.batch_knee)",
+          hint_zh="一步的 KV 读取量追上权重字节数时的批大小（kvlab.cost.batch_knee）")
 def _knee_16k():
     import numpy as np
 
@@ -231,7 +252,8 @@ def _knee_16k():
 
 
 @exercise("ch5.fraction_of_ceiling", "",
-          "the ceiling: batch x bandwidth / bytes per step, with the KV of all 8 sequences counted")
+          "the ceiling: batch x bandwidth / bytes per step, with the KV of all 8 sequences counted",
+          hint_zh="上限：批大小 × 带宽 / 每步字节数，且要把全部 8 个序列的 KV 都算进去")
 def _fraction_of_ceiling():
     from . import cost
 
@@ -240,7 +262,9 @@ def _fraction_of_ceiling():
 
 @exercise("ch5b.unlimited_token_hit_ratio", "",
           "the replay's token hit ratio (prompt tokens served / all prompt tokens), not its request-level "
-          "hit rate; a hit never serves a prompt's last token")
+          "hit rate; a hit never serves a prompt's last token",
+          hint_zh="回放的 token 命中率（由缓存提供的 prompt token / 全部 prompt token），"
+                  "而不是请求级命中率；命中从不提供 prompt 的最后一个 token")
 def _unlimited_token_hit_ratio():
     import math
 
@@ -252,7 +276,9 @@ def _unlimited_token_hit_ratio():
 
 @exercise("ch5b.request_over_token", "x",
           "the two definitions of a hit in the same replay: requests that found any cached block, against "
-          "prompt tokens served")
+          "prompt tokens served",
+          hint_zh="同一次回放中“命中”的两种定义：找到了任意已缓存块的请求，"
+                  "对比由缓存提供的 prompt token")
 def _request_over_token():
     import math
 
@@ -272,24 +298,56 @@ def exercises() -> dict[str, Exercise]:
 
 
 def check(key: str, answer) -> CheckResult:
-    """Check an answer; returns a result that notebooks display (never raises on a wrong one)."""
+    """Check an answer; returns a result that notebooks display (never raises on a wrong one).
+    The verdict is in Chinese when the Chinese edition is built (kvlab.viz.i18n.chinese)."""
     ex = _exercises().get(key)
     if ex is None:
         raise unknown_name("exercise", key, _exercises())
+    say = _chinese_verdicts if chinese() else _english_verdicts
     if answer is Ellipsis or answer is None:
-        return CheckResult(key, False, f"{key}: not answered yet. Replace `...` with your answer{' in ' + ex.unit if ex.unit else ''}. "
-                                       f"Hint: work from {ex.hint}.")
+        return CheckResult(key, False, say(ex, "blank"))
     try:
         value = float(answer)
     except (TypeError, ValueError):
-        return CheckResult(key, False, f"{key}: expected a number in {ex.unit}, got {answer!r}.")
+        return CheckResult(key, False, say(ex, "not a number", answer=answer))
     expected = ex.expected()
     if math.isfinite(value) and math.isclose(value, expected, rel_tol=ex.rel_tol):
-        return CheckResult(key, True, f"{key}: correct ({value:,.4g}{_unit(ex)}).")
+        return CheckResult(key, True, say(ex, "correct", value=value))
     off = (value - expected) / expected if math.isfinite(value) else math.inf
+    return CheckResult(key, False, say(ex, "wrong", value=value, off=off))
+
+
+def _english_verdicts(ex: Exercise, kind: str, answer=None, value: float = 0.0,
+                      off: float = 0.0) -> str:
+    key = ex.key
+    if kind == "blank":
+        return (f"{key}: not answered yet. Replace `...` with your answer"
+                f"{' in ' + ex.unit if ex.unit else ''}. Hint: work from {ex.hint}.")
+    if kind == "not a number":
+        return f"{key}: expected a number in {ex.unit}, got {answer!r}."
+    if kind == "correct":
+        return f"{key}: correct ({value:,.4g}{_unit(ex)})."
     direction = "high" if off > 0 else "low"
-    return CheckResult(key, False, f"{key}: {value:,.4g}{_unit(ex)} is {abs(off):.0%} too {direction}. "
-                                   f"Recheck {ex.hint}.")
+    return f"{key}: {value:,.4g}{_unit(ex)} is {abs(off):.0%} too {direction}. Recheck {ex.hint}."
+
+
+#: Units of the exercises in Chinese: (as a unit's name, after a number); others stay.
+UNITS_ZH = {"bytes": ("字节", " 字节"), "sequences": ("序列数", " 个序列"), "x": ("倍", " 倍")}
+
+
+def _chinese_verdicts(ex: Exercise, kind: str, answer=None, value: float = 0.0,
+                      off: float = 0.0) -> str:
+    key, hint = ex.key, ex.hint_zh or ex.hint
+    name, after = UNITS_ZH.get(ex.unit, (ex.unit, _unit(ex)))
+    in_unit = f"（单位：{name}）" if ex.unit else ""
+    if kind == "blank":
+        return f"{key}：尚未作答。请把 `...` 换成你的答案{in_unit}。提示：{hint}。"
+    if kind == "not a number":
+        return f"{key}：这里要填一个数{in_unit}，收到的却是 {answer!r}。"
+    if kind == "correct":
+        return f"{key}：正确（{value:,.4g}{after}）。"
+    direction = "偏高" if off > 0 else "偏低"
+    return f"{key}：{value:,.4g}{after}，{direction}了 {abs(off):.0%}。请重新核对：{hint}。"
 
 
 def _unit(ex: Exercise) -> str:

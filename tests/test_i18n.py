@@ -26,14 +26,12 @@ from kvlab.viz import i18n  # noqa: E402
 #: catalogue (locale/zh_CN/LC_MESSAGES/<page>.po) is translated; the test below fails for a
 #: page in this list that is translated (remove it) and for one missing that is not.
 PENDING = [
-    "notebooks/01_what_a_hit_saves",
     "notebooks/02_bandwidth_wall",
     "notebooks/02b_measured",
     "notebooks/02c_past_the_ceiling",
     "notebooks/03_beyond_hbm",
     "notebooks/04_kv_centric",
     "notebooks/05_metrics_and_diagnosis",
-    "notebooks/05b_prefix_caching",
 ]
 #: Pages not measured: their entries stay in English by nature.
 NOT_MEASURED = {"book/references": "bibliographic citations keep their English titles"}

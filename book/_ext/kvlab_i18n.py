@@ -171,6 +171,29 @@ def _translate_captions(app, doctree) -> None:
             node["caption"] = translations.gettext(node["caption"])
 
 
+def _translate_math_blocks(app, document) -> None:
+    """Display math ($$ ... $$) from the page's catalogue, before Sphinx's own translation
+    step: that step re-parses a translated literal-type block as reST ('::' and an indented
+    block), which MyST reads as a paragraph '::', so the formula would become '::'. The
+    block's text is replaced here as it stands in the .po (its \\text{} translated), and
+    Sphinx then finds nothing left to translate in it."""
+    import gettext
+
+    from docutils import nodes
+
+    if _edition(app) == "en" or not app.config.locale_dirs:
+        return
+    translations = gettext.translation(app.env.docname, app.config.locale_dirs[0],
+                                       [_edition(app)], fallback=True)
+    for node in document.findall(nodes.math_block):
+        msg = node.rawsource or node.astext()
+        msgstr = translations.gettext(msg)
+        if msgstr and msgstr != msg:
+            node.rawsource = msgstr
+            node.children = []
+            node += nodes.Text(msgstr)
+
+
 def twin_links(app, pagename: str) -> list[tuple[str, str, str]]:
     """(language, label, relative URL) of this page in each other edition."""
     editions = app.config.kvlab_editions
@@ -206,7 +229,16 @@ def _page_context(app, pagename, templatename, context, doctree) -> None:
 
 
 def setup(app):
+    from sphinx.transforms import SphinxTransform
+
+    class MathBlocks(SphinxTransform):
+        default_priority = 19  # just before sphinx.transforms.i18n.Locale (20)
+
+        def apply(self, **kwargs) -> None:
+            _translate_math_blocks(self.app, self.document)
+
     app.add_config_value("kvlab_editions", {}, "html")
+    app.add_transform(MathBlocks)
     app.connect("builder-inited", _builder_inited)
     app.connect("doctree-read", _translate_captions)
     app.connect("html-page-context", _page_context)

@@ -9,6 +9,7 @@ import numpy as np
 
 from .. import fmt, prefix
 from ..traces import trace_or_generated, trace_stats
+from ..viz.i18n import t
 
 
 @functools.cache
@@ -56,7 +57,7 @@ def numbers() -> dict[str, str]:
     conv = trace_or_generated("conversation")
     stats = trace_stats(conv)
     out = {
-        "conv_label": conv.label,
+        "conv_label": t(conv.label),  # 'conversation (generated)' where the trace is absent
         "conv_requests": fmt.fixed(stats.requests, 0),
         "conv_hours": fmt.sig(stats.duration_s / 3600, 2),
         "conv_mean_input": fmt.fixed(stats.mean_input_tokens, 0),

@@ -6,6 +6,7 @@ import functools
 from .. import cost, fmt
 from ..article import ARTICLE_BANDWIDTH_BYTES_PER_S, ARTICLE_MODEL
 from ..models import describe_params, get_model
+from .lang import pick
 
 
 def _article() -> cost.DecodeStep:
@@ -45,8 +46,14 @@ def numbers() -> dict[str, str]:
 def worked_example() -> str:
     """The chapter's checked printout (nbval compares it): weights, ceiling, KV per token."""
     article, bw = _article(), ARTICLE_BANDWIDTH_BYTES_PER_S
+    weights = f"{article.weight_bytes:.3e}"
+    ceiling = f"{bw:.0e} B/s"
+    tokens_per_s = f"{bw / article.weight_bytes:.1f} tokens/s"
+    kv = f"{article.kv_bytes_per_token:,.0f}"
     return "\n".join([
-        f"weights of the article's 7B in fp16: {article.weight_bytes:.3e} bytes",
-        f"ceiling at {bw:.0e} B/s, batch 1: {bw / article.weight_bytes:.1f} tokens/s",
-        f"KV cache per token: {article.kv_bytes_per_token:,.0f} bytes",
+        pick(f"weights of the article's 7B in fp16: {weights} bytes",
+             f"原文 7B 模型的 fp16 权重：{weights} 字节"),
+        pick(f"ceiling at {ceiling}, batch 1: {tokens_per_s}",
+             f"带宽 {ceiling}、批大小 1 时的上限：{tokens_per_s}"),
+        pick(f"KV cache per token: {kv} bytes", f"每个 token 的 KV cache：{kv} 字节"),
     ])
