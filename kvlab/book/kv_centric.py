@@ -11,7 +11,9 @@ import numpy as np
 from .. import cost, fmt
 from ..hardware import get_tier
 from ..sim import SimConfig
+from ..viz.i18n import t
 from . import sim_runs
+from .lang import pick
 
 #: Glue-key stems of the architectures and the critical-path variants.
 ARCH_KEYS = {"colocated": "colocated", "disaggregated": "disaggregated", "kv-centric": "kv_centric"}
@@ -106,16 +108,26 @@ def pools_figure():
 def _setup() -> str:
     cfg = SimConfig()
     tier = get_tier(cfg.link)
-    return (f"{cfg.prefill_workers} prefill and {cfg.decode_workers} decode GPUs "
-            f"({cfg.prefill_workers + cfg.decode_workers} doing both when colocated), "
-            f"{cost.get_device(cfg.hardware).display_name}, {cost.get_model(cfg.model).display_name}, "
-            f"one {fmt.si(tier.bandwidth_bytes_per_s * 8, 'b/s')} NIC per GPU ({cfg.link}, "
-            f"{fmt.si(tier.bandwidth_bytes_per_s, 'B/s')})")
+    prefill, decode = cfg.prefill_workers, cfg.decode_workers
+    device = cost.get_device(cfg.hardware).display_name
+    model = cost.get_model(cfg.model).display_name
+    nic = fmt.si(tier.bandwidth_bytes_per_s * 8, "b/s")
+    link = f"{cfg.link}, {fmt.si(tier.bandwidth_bytes_per_s, 'B/s')}"
+    return pick(f"{prefill} prefill and {decode} decode GPUs ({prefill + decode} doing both "
+                f"when colocated), {device}, {model}, one {nic} NIC per GPU ({link})",
+                f"{prefill} 块预填充 GPU 和 {decode} 块解码 GPU（共置时 {prefill + decode} 块 "
+                f"GPU 都兼做两者），{device}，{model}，每块 GPU 一块 {nic} 网卡"
+                f"（{link.replace(', ', '，')}）")
+
+
+def _per_s(rate: str) -> str:
+    """A request rate for the prose: '5.5 requests/s' (in Chinese '5.5 请求/秒')."""
+    return t(f"{rate} requests/s")
 
 
 def numbers() -> dict[str, str]:
     cmp = comparison()
-    out = {"trace": cmp["trace"], "requests": fmt.fixed(cmp["requests"], 0), "setup": _setup()}
+    out = {"trace": t(cmp["trace"]), "requests": fmt.fixed(cmp["requests"], 0), "setup": _setup()}
     for arch, s in cmp["summary"].items():
         a = ARCH_KEYS[arch]
         out.update({f"{a}_ttft_p50": fmt.seconds(s["ttft_p50_s"]), f"{a}_ttft_p90": fmt.seconds(s["ttft_p90_s"]),
@@ -148,7 +160,7 @@ def _disaster_numbers(d: dict) -> dict[str, str]:
     the bandwidth ratio and one step's slowdown that bound a single step."""
     return {"remote_tpot": fmt.seconds(d["remote"]["tpot_p50_s"]),
             "local_tpot": fmt.seconds(d["local"]["tpot_p50_s"]),
-            "disaster_link": d["link"], "disaster_trace": d["trace"],
+            "disaster_link": d["link"], "disaster_trace": t(d["trace"]),
             "disaster_bandwidth_ratio": _ratio(d["bandwidth_ratio"]),
             "disaster_context": fmt.fixed(d["context"], 0),
             "disaster_step_ratio": _ratio(d["step_ratio"]),
@@ -173,10 +185,10 @@ def capacity_numbers(d: dict, panel) -> dict[str, str]:
 
     rates, level = d["rates"], sim_runs.SATURATION_ATTAINMENT
     light = int(np.flatnonzero(rates == LIGHT_RATE)[0]) if LIGHT_RATE in rates else 0
-    out = {"load_trace": d["trace"], "load_requests": fmt.fixed(d["requests"], 0),
-           "load_rates": f"{fmt.sig(rates[0], 2)}–{fmt.sig(rates[-1], 2)} requests/s",
-           "load_top_rate": f"{fmt.sig(rates[-1], 2)} requests/s",
-           "load_light_rate": f"{fmt.sig(rates[light], 2)} requests/s",
+    out = {"load_trace": t(d["trace"]), "load_requests": fmt.fixed(d["requests"], 0),
+           "load_rates": _per_s(f"{fmt.sig(rates[0], 2)}–{fmt.sig(rates[-1], 2)}"),
+           "load_top_rate": _per_s(fmt.sig(rates[-1], 2)),
+           "load_light_rate": _per_s(fmt.sig(rates[light], 2)),
            "load_ttft_slo": fmt.seconds(d["ttft_slo_s"]),
            "load_tbt_slo": fmt.seconds(d["tbt_slo_s"]),
            "load_tbt_stat": d["tbt_stat"], "load_saturation_level": fmt.percent(level, 2),
@@ -189,9 +201,10 @@ def capacity_numbers(d: dict, panel) -> dict[str, str]:
                                                                                  "decode_workers")), 0)}
     for name in d["variants"]:
         key, m = name.replace("-", "_").replace("+", "_"), d["metrics"][name]
-        out.update({f"sat_{key}": saturation_text(*d["saturation"][name], level),
-                    f"peak_goodput_{key}": f"{fmt.sig(np.nanmax(m['goodput_requests_per_s']), 3)} requests/s",
-                    f"top_goodput_{key}": f"{fmt.sig(m['goodput_requests_per_s'][-1], 3)} requests/s",
+        goodput = m["goodput_requests_per_s"]
+        out.update({f"sat_{key}": t(saturation_text(*d["saturation"][name], level)),
+                    f"peak_goodput_{key}": _per_s(fmt.sig(np.nanmax(goodput), 3)),
+                    f"top_goodput_{key}": _per_s(fmt.sig(goodput[-1], 3)),
                     f"top_attainment_{key}": fmt.percent(m["slo_attainment"][-1]),
                     f"top_rejected_{key}": fmt.fixed(m["requests_rejected_early"][-1], 0),
                     f"light_itl_p99_{key}": fmt.seconds(m["itl_p99_s"][light]),

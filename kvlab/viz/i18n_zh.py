@@ -466,6 +466,12 @@ PATTERNS: list[tuple[str, str]] = [
     ("{policy}: token hit ratio", "{policy}：token 命中率"),
     ("{policy}: request-level hit rate", "{policy}：请求级命中率"),
     ("{a} / 8 bits per byte = {b}", "{a} / 每字节 8 位 = {b}"),
+    # chapter 4: a saturation rate when the attainment never crossed the level, and the
+    # load sweep's trace (its first requests): "conversation [from 0 s, first 400]"
+    ("above {rate} (never under {level})", "高于 {rate}（始终不低于 {level}）"),
+    ("below {rate}", "低于 {rate}"),
+    ("from {start} s, first {n}", "从 {start} s 起的前 {n} 个请求"),
+    ("{trace} [{window}]", "{trace} [{window}]"),
     ("{n} requests/s", "{n} 请求/秒"),
     ("{n} (vLLM's default)", "{n}（vLLM 的默认值）"),
     ("{arch} saturates at", "{arch} 的饱和点"),
