@@ -16,12 +16,13 @@ RUN_HOME    := $(CURDIR)/$(BUILD_DIR)/home
 SUDO        := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PACKAGES := chromium libibverbs1 fonts-noto-cjk
 
-.PHONY: help venv system-deps book locale test test-fast dashboard labs jupyter bench bench-gpu gpu-session clean
+.PHONY: help venv system-deps lint book locale test test-fast dashboard labs jupyter bench bench-gpu gpu-session clean
 
 help:
 	@echo "make book       build the book (HTML in $(HTML_DIR)/index.html, Chinese in $(HTML_DIR)/zh/)"
 	@echo "make locale     update the Chinese catalogues (locale/zh_CN) from the English pages"
-	@echo "make test       the whole suite: unit, property, CLI, notebooks, browser"
+	@echo "make test       the whole suite: lint, unit, property, CLI, notebooks, browser"
+	@echo "make lint       ruff: the rules in pyproject.toml, and the formatting"
 	@echo "make dashboard  serve the live dashboard with Voila on 127.0.0.1"
 	@echo "make labs       write student copies of the labs (answers blanked) to labs/"
 	@echo "make jupyter    JupyterLab on 127.0.0.1 for working through the labs"
@@ -72,7 +73,12 @@ locale: $(STAMP)
 	  --custom-builder gettext --path-output $(BUILD_DIR)/gettext
 	$(BIN)/sphinx-intl update -p $(BUILD_DIR)/gettext/_build/gettext -l zh_CN -d locale
 
-test: $(STAMP) system-deps book
+# Lint first: it takes a second and fails before the book build's minutes.
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: $(STAMP) system-deps lint book
 	@mkdir -p $(RUN_HOME)
 	HOME=$(RUN_HOME) $(BIN)/python -m pytest
 

@@ -3,6 +3,7 @@
 The book sets kvlab's own numbers beside these; nothing else in kvlab uses them as facts
 about hardware (the catalogue in kvlab/data/hardware.toml does that, with sources).
 """
+
 from __future__ import annotations
 
 #: "At 2 TB/s ...": the article's round figure for a data-centre GPU's memory bandwidth.

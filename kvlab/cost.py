@@ -11,6 +11,7 @@ and adds two all-reduces per layer; every byte, FLOP and memory figure is then p
 tokens/s are the group's. `verify_step` is the pass speculative decoding verifies drafted
 tokens with (`kvlab.speculative` turns it into tokens kept).
 """
+
 from __future__ import annotations
 
 import math
@@ -90,6 +91,7 @@ class Result:
 
 # ------------------------------------------------------------------ per-model terms
 
+
 def weight_bytes(model: ModelSpec | str, weight_dtype: str | DType = "fp16") -> float:
     """Bytes the weights occupy in memory (all parameters, scales included)."""
     m = get_model(model)
@@ -120,6 +122,7 @@ def weight_read_bytes(model: ModelSpec | str, batch=1, weight_dtype: str | DType
 
 
 # ------------------------------------------------------------------------- decode
+
 
 @dataclass(frozen=True)
 class DecodeStep(Result):
@@ -207,7 +210,9 @@ def _is_measured(efficiency) -> bool:
 def _check_efficiency(efficiency):
     if isinstance(efficiency, str) and not _is_measured(efficiency):
         raise KvlabError(f"efficiency must be a number in (0, 1] or 'measured', got {efficiency!r}")
-    return check_number("efficiency", efficiency, minimum=MIN_EFFICIENCY, allow_equal_min=True, maximum=1.0)
+    return check_number(
+        "efficiency", efficiency, minimum=MIN_EFFICIENCY, allow_equal_min=True, maximum=1.0
+    )
 
 
 def decode_step(
@@ -233,8 +238,19 @@ def decode_step(
     `tensor_parallel` (1, 2, 4, 8) splits the step over that many GPUs of one server
     (`allreduce_link` says how its all-reduces are costed); bytes and memory are per GPU.
     """
-    return _step(model, hardware, batch, context, weight_dtype, kv_dtype, bandwidth_bytes_per_s,
-                 efficiency, capacity_bytes, tensor_parallel, 1)
+    return _step(
+        model,
+        hardware,
+        batch,
+        context,
+        weight_dtype,
+        kv_dtype,
+        bandwidth_bytes_per_s,
+        efficiency,
+        capacity_bytes,
+        tensor_parallel,
+        1,
+    )
 
 
 def verify_step(
@@ -255,52 +271,111 @@ def verify_step(
     model at once. The weights are read once for batch x (K + 1) rows, each sequence's KV
     history once, K + 1 new K/V entries are written. Its `tokens_per_s` fields count
     positions verified; `kvlab.speculative.speculative_step` turns them into tokens kept."""
-    k = check_number("speculative_tokens", speculative_tokens, minimum=0, allow_equal_min=True,
-                     maximum=MAX_SPECULATIVE_TOKENS, integer=True)
-    return _step(model, hardware, batch, context, weight_dtype, kv_dtype, bandwidth_bytes_per_s,
-                 efficiency, capacity_bytes, tensor_parallel, _plus_one(k))
+    k = check_number(
+        "speculative_tokens",
+        speculative_tokens,
+        minimum=0,
+        allow_equal_min=True,
+        maximum=MAX_SPECULATIVE_TOKENS,
+        integer=True,
+    )
+    return _step(
+        model,
+        hardware,
+        batch,
+        context,
+        weight_dtype,
+        kv_dtype,
+        bandwidth_bytes_per_s,
+        efficiency,
+        capacity_bytes,
+        tensor_parallel,
+        _plus_one(k),
+    )
 
 
 def _plus_one(k):
     return k + 1 if type(k) is int else np.asarray(k, dtype=float) + 1.0
 
 
-def _step(model, hardware, batch, context, weight_dtype, kv_dtype, bandwidth_bytes_per_s,
-          efficiency, capacity_bytes, tensor_parallel, queries) -> DecodeStep:
+def _step(
+    model,
+    hardware,
+    batch,
+    context,
+    weight_dtype,
+    kv_dtype,
+    bandwidth_bytes_per_s,
+    efficiency,
+    capacity_bytes,
+    tensor_parallel,
+    queries,
+) -> DecodeStep:
     """A decode (queries = 1) or verify step: validate, then the fast scalar ledger, the
     per-operator one (tensor parallelism, verification) and/or the measured tables."""
     m, dev = get_model(model), get_device(hardware)
     wdt, kdt = _dtype(weight_dtype), _dtype(kv_dtype)
-    batch = check_number("batch", batch, minimum=1, allow_equal_min=True, maximum=MAX_BATCH, integer=True)
-    context = check_number("context", context, minimum=0, allow_equal_min=True,
-                           maximum=MAX_CONTEXT_TOKENS, integer=True)
+    batch = check_number(
+        "batch", batch, minimum=1, allow_equal_min=True, maximum=MAX_BATCH, integer=True
+    )
+    context = check_number(
+        "context",
+        context,
+        minimum=0,
+        allow_equal_min=True,
+        maximum=MAX_CONTEXT_TOKENS,
+        integer=True,
+    )
     measured = _is_measured(efficiency)
     if measured and bandwidth_bytes_per_s is not None:
-        raise KvlabError("efficiency 'measured' times kernels from their tables; "
-                         "a bandwidth override does not apply to it")
-    bandwidth = dev.memory_bandwidth_bytes_per_s if bandwidth_bytes_per_s is None else check_number(
-        "bandwidth (bytes/s)", bandwidth_bytes_per_s, minimum=MIN_BANDWIDTH_BYTES_PER_S, allow_equal_min=True,
-        maximum=MAX_BANDWIDTH_BYTES_PER_S)
+        raise KvlabError(
+            "efficiency 'measured' times kernels from their tables; "
+            "a bandwidth override does not apply to it"
+        )
+    bandwidth = (
+        dev.memory_bandwidth_bytes_per_s
+        if bandwidth_bytes_per_s is None
+        else check_number(
+            "bandwidth (bytes/s)",
+            bandwidth_bytes_per_s,
+            minimum=MIN_BANDWIDTH_BYTES_PER_S,
+            allow_equal_min=True,
+            maximum=MAX_BANDWIDTH_BYTES_PER_S,
+        )
+    )
     eff = 1.0 if measured else _check_efficiency(efficiency)
-    capacity = dev.capacity_bytes if capacity_bytes is None else check_number(
-        "capacity (bytes)", capacity_bytes, maximum=MAX_CAPACITY_BYTES)
-    tp = 1 if type(tensor_parallel) is int and tensor_parallel == 1 else \
-        check_tensor_parallel(m, tensor_parallel)
+    capacity = (
+        dev.capacity_bytes
+        if capacity_bytes is None
+        else check_number("capacity (bytes)", capacity_bytes, maximum=MAX_CAPACITY_BYTES)
+    )
+    tp = (
+        1
+        if type(tensor_parallel) is int and tensor_parallel == 1
+        else check_tensor_parallel(m, tensor_parallel)
+    )
     scalar = _scalar(batch, context, bandwidth, eff, capacity)
     if tp == 1 and type(queries) is int and queries == 1:
         fields = _decode_fields(m, dev, wdt, kdt, batch, context, bandwidth, eff, capacity, scalar)
     else:
-        fields = _operator_fields(m, dev, wdt, kdt, batch, context, bandwidth, eff, capacity, tp,
-                                  queries)
+        fields = _operator_fields(
+            m, dev, wdt, kdt, batch, context, bandwidth, eff, capacity, tp, queries
+        )
     if measured:
         from .measured.timing import measured_decode_fields
 
-        fields.update(measured_decode_fields(m, dev, wdt, kdt, batch, context, scalar, tp,
-                                             queries))
+        fields.update(measured_decode_fields(m, dev, wdt, kdt, batch, context, scalar, tp, queries))
     fields.setdefault("overhead_s", 0.0)
-    return DecodeStep._build(model=m.name, hardware=dev.name, weight_dtype=wdt.name,
-                             kv_dtype=kdt.name, batch=batch, context=context,
-                             efficiency="measured" if measured else eff, **fields)
+    return DecodeStep._build(
+        model=m.name,
+        hardware=dev.name,
+        weight_dtype=wdt.name,
+        kv_dtype=kdt.name,
+        batch=batch,
+        context=context,
+        efficiency="measured" if measured else eff,
+        **fields,
+    )
 
 
 def _decode_fields(m, dev, wdt, kdt, batch, context, bandwidth, eff, capacity, scalar) -> dict:
@@ -325,10 +400,16 @@ def _decode_fields(m, dev, wdt, kdt, batch, context, bandwidth, eff, capacity, s
     attention_flops = b * m.attention_flops_per_cached_token * attended
     flops = b * (2.0 * active + m.attention_flops_per_cached_token * attended)
     peak = dev.peak_flops_per_s(wdt.compute)
-    ceiling = _ceiling(((p.streamed_dense * wbpe, b * 2.0 * p.streamed_dense),
-                        (p.moe_layers * touched * p.expert * wbpe,
-                         b * 2.0 * (active - p.streamed_dense)),
-                        (kv_read + kv_write, attention_flops)), bandwidth, peak, scalar)
+    ceiling = _ceiling(
+        (
+            (p.streamed_dense * wbpe, b * 2.0 * p.streamed_dense),
+            (p.moe_layers * touched * p.expert * wbpe, b * 2.0 * (active - p.streamed_dense)),
+            (kv_read + kv_write, attention_flops),
+        ),
+        bandwidth,
+        peak,
+        scalar,
+    )
     step_time = ceiling / eff
     memory_time = step_bytes / (bandwidth * eff)
     compute_time = flops / (peak * eff)
@@ -347,23 +428,37 @@ def _decode_fields(m, dev, wdt, kdt, batch, context, bandwidth, eff, capacity, s
     source = "the sheet's bandwidth and FLOP/s x efficiency"
     return dict(
         bandwidth_bytes_per_s=out(np.asarray(bandwidth)) if not scalar else bandwidth,
-        weight_bytes=w_total, weight_read_bytes=out(w_read), kv_bytes_per_token=kv_tok,
-        kv_read_bytes=out(kv_read), kv_write_bytes=out(kv_write), step_bytes=out(step_bytes),
-        flops=out(flops), arithmetic_intensity=out(flops / step_bytes),
+        weight_bytes=w_total,
+        weight_read_bytes=out(w_read),
+        kv_bytes_per_token=kv_tok,
+        kv_read_bytes=out(kv_read),
+        kv_write_bytes=out(kv_write),
+        step_bytes=out(step_bytes),
+        flops=out(flops),
+        arithmetic_intensity=out(flops / step_bytes),
         ridge_flops_per_byte=out(peak / (bandwidth if scalar else np.asarray(bandwidth, float))),
-        memory_time_s=out(memory_time), compute_time_s=out(compute_time),
-        step_time_s=out(step_time), bound=bound,
-        tokens_per_s=out(b / step_time), tokens_per_s_per_sequence=out(1.0 / step_time),
-        kv_cache_bytes=out(kv_read), memory_needed_bytes=out(needed), capacity_bytes=capacity,
-        fits=fits, max_batch=max_batch, ceiling_step_time_s=out(ceiling),
+        memory_time_s=out(memory_time),
+        compute_time_s=out(compute_time),
+        step_time_s=out(step_time),
+        bound=bound,
+        tokens_per_s=out(b / step_time),
+        tokens_per_s_per_sequence=out(1.0 / step_time),
+        kv_cache_bytes=out(kv_read),
+        memory_needed_bytes=out(needed),
+        capacity_bytes=capacity,
+        fits=fits,
+        max_batch=max_batch,
+        ceiling_step_time_s=out(ceiling),
         efficiency_source=source,
     )
 
 
 # ------------------------------------------------- the ledger from the operators
 
-def _operator_fields(m, dev, wdt, kdt, batch, context, bandwidth, eff, capacity, tp,
-                     queries) -> dict:
+
+def _operator_fields(
+    m, dev, wdt, kdt, batch, context, bandwidth, eff, capacity, tp, queries
+) -> dict:
     """Every number of a decode or verify step from its operator list (`kvlab.operators`):
     per GPU at `tp`, with `queries` positions per sequence. Numerically the fast ledger at
     tp = 1 and queries = 1; all-reduce latency is not scaled by `eff`, their link time is."""
@@ -394,26 +489,38 @@ def _operator_fields(m, dev, wdt, kdt, batch, context, bandwidth, eff, capacity,
     out = _plain
     reduce_time = latency + link_time / eff + 0.0 * b
     return dict(
-        bandwidth_bytes_per_s=out(bw), weight_bytes=w_total,
-        weight_read_bytes=out(step_bytes - kv_read - kv_write), kv_bytes_per_token=kv_tok,
-        kv_read_bytes=out(kv_read), kv_write_bytes=out(kv_write), step_bytes=out(step_bytes),
-        flops=out(flops), arithmetic_intensity=out(flops / step_bytes),
-        ridge_flops_per_byte=out(peak / bw), memory_time_s=out(memory_time),
-        compute_time_s=out(compute_time), step_time_s=out(step_time),
+        bandwidth_bytes_per_s=out(bw),
+        weight_bytes=w_total,
+        weight_read_bytes=out(step_bytes - kv_read - kv_write),
+        kv_bytes_per_token=kv_tok,
+        kv_read_bytes=out(kv_read),
+        kv_write_bytes=out(kv_write),
+        step_bytes=out(step_bytes),
+        flops=out(flops),
+        arithmetic_intensity=out(flops / step_bytes),
+        ridge_flops_per_byte=out(peak / bw),
+        memory_time_s=out(memory_time),
+        compute_time_s=out(compute_time),
+        step_time_s=out(step_time),
         bound=bound.item() if bound.ndim == 0 else bound,
         tokens_per_s=out(b * queries / step_time),
         tokens_per_s_per_sequence=out(queries / step_time),
-        kv_cache_bytes=out(kv_read), memory_needed_bytes=out(w_total + kv_read),
-        capacity_bytes=capacity, fits=out(np.asarray(w_total + kv_read <= capacity)),
+        kv_cache_bytes=out(kv_read),
+        memory_needed_bytes=out(w_total + kv_read),
+        capacity_bytes=capacity,
+        fits=out(np.asarray(w_total + kv_read <= capacity)),
         max_batch=out(np.floor(room / (np.maximum(attended, 1.0) * kv_tok)).astype(np.int64)),
         ceiling_step_time_s=out(ceiling + latency + link_time),
         efficiency_source="the sheet's bandwidth and FLOP/s x efficiency",
-        tensor_parallel=tp, allreduce_time_s=out(reduce_time),
-        allreduce_latency_s=out(latency + 0.0 * b), notes=notes,
+        tensor_parallel=tp,
+        allreduce_time_s=out(reduce_time),
+        allreduce_latency_s=out(latency + 0.0 * b),
+        notes=notes,
     )
 
 
 # ------------------------------------------------------------------------ prefill
+
 
 @dataclass(frozen=True)
 class Prefill(Result):
@@ -461,41 +568,81 @@ def prefill(
     """
     m, dev = get_model(model), get_device(hardware)
     wdt, kdt = _dtype(weight_dtype), _dtype(kv_dtype)
-    prompt = check_number("prompt_tokens", prompt_tokens, minimum=1, allow_equal_min=True,
-                          maximum=MAX_CONTEXT_TOKENS, integer=True)
-    cached = check_number("cached_tokens", cached_tokens, minimum=0, allow_equal_min=True,
-                          maximum=MAX_CONTEXT_TOKENS, integer=True)
-    batch = check_number("batch", batch, minimum=1, allow_equal_min=True, maximum=MAX_BATCH, integer=True)
+    prompt = check_number(
+        "prompt_tokens",
+        prompt_tokens,
+        minimum=1,
+        allow_equal_min=True,
+        maximum=MAX_CONTEXT_TOKENS,
+        integer=True,
+    )
+    cached = check_number(
+        "cached_tokens",
+        cached_tokens,
+        minimum=0,
+        allow_equal_min=True,
+        maximum=MAX_CONTEXT_TOKENS,
+        integer=True,
+    )
+    batch = check_number(
+        "batch", batch, minimum=1, allow_equal_min=True, maximum=MAX_BATCH, integer=True
+    )
     measured = _is_measured(efficiency)
     overrides = flops_per_s is not None or bandwidth_bytes_per_s is not None
     if measured and (overrides or not flash_attention):
-        raise KvlabError("efficiency 'measured' times FlashAttention kernels from their tables; "
-                         "flops_per_s, bandwidth_bytes_per_s and flash_attention=False "
-                         "do not apply")
+        raise KvlabError(
+            "efficiency 'measured' times FlashAttention kernels from their tables; "
+            "flops_per_s, bandwidth_bytes_per_s and flash_attention=False "
+            "do not apply"
+        )
     eff = 1.0 if measured else _check_efficiency(efficiency)
     p_arr, c_arr, b = (np.asarray(x, dtype=float) for x in (prompt, cached, batch))
     if np.any(c_arr > p_arr):
         bad = int(np.max(c_arr - p_arr))
-        raise KvlabError(f"cached_tokens cannot exceed prompt_tokens (by {bad:,} tokens here); "
-                         "a prefix hit covers at most the whole prompt")
+        raise KvlabError(
+            f"cached_tokens cannot exceed prompt_tokens (by {bad:,} tokens here); "
+            "a prefix hit covers at most the whole prompt"
+        )
     # the last prompt token is always computed (its logits give the first output token)
     c_arr = np.asarray(served_tokens(c_arr, p_arr), dtype=float)
     cached = int(c_arr) if c_arr.ndim == 0 else c_arr.astype(np.int64)
     n = p_arr - c_arr
-    peak = dev.peak_flops_per_s(wdt.compute) if flops_per_s is None else check_number(
-        "flops_per_s", flops_per_s, minimum=MIN_FLOPS_PER_S, allow_equal_min=True, maximum=MAX_FLOPS_PER_S)
-    bandwidth = dev.memory_bandwidth_bytes_per_s if bandwidth_bytes_per_s is None else check_number(
-        "bandwidth (bytes/s)", bandwidth_bytes_per_s, minimum=MIN_BANDWIDTH_BYTES_PER_S,
-        allow_equal_min=True, maximum=MAX_BANDWIDTH_BYTES_PER_S)
-    tp = 1 if type(tensor_parallel) is int and tensor_parallel == 1 else \
-        check_tensor_parallel(m, tensor_parallel)
+    peak = (
+        dev.peak_flops_per_s(wdt.compute)
+        if flops_per_s is None
+        else check_number(
+            "flops_per_s",
+            flops_per_s,
+            minimum=MIN_FLOPS_PER_S,
+            allow_equal_min=True,
+            maximum=MAX_FLOPS_PER_S,
+        )
+    )
+    bandwidth = (
+        dev.memory_bandwidth_bytes_per_s
+        if bandwidth_bytes_per_s is None
+        else check_number(
+            "bandwidth (bytes/s)",
+            bandwidth_bytes_per_s,
+            minimum=MIN_BANDWIDTH_BYTES_PER_S,
+            allow_equal_min=True,
+            maximum=MAX_BANDWIDTH_BYTES_PER_S,
+        )
+    )
+    tp = (
+        1
+        if type(tensor_parallel) is int and tensor_parallel == 1
+        else check_tensor_parallel(m, tensor_parallel)
+    )
     if tp == 1:
-        flops, bytes_moved, ceiling = _prefill_work(m, wdt, kdt, b, p_arr, c_arr, flash_attention,
-                                                    np.asarray(bandwidth), np.asarray(peak))
+        flops, bytes_moved, ceiling = _prefill_work(
+            m, wdt, kdt, b, p_arr, c_arr, flash_attention, np.asarray(bandwidth), np.asarray(peak)
+        )
         time_s = ceiling / eff
     else:
         flops, bytes_moved, ceiling, time_s = _prefill_parallel(
-            m, dev, wdt, kdt, batch, prompt, cached, flash_attention, tp, bandwidth, peak, eff)
+            m, dev, wdt, kdt, batch, prompt, cached, flash_attention, tp, bandwidth, peak, eff
+        )
     compute_time = np.where(n > 0, flops / (np.asarray(peak) * eff), 0.0)
     memory_time = np.where(n > 0, bytes_moved / (np.asarray(bandwidth) * eff), 0.0)
     source = "the sheet's bandwidth and FLOP/s x efficiency"
@@ -505,11 +652,19 @@ def prefill(
         time_s, source = measured_prefill_time(m, dev, wdt, kdt, batch, prompt, cached, tp)
     bound = np.where(compute_time >= memory_time, "compute", "memory")
     return Prefill(
-        batch=batch, prompt_tokens=prompt, cached_tokens=cached, computed_tokens=_out(n),
-        flops=_out(flops), bytes_moved=_out(np.asarray(bytes_moved)),
-        compute_time_s=_out(compute_time), memory_time_s=_out(memory_time),
-        time_s=_out(time_s), bound=bound.item() if bound.ndim == 0 else bound,
-        ttft_s=_out(time_s), ceiling_time_s=_out(ceiling), efficiency_source=source,
+        batch=batch,
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+        computed_tokens=_out(n),
+        flops=_out(flops),
+        bytes_moved=_out(np.asarray(bytes_moved)),
+        compute_time_s=_out(compute_time),
+        memory_time_s=_out(memory_time),
+        time_s=_out(time_s),
+        bound=bound.item() if bound.ndim == 0 else bound,
+        ttft_s=_out(time_s),
+        ceiling_time_s=_out(ceiling),
+        efficiency_source=source,
     )
 
 
@@ -523,20 +678,32 @@ def _prefill_work(m, wdt, kdt, b, prompt, cached, flash, bandwidth, peak) -> tup
     flops = b * (2.0 * active * n + m.attention_flops_per_cached_token * pairs)
     attention_bytes = b * (cached + n) * kv_bytes_per_token(m, kdt)
     if not flash:
-        attention_bytes = attention_bytes + b * (m.num_heads * m.num_layers) * pairs \
-            * NAIVE_ATTENTION_PASSES * SCORE_BYTES
+        attention_bytes = (
+            attention_bytes
+            + b * (m.num_heads * m.num_layers) * pairs * NAIVE_ATTENTION_PASSES * SCORE_BYTES
+        )
     w_read = weight_read_bytes(m, b * np.maximum(n, 1), wdt)
     dense_w = p.streamed_dense * wdt.bytes_per_element
-    ceiling = np.where(n > 0, _ceiling(((dense_w, b * 2.0 * p.streamed_dense * n),
-                                        (w_read - dense_w,
-                                         b * 2.0 * (active - p.streamed_dense) * n),
-                                        (attention_bytes, attention_flops)),
-                                       bandwidth, peak, False), 0.0)
+    ceiling = np.where(
+        n > 0,
+        _ceiling(
+            (
+                (dense_w, b * 2.0 * p.streamed_dense * n),
+                (w_read - dense_w, b * 2.0 * (active - p.streamed_dense) * n),
+                (attention_bytes, attention_flops),
+            ),
+            bandwidth,
+            peak,
+            False,
+        ),
+        0.0,
+    )
     return flops, w_read + attention_bytes, ceiling
 
 
-def _prefill_parallel(m, dev, wdt, kdt, batch, prompt, cached, flash, tp, bandwidth, peak,
-                      eff) -> tuple:
+def _prefill_parallel(
+    m, dev, wdt, kdt, batch, prompt, cached, flash, tp, bandwidth, peak, eff
+) -> tuple:
     """(FLOPs, bytes, ceiling, time) of a prefill per GPU at tensor-parallel `tp`, from its
     operators: each GPU's share of the work plus the all-reduces of batch x new tokens."""
     ops = prefill_operators(m, batch, prompt, cached, wdt, kdt, flash, tp)
@@ -545,11 +712,16 @@ def _prefill_parallel(m, dev, wdt, kdt, batch, prompt, cached, flash, tp, bandwi
     reduce = next(op for op in ops if op.kind == "allreduce")
     latency, link_time = allreduce_s(reduce, link.bandwidth_bytes_per_s, link.latency_s)
     work = ceiling_s(local, np.asarray(bandwidth), np.asarray(peak))
-    return (sum(op.flops for op in local), np.asarray(sum(op.bytes for op in local)),
-            work + latency + link_time, work / eff + latency + link_time / eff)
+    return (
+        sum(op.flops for op in local),
+        np.asarray(sum(op.bytes for op in local)),
+        work + latency + link_time,
+        work / eff + latency + link_time / eff,
+    )
 
 
 # --------------------------------------------------------------------- memory fit
+
 
 @dataclass(frozen=True)
 class MemoryFit(Result):
@@ -576,8 +748,16 @@ def memory_fit(
 ) -> MemoryFit:
     """Does weights + batch x context of KV fit; the largest batch and the longest context
     that do (per GPU at `tensor_parallel` N: each holds its share of weights and KV)."""
-    step = decode_step(model, hardware, batch, context, weight_dtype, kv_dtype,
-                       capacity_bytes=capacity_bytes, tensor_parallel=tensor_parallel)
+    step = decode_step(
+        model,
+        hardware,
+        batch,
+        context,
+        weight_dtype,
+        kv_dtype,
+        capacity_bytes=capacity_bytes,
+        tensor_parallel=tensor_parallel,
+    )
     m = get_model(model)
     room = np.maximum(step.capacity_bytes - step.weight_bytes, 0.0)
     max_context = np.floor(room / (np.asarray(step.batch, dtype=float) * step.kv_bytes_per_token))
@@ -585,9 +765,13 @@ def memory_fit(
         window_fits = np.asarray(step.batch) * m.sliding_window * step.kv_bytes_per_token <= room
         max_context = np.where(window_fits, np.inf, max_context)
     return MemoryFit(
-        weight_bytes=step.weight_bytes, kv_cache_bytes=step.kv_cache_bytes,
-        needed_bytes=step.memory_needed_bytes, capacity_bytes=step.capacity_bytes,
-        fits=step.fits, max_batch=step.max_batch, max_context=_out(max_context),
+        weight_bytes=step.weight_bytes,
+        kv_cache_bytes=step.kv_cache_bytes,
+        needed_bytes=step.memory_needed_bytes,
+        capacity_bytes=step.capacity_bytes,
+        fits=step.fits,
+        max_batch=step.max_batch,
+        max_context=_out(max_context),
     )
 
 

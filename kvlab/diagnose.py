@@ -6,6 +6,7 @@ bound applies, how far the measurement is from the ceiling, whether weights or K
 dominate the bytes, and what to try, with the numbers behind every line. Every number
 comes from kvlab.cost and kvlab.tiers.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -51,8 +52,11 @@ class Diagnosis:
         return self.fit is None or bool(self.fit.numbers["fits"])
 
     def to_dict(self) -> dict:
-        out = {"bound": self.bound, "fits": self.fits,
-               "findings": [jsonable(asdict(f)) for f in self.findings]}
+        out = {
+            "bound": self.bound,
+            "fits": self.fits,
+            "findings": [jsonable(asdict(f)) for f in self.findings],
+        }
         if self.fit is not None:
             out["fit"] = jsonable(asdict(self.fit))
         return out
@@ -85,23 +89,40 @@ class _Inputs:
 
 
 def _bandwidth(name: str, value) -> float:
-    return check_number(name, value, minimum=cost.MIN_BANDWIDTH_BYTES_PER_S, allow_equal_min=True,
-                        maximum=cost.MAX_BANDWIDTH_BYTES_PER_S)
+    return check_number(
+        name,
+        value,
+        minimum=cost.MIN_BANDWIDTH_BYTES_PER_S,
+        allow_equal_min=True,
+        maximum=cost.MAX_BANDWIDTH_BYTES_PER_S,
+    )
 
 
-def _check_inputs(model, hardware, batch, context, measured_tokens_per_s, weight_dtype, kv_dtype,
-                  measured_bandwidth_bytes_per_s, kv_tier, network,
-                  kv_bytes_per_request) -> _Inputs:
+def _check_inputs(
+    model,
+    hardware,
+    batch,
+    context,
+    measured_tokens_per_s,
+    weight_dtype,
+    kv_dtype,
+    measured_bandwidth_bytes_per_s,
+    kv_tier,
+    network,
+    kv_bytes_per_request,
+) -> _Inputs:
     from . import tiers
 
     m, dev = get_model(model), get_device(hardware)
     measured = check_number("measured tokens/s", measured_tokens_per_s, maximum=1e9)
     if measured_bandwidth_bytes_per_s is not None:
-        measured_bandwidth_bytes_per_s = _bandwidth("measured bandwidth (bytes/s)",
-                                                    measured_bandwidth_bytes_per_s)
+        measured_bandwidth_bytes_per_s = _bandwidth(
+            "measured bandwidth (bytes/s)", measured_bandwidth_bytes_per_s
+        )
     if not isinstance(kv_tier, str):
-        raise KvlabError(f"kv_tier must be a placement name such as hbm or host-pcie5, "
-                         f"got {kv_tier!r}")
+        raise KvlabError(
+            f"kv_tier must be a placement name such as hbm or host-pcie5, got {kv_tier!r}"
+        )
     if kv_tier.lower() != tiers.HBM:
         tiers.get_placement(kv_tier)
     bandwidth = None
@@ -110,14 +131,28 @@ def _check_inputs(model, hardware, batch, context, measured_tokens_per_s, weight
     elif network is not None:
         bandwidth = _bandwidth("network bandwidth (bytes/s)", network)
     if kv_bytes_per_request is not None:
-        kv_bytes_per_request = check_number("KV bytes per request", kv_bytes_per_request,
-                                            maximum=1e15)
+        kv_bytes_per_request = check_number(
+            "KV bytes per request", kv_bytes_per_request, maximum=1e15
+        )
     if (bandwidth is None) != (kv_bytes_per_request is None):
-        raise KvlabError("the network check needs both the network bandwidth and the KV bytes "
-                         "each request sends (--network and --kv-bytes-per-request); give both "
-                         "or neither")
-    return _Inputs(m, dev, batch, context, measured, weight_dtype, kv_dtype,
-                   measured_bandwidth_bytes_per_s, kv_tier, bandwidth, kv_bytes_per_request)
+        raise KvlabError(
+            "the network check needs both the network bandwidth and the KV bytes "
+            "each request sends (--network and --kv-bytes-per-request); give both "
+            "or neither"
+        )
+    return _Inputs(
+        m,
+        dev,
+        batch,
+        context,
+        measured,
+        weight_dtype,
+        kv_dtype,
+        measured_bandwidth_bytes_per_s,
+        kv_tier,
+        bandwidth,
+        kv_bytes_per_request,
+    )
 
 
 def diagnose(
@@ -143,38 +178,65 @@ def diagnose(
     neither). A deployment that does not fit in memory is said so first (step 0), and
     its bound is "memory capacity".
     """
-    d = _check_inputs(model, hardware, batch, context, measured_tokens_per_s, weight_dtype,
-                      kv_dtype, measured_bandwidth_bytes_per_s, kv_tier,
-                      network_bandwidth_bytes_per_s, kv_bytes_per_request)
+    d = _check_inputs(
+        model,
+        hardware,
+        batch,
+        context,
+        measured_tokens_per_s,
+        weight_dtype,
+        kv_dtype,
+        measured_bandwidth_bytes_per_s,
+        kv_tier,
+        network_bandwidth_bytes_per_s,
+        kv_bytes_per_request,
+    )
     step = cost.decode_step(d.model, d.device, d.batch, d.context, d.weight_dtype, d.kv_dtype)
     fit = _memory_fit(d, step)
     throughput = _memory_throughput(d, step)
     tier, tier_bound, tiered = _kv_tier(d)
-    findings = [throughput, _ceiling(d, step, tiered), _weights_or_kv(d, step), tier, _network(d, step)]
+    findings = [
+        throughput,
+        _ceiling(d, step, tiered),
+        _weights_or_kv(d, step),
+        tier,
+        _network(d, step),
+    ]
     bound = _bound(step, throughput, tier_bound, findings[4])
     return Diagnosis("memory capacity" if not fit.numbers["fits"] else bound, findings, fit)
 
 
 def _memory_fit(d: _Inputs, step) -> Finding:
     """0. Weights plus every sequence's KV against the device's memory."""
-    numbers = {"fits": bool(step.fits), "needed_bytes": step.memory_needed_bytes,
-               "capacity_bytes": step.capacity_bytes, "weight_bytes": step.weight_bytes,
-               "kv_cache_bytes": step.kv_cache_bytes, "max_batch": int(step.max_batch)}
+    numbers = {
+        "fits": bool(step.fits),
+        "needed_bytes": step.memory_needed_bytes,
+        "capacity_bytes": step.capacity_bytes,
+        "weight_bytes": step.weight_bytes,
+        "kv_cache_bytes": step.kv_cache_bytes,
+        "max_batch": int(step.max_batch),
+    }
     needed, capacity = fmt.si(step.memory_needed_bytes, "B"), fmt.si(step.capacity_bytes, "B")
     if step.fits:
         return Finding(0, "memory fit", f"{needed} of {capacity}: fits", numbers)
-    verdict = (f"does NOT fit: {needed} needed (weights {fmt.si(step.weight_bytes, 'B')}, KV "
-               f"{fmt.si(step.kv_cache_bytes, 'B')}), the {d.device.name} has {capacity}; this "
-               "deployment cannot run as described, so the steps below say what it would do if "
-               "it could")
+    verdict = (
+        f"does NOT fit: {needed} needed (weights {fmt.si(step.weight_bytes, 'B')}, KV "
+        f"{fmt.si(step.kv_cache_bytes, 'B')}), the {d.device.name} has {capacity}; this "
+        "deployment cannot run as described, so the steps below say what it would do if "
+        "it could"
+    )
     if step.weight_bytes >= step.capacity_bytes:
         int4 = fmt.si(cost.weight_bytes(d.model, "int4"), "B")
-        advice = [f"the weights alone exceed the memory: quantize them (int4: {int4}), or split "
-                  "the model over more devices"]
+        advice = [
+            f"the weights alone exceed the memory: quantize them (int4: {int4}), or split "
+            "the model over more devices"
+        ]
     else:
-        advice = [f"at a context of {fmt.fixed(d.context, 0)} tokens at most "
-                  f"{fmt.fixed(step.max_batch, 0)} sequences fit beside the weights: lower the "
-                  "batch or the context, or quantize the KV cache"]
+        advice = [
+            f"at a context of {fmt.fixed(d.context, 0)} tokens at most "
+            f"{fmt.fixed(step.max_batch, 0)} sequences fit beside the weights: lower the "
+            "batch or the context, or quantize the KV cache"
+        ]
     return Finding(0, "memory fit", verdict, numbers, advice)
 
 
@@ -182,35 +244,51 @@ def _memory_throughput(d: _Inputs, step) -> Finding:
     """1. Memory throughput utilisation: a profiler's figure (kernels only) if given, else
     the wall-clock figure tokens/s x bytes per step (which is step 2's fraction again)."""
     steps_per_s = d.measured_tokens_per_s / step.batch
-    wall = check_number("measured bandwidth (bytes/s)", steps_per_s * step.step_bytes,
-                        maximum=cost.MAX_BANDWIDTH_BYTES_PER_S)
+    wall = check_number(
+        "measured bandwidth (bytes/s)",
+        steps_per_s * step.step_bytes,
+        maximum=cost.MAX_BANDWIDTH_BYTES_PER_S,
+    )
     peak = d.device.memory_bandwidth_bytes_per_s
     measured = d.measured_bandwidth_bytes_per_s
     achieved = measured if measured is not None else wall
     utilisation = achieved / peak
-    numbers = {"achieved_bytes_per_s": achieved, "peak_bytes_per_s": peak, "utilisation": utilisation,
-               "wall_clock_bytes_per_s": wall,
-               "source": "as measured (a profiler)" if measured is not None
-               else "inferred from tokens/s x bytes per step"}
+    numbers = {
+        "achieved_bytes_per_s": achieved,
+        "peak_bytes_per_s": peak,
+        "utilisation": utilisation,
+        "wall_clock_bytes_per_s": wall,
+        "source": "as measured (a profiler)"
+        if measured is not None
+        else "inferred from tokens/s x bytes per step",
+    }
     advice = []
     if measured is None:
-        advice.append("inferred from tokens/s, this repeats step 2: a profiler's memory throughput "
-                      "(Nsight Compute dram__throughput) tells slow kernels from gaps between them")
+        advice.append(
+            "inferred from tokens/s, this repeats step 2: a profiler's memory throughput "
+            "(Nsight Compute dram__throughput) tells slow kernels from gaps between them"
+        )
     busy = min(wall / achieved, 1.0) if measured is not None else 1.0
     numbers["busy_share"] = busy
     if step.bound == "compute":
         verdict = "the step is compute-bound at this batch: memory throughput is not the limit"
     elif utilisation >= BANDWIDTH_BOUND_UTILISATION and busy < BUSY_SHARE_FOR_GAPS:
-        verdict = (f"kernels stream at {fmt.percent(utilisation)} of peak bandwidth while they run, but "
-                   f"the wall clock moves only {fmt.percent(wall / peak)}: about {fmt.percent(1 - busy)} "
-                   "of each step no kernel is reading memory")
-        advice.append("the gaps are launches and host work (scheduling, sampling, Python): capture the "
-                      "step in a CUDA graph, overlap the scheduler with the GPU, fuse small kernels")
+        verdict = (
+            f"kernels stream at {fmt.percent(utilisation)} of peak bandwidth while they run, but "
+            f"the wall clock moves only {fmt.percent(wall / peak)}: about {fmt.percent(1 - busy)} "
+            "of each step no kernel is reading memory"
+        )
+        advice.append(
+            "the gaps are launches and host work (scheduling, sampling, Python): capture the "
+            "step in a CUDA graph, overlap the scheduler with the GPU, fuse small kernels"
+        )
     elif utilisation >= BANDWIDTH_BOUND_UTILISATION:
         verdict = f"{fmt.percent(utilisation)} of peak memory bandwidth: bandwidth-bound"
     elif utilisation <= LOW_UTILISATION:
-        verdict = (f"only {fmt.percent(utilisation)} of peak memory bandwidth: the time goes "
-                   "elsewhere (scheduling, waiting, launch overheads, a slow KV tier)")
+        verdict = (
+            f"only {fmt.percent(utilisation)} of peak memory bandwidth: the time goes "
+            "elsewhere (scheduling, waiting, launch overheads, a slow KV tier)"
+        )
     else:
         verdict = f"{fmt.percent(utilisation)} of peak memory bandwidth: partly bandwidth-bound"
     return Finding(1, "memory throughput", verdict, numbers, advice)
@@ -226,57 +304,92 @@ def _ceiling(d: _Inputs, step, tiered) -> Finding:
     if tiered is not None:
         limit = f"{limit} (KV read from {tiered.placement})"
     if fraction > 1.02:
-        verdict = (f"{rate} tokens/s is above the {limit} tokens/s that the hardware allows for "
-                   "these settings")
-        advice = ["the settings do not describe what ran: check the dtypes (an fp8 or int4 "
-                  "model?), the batch, the context and the device"]
+        verdict = (
+            f"{rate} tokens/s is above the {limit} tokens/s that the hardware allows for "
+            "these settings"
+        )
+        advice = [
+            "the settings do not describe what ran: check the dtypes (an fp8 or int4 "
+            "model?), the batch, the context and the device"
+        ]
     elif fraction >= CLOSE_TO_CEILING:
         verdict = f"{rate} tokens/s is {fmt.percent(fraction)} of the {limit} ceiling"
-        advice = ["stop tuning the scheduler: only fewer bytes per step (or a faster memory) "
-                  "will help"]
+        advice = [
+            "stop tuning the scheduler: only fewer bytes per step (or a faster memory) will help"
+        ]
     else:
-        verdict = (f"{rate} tokens/s is {fmt.percent(fraction)} of the {limit} ceiling: there "
-                   "is headroom before physics stops you")
-        advice = ["look for stalls first: preemption, host overheads, small kernels, KV outside "
-                  "HBM"]
-    return Finding(2, "distance to the ceiling", verdict,
-                   {"ceiling_tokens_per_s": ceiling, "fraction_of_ceiling": fraction,
-                    "hbm_ceiling_tokens_per_s": step.tokens_per_s,
-                    "step_bytes": step.step_bytes, "step_time_s": step.step_time_s}, advice)
+        verdict = (
+            f"{rate} tokens/s is {fmt.percent(fraction)} of the {limit} ceiling: there "
+            "is headroom before physics stops you"
+        )
+        advice = [
+            "look for stalls first: preemption, host overheads, small kernels, KV outside HBM"
+        ]
+    return Finding(
+        2,
+        "distance to the ceiling",
+        verdict,
+        {
+            "ceiling_tokens_per_s": ceiling,
+            "fraction_of_ceiling": fraction,
+            "hbm_ceiling_tokens_per_s": step.tokens_per_s,
+            "step_bytes": step.step_bytes,
+            "step_time_s": step.step_time_s,
+        },
+        advice,
+    )
 
 
 def _weights_or_kv(d: _Inputs, step) -> Finding:
     """3. Whether weights or KV dominate the bytes, and where the batch knee is."""
     m, dev, ceiling = d.model, d.device, step.tokens_per_s
     kv_share = step.kv_read_bytes / step.step_bytes
-    grid = cost.decode_step(m, dev, np.array(BATCH_GRID, dtype=float), d.context,
-                            d.weight_dtype, d.kv_dtype)
+    grid = cost.decode_step(
+        m, dev, np.array(BATCH_GRID, dtype=float), d.context, d.weight_dtype, d.kv_dtype
+    )
     knee = float(BATCH_GRID[cost.batch_knee(grid)])
     advice = []
     if kv_share < 0.5:
         verdict = f"weights are {fmt.percent(1 - kv_share)} of the bytes"
         if d.weight_dtype not in ("int4",):
             q = cost.decode_step(m, dev, d.batch, d.context, "int4", d.kv_dtype)
-            advice.append(f"quantize the weights to int4: ceiling {fmt.rate(q.tokens_per_s)} "
-                          f"tokens/s ({fmt.sig(q.tokens_per_s / ceiling, 3)}x)")
+            advice.append(
+                f"quantize the weights to int4: ceiling {fmt.rate(q.tokens_per_s)} "
+                f"tokens/s ({fmt.sig(q.tokens_per_s / ceiling, 3)}x)"
+            )
     else:
         verdict = f"the KV history is {fmt.percent(kv_share)} of the bytes"
         if d.kv_dtype not in ("fp8", "int8", "int4"):
             q = cost.decode_step(m, dev, d.batch, d.context, d.weight_dtype, "fp8")
-            advice.append(f"quantize the KV cache to fp8: ceiling {fmt.rate(q.tokens_per_s)} "
-                          f"tokens/s ({fmt.sig(q.tokens_per_s / ceiling, 3)}x)")
+            advice.append(
+                f"quantize the KV cache to fp8: ceiling {fmt.rate(q.tokens_per_s)} "
+                f"tokens/s ({fmt.sig(q.tokens_per_s / ceiling, 3)}x)"
+            )
     if d.batch < knee and step.bound == "memory":
         at_knee = cost.decode_step(m, dev, knee, d.context, d.weight_dtype, d.kv_dtype)
         fits = "fits" if at_knee.fits else "does not fit in memory"
-        advice.append(f"raise the batch towards the knee at {fmt.fixed(knee, 0)}: "
-                      f"{fmt.rate(at_knee.tokens_per_s)} tokens/s at a TPOT of "
-                      f"{fmt.seconds(at_knee.step_time_s)} ({fits})")
+        advice.append(
+            f"raise the batch towards the knee at {fmt.fixed(knee, 0)}: "
+            f"{fmt.rate(at_knee.tokens_per_s)} tokens/s at a TPOT of "
+            f"{fmt.seconds(at_knee.step_time_s)} ({fits})"
+        )
     elif d.batch > knee:
-        advice.append(f"the batch is past the knee ({fmt.fixed(knee, 0)}): more sequences "
-                      "mostly add KV traffic and TPOT; watch the tail")
-    return Finding(3, "weights or KV", verdict,
-                   {"weight_bytes": step.weight_read_bytes, "kv_read_bytes": step.kv_read_bytes,
-                    "kv_share": kv_share, "knee_batch": knee}, advice)
+        advice.append(
+            f"the batch is past the knee ({fmt.fixed(knee, 0)}): more sequences "
+            "mostly add KV traffic and TPOT; watch the tail"
+        )
+    return Finding(
+        3,
+        "weights or KV",
+        verdict,
+        {
+            "weight_bytes": step.weight_read_bytes,
+            "kv_read_bytes": step.kv_read_bytes,
+            "kv_share": kv_share,
+            "knee_batch": knee,
+        },
+        advice,
+    )
 
 
 def _kv_tier(d: _Inputs) -> tuple[Finding, str | None, object]:
@@ -284,16 +397,36 @@ def _kv_tier(d: _Inputs) -> tuple[Finding, str | None, object]:
     from . import tiers
 
     if d.kv_tier.lower() == tiers.HBM:
-        return Finding(4, "KV storage tier", "the KV is read from HBM", {"tier": tiers.HBM}), None, None
-    t = tiers.tiered_decode_step(d.model, d.device, d.batch, d.context, d.kv_tier,
-                                 weight_dtype=d.weight_dtype, kv_dtype=d.kv_dtype)
-    verdict = (f"KV read every step from {t.placement}: {fmt.rate(t.tokens_per_s)} tokens/s "
-               f"against {fmt.rate(t.hbm_tokens_per_s)} with the KV in HBM "
-               f"({fmt.sig(t.slowdown, 3)}x slower)")
-    numbers = {"tier": t.placement, "tier_bytes": t.tier_bytes, "tokens_per_s": t.tokens_per_s,
-               "hbm_tokens_per_s": t.hbm_tokens_per_s, "slowdown": t.slowdown}
-    advice = ["move the KV into HBM before decode (one transfer), prefetch the next batch's KV "
-              "while computing, and count hits by the tier that served them"]
+        return (
+            Finding(4, "KV storage tier", "the KV is read from HBM", {"tier": tiers.HBM}),
+            None,
+            None,
+        )
+    t = tiers.tiered_decode_step(
+        d.model,
+        d.device,
+        d.batch,
+        d.context,
+        d.kv_tier,
+        weight_dtype=d.weight_dtype,
+        kv_dtype=d.kv_dtype,
+    )
+    verdict = (
+        f"KV read every step from {t.placement}: {fmt.rate(t.tokens_per_s)} tokens/s "
+        f"against {fmt.rate(t.hbm_tokens_per_s)} with the KV in HBM "
+        f"({fmt.sig(t.slowdown, 3)}x slower)"
+    )
+    numbers = {
+        "tier": t.placement,
+        "tier_bytes": t.tier_bytes,
+        "tokens_per_s": t.tokens_per_s,
+        "hbm_tokens_per_s": t.hbm_tokens_per_s,
+        "slowdown": t.slowdown,
+    }
+    advice = [
+        "move the KV into HBM before decode (one transfer), prefetch the next batch's KV "
+        "while computing, and count hits by the tier that served them"
+    ]
     return Finding(4, "KV storage tier", verdict, numbers, advice), t.bound, t
 
 
@@ -302,18 +435,31 @@ def _network(d: _Inputs, step) -> Finding:
     from . import tiers
 
     if d.network_bytes_per_s is None:
-        return Finding(5, "network",
-                       "not checked (give the network bandwidth and KV bytes per request)")
+        return Finding(
+            5, "network", "not checked (give the network bandwidth and KV bytes per request)"
+        )
     moved = d.kv_bytes_per_request
     transfer = tiers.transfer_time_s(moved, d.network_bytes_per_s)
     per_step = transfer / step.step_time_s
-    verdict = (f"{fmt.si(moved, 'B')} per request takes {fmt.seconds(transfer)} over the "
-               f"network, {fmt.sig(per_step, 3)} decode steps' worth")
-    advice = ["overlap the transfer with prefill layer by layer so it leaves the critical path",
-              "never read KV over the network every step: pull it into the decode node's HBM once"]
-    return Finding(5, "network", verdict,
-                   {"transfer_s": transfer, "network_bytes_per_s": d.network_bytes_per_s,
-                    "transfer_in_decode_steps": per_step}, advice)
+    verdict = (
+        f"{fmt.si(moved, 'B')} per request takes {fmt.seconds(transfer)} over the "
+        f"network, {fmt.sig(per_step, 3)} decode steps' worth"
+    )
+    advice = [
+        "overlap the transfer with prefill layer by layer so it leaves the critical path",
+        "never read KV over the network every step: pull it into the decode node's HBM once",
+    ]
+    return Finding(
+        5,
+        "network",
+        verdict,
+        {
+            "transfer_s": transfer,
+            "network_bytes_per_s": d.network_bytes_per_s,
+            "transfer_in_decode_steps": per_step,
+        },
+        advice,
+    )
 
 
 def _bound(step, throughput: Finding, tier_bound: str | None, network: Finding) -> str:

@@ -4,6 +4,7 @@ A dtype is named as `fp16`, `int4`, ... or with a quantization group as `int4-g1
 every 128 elements share one scale of `scale_bytes` (fp16 by default), which adds
 `scale_bytes / group` bytes per element (int4-g128: 0.5 + 2/128 = 0.515625 bytes).
 """
+
 from __future__ import annotations
 
 import re
@@ -60,7 +61,12 @@ def parse_dtype(name: str | DType) -> DType:
         return name
     match = _NAME.match(str(name).strip().lower())
     if not match or match["base"] not in BITS_PER_ELEMENT:
-        raise unknown_name("dtype", name, BITS_PER_ELEMENT, also="a 4/8-bit dtype with a scale group such as int4-g128")
+        raise unknown_name(
+            "dtype",
+            name,
+            BITS_PER_ELEMENT,
+            also="a 4/8-bit dtype with a scale group such as int4-g128",
+        )
     group = match["group"]
     if group is not None:
         group = int(group)

@@ -4,6 +4,7 @@ The CLI turns a `KvlabError` into one line on stderr and exit status 2; the API 
 propagate. Every check names the quantity, the value it got and what would be valid, so
 the message alone tells the user what to fix.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -43,7 +44,9 @@ def check_number(
         try:
             v = float(value)
         except OverflowError:  # an int too big for a float
-            raise KvlabError(f"{name} must be <= {maximum:g}, got a {len(str(value))}-digit number") from None
+            raise KvlabError(
+                f"{name} must be <= {maximum:g}, got a {len(str(value))}-digit number"
+            ) from None
         requirement = None
         if not math.isfinite(v):
             requirement = "a finite number"
@@ -81,4 +84,3 @@ def check_number(
     if arr.ndim == 0:
         return int(arr) if integer else float(arr)
     return arr.astype(np.int64) if integer else arr
-

@@ -6,6 +6,7 @@ sides print the same text. Rounding is half away from zero on the exact binary v
 (what JavaScript's toFixed does), and magnitudes are found with IEEE multiply/divide
 only, so Python and JavaScript agree digit for digit.
 """
+
 from __future__ import annotations
 
 import math

@@ -1,5 +1,6 @@
 """The value grids the book evaluates: what the static pages' sliders offer, what the
 figures sweep, and what the labs' exercises refer to ("the knee on the batch grid")."""
+
 from __future__ import annotations
 
 BATCH_GRID = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)

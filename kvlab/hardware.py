@@ -4,6 +4,7 @@ Everything is converted to SI bytes, bytes/s and FLOP/s here, once: links are so
 bits or transfers per second, and a bits-vs-bytes slip is the commonest bug of this
 domain's calculators. `Tier.derivation` keeps the conversion readable.
 """
+
 from __future__ import annotations
 
 import tomllib
@@ -97,8 +98,15 @@ def _catalogue() -> tuple[dict[str, Device], dict[str, Tier]]:
     tiers = {}
     for name, e in raw["tiers"].items():
         bandwidth, derivation = _tier_bandwidth(name, e)
-        tiers[name] = Tier(name, e["kind"], bandwidth, derivation, e["example"], e["source"],
-                           e.get("allreduce_measured_on"))
+        tiers[name] = Tier(
+            name,
+            e["kind"],
+            bandwidth,
+            derivation,
+            e["example"],
+            e["source"],
+            e.get("allreduce_measured_on"),
+        )
     for d in devices.values():
         if d.gpu_link is not None and d.gpu_link not in tiers:
             raise KvlabError(f"hardware catalogue: {d.name}'s gpu_link {d.gpu_link!r} is no tier")

@@ -4,6 +4,7 @@ numpy scalars and arrays become plain Python; inf and NaN become None (JSON has 
 infinity: null means "unbounded" or "not measured" as the field's docs say); floats may be
 rounded to `digits` significant digits (simulation outputs do not carry 17).
 """
+
 from __future__ import annotations
 
 import math

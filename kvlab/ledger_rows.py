@@ -3,6 +3,7 @@
 Kept apart from `kvlab.operators` (what a step consists of) and `kvlab.cost` (its totals)
 because it needs both and the measured tables.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -15,9 +16,18 @@ from .operators import ceiling_s, decode_operators
 from .parallel import allreduce_link
 
 
-def operator_table(model, hardware, batch=1, context=4096, weight_dtype="fp16", kv_dtype="fp16",
-                   efficiency=1.0, bandwidth_bytes_per_s=None, tensor_parallel=1,
-                   speculative_tokens=0) -> list[dict]:
+def operator_table(
+    model,
+    hardware,
+    batch=1,
+    context=4096,
+    weight_dtype="fp16",
+    kv_dtype="fp16",
+    efficiency=1.0,
+    bandwidth_bytes_per_s=None,
+    tensor_parallel=1,
+    speculative_tokens=0,
+) -> list[dict]:
     """One decode step's operators as rows: calls, bytes, FLOPs, ceiling time (at the
     bandwidth in use, efficiency 1) and, with `efficiency="measured"`, the measured time,
     the table it came from and whether the ceiling floored it. Per GPU at
@@ -26,19 +36,30 @@ def operator_table(model, hardware, batch=1, context=4096, weight_dtype="fp16", 
     k = int(speculative_tokens)
     args = (model, hardware, batch, context) + ((k,) if k else ())
     step = (verify_step if k else decode_step)(
-        *args, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
-        bandwidth_bytes_per_s=bandwidth_bytes_per_s, efficiency=efficiency,
-        tensor_parallel=tensor_parallel)
+        *args,
+        weight_dtype=weight_dtype,
+        kv_dtype=kv_dtype,
+        bandwidth_bytes_per_s=bandwidth_bytes_per_s,
+        efficiency=efficiency,
+        tensor_parallel=tensor_parallel,
+    )
     m, dev = get_model(model), get_device(hardware)
     wdt, kdt = parse_dtype(weight_dtype), parse_dtype(kv_dtype)
     tp = step.tensor_parallel
     peak = dev.peak_flops_per_s(wdt.compute)
     link = allreduce_link(dev, tp) if tp > 1 else None
     link_args = (link.bandwidth_bytes_per_s, link.latency_s) if link else ()
-    rows = [dict(name=op.name, kind=op.kind, calls=op.calls, bytes=float(op.bytes),
-                 flops=float(op.flops),
-                 ceiling_s=float(ceiling_s([op], step.bandwidth_bytes_per_s, peak, *link_args)))
-            for op in decode_operators(m, step.batch, step.context, wdt, kdt, tp, k + 1)]
+    rows = [
+        dict(
+            name=op.name,
+            kind=op.kind,
+            calls=op.calls,
+            bytes=float(op.bytes),
+            flops=float(op.flops),
+            ceiling_s=float(ceiling_s([op], step.bandwidth_bytes_per_s, peak, *link_args)),
+        )
+        for op in decode_operators(m, step.batch, step.context, wdt, kdt, tp, k + 1)
+    ]
     if step.efficiency == "measured":
         from .measured import kernels
 
@@ -46,6 +67,7 @@ def operator_table(model, hardware, batch=1, context=4096, weight_dtype="fp16", 
         timed = {op.name: op for op in timed}
         for row in rows:
             op = timed[row["name"]]
-            row.update(measured_s=float(op.measured_s), how=op.how,
-                       at_ceiling=bool(np.all(op.at_ceiling)))
+            row.update(
+                measured_s=float(op.measured_s), how=op.how, at_ceiling=bool(np.all(op.at_ceiling))
+            )
     return rows

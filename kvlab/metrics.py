@@ -14,6 +14,7 @@ still shows a good TPOT; its ITL tail shows the stall. That is why both are repo
 Token timestamps come either as a list of 1-D arrays (one per request) or as a flat
 array plus `offsets` (CSR: request i owns flat[offsets[i]:offsets[i+1]]).
 """
+
 from __future__ import annotations
 
 import math
@@ -31,11 +32,20 @@ DEFAULT_TBT_SLO_S = 0.1
 TBT_STATS = ("mean", "p90", "p99", "max")
 DEFAULT_TBT_STAT = "p90"
 
-REQUEST_DTYPE = np.dtype([
-    ("arrival_s", "f8"), ("first_token_s", "f8"), ("finish_s", "f8"), ("tokens", "i8"),
-    ("ttft_s", "f8"), ("tpot_s", "f8"), ("e2e_s", "f8"),
-    ("itl_p90_s", "f8"), ("itl_p99_s", "f8"), ("itl_max_s", "f8"),
-])
+REQUEST_DTYPE = np.dtype(
+    [
+        ("arrival_s", "f8"),
+        ("first_token_s", "f8"),
+        ("finish_s", "f8"),
+        ("tokens", "i8"),
+        ("ttft_s", "f8"),
+        ("tpot_s", "f8"),
+        ("e2e_s", "f8"),
+        ("itl_p90_s", "f8"),
+        ("itl_p99_s", "f8"),
+        ("itl_max_s", "f8"),
+    ]
+)
 
 
 def token_csr(token_times, offsets=None) -> tuple[np.ndarray, np.ndarray]:
@@ -49,8 +59,15 @@ def token_csr(token_times, offsets=None) -> tuple[np.ndarray, np.ndarray]:
         return flat, offsets
     flat = np.asarray(token_times, dtype=float).ravel()
     offsets = np.asarray(offsets, dtype=np.int64).ravel()
-    if offsets.size < 1 or offsets[0] != 0 or offsets[-1] != flat.size or np.any(np.diff(offsets) < 0):
-        raise KvlabError("offsets must start at 0, never decrease and end at the number of timestamps")
+    if (
+        offsets.size < 1
+        or offsets[0] != 0
+        or offsets[-1] != flat.size
+        or np.any(np.diff(offsets) < 0)
+    ):
+        raise KvlabError(
+            "offsets must start at 0, never decrease and end at the number of timestamps"
+        )
     return flat, offsets
 
 
@@ -156,12 +173,18 @@ def percentiles(values, qs=PERCENTILES, prefix: str = "", suffix: str = "_s") ->
 def _tbt_value(records: np.ndarray, tbt_stat: str) -> np.ndarray:
     if tbt_stat not in TBT_STATS:
         raise unknown_name("TBT statistic", tbt_stat, TBT_STATS)
-    column = {"mean": "tpot_s", "p90": "itl_p90_s", "p99": "itl_p99_s", "max": "itl_max_s"}[tbt_stat]
+    column = {"mean": "tpot_s", "p90": "itl_p90_s", "p99": "itl_p99_s", "max": "itl_max_s"}[
+        tbt_stat
+    ]
     return records[column]
 
 
-def slo_met(records: np.ndarray, ttft_slo_s=DEFAULT_TTFT_SLO_S, tbt_slo_s=DEFAULT_TBT_SLO_S,
-            tbt_stat: str = DEFAULT_TBT_STAT) -> np.ndarray:
+def slo_met(
+    records: np.ndarray,
+    ttft_slo_s=DEFAULT_TTFT_SLO_S,
+    tbt_slo_s=DEFAULT_TBT_SLO_S,
+    tbt_stat: str = DEFAULT_TBT_STAT,
+) -> np.ndarray:
     """Per request: did it meet both SLOs? TTFT <= ttft_slo_s, and its `tbt_stat` of token
     gaps <= tbt_slo_s (`mean` is TPOT, DistServe's rule; `p90` lets a tenth of the gaps
     stall; `max` holds every gap). A request with one token has no gap and passes TBT.
@@ -178,9 +201,17 @@ def slo_met(records: np.ndarray, ttft_slo_s=DEFAULT_TTFT_SLO_S, tbt_slo_s=DEFAUL
     return ttft_ok & tbt_ok
 
 
-def summarize(arrival_s, token_times, offsets=None, *, ttft_slo_s=DEFAULT_TTFT_SLO_S,
-              tbt_slo_s=DEFAULT_TBT_SLO_S, tbt_stat: str = DEFAULT_TBT_STAT, duration_s=None,
-              records: np.ndarray | None = None) -> dict:
+def summarize(
+    arrival_s,
+    token_times,
+    offsets=None,
+    *,
+    ttft_slo_s=DEFAULT_TTFT_SLO_S,
+    tbt_slo_s=DEFAULT_TBT_SLO_S,
+    tbt_stat: str = DEFAULT_TBT_STAT,
+    duration_s=None,
+    records: np.ndarray | None = None,
+) -> dict:
     """Headline figures of a run: TTFT/TPOT/ITL/E2E percentiles (p50, p90, p99, mean),
     throughput, SLO attainment and goodput.
 
@@ -220,25 +251,39 @@ def summarize(arrival_s, token_times, offsets=None, *, ttft_slo_s=DEFAULT_TTFT_S
     gaps, _, _ = _gaps(flat, offsets)
     out.update(percentiles(gaps, prefix="itl_"))
     out.update(percentiles(records["e2e_s"][done], prefix="e2e_"))
-    out.update({
-        "ttft_slo_s": ttft_slo_s, "tbt_slo_s": tbt_slo_s, "tbt_stat": tbt_stat,
-        "slo_attainment": float(met.mean()) if n else None,
-        "ttft_slo_attainment": float(ttft_only.mean()) if n else None,
-        "tbt_slo_attainment": float(tbt_only.mean()) if n else None,
-        "goodput_requests_per_s": per_s(int(met.sum())),
-        "goodput_tokens_per_s": per_s(int(records["tokens"][met].sum())),
-    })
+    out.update(
+        {
+            "ttft_slo_s": ttft_slo_s,
+            "tbt_slo_s": tbt_slo_s,
+            "tbt_stat": tbt_stat,
+            "slo_attainment": float(met.mean()) if n else None,
+            "ttft_slo_attainment": float(ttft_only.mean()) if n else None,
+            "tbt_slo_attainment": float(tbt_only.mean()) if n else None,
+            "goodput_requests_per_s": per_s(int(met.sum())),
+            "goodput_tokens_per_s": per_s(int(records["tokens"][met].sum())),
+        }
+    )
     return out
 
 
-def slo_curve(records: np.ndarray, ttft_slo_s=DEFAULT_TTFT_SLO_S, tbt_slos_s=MOONCAKE_TBT_SLOS_S,
-              tbt_stat: str = DEFAULT_TBT_STAT) -> dict:
+def slo_curve(
+    records: np.ndarray,
+    ttft_slo_s=DEFAULT_TTFT_SLO_S,
+    tbt_slos_s=MOONCAKE_TBT_SLOS_S,
+    tbt_stat: str = DEFAULT_TBT_STAT,
+) -> dict:
     """SLO attainment at several TBT limits (Mooncake plots 100/200/300 ms):
     {"tbt_slo_s": array, "attainment": array}."""
     limits = np.asarray(tbt_slos_s, dtype=float)
-    return {"tbt_slo_s": limits,
-            "attainment": np.array([slo_met(records, ttft_slo_s, t, tbt_stat).mean() if records.size else math.nan
-                                    for t in limits])}
+    return {
+        "tbt_slo_s": limits,
+        "attainment": np.array(
+            [
+                slo_met(records, ttft_slo_s, t, tbt_stat).mean() if records.size else math.nan
+                for t in limits
+            ]
+        ),
+    }
 
 
 def records_table(records: np.ndarray) -> list[dict]:
@@ -246,5 +291,10 @@ def records_table(records: np.ndarray) -> list[dict]:
     names = records.dtype.names
     rows = []
     for row in records.tolist():
-        rows.append({k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in zip(names, row)})
+        rows.append(
+            {
+                k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                for k, v in zip(names, row)
+            }
+        )
     return rows

@@ -5,6 +5,7 @@ A `ModelSpec` holds the shapes the ledger needs; parameter counts are derived fr
 an explicit `head_dim`, tied or untied embeddings, sliding windows, MoE in the Mixtral,
 Qwen-MoE and DeepSeek styles, and MLA (DeepSeek's compressed latent KV).
 """
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,16 @@ NON_GATED_MLP = {"gpt2", "gpt_neox", "gptj", "opt", "bloom", "falcon", "phi", "g
 #: Families whose HF config class defaults `tie_word_embeddings` to False when the key is
 #: absent; transformers' base class defaults it to True.
 UNTIED_BY_DEFAULT = {
-    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
-    "deepseek_v2", "deepseek_v3", "phi3",
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen2_moe",
+    "qwen3",
+    "qwen3_moe",
+    "deepseek_v2",
+    "deepseek_v3",
+    "phi3",
 }
 #: Families with a bias on the q, k and v projections (but not o).
 QKV_BIAS = {"qwen2", "qwen2_moe"}
@@ -151,7 +160,9 @@ def parameter_counts(m: ModelSpec) -> ParameterCounts:
     router = moe_layers * m.num_experts * h
     streamed_dense = lm_head + attention + norms + dense_mlp + shared + router
     total = embedding + streamed_dense + moe_layers * m.num_experts * expert
-    return ParameterCounts(float(total), float(embedding), float(streamed_dense), float(expert), moe_layers)
+    return ParameterCounts(
+        float(total), float(embedding), float(streamed_dense), float(expert), moe_layers
+    )
 
 
 def _attention_params(m: ModelSpec) -> int:
@@ -235,12 +246,16 @@ class _Config:
         value = self.get(key, default)
         if value is None:
             raise KvlabError(f"{self.where}: {key} is missing")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-                isinstance(value, float) and not value.is_integer()):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or (isinstance(value, float) and not value.is_integer())
+        ):
             raise KvlabError(f"{self.where}: {key} must be a whole number, got {_show(value)}")
         if not minimum <= value <= MAX_SHAPE:
-            raise KvlabError(f"{self.where}: {key} must be between {minimum} and 1e9, "
-                             f"got {_show(value)}")
+            raise KvlabError(
+                f"{self.where}: {key} must be between {minimum} and 1e9, got {_show(value)}"
+            )
         return int(value)
 
     def optional_whole(self, key: str, minimum: int = 1) -> int | None:
@@ -282,8 +297,10 @@ def _metadata(cfg: dict, where: str) -> dict:
     n = meta.get("num_parameters")
     if n is not None:
         if isinstance(n, bool) or not isinstance(n, (int, float)) or not 0 < n <= MAX_PARAMETERS:
-            raise KvlabError(f"{where}: _kvlab.num_parameters must be a parameter count > 0 and "
-                             f"<= 1e15, got {_show(n)}")
+            raise KvlabError(
+                f"{where}: _kvlab.num_parameters must be a parameter count > 0 and "
+                f"<= 1e15, got {_show(n)}"
+            )
         out["num_parameters"] = float(n)
     return out
 
@@ -306,20 +323,30 @@ def spec_from_config(cfg: dict, name: str = "custom", where: str = "config") -> 
     model_type = c.text("model_type")
     kv_heads = c.whole("num_key_value_heads", 1 if c.flag("multi_query", False) else heads)
     if heads % kv_heads:
-        raise KvlabError(f"{where}: num_attention_heads ({heads}) is not a multiple of "
-                         f"num_key_value_heads ({kv_heads})")
+        raise KvlabError(
+            f"{where}: num_attention_heads ({heads}) is not a multiple of "
+            f"num_key_value_heads ({kv_heads})"
+        )
     head_dim = c.optional_whole("head_dim")
     if head_dim is None:
         if hidden % heads:
-            raise KvlabError(f"{where}: hidden_size ({hidden}) is not divisible by "
-                             f"num_attention_heads ({heads}); give head_dim")
+            raise KvlabError(
+                f"{where}: hidden_size ({hidden}) is not divisible by "
+                f"num_attention_heads ({heads}); give head_dim"
+            )
         head_dim = hidden // heads
     inter_key = c.first(("intermediate_size", "n_inner", "ffn_dim"))
     intermediate = c.whole(inter_key) if inter_key else 4 * hidden
     window = c.optional_whole("sliding_window", minimum=0)
     fields = dict(
-        name=name, num_layers=layers, hidden_size=hidden, num_heads=heads, num_kv_heads=kv_heads,
-        head_dim=head_dim, vocab_size=get["vocab_size"], intermediate_size=intermediate,
+        name=name,
+        num_layers=layers,
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        vocab_size=get["vocab_size"],
+        intermediate_size=intermediate,
         tie_word_embeddings=c.flag("tie_word_embeddings", model_type not in UNTIED_BY_DEFAULT),
         gated_mlp=model_type not in NON_GATED_MLP,
         qkv_bias=c.flag("attention_bias", False) or model_type in QKV_BIAS,
@@ -353,9 +380,11 @@ def _dense_only_layers(c: _Config) -> set[int]:
     """Qwen-MoE's `mlp_only_layers`: layer numbers that keep a dense MLP."""
     value = c.get("mlp_only_layers", [])
     if not isinstance(value, list) or not all(
-            isinstance(i, int) and not isinstance(i, bool) for i in value):
-        raise KvlabError(f"{c.where}: mlp_only_layers must be a list of layer numbers, "
-                         f"got {_show(value)}")
+        isinstance(i, int) and not isinstance(i, bool) for i in value
+    ):
+        raise KvlabError(
+            f"{c.where}: mlp_only_layers must be a list of layer numbers, got {_show(value)}"
+        )
     return set(value)
 
 
@@ -379,12 +408,16 @@ def _moe_fields(c: _Config, layers: int, intermediate: int) -> dict:
     step = c.whole("decoder_sparse_step", 1)
     dense_only = _dense_only_layers(c)
     indices = tuple(
-        i for i in range(layers)
+        i
+        for i in range(layers)
         if i >= first_dense and i % freq == 0 and (i + 1) % step == 0 and i not in dense_only
     )
     return dict(
-        num_experts=experts, experts_per_token=per_token, expert_intermediate_size=expert_width,
-        num_shared_experts=shared, shared_expert_intermediate_size=shared_width,
+        num_experts=experts,
+        experts_per_token=per_token,
+        expert_intermediate_size=expert_width,
+        num_shared_experts=shared,
+        shared_expert_intermediate_size=shared_width,
         moe_layer_indices=indices,
     )
 
@@ -449,8 +482,11 @@ def load_config(path: str | Path, name: str | None = None) -> ModelSpec:
             st = path.stat()
         key = _file_key(st, name)
         if key not in _LOADED:
-            spec = spec_from_config(parse_json(_read_limited(path), str(path)),
-                                    name=name or _default_name(path), where=str(path))
+            spec = spec_from_config(
+                parse_json(_read_limited(path), str(path)),
+                name=name or _default_name(path),
+                where=str(path),
+            )
             if len(_LOADED) >= 32:
                 _LOADED.clear()
             _LOADED[key] = spec
@@ -458,8 +494,9 @@ def load_config(path: str | Path, name: str | None = None) -> ModelSpec:
     except (FileNotFoundError, NotADirectoryError):
         raise KvlabError(f"model config {_show(str(path))} does not exist") from None
     except OSError as exc:
-        raise KvlabError(f"cannot read model config {_show(str(path))}: "
-                         f"{exc.strerror or exc}") from None
+        raise KvlabError(
+            f"cannot read model config {_show(str(path))}: {exc.strerror or exc}"
+        ) from None
     except ValueError as exc:  # a NUL byte in the path
         if isinstance(exc, KvlabError):
             raise

@@ -17,6 +17,7 @@ Shapes are per GPU at a tensor-parallel degree `tp` (Megatron style: QKV, gate/u
 LM head split by columns, O and down by rows, K/V heads replicated when fewer than `tp`,
 norms and the router replicated); at tp > 1 two all-reduces per layer join the list.
 """
+
 from __future__ import annotations
 
 import math
@@ -173,8 +174,11 @@ def _gemm_ops(m: ModelSpec, tokens, weights: DType, tp: int, experts_tokens) -> 
             continue
         n, k = shapes.gemms.get(name, (0, 0))
         calls = m.num_layers if name == "attention_proj" else _calls(m, name)
-        ops.append(Operator(name, "gemm", calls, per_step * bpe, 2.0 * tokens * per_step,
-                            m=tokens, n=n, k=k))
+        ops.append(
+            Operator(
+                name, "gemm", calls, per_step * bpe, 2.0 * tokens * per_step, m=tokens, n=n, k=k
+            )
+        )
     if m.is_moe:
         weight, flops = _experts(m, experts_tokens, tokens, tp, bpe)
         ops.append(Operator("experts", "moe", m.params.moe_layers, weight, flops, m=tokens))
@@ -189,23 +193,73 @@ def _small_ops(m: ModelSpec, tokens, weights: DType, tp: int) -> list[Operator]:
     act = m.intermediate_size // tp
     up = 3 if m.gated_mlp else 2  # read gate and up (or one input), write one output
     ops = [
-        Operator("add_norm", "elementwise", 2 * layers + 1, norms * weights.bytes_per_element,
-                 2.0 * tokens * norms, m=tokens,
-                 activation_bytes_per_call=4 * tokens * h * ACTIVATION_BYTES),
-        Operator("embedding", "elementwise", 1, 0.0, 0.0, m=tokens,
-                 activation_bytes_per_call=2 * tokens * h * ACTIVATION_BYTES),
-        Operator("sampling", "elementwise", 1, 0.0, 0.0, m=tokens,
-                 activation_bytes_per_call=tokens * math.ceil(m.vocab_size / tp) * LOGIT_BYTES),
+        Operator(
+            "add_norm",
+            "elementwise",
+            2 * layers + 1,
+            norms * weights.bytes_per_element,
+            2.0 * tokens * norms,
+            m=tokens,
+            activation_bytes_per_call=4 * tokens * h * ACTIVATION_BYTES,
+        ),
+        Operator(
+            "embedding",
+            "elementwise",
+            1,
+            0.0,
+            0.0,
+            m=tokens,
+            activation_bytes_per_call=2 * tokens * h * ACTIVATION_BYTES,
+        ),
+        Operator(
+            "sampling",
+            "elementwise",
+            1,
+            0.0,
+            0.0,
+            m=tokens,
+            activation_bytes_per_call=tokens * math.ceil(m.vocab_size / tp) * LOGIT_BYTES,
+        ),
     ]
     if layers - moe_layers:
-        ops.insert(1, Operator("act_mul", "elementwise", layers - moe_layers, 0.0, 0.0, m=tokens,
-                               activation_bytes_per_call=up * tokens * act * ACTIVATION_BYTES))
+        ops.insert(
+            1,
+            Operator(
+                "act_mul",
+                "elementwise",
+                layers - moe_layers,
+                0.0,
+                0.0,
+                m=tokens,
+                activation_bytes_per_call=up * tokens * act * ACTIVATION_BYTES,
+            ),
+        )
     if moe_layers:
-        ops.insert(1, Operator("router_topk", "elementwise", moe_layers, 0.0, 0.0, m=tokens,
-                               activation_bytes_per_call=tokens * m.num_experts * 4))
+        ops.insert(
+            1,
+            Operator(
+                "router_topk",
+                "elementwise",
+                moe_layers,
+                0.0,
+                0.0,
+                m=tokens,
+                activation_bytes_per_call=tokens * m.num_experts * 4,
+            ),
+        )
     if tp > 1:
-        ops.append(Operator("all_reduce", "allreduce", 2 * layers, 0.0, 0.0, m=tokens,
-                            link_bytes_per_call=tokens * h * ACTIVATION_BYTES, gpus=tp))
+        ops.append(
+            Operator(
+                "all_reduce",
+                "allreduce",
+                2 * layers,
+                0.0,
+                0.0,
+                m=tokens,
+                link_bytes_per_call=tokens * h * ACTIVATION_BYTES,
+                gpus=tp,
+            )
+        )
     return ops
 
 
@@ -224,12 +278,14 @@ def weight_bytes_per_gpu(m: ModelSpec, weights: DType, tp: int = 1) -> float:
     if tp == 1:
         return p.total * weights.bytes_per_element
     streamed = sum(_weight_params(m, tp).values())
-    return (p.embedding / tp + streamed + p.moe_layers * m.num_experts * p.expert / tp) \
-        * weights.bytes_per_element
+    return (
+        p.embedding / tp + streamed + p.moe_layers * m.num_experts * p.expert / tp
+    ) * weights.bytes_per_element
 
 
-def decode_operators(m: ModelSpec, batch, context, weights: DType, kv: DType,
-                     tp: int = 1, queries=1) -> list[Operator]:
+def decode_operators(
+    m: ModelSpec, batch, context, weights: DType, kv: DType, tp: int = 1, queries=1
+) -> list[Operator]:
     """The operators of one decode step: `batch` sequences, `context` tokens of KV each
     (arrays broadcast). Their bytes add up to the ledger's step bytes at tp = 1.
 
@@ -243,15 +299,28 @@ def decode_operators(m: ModelSpec, batch, context, weights: DType, kv: DType,
     q = np.asarray(queries, dtype=float)
     tokens = b * q  # rows through every GEMM
     pairs = q * attended + q * (q - 1) / 2  # query-key pairs per sequence (1: the history)
-    attention = Operator("attention", "attention", m.num_layers,
-                         b * attended * kv_tok + tokens * kv_tok,
-                         b * m.attention_flops_per_cached_token / tp * pairs, m=b)
+    attention = Operator(
+        "attention",
+        "attention",
+        m.num_layers,
+        b * attended * kv_tok + tokens * kv_tok,
+        b * m.attention_flops_per_cached_token / tp * pairs,
+        m=b,
+    )
     ops = _gemm_ops(m, tokens, weights, tp, tokens)
     return ops[:1] + [attention] + ops[1:] + _small_ops(m, tokens, weights, tp)
 
 
-def prefill_operators(m: ModelSpec, batch, prompt_tokens, cached_tokens, weights: DType,
-                      kv: DType, flash_attention: bool = True, tp: int = 1) -> list[Operator]:
+def prefill_operators(
+    m: ModelSpec,
+    batch,
+    prompt_tokens,
+    cached_tokens,
+    weights: DType,
+    kv: DType,
+    flash_attention: bool = True,
+    tp: int = 1,
+) -> list[Operator]:
     """The operators of a prefill of `prompt_tokens - cached_tokens` new tokens in each of
     `batch` sequences. Attention covers n*c + n(n+1)/2 query-key pairs; without
     FlashAttention its score matrices make four trips through memory (fp16)."""
@@ -263,8 +332,14 @@ def prefill_operators(m: ModelSpec, batch, prompt_tokens, cached_tokens, weights
     kv_bytes = b * (c + n) * kv_tok
     if not flash_attention:
         kv_bytes = kv_bytes + b * (m.num_heads // tp * m.num_layers) * pairs * 4 * 2
-    attention = Operator("attention", "attention", m.num_layers, kv_bytes,
-                         b * m.attention_flops_per_cached_token / tp * pairs, m=b * n)
+    attention = Operator(
+        "attention",
+        "attention",
+        m.num_layers,
+        kv_bytes,
+        b * m.attention_flops_per_cached_token / tp * pairs,
+        m=b * n,
+    )
     ops = _gemm_ops(m, b * n, weights, tp, b * np.maximum(n, 1))
     return ops[:1] + [attention] + ops[1:] + _small_ops(m, b * n, weights, tp)
 
@@ -274,12 +349,19 @@ def allreduce_s(op: Operator, link_bandwidth_bytes_per_s, latency_s=0.0):
     each call pays a fixed `latency_s` and moves 2 (p - 1) / p of its message over the
     link (the bandwidth-optimal ring's traffic per GPU)."""
     ring = 2 * (op.gpus - 1) / op.gpus
-    return (op.calls * latency_s,
-            op.calls * op.link_bytes_per_call * ring / link_bandwidth_bytes_per_s)
+    return (
+        op.calls * latency_s,
+        op.calls * op.link_bytes_per_call * ring / link_bandwidth_bytes_per_s,
+    )
 
 
-def ceiling_s(ops: list[Operator], bandwidth_bytes_per_s, flops_per_s,
-              link_bandwidth_bytes_per_s=None, link_latency_s=0.0):
+def ceiling_s(
+    ops: list[Operator],
+    bandwidth_bytes_per_s,
+    flops_per_s,
+    link_bandwidth_bytes_per_s=None,
+    link_latency_s=0.0,
+):
     """Sum over operators of max(bytes / bandwidth, FLOPs / peak), plus every all-reduce's
     latency and link time (`allreduce_s`)."""
     total = 0.0
@@ -292,4 +374,3 @@ def ceiling_s(ops: list[Operator], bandwidth_bytes_per_s, flops_per_s,
             continue
         total = total + np.maximum(op.bytes / bandwidth_bytes_per_s, op.flops / flops_per_s)
     return total
-

@@ -6,6 +6,7 @@ serves `min(hit_tokens, prompt_tokens - 1)` of them (never fewer than 0), and pr
 always computes at least one token. Replay, the simulator, trace statistics, figures and
 labs all count saved prefill with this function, so their hit ratios agree on one trace.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -3,6 +3,7 @@
 Kept as data (kvlab/data/published/*.toml) so the book quotes them from one place and
 every figure carries its source; kvlab's own numbers come from the ledger, never from here.
 """
+
 from __future__ import annotations
 
 import tomllib
@@ -14,7 +15,9 @@ from .errors import unknown_name
 
 @lru_cache(maxsize=8)
 def _table(name: str) -> dict:
-    return tomllib.loads(resources.files("kvlab").joinpath(f"data/published/{name}.toml").read_text())
+    return tomllib.loads(
+        resources.files("kvlab").joinpath(f"data/published/{name}.toml").read_text()
+    )
 
 
 def kv_quantization(key: str) -> dict:

@@ -4,6 +4,7 @@ The ledger's functions take these as a long parameter list (the CLI contract and
 call them that way); code that asks several questions of one deployment (the tier model,
 the simulator, the diagnosis) builds a `Scenario` once and passes it along instead.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -36,29 +37,69 @@ class Scenario:
         return dataclasses.replace(self, **changes)
 
     def decode_step(self, batch=1, context=4096) -> cost.DecodeStep:
-        return cost.decode_step(self.model, self.hardware, batch, context, self.weight_dtype, self.kv_dtype,
-                                bandwidth_bytes_per_s=self.bandwidth_bytes_per_s, efficiency=self.efficiency,
-                                capacity_bytes=self.capacity_bytes,
-                                tensor_parallel=self.tensor_parallel)
+        return cost.decode_step(
+            self.model,
+            self.hardware,
+            batch,
+            context,
+            self.weight_dtype,
+            self.kv_dtype,
+            bandwidth_bytes_per_s=self.bandwidth_bytes_per_s,
+            efficiency=self.efficiency,
+            capacity_bytes=self.capacity_bytes,
+            tensor_parallel=self.tensor_parallel,
+        )
 
-    def prefill(self, prompt_tokens, cached_tokens=0, batch=1, flash_attention: bool = True) -> cost.Prefill:
-        return cost.prefill(self.model, self.hardware, prompt_tokens, cached_tokens, batch, self.weight_dtype,
-                            self.kv_dtype, self.efficiency, bandwidth_bytes_per_s=self.bandwidth_bytes_per_s,
-                            flash_attention=flash_attention, tensor_parallel=self.tensor_parallel)
+    def prefill(
+        self, prompt_tokens, cached_tokens=0, batch=1, flash_attention: bool = True
+    ) -> cost.Prefill:
+        return cost.prefill(
+            self.model,
+            self.hardware,
+            prompt_tokens,
+            cached_tokens,
+            batch,
+            self.weight_dtype,
+            self.kv_dtype,
+            self.efficiency,
+            bandwidth_bytes_per_s=self.bandwidth_bytes_per_s,
+            flash_attention=flash_attention,
+            tensor_parallel=self.tensor_parallel,
+        )
 
     def memory_fit(self, batch=1, context=4096) -> cost.MemoryFit:
-        return cost.memory_fit(self.model, self.hardware, batch, context, self.weight_dtype, self.kv_dtype,
-                               self.capacity_bytes, tensor_parallel=self.tensor_parallel)
+        return cost.memory_fit(
+            self.model,
+            self.hardware,
+            batch,
+            context,
+            self.weight_dtype,
+            self.kv_dtype,
+            self.capacity_bytes,
+            tensor_parallel=self.tensor_parallel,
+        )
 
-    def speculative_step(self, batch=1, context=4096, speculative_tokens=4, acceptance=0.7,
-                         draft_model=None):
+    def speculative_step(
+        self, batch=1, context=4096, speculative_tokens=4, acceptance=0.7, draft_model=None
+    ):
         """Speculative decoding on this deployment (`kvlab.speculative`)."""
         from .speculative import speculative_step
 
-        return speculative_step(self.model, self.hardware, batch, context, speculative_tokens,
-                                acceptance, draft_model, self.weight_dtype, self.kv_dtype,
-                                self.bandwidth_bytes_per_s, self.efficiency, self.capacity_bytes,
-                                self.tensor_parallel)
+        return speculative_step(
+            self.model,
+            self.hardware,
+            batch,
+            context,
+            speculative_tokens,
+            acceptance,
+            draft_model,
+            self.weight_dtype,
+            self.kv_dtype,
+            self.bandwidth_bytes_per_s,
+            self.efficiency,
+            self.capacity_bytes,
+            self.tensor_parallel,
+        )
 
     @property
     def kv_bytes_per_token(self) -> float:

@@ -30,6 +30,7 @@ Drafts:
   reduced vocabulary; Medusa's heads draft all K tokens in one pass. For both this is an
   upper bound.
 """
+
 from __future__ import annotations
 
 import math
@@ -46,8 +47,10 @@ from .models import ModelSpec, get_model
 from .operators import allreduce_s, ceiling_s, decode_operators
 from .parallel import allreduce_link
 
-SELF_DRAFT = ("self-drafting head (EAGLE / multi-token prediction style): each drafted token "
-              "costs one decoder layer of the target's shape plus a pass over its LM head")
+SELF_DRAFT = (
+    "self-drafting head (EAGLE / multi-token prediction style): each drafted token "
+    "costs one decoder layer of the target's shape plus a pass over its LM head"
+)
 
 
 def tokens_per_verify_step(acceptance, speculative_tokens):
@@ -55,8 +58,14 @@ def tokens_per_verify_step(acceptance, speculative_tokens):
     each of the K drafted tokens accepted independently with probability A (Leviathan et
     al., 2023). A = 1 gives K + 1, A = 0 gives the one token the verify pass adds itself."""
     a = check_number("acceptance", acceptance, minimum=0.0, allow_equal_min=True, maximum=1.0)
-    k = check_number("speculative_tokens", speculative_tokens, minimum=0, allow_equal_min=True,
-                     maximum=MAX_SPECULATIVE_TOKENS, integer=True)
+    k = check_number(
+        "speculative_tokens",
+        speculative_tokens,
+        minimum=0,
+        allow_equal_min=True,
+        maximum=MAX_SPECULATIVE_TOKENS,
+        integer=True,
+    )
     if type(a) is float and type(k) is int:
         return float(k + 1) if a == 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
     a, k = np.asarray(a, dtype=float), np.asarray(k, dtype=float)
@@ -107,65 +116,113 @@ class SpeculativeStep(Result):
     notes: tuple = ()
 
 
-def speculative_step(model, hardware, batch=1, context=4096, speculative_tokens=4,
-                     acceptance=0.7, draft_model=None, weight_dtype="fp16", kv_dtype="fp16",
-                     bandwidth_bytes_per_s=None, efficiency=1.0, capacity_bytes=None,
-                     tensor_parallel=1) -> SpeculativeStep:
+def speculative_step(
+    model,
+    hardware,
+    batch=1,
+    context=4096,
+    speculative_tokens=4,
+    acceptance=0.7,
+    draft_model=None,
+    weight_dtype="fp16",
+    kv_dtype="fp16",
+    bandwidth_bytes_per_s=None,
+    efficiency=1.0,
+    capacity_bytes=None,
+    tensor_parallel=1,
+) -> SpeculativeStep:
     """Tokens/s of speculative decoding against plain decode, with the same settings as
     `cost.decode_step` (arrays broadcast, `efficiency="measured"` times every pass from
     the kernel tables). See the module docstring for the draft's cost."""
     m = get_model(model)
-    k = check_number("speculative_tokens", speculative_tokens, minimum=1, allow_equal_min=True,
-                     maximum=MAX_SPECULATIVE_TOKENS, integer=True)
+    k = check_number(
+        "speculative_tokens",
+        speculative_tokens,
+        minimum=1,
+        allow_equal_min=True,
+        maximum=MAX_SPECULATIVE_TOKENS,
+        integer=True,
+    )
     tau = tokens_per_verify_step(acceptance, k)
-    common = dict(weight_dtype=weight_dtype, kv_dtype=kv_dtype, capacity_bytes=capacity_bytes,
-                  bandwidth_bytes_per_s=bandwidth_bytes_per_s, efficiency=efficiency,
-                  tensor_parallel=tensor_parallel)
+    common = dict(
+        weight_dtype=weight_dtype,
+        kv_dtype=kv_dtype,
+        capacity_bytes=capacity_bytes,
+        bandwidth_bytes_per_s=bandwidth_bytes_per_s,
+        efficiency=efficiency,
+        tensor_parallel=tensor_parallel,
+    )
     base = cost.decode_step(m, hardware, batch, context, **common)
     verify = cost.verify_step(m, hardware, batch, context, k, **common)
     if draft_model is None:
         step_s, w_bytes, kv_tok, what = _self_draft(m, base)
     else:
-        step_s, w_bytes, kv_tok, what = _draft_model(m, draft_model, hardware, batch, context,
-                                                     common)
+        step_s, w_bytes, kv_tok, what = _draft_model(
+            m, draft_model, hardware, batch, context, common
+        )
     draft_s = k * np.asarray(step_s, dtype=float)
     cycle = verify.step_time_s + draft_s
     b = np.asarray(base.batch, dtype=float)
     attended = np.asarray(m.effective_context(np.asarray(base.context, dtype=float)))
-    per_seq = (np.maximum(attended, 1.0) + k + 1) * base.kv_bytes_per_token + \
-        np.maximum(attended, 1.0) * kv_tok
-    needed = base.memory_needed_bytes + b * (k + 1) * base.kv_bytes_per_token + w_bytes \
+    per_seq = (np.maximum(attended, 1.0) + k + 1) * base.kv_bytes_per_token + np.maximum(
+        attended, 1.0
+    ) * kv_tok
+    needed = (
+        base.memory_needed_bytes
+        + b * (k + 1) * base.kv_bytes_per_token
+        + w_bytes
         + b * attended * kv_tok
+    )
     room = np.maximum(base.capacity_bytes - base.weight_bytes - w_bytes, 0.0)
     notes = _measured_note(verify) + tuple(base.notes)
     return SpeculativeStep._build(
-        model=m.name, hardware=base.hardware, draft_model=None if draft_model is None
-        else get_model(draft_model).name, draft=what, weight_dtype=base.weight_dtype,
-        kv_dtype=base.kv_dtype, batch=base.batch, context=base.context, speculative_tokens=k,
+        model=m.name,
+        hardware=base.hardware,
+        draft_model=None if draft_model is None else get_model(draft_model).name,
+        draft=what,
+        weight_dtype=base.weight_dtype,
+        kv_dtype=base.kv_dtype,
+        batch=base.batch,
+        context=base.context,
+        speculative_tokens=k,
         acceptance=acceptance if np.ndim(acceptance) == 0 else np.asarray(acceptance, float),
-        tensor_parallel=base.tensor_parallel, efficiency=base.efficiency,
-        tokens_per_verify_step=tau, verify_weight_read_bytes=verify.weight_read_bytes,
-        verify_kv_read_bytes=verify.kv_read_bytes, verify_kv_write_bytes=verify.kv_write_bytes,
-        verify_step_bytes=verify.step_bytes, verify_flops=verify.flops,
-        verify_arithmetic_intensity=verify.arithmetic_intensity, verify_bound=verify.bound,
+        tensor_parallel=base.tensor_parallel,
+        efficiency=base.efficiency,
+        tokens_per_verify_step=tau,
+        verify_weight_read_bytes=verify.weight_read_bytes,
+        verify_kv_read_bytes=verify.kv_read_bytes,
+        verify_kv_write_bytes=verify.kv_write_bytes,
+        verify_step_bytes=verify.step_bytes,
+        verify_flops=verify.flops,
+        verify_arithmetic_intensity=verify.arithmetic_intensity,
+        verify_bound=verify.bound,
         verify_allreduce_time_s=verify.allreduce_time_s,
-        verify_step_time_s=verify.step_time_s, draft_step_time_s=_plain(step_s),
-        draft_time_s=_plain(draft_s), cycle_time_s=_plain(cycle),
-        baseline_step_time_s=base.step_time_s, time_per_token_s=_plain(cycle / tau),
-        tokens_per_s=_plain(b * tau / cycle), tokens_per_s_per_sequence=_plain(tau / cycle),
+        verify_step_time_s=verify.step_time_s,
+        draft_step_time_s=_plain(step_s),
+        draft_time_s=_plain(draft_s),
+        cycle_time_s=_plain(cycle),
+        baseline_step_time_s=base.step_time_s,
+        time_per_token_s=_plain(cycle / tau),
+        tokens_per_s=_plain(b * tau / cycle),
+        tokens_per_s_per_sequence=_plain(tau / cycle),
         speculative_speedup=_plain(tau * np.asarray(base.step_time_s) / cycle),
-        memory_needed_bytes=_plain(needed), capacity_bytes=base.capacity_bytes,
+        memory_needed_bytes=_plain(needed),
+        capacity_bytes=base.capacity_bytes,
         fits=_plain(np.asarray(needed <= base.capacity_bytes)),
         max_batch=_plain(np.floor(room / per_seq).astype(np.int64)),
-        efficiency_source=verify.efficiency_source, notes=notes)
+        efficiency_source=verify.efficiency_source,
+        notes=notes,
+    )
 
 
 def _measured_note(verify) -> tuple:
     if verify.efficiency != "measured":
         return ()
-    return ("verify attention: the generation-attention tables hold one query per sequence; "
-            "with K + 1 queries the kernel still reads the KV once, so it is timed as the "
-            "one-query measurement scaled by the ratio of the two ceilings",)
+    return (
+        "verify attention: the generation-attention tables hold one query per sequence; "
+        "with K + 1 queries the kernel still reads the KV once, so it is timed as the "
+        "one-query measurement scaled by the ratio of the two ceilings",
+    )
 
 
 def _layer_share(m: ModelSpec, calls: int) -> float:
@@ -207,18 +264,30 @@ def _draft_model(m: ModelSpec, draft_model, hardware, batch, context, common) ->
     separate draft model: one decode step of its own ledger per drafted token."""
     d = get_model(draft_model)
     if d.vocab_size != m.vocab_size:
-        raise KvlabError(f"draft model {d.name} has a vocabulary of {d.vocab_size:,} tokens, "
-                         f"{m.name} one of {m.vocab_size:,}: a draft must share the target's "
-                         "tokenizer")
+        raise KvlabError(
+            f"draft model {d.name} has a vocabulary of {d.vocab_size:,} tokens, "
+            f"{m.name} one of {m.vocab_size:,}: a draft must share the target's "
+            "tokenizer"
+        )
     step = cost.decode_step(d, hardware, batch, context, **common)
-    what = (f"draft model {d.name}: K decode steps of its own ledger on the same GPUs "
-            f"({step.weight_dtype} weights, {step.kv_dtype} KV, tensor parallel "
-            f"{step.tensor_parallel})")
+    what = (
+        f"draft model {d.name}: K decode steps of its own ledger on the same GPUs "
+        f"({step.weight_dtype} weights, {step.kv_dtype} KV, tensor parallel "
+        f"{step.tensor_parallel})"
+    )
     return step.step_time_s, step.weight_bytes, step.kv_bytes_per_token, what
 
 
-def breakeven_batch(model, hardware, context=4096, speculative_tokens=4, acceptance=0.7,
-                    draft_model=None, max_batch=MAX_BATCH, **settings) -> int | None:
+def breakeven_batch(
+    model,
+    hardware,
+    context=4096,
+    speculative_tokens=4,
+    acceptance=0.7,
+    draft_model=None,
+    max_batch=MAX_BATCH,
+    **settings,
+) -> int | None:
     """The smallest batch at which speculation stops paying (speedup <= 1), or None when it
     pays at every batch up to `max_batch` (measured mode: up to the tables' edge).
 
@@ -227,13 +296,22 @@ def breakeven_batch(model, hardware, context=4096, speculative_tokens=4, accepta
     (dtypes, efficiency, tensor_parallel...). Scalar context, K and A only."""
     if any(np.ndim(v) for v in (context, speculative_tokens, acceptance)):
         raise KvlabError("breakeven_batch takes one context, draft length and acceptance")
-    top = check_number("max_batch", max_batch, minimum=1, allow_equal_min=True,
-                       maximum=MAX_BATCH, integer=True)
+    top = check_number(
+        "max_batch", max_batch, minimum=1, allow_equal_min=True, maximum=MAX_BATCH, integer=True
+    )
     grid = 2 ** np.arange(int(math.log2(top)) + 1)
 
     def speedup(batches):
-        s = speculative_step(model, hardware, batches, context, speculative_tokens, acceptance,
-                             draft_model, **settings)
+        s = speculative_step(
+            model,
+            hardware,
+            batches,
+            context,
+            speculative_tokens,
+            acceptance,
+            draft_model,
+            **settings,
+        )
         return np.atleast_1d(np.asarray(s.speculative_speedup, dtype=float))
 
     s = speedup(grid)

@@ -12,6 +12,7 @@ book uses a generated stand-in (`kvlab.traces_gen`), always labelled as generate
 file, once validated, is kept parsed on disk (`kvlab.traces_cache`; KVLAB_TRACE_CACHE=0
 turns that off).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,7 +32,9 @@ from .prompt import served_from_blocks
 from .trace_types import BLOCK_TOKENS, Request, Trace
 
 TRACE_DIR_ENV = "KVLAB_TRACE_DIR"
-GENERATED = "generated"  # `generated`, `generated:PRESET`, `generated:PRESET:SEED` name generated traces
+GENERATED = (
+    "generated"  # `generated`, `generated:PRESET`, `generated:PRESET:SEED` name generated traces
+)
 POISSON = "poisson"  # `poisson:rate=R,prompt=P,output=O,...` names a plain generated workload
 #: Public traces by short name -> file name in the Mooncake repository's
 #: FAST25-release/traces/ folder.
@@ -77,12 +80,14 @@ def _clip(text: str, limit: int = 60) -> str:
 
 def _hash_ids(obj: dict, where: str) -> list:
     ids = obj.get("hash_ids")
-    if type(ids) is not list or (ids and (
-            set(map(type, ids)) != {int} or min(ids) < 0 or max(ids) > MAX_HASH_ID)):
+    if type(ids) is not list or (
+        ids and (set(map(type, ids)) != {int} or min(ids) < 0 or max(ids) > MAX_HASH_ID)
+    ):
         raise KvlabError(f"{where}: 'hash_ids' must be a list of whole numbers from 0 to 2**63 - 1")
     if len(set(ids)) != len(ids):
-        raise KvlabError(f"{where}: 'hash_ids' repeats an id; each id names a different prefix "
-                         "of the prompt")
+        raise KvlabError(
+            f"{where}: 'hash_ids' repeats an id; each id names a different prefix of the prompt"
+        )
     return ids
 
 
@@ -160,19 +165,32 @@ def _parse_lines(data: bytes, filename: str, block_tokens: int = BLOCK_TOKENS) -
             obj, end = _SCAN(line, 0)
             ts, inp, out = obj["timestamp"], obj["input_length"], obj["output_length"]
             ids = obj["hash_ids"]
-            ok = (end == len(line) and type(ts) is type(inp) is type(out) is int
-                  and type(ids) is list and 0 <= ts <= MAX_TIMESTAMP_MS
-                  and 0 < inp <= MAX_TOKENS and 0 < out <= MAX_TOKENS
-                  and len(ids) == -(-inp // block_tokens) and set(map(type, ids)) == {int}
-                  and 0 <= min(ids) and max(ids) <= MAX_HASH_ID and len(set(ids)) == len(ids))
+            ok = (
+                end == len(line)
+                and type(ts) is type(inp) is type(out) is int
+                and type(ids) is list
+                and 0 <= ts <= MAX_TIMESTAMP_MS
+                and 0 < inp <= MAX_TOKENS
+                and 0 < out <= MAX_TOKENS
+                and len(ids) == -(-inp // block_tokens)
+                and set(map(type, ids)) == {int}
+                and 0 <= min(ids)
+                and max(ids) <= MAX_HASH_ID
+                and len(set(ids)) == len(ids)
+            )
         except Exception:  # noqa: BLE001 - any surprise: the careful path below names it
             ok = False
-        req = (Request(ts / 1000.0, inp, out, tuple(ids)) if ok
-               else parse_line(line, f"{filename} line {number}", block_tokens))
+        req = (
+            Request(ts / 1000.0, inp, out, tuple(ids))
+            if ok
+            else parse_line(line, f"{filename} line {number}", block_tokens)
+        )
         if req.arrival_s < last_arrival:
-            raise KvlabError(f"{filename} line {number}: timestamp {req.arrival_s * 1000:.0f} ms "
-                             f"goes back in time (previous {last_arrival * 1000:.0f} ms); traces "
-                             "must be sorted by arrival")
+            raise KvlabError(
+                f"{filename} line {number}: timestamp {req.arrival_s * 1000:.0f} ms "
+                f"goes back in time (previous {last_arrival * 1000:.0f} ms); traces "
+                "must be sorted by arrival"
+            )
         last_arrival = req.arrival_s
         requests.append(req)
     return requests
@@ -276,7 +294,9 @@ def _generated(text: str) -> Trace:
         elif part in PRESETS:
             preset = part
         else:
-            raise unknown_name("generated-trace preset", part, PRESETS, also="a seed (a whole number)")
+            raise unknown_name(
+                "generated-trace preset", part, PRESETS, also="a seed (a whole number)"
+            )
     return generate_trace(preset, seed=seed)
 
 
@@ -309,8 +329,12 @@ def load_trace(name_or_path: str | Path) -> Trace:
         return _poisson(text)
     if _is_path(text):
         return _read_cached(Path(text), None)
-    raise unknown_name("trace", _clip(text), KNOWN_TRACES,
-                       also="'generated[:PRESET][:SEED]', 'poisson:rate=R,prompt=P,output=O' or a path to a .jsonl file")
+    raise unknown_name(
+        "trace",
+        _clip(text),
+        KNOWN_TRACES,
+        also="'generated[:PRESET][:SEED]', 'poisson:rate=R,prompt=P,output=O' or a path to a .jsonl file",
+    )
 
 
 def trace_or_generated(name: str = "conversation", seed: int = 0) -> Trace:
@@ -326,6 +350,7 @@ def trace_or_generated(name: str = "conversation", seed: int = 0) -> Trace:
 
 
 # --------------------------------------------------------------------- statistics
+
 
 @dataclass(frozen=True)
 class TraceStats:
@@ -346,15 +371,18 @@ class TraceStats:
     unique_blocks: int
     shared_prefix_requests: int  # requests whose first block appeared in an earlier request
     shared_prefix_share: float  # ... as a share of all requests
-    reusable_block_share: float  # block refs in a leading run already seen = infinite-cache block hit ratio
+    reusable_block_share: (
+        float  # block refs in a leading run already seen = infinite-cache block hit ratio
+    )
     reusable_token_share: float  # the same in prompt tokens (last block may be partial)
     block_tokens: int
 
     def to_dict(self) -> dict:
         """JSON-ready: a rate that is infinite (every request at one instant) becomes null."""
         out = dataclasses.asdict(self)
-        return {k: None if isinstance(v, float) and not math.isfinite(v) else v
-                for k, v in out.items()}
+        return {
+            k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in out.items()
+        }
 
 
 def trace_stats(trace: Trace) -> TraceStats:
@@ -385,12 +413,22 @@ def trace_stats(trace: Trace) -> TraceStats:
     inputs = trace.input_tokens
     duration = trace.requests[-1].arrival_s - trace.requests[0].arrival_s
     return TraceStats(
-        name=trace.name, label=trace.label, generated=trace.generated, requests=n,
-        mean_input_tokens=float(inputs.mean()), median_input_tokens=float(np.median(inputs)),
-        p99_input_tokens=float(np.percentile(inputs, 99)), max_input_tokens=int(inputs.max()),
-        mean_output_tokens=float(trace.output_tokens.mean()), duration_s=duration,
+        name=trace.name,
+        label=trace.label,
+        generated=trace.generated,
+        requests=n,
+        mean_input_tokens=float(inputs.mean()),
+        median_input_tokens=float(np.median(inputs)),
+        p99_input_tokens=float(np.percentile(inputs, 99)),
+        max_input_tokens=int(inputs.max()),
+        mean_output_tokens=float(trace.output_tokens.mean()),
+        duration_s=duration,
         requests_per_s=n / duration if duration > 0 else math.inf,
-        block_refs=refs, unique_blocks=len(seen), shared_prefix_requests=shared,
-        shared_prefix_share=shared / n, reusable_block_share=reusable_blocks / refs,
-        reusable_token_share=reusable_tokens / int(inputs.sum()), block_tokens=bt,
+        block_refs=refs,
+        unique_blocks=len(seen),
+        shared_prefix_requests=shared,
+        shared_prefix_share=shared / n,
+        reusable_block_share=reusable_blocks / refs,
+        reusable_token_share=reusable_tokens / int(inputs.sum()),
+        block_tokens=bt,
     )

@@ -11,6 +11,7 @@ simply means "parse the trace again"; a failed write is ignored (a read-only hom
 `KVLAB_TRACE_CACHE=0` turns this off. Only regular files are kept, never a pipe, and a
 trace that fails validation is never kept.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -6,6 +6,7 @@ its destination and renamed into place only when its digest matches, so an inter
 corrupted download never leaves a half-written trace behind. `base_url` (or
 $KVLAB_TRACE_BASE_URL) points at a mirror, or at a local server in tests.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -73,7 +74,9 @@ class _Progress:
                 return
             self.next_share = (int(share * 4) + 1) / 4
         self.shown = done
-        size = f"{done / 1e6:.1f}" + (f"/{self.total / 1e6:.1f} MB ({100 * share:3.0f}%)" if share is not None else " MB")
+        size = f"{done / 1e6:.1f}" + (
+            f"/{self.total / 1e6:.1f} MB ({100 * share:3.0f}%)" if share is not None else " MB"
+        )
         start, end = ("\r" if self.tty else ""), ("\n" if final or not self.tty else "")
         self.stream.write(f"{start}downloading {self.label}: {size}{end}")
         self.stream.flush()
@@ -85,8 +88,14 @@ class _Progress:
             self.update(done, final=True)
 
 
-def download_trace(name: str, dest_dir: str | Path | None = None, base_url: str | None = None,
-                   force: bool = False, timeout_s: float = 60.0, progress=None) -> Downloaded:
+def download_trace(
+    name: str,
+    dest_dir: str | Path | None = None,
+    base_url: str | None = None,
+    force: bool = False,
+    timeout_s: float = 60.0,
+    progress=None,
+) -> Downloaded:
     """Download one known trace (`conversation`, `synthetic`) into `dest_dir` (default: the cache).
 
     Raises KvlabError on a bad URL, a network error or a checksum mismatch; nothing is left
@@ -116,8 +125,9 @@ def _is_file(path: Path) -> bool:
     try:
         return path.is_file()
     except OSError as exc:  # a folder name longer than the file system allows
-        raise KvlabError(f"cannot use trace folder {_clip(str(path.parent))}: "
-                         f"{exc.strerror or exc}") from None
+        raise KvlabError(
+            f"cannot use trace folder {_clip(str(path.parent))}: {exc.strerror or exc}"
+        ) from None
 
 
 def _base_url(base_url: str | None) -> str:
@@ -130,8 +140,10 @@ def _base_url(base_url: str | None) -> str:
     parts = urllib.parse.urlsplit(base)
     no_host = parts.scheme != "file" and not parts.netloc
     if parts.scheme not in ("http", "https", "file") or no_host:
-        raise KvlabError(f"the trace base URL must be an http://, https:// or file:// URL, "
-                         f"got {_clip(base)!r} (from {source})")
+        raise KvlabError(
+            f"the trace base URL must be an http://, https:// or file:// URL, "
+            f"got {_clip(base)!r} (from {source})"
+        )
     return base
 
 
@@ -141,8 +153,9 @@ def _make_folder(folder: Path) -> list[Path]:
         created = [p for p in reversed([folder, *folder.parents]) if not p.exists()]
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise KvlabError(f"cannot create trace folder {_clip(str(folder))!r}: "
-                         f"{exc.strerror or exc}") from None
+        raise KvlabError(
+            f"cannot create trace folder {_clip(str(folder))!r}: {exc.strerror or exc}"
+        ) from None
     return created
 
 
@@ -165,7 +178,9 @@ def _fetch(url: str, folder: Path, target: Path, expected: str, timeout_s: float
         with os.fdopen(fd, "wb") as out:
             with _open_url(url, timeout_s) as response:
                 length = response.headers.get("Content-Length")
-                bar = _Progress(filename, int(length) if length and length.isdigit() else None, progress)
+                bar = _Progress(
+                    filename, int(length) if length and length.isdigit() else None, progress
+                )
                 try:
                     while chunk := response.read(CHUNK_BYTES):
                         out.write(chunk)
@@ -173,14 +188,18 @@ def _fetch(url: str, folder: Path, target: Path, expected: str, timeout_s: float
                         done += len(chunk)
                         bar.update(done)
                 except (OSError, urllib.error.URLError) as exc:
-                    raise KvlabError(f"download of {url} broke off after {done:,} bytes: {exc}") from None
+                    raise KvlabError(
+                        f"download of {url} broke off after {done:,} bytes: {exc}"
+                    ) from None
                 bar.close(done)
             out.flush()
             os.fsync(out.fileno())
         got = digest.hexdigest()
         if got != expected:
-            raise KvlabError(f"checksum mismatch for {filename} from {url}: expected sha256 {expected}, got {got} "
-                             f"({done:,} bytes); nothing was written")
+            raise KvlabError(
+                f"checksum mismatch for {filename} from {url}: expected sha256 {expected}, got {got} "
+                f"({done:,} bytes); nothing was written"
+            )
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes the file private; a trace is ordinary data
@@ -198,8 +217,10 @@ def _open_url(url: str, timeout_s: float):
         raise KvlabError(f"cannot download {url}: HTTP {exc.code} {exc.reason}") from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise KvlabError(f"cannot download {url}: {reason}; check the network, or pass --base-url "
-                         f"(or set {BASE_URL_ENV}) to a mirror") from None
+        raise KvlabError(
+            f"cannot download {url}: {reason}; check the network, or pass --base-url "
+            f"(or set {BASE_URL_ENV}) to a mirror"
+        ) from None
 
 
 def _clip(text: str, limit: int = 80) -> str:

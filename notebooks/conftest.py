@@ -5,5 +5,7 @@ that `pytest -m gpu` starts on a GPU box that has pytest but not nbval."""
 
 
 def pytest_configure(config):
-    if config.pluginmanager.hasplugin("nbval") and not (config.option.nbval or config.option.nbval_lax):
+    if config.pluginmanager.hasplugin("nbval") and not (
+        config.option.nbval or config.option.nbval_lax
+    ):
         config.option.nbval_lax = True

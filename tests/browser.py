@@ -1,6 +1,7 @@
 """Shared browser-test plumbing: build or reuse the site (both editions: English at the
 root, Chinese under zh/), serve it on 127.0.0.1, drive Debian's Chromium with Playwright
 (no browser download)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -15,14 +16,24 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SITE = ROOT / "_build" / "html"
 SHOTS = ROOT / "_build" / "screenshots"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def chromium_path() -> str:
     path = shutil.which("chromium") or shutil.which("chromium-browser")
     if not path:
-        raise RuntimeError("Chromium is not installed: run `make system-deps` (apt-get install -y chromium)")
+        raise RuntimeError(
+            "Chromium is not installed: run `make system-deps` (apt-get install -y chromium)"
+        )
     return path
 
 
@@ -85,8 +96,16 @@ def site_pages() -> list[str]:
     pages = []
     for path in sorted(SITE.rglob("*.html")):
         rel = path.relative_to(SITE).as_posix()
-        if rel.startswith(("_static/", "_sources/", "_images/", f"{ZH}/_static/", f"{ZH}/_sources/",
-                           f"{ZH}/_images/")):
+        if rel.startswith(
+            (
+                "_static/",
+                "_sources/",
+                "_images/",
+                f"{ZH}/_static/",
+                f"{ZH}/_sources/",
+                f"{ZH}/_images/",
+            )
+        ):
             continue
         pages.append(rel)
     return pages

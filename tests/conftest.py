@@ -1,4 +1,5 @@
 """Shared test set-up: a throw-away $HOME (kernels and browsers write there) and paths."""
+
 from __future__ import annotations
 
 import os
@@ -22,8 +23,9 @@ def pytest_configure(config):
     """Without pytest-timeout (a GPU box has pytest only), its marker is declared so that
     --strict-markers accepts the tests that use it. (notebooks/conftest.py sets nbval up.)"""
     if not config.pluginmanager.hasplugin("timeout"):
-        config.addinivalue_line("markers",
-                                "timeout(seconds): a time limit (pytest-timeout; unenforced here)")
+        config.addinivalue_line(
+            "markers", "timeout(seconds): a time limit (pytest-timeout; unenforced here)"
+        )
 
 
 @pytest.fixture(scope="session")

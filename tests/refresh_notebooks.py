@@ -6,6 +6,7 @@ build re-executes everything. Run after changing a notebook or the numbers it pr
 
     .venv/bin/python tests/refresh_notebooks.py [NOTEBOOK ...]
 """
+
 from __future__ import annotations
 
 import sys
@@ -20,7 +21,9 @@ MARK = "NBVAL_CHECK_OUTPUT"
 
 def refresh(path: Path) -> None:
     nb = nbformat.read(path, as_version=4)
-    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    NotebookClient(
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+    ).execute()
     for cell in nb.cells:
         if cell.cell_type != "code":
             continue
@@ -34,6 +37,8 @@ def refresh(path: Path) -> None:
 
 
 if __name__ == "__main__":
-    targets = [Path(p).resolve() for p in sys.argv[1:]] or sorted((ROOT / "notebooks").glob("*.ipynb"))
+    targets = [Path(p).resolve() for p in sys.argv[1:]] or sorted(
+        (ROOT / "notebooks").glob("*.ipynb")
+    )
     for target in targets:
         refresh(target)

@@ -7,6 +7,7 @@ numeric core importable with numpy alone (see ARCHITECTURE.md).
 3. presentation: book, viz, labs, cli.
 Every import counts, including the ones inside functions.
 """
+
 from __future__ import annotations
 
 import ast
@@ -18,8 +19,22 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "kvlab"
 PRESENTATION = {"book", "viz", "labs", "cli", "__main__"}
-DOMAIN = {"tiers", "traces", "traces_gen", "traces_download", "traces_cache", "trace_types", "prefix", "sim", "decoder", "bench", "transfer",
-          "diagnose", "metrics", "native"}
+DOMAIN = {
+    "tiers",
+    "traces",
+    "traces_gen",
+    "traces_download",
+    "traces_cache",
+    "trace_types",
+    "prefix",
+    "sim",
+    "decoder",
+    "bench",
+    "transfer",
+    "diagnose",
+    "metrics",
+    "native",
+}
 GUI = ("bokeh", "ipywidgets", "IPython", "myst_nb", "jupyter_bokeh", "voila")
 
 
@@ -81,7 +96,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt not in state and (found := visit(nxt)):
                 return found
         stack.pop()
@@ -96,8 +111,25 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_every_unit_has_a_layer():
     units = {_unit(m) for m in MODULES} - {"__init__"}
-    layer1 = {"hardware", "models", "dtypes", "cost", "operators", "ledger_rows", "scenario", "errors", "fmt",
-              "prompt", "grids", "published", "jsonsafe", "article", "measured", "parallel", "speculative"}
+    layer1 = {
+        "hardware",
+        "models",
+        "dtypes",
+        "cost",
+        "operators",
+        "ledger_rows",
+        "scenario",
+        "errors",
+        "fmt",
+        "prompt",
+        "grids",
+        "published",
+        "jsonsafe",
+        "article",
+        "measured",
+        "parallel",
+        "speculative",
+    }
     assert units <= PRESENTATION | DOMAIN | layer1, units - (PRESENTATION | DOMAIN | layer1)
 
 
@@ -114,20 +146,35 @@ def test_no_import_cycle_between_packages():
 
 
 def test_imports_point_down_the_layers():
-    wrong = [(m, d) for m, deps in GRAPH.items() for d in deps
-             if _unit(m) != "__init__" and _layer(_unit(d)) > _layer(_unit(m))]
+    wrong = [
+        (m, d)
+        for m, deps in GRAPH.items()
+        for d in deps
+        if _unit(m) != "__init__" and _layer(_unit(d)) > _layer(_unit(m))
+    ]
     assert not wrong, wrong
 
 
 def test_only_presentation_imports_notebook_and_plotting_libraries():
-    wrong = [(m, i) for m, p in MODULES.items() if _layer(_unit(m)) < 3
-             for i in _imports(p) if i.split(".")[0] in GUI]
+    wrong = [
+        (m, i)
+        for m, p in MODULES.items()
+        if _layer(_unit(m)) < 3
+        for i in _imports(p)
+        if i.split(".")[0] in GUI
+    ]
     assert not wrong, wrong
 
 
 def test_only_the_book_knows_chapters():
-    wrong = [m for m in MODULES if "chapter" in m.rsplit(".", 1)[-1] and not m.startswith("kvlab.book")]
-    wrong += [m for m, deps in GRAPH.items() if not _unit(m) == "book" and any(_unit(d) == "book" for d in deps)]
+    wrong = [
+        m for m in MODULES if "chapter" in m.rsplit(".", 1)[-1] and not m.startswith("kvlab.book")
+    ]
+    wrong += [
+        m
+        for m, deps in GRAPH.items()
+        if not _unit(m) == "book" and any(_unit(d) == "book" for d in deps)
+    ]
     assert not wrong, wrong
 
 
@@ -142,8 +189,19 @@ import {module}
 """
 
 
-@pytest.mark.parametrize("module", ["kvlab.cost", "kvlab.labs", "kvlab.sim", "kvlab.prefix", "kvlab.tiers",
-                                    "kvlab.traces", "kvlab.diagnose", "kvlab.cli"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "kvlab.cost",
+        "kvlab.labs",
+        "kvlab.sim",
+        "kvlab.prefix",
+        "kvlab.tiers",
+        "kvlab.traces",
+        "kvlab.diagnose",
+        "kvlab.cli",
+    ],
+)
 def test_numeric_core_imports_with_numpy_alone(module):
     blocked = {"torch", "bokeh", "ipywidgets", "IPython", "myst_nb", "pandas", "scipy"}
     code = BLOCKER.format(blocked=blocked, module=module)

@@ -1,4 +1,5 @@
 """The source article's worked numbers, reproduced exactly by the ledger."""
+
 import pytest
 
 from kvlab import cost
@@ -12,7 +13,9 @@ def test_fp16_weights_of_7b_are_14_gb():
 
 def test_ceiling_at_2_tb_per_s_is_about_143_tokens_per_s():
     # 2e12 / 14e9 = 142.857...: the "about 140 tokens/s" of section 1.1
-    step = cost.decode_step("article-7b", "h100-sxm", batch=1, context=0, bandwidth_bytes_per_s=2e12)
+    step = cost.decode_step(
+        "article-7b", "h100-sxm", batch=1, context=0, bandwidth_bytes_per_s=2e12
+    )
     assert step.weight_read_bytes == 14e9
     assert step.kv_read_bytes == 0
     assert 2e12 / step.weight_read_bytes == pytest.approx(142.857, abs=1e-3)
@@ -37,7 +40,9 @@ def test_32_requests_at_4k_hold_16_gib():
 
 
 def test_14_5_gb_step_at_2_tb_per_s_gives_137_6_tokens_per_s():
-    step = cost.decode_step("article-7b", "h100-sxm", batch=1, context=4096, bandwidth_bytes_per_s=2e12)
+    step = cost.decode_step(
+        "article-7b", "h100-sxm", batch=1, context=4096, bandwidth_bytes_per_s=2e12
+    )
     assert step.step_bytes == pytest.approx(14.537e9, rel=1e-4)
     assert round(step.tokens_per_s, 1) == 137.6
     assert step.bound == "memory"

@@ -1,6 +1,7 @@
 """Benchmarks run end to end in quick mode (into a temporary KVLAB_RESULTS_DIR), write
 well-formed JSON, stay bounded, and feed the book's data functions. No speed is asserted:
 the figures are measured and reported, not tested."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,18 @@ from kvlab.bench.results import machine_slug, write_result  # noqa: E402
 from kvlab.bench.timing import Budget, time_call  # noqa: E402
 from kvlab.cli import main  # noqa: E402
 
-DECODE_KEYS = {"batch", "context", "placement", "kv_dtype", "measured_step_s", "predicted_step_s",
-               "error", "achieved_bytes_per_s", "fraction_of_bandwidth", "step_bytes"}
+DECODE_KEYS = {
+    "batch",
+    "context",
+    "placement",
+    "kv_dtype",
+    "measured_step_s",
+    "predicted_step_s",
+    "error",
+    "achieved_bytes_per_s",
+    "fraction_of_bandwidth",
+    "step_bytes",
+}
 
 
 @pytest.fixture()
@@ -68,9 +79,17 @@ def test_decode_quick_points_carry_the_contract(results, capsys):
         assert p["achieved_bytes_per_s"] == pytest.approx(p["step_bytes"] / p["measured_step_s"])
         # the prediction is the ledger's at the bandwidth recorded with the point
         at_point = ledger.measured_device("x", p["bandwidth_bytes_per_s"], flops, 1e12)
-        again = ledger.predict_decode(p["preset"], at_point, p["batch"], p["context"],
-                                      p["weight_dtype"], p["kv_dtype"], p["placement"],
-                                      p["prefetch"], r["machine"].get("link_bytes_per_s"))
+        again = ledger.predict_decode(
+            p["preset"],
+            at_point,
+            p["batch"],
+            p["context"],
+            p["weight_dtype"],
+            p["kv_dtype"],
+            p["placement"],
+            p["prefetch"],
+            r["machine"].get("link_bytes_per_s"),
+        )
         assert p["predicted_step_s"] == pytest.approx(again["predicted_step_s"])
     assert {p["placement"] for p in r["points"]} == {"device", "host"}
     assert {p["kv_dtype"] for p in r["points"]} == {"bf16", "int8"}
@@ -84,8 +103,10 @@ def test_decode_quick_points_carry_the_contract(results, capsys):
     fixed = ledger.measured_device("fixed", 10e9, flops, 1e12)  # one bandwidth for both
     args = (r["model"]["preset"], fixed, 2, 1024, "bf16", "bf16")
     link = r["machine"]["link_bytes_per_s"]
-    assert ledger.predict_decode(*args, "host", False, link)["predicted_step_s"] > \
-        ledger.predict_decode(*args, "device")["predicted_step_s"]
+    assert (
+        ledger.predict_decode(*args, "host", False, link)["predicted_step_s"]
+        > ledger.predict_decode(*args, "device")["predicted_step_s"]
+    )
     model = r["model"]
     assert model["streamed_weight_bytes"] == pytest.approx(model["ledger_weight_read_bytes"])
     assert (results / machine_slug("cpu") / "decode-quick.json").exists()
@@ -96,14 +117,16 @@ def test_decode_compares_kernels_point_by_point(results, capsys):
 
     if not native.available():
         pytest.skip(f"needs kvlab's native kernels: {native.status()}")
-    r = bench(capsys, "decode", "--quick", "--batches", "1", "--contexts", "512",
-              "--compare-kernels")
+    r = bench(
+        capsys, "decode", "--quick", "--batches", "1", "--contexts", "512", "--compare-kernels"
+    )
     assert {p["kernels"]["attention"] for p in r["points"]} == {"native"}
     written = results / machine_slug("cpu") / "decode-torch-kernels-quick.json"
     other = json.loads(written.read_text())
     # only device placement is compared, every such point once, with PyTorch's kernels
-    assert [(p["placement"], p["kv_dtype"]) for p in other["points"]] == \
-        [(p["placement"], p["kv_dtype"]) for p in r["points"] if p["placement"] == "device"]
+    assert [(p["placement"], p["kv_dtype"]) for p in other["points"]] == [
+        (p["placement"], p["kv_dtype"]) for p in r["points"] if p["placement"] == "device"
+    ]
     assert {p["kernels"]["attention"] for p in other["points"]} == {"torch"}
     assert other["environment"]["kernels"] == "torch"
     assert r["comparison_summary"] == other["summary"]
@@ -138,8 +161,12 @@ def test_all_quick_writes_every_benchmark(results, capsys):
     folder = results / machine_slug("cpu")
     from kvlab import native
 
-    expected = ["decode-quick.json", "memory-quick.json", "recompute-vs-fetch-quick.json",
-                "transfer-quick.json"]
+    expected = [
+        "decode-quick.json",
+        "memory-quick.json",
+        "recompute-vs-fetch-quick.json",
+        "transfer-quick.json",
+    ]
     if native.available():  # the decode points timed again with PyTorch's kernels
         expected.insert(1, "decode-torch-kernels-quick.json")
     assert sorted(p.name for p in folder.glob("*.json")) == expected
@@ -147,27 +174,40 @@ def test_all_quick_writes_every_benchmark(results, capsys):
     assert machine_slug("cpu") in report.machines(include_quick=True)
 
 
-@pytest.mark.parametrize("argv,fragment", [
-    (["decode", "--contexts", "0"], "whole numbers >= 1"),
-    (["decode", "--kv-dtypes", "int3"], "unknown kv dtype"),
-    (["decode", "--preset", "huge"], "unknown decoder preset"),
-    (["memory", "--budget", "-1"], "expected seconds > 0"),
-    (["memory", "--budget", "nan"], "expected seconds > 0"),
-    (["memory", "--device", "tpu"], "not a torch device"),
-    (["memory", "--device", "meta"], "run on cpu or cuda"),
-    (["memory", "--threads", "nan"], "--threads: expected a whole number in 1..4,096, got 'nan'"),
-    (["memory", "--threads", "1.5"], "--threads: expected a whole number"),
-    (["memory", "--repeats", "nan"], "--repeats: expected a whole number in 1..1,000, got 'nan'"),
-    (["memory", "--repeats", "1e400"], "--repeats: expected a whole number"),
-    (["decode", "--contexts", "inf"], "--contexts: expected whole numbers >= 1"),
-    (["decode", "--contexts", "100M"],
-     "100M = 104,857,600 is above the limit of 100,000,000 tokens"),
-    (["decode", "--batches", "1e30"],
-     "--batches: 1e30 = 1,000,000,000,000,000,019,884,624,838,656 is above"),
-    (["decode", "--plan", "h900"], "unknown hardware 'h900'"),
-    (["decode", "--plan", "h200", "--plan-link", "hbm3"], "not a link"),
-    (["all", "--only", "decod"], "--only: unknown benchmark 'decod'"),
-])
+@pytest.mark.parametrize(
+    "argv,fragment",
+    [
+        (["decode", "--contexts", "0"], "whole numbers >= 1"),
+        (["decode", "--kv-dtypes", "int3"], "unknown kv dtype"),
+        (["decode", "--preset", "huge"], "unknown decoder preset"),
+        (["memory", "--budget", "-1"], "expected seconds > 0"),
+        (["memory", "--budget", "nan"], "expected seconds > 0"),
+        (["memory", "--device", "tpu"], "not a torch device"),
+        (["memory", "--device", "meta"], "run on cpu or cuda"),
+        (
+            ["memory", "--threads", "nan"],
+            "--threads: expected a whole number in 1..4,096, got 'nan'",
+        ),
+        (["memory", "--threads", "1.5"], "--threads: expected a whole number"),
+        (
+            ["memory", "--repeats", "nan"],
+            "--repeats: expected a whole number in 1..1,000, got 'nan'",
+        ),
+        (["memory", "--repeats", "1e400"], "--repeats: expected a whole number"),
+        (["decode", "--contexts", "inf"], "--contexts: expected whole numbers >= 1"),
+        (
+            ["decode", "--contexts", "100M"],
+            "100M = 104,857,600 is above the limit of 100,000,000 tokens",
+        ),
+        (
+            ["decode", "--batches", "1e30"],
+            "--batches: 1e30 = 1,000,000,000,000,000,019,884,624,838,656 is above",
+        ),
+        (["decode", "--plan", "h900"], "unknown hardware 'h900'"),
+        (["decode", "--plan", "h200", "--plan-link", "hbm3"], "not a link"),
+        (["all", "--only", "decod"], "--only: unknown benchmark 'decod'"),
+    ],
+)
 def test_bad_input_is_one_line(results, capsys, argv, fragment):
     device = [] if "--device" in argv else ["--device", "cpu"]
     code = main(["bench", *argv, "--quick", "--no-write", *device])
@@ -185,6 +225,7 @@ def test_gpu_suite_without_cuda_says_what_to_do(capsys):
 
 
 # ----------------------------------------------------------------- pure pieces
+
 
 def test_crossover_hand_checked():
     # fetch = 10 x N us, recompute = 1000 us flat: equal at N = 100
@@ -208,14 +249,31 @@ def _fake_decode(machine_dir, device_name, error):
         for batch in (1, 8):
             for ctx in (1024, 4096):
                 measured = 0.01 * (1 + error) * batch
-                points.append({"batch": batch, "context": ctx, "placement": placement,
-                               "prefetch": False, "kv_dtype": "bf16", "measured_step_s": measured,
-                               "predicted_step_s": 0.01 * batch, "error": error,
-                               "achieved_bytes_per_s": 1e9, "fraction_of_bandwidth": 0.8 - error,
-                               "step_bytes": 1e7, "spread": 0.01, "bandwidth_bytes_per_s": 2e9})
-    return {"benchmark": "decode", "environment": {"device_name": device_name, "device": "cpu"},
-            "model": {"preset": "cpu-bench", "weight_dtype": "bf16"}, "bandwidth_bytes_per_s": 2e9,
-            "machine": {"flops_per_s": 1e12}, "points": points}
+                points.append(
+                    {
+                        "batch": batch,
+                        "context": ctx,
+                        "placement": placement,
+                        "prefetch": False,
+                        "kv_dtype": "bf16",
+                        "measured_step_s": measured,
+                        "predicted_step_s": 0.01 * batch,
+                        "error": error,
+                        "achieved_bytes_per_s": 1e9,
+                        "fraction_of_bandwidth": 0.8 - error,
+                        "step_bytes": 1e7,
+                        "spread": 0.01,
+                        "bandwidth_bytes_per_s": 2e9,
+                    }
+                )
+    return {
+        "benchmark": "decode",
+        "environment": {"device_name": device_name, "device": "cpu"},
+        "model": {"preset": "cpu-bench", "weight_dtype": "bf16"},
+        "bandwidth_bytes_per_s": 2e9,
+        "machine": {"flops_per_s": 1e12},
+        "points": points,
+    }
 
 
 def test_report_reads_every_machine(results):
@@ -252,10 +310,12 @@ def test_report_keeps_the_pytorch_kernel_run_apart(results):
     assert chapter.decode_summary() == (
         "On CPU A with kvlab's kernels (bf16 KV): at batch 1 the steps used at least 75.0% of the "
         "copy bandwidth and the ledger was within 5.00%; at batch 8 the steps used at least 75.0% "
-        "of the copy bandwidth and the ledger was within 5.00%.")
+        "of the copy bandwidth and the ledger was within 5.00%."
+    )
     assert chapter.decode_summary("torch").startswith(
         "On CPU A with PyTorch's kernels (bf16 KV): at batch 1 the steps used at least 30.0% of "
-        "the copy bandwidth and the ledger was within 50.0%")
+        "the copy bandwidth and the ledger was within 50.0%"
+    )
     assert chapter.decode_summary(kv_dtype="int8") == ""
     assert chapter.kernels_notes() == "native C kernels"
     assert chapter.bandwidth_range() == "2.00 GB/s to 2.00 GB/s"
@@ -274,21 +334,35 @@ def test_pace_summary_tells_the_two_memory_states_apart(results):
     write_result("decode", run, machine="cpu-a")
     assert measured.pace_summary().startswith(
         "In the recorded run on CPU A the copy bandwidth around these steps stayed between "
-        "2.00 GB/s and 2.00 GB/s, and the cores kept up")
+        "2.00 GB/s and 2.00 GB/s, and the cores kept up"
+    )
     for p in run["points"][:2]:  # two steps while the machine's memory was faster
         p["bandwidth_bytes_per_s"], p["fraction_of_bandwidth"] = 4e9, 0.6
     write_result("decode", run, machine="cpu-a")
     assert measured.pace_summary().startswith(
         "On CPU A some steps ran while the copy bandwidth was up to 4.00 GB/s instead of 2.00 GB/s "
-        "to 2.00 GB/s: those used 60.0% to 60.0% of it, the others 75.0% to 75.0%.")
+        "to 2.00 GB/s: those used 60.0% to 60.0% of it, the others 75.0% to 75.0%."
+    )
 
 
 def test_report_recompute_curves(results):
-    curve = {"preset": "p", "kv_bytes_per_token": 10.0, "streamed_weight_bytes": 1.0,
-             "points": [{"tokens": n, "recompute_s": 1e-3, "fetch_s": 1e-5 * n,
-                         "predicted_recompute_s": 1e-3, "predicted_fetch_s": 1e-5 * n}
-                        for n in (1, 10, 1000)],
-             "crossover_tokens": 100.0, "predicted_crossover_tokens": 100.0}
+    curve = {
+        "preset": "p",
+        "kv_bytes_per_token": 10.0,
+        "streamed_weight_bytes": 1.0,
+        "points": [
+            {
+                "tokens": n,
+                "recompute_s": 1e-3,
+                "fetch_s": 1e-5 * n,
+                "predicted_recompute_s": 1e-3,
+                "predicted_fetch_s": 1e-5 * n,
+            }
+            for n in (1, 10, 1000)
+        ],
+        "crossover_tokens": 100.0,
+        "predicted_crossover_tokens": 100.0,
+    }
     result = {"environment": {"device_name": "X"}, "machine": {}, "curves": [curve]}
     write_result("recompute-vs-fetch", result, machine="m")
     (c,) = report.recompute_curves()
@@ -316,8 +390,16 @@ def test_measure_undisturbed_retries_when_another_process_stalled_the_cpu(monkey
 
 def _fake_runner(kind):
     def run(device, **kw):
-        return {"benchmark": kind, "environment": {}, "bandwidth_bytes_per_s": 1.0, "points": [],
-                "skipped": [], "summary": {}, "curves": []}
+        return {
+            "benchmark": kind,
+            "environment": {},
+            "bandwidth_bytes_per_s": 1.0,
+            "points": [],
+            "skipped": [],
+            "summary": {},
+            "curves": [],
+        }
+
     return run
 
 
@@ -336,6 +418,7 @@ def _fake_suite(monkeypatch, recompute_runner):
 def test_suite_survives_a_broken_benchmark(results, monkeypatch, capsys):
     """A one-shot GPU run must not lose every result to one crash: the others still run and
     are written, the failure is reported, and the exit status says something failed."""
+
     def boom(device, **kw):
         raise RuntimeError("kernel exploded")
 
@@ -354,8 +437,9 @@ def test_suite_records_a_refused_benchmark_and_goes_on(results, monkeypatch, cap
     from kvlab.errors import KvlabError
 
     def refuse(device, **kw):
-        raise KvlabError("decoder 'gpu-bench' weights (bf16) needs 7.3 GB but only 4 GB of cuda "
-                         "memory is free")
+        raise KvlabError(
+            "decoder 'gpu-bench' weights (bf16) needs 7.3 GB but only 4 GB of cuda memory is free"
+        )
 
     _fake_suite(monkeypatch, refuse)
     code = main(["bench", "all", "--device", "cpu", "--json"])
@@ -380,8 +464,20 @@ def test_decode_refuses_points_one_by_one_and_goes_on(results, capsys, monkeypat
         return real(what, needed, device, hint)
 
     monkeypatch.setattr(fit, "require", tight)
-    r = bench(capsys, "decode", "--quick", "--preset", "tiny", "--contexts", "64",
-              "--placements", "device", "--kv-dtypes", "bf16", "--no-write")
+    r = bench(
+        capsys,
+        "decode",
+        "--quick",
+        "--preset",
+        "tiny",
+        "--contexts",
+        "64",
+        "--placements",
+        "device",
+        "--kv-dtypes",
+        "bf16",
+        "--no-write",
+    )
     assert [(p["batch"], p["context"]) for p in r["points"]] == [(1, 64)]
     assert [(s["batch"], s["context"]) for s in r["skipped"]] == [(2, 64)]
     assert "needs more than this test allows" in r["skipped"][0]["reason"]
@@ -395,8 +491,12 @@ def test_decode_groups_put_the_main_questions_first():
     grid = resolve_grid(True, False)
     groups = decode_groups(grid, True)
     order = [(g.placement, g.prefetch, g.kv_dtype) for g, _, _ in groups]
-    assert order[:9] == [("device", False, "bf16")] * 3 + [("host", False, "bf16")] * 3 + \
-        [("host", True, "bf16")] * 3
+    assert (
+        order[:9]
+        == [("device", False, "bf16")] * 3
+        + [("host", False, "bf16")] * 3
+        + [("host", True, "bf16")] * 3
+    )
     assert {kv for _, _, kv in order[9:]} == {"fp8", "int8"} and len(groups) == 3 * 3 + 2 * 3
     limit = HOST_MAX_TOKENS["cuda"]
     for g, ctxs, refused in groups:
@@ -404,8 +504,13 @@ def test_decode_groups_put_the_main_questions_first():
         assert all(g.placement == "host" and g.batch * c > limit for c, _ in refused)
     g, _, [(ctx, why)] = next(x for x in groups if x[0].placement == "host" and x[0].batch == 8)
     assert skip_record(g, ctx, why) == {
-        "placement": "host", "prefetch": False, "kv_dtype": "bf16", "batch": 8, "context": 32768,
-        "reason": "host placement limited to 131,072 tokens"}
+        "placement": "host",
+        "prefetch": False,
+        "kv_dtype": "bf16",
+        "batch": 8,
+        "context": 32768,
+        "reason": "host placement limited to 131,072 tokens",
+    }
     assert resolve_grid(False, False, kv_dtypes=["int8"])["host_kv_dtypes"] == ("int8",)
     assert resolve_grid(False, False)["prefetch"] == (False,)  # nothing to overlap with on a CPU
 
@@ -444,8 +549,27 @@ def test_plan_walks_the_cuda_sweep_without_allocating(capsys, monkeypatch):
 
 
 def test_plan_names_what_does_not_fit_and_what_the_budget_leaves_out(capsys):
-    assert main(["bench", "decode", "--plan", "h200", "--batches", "1,64", "--contexts", "32k",
-                 "--placements", "device", "--kv-dtypes", "bf16", "--budget", "1.5"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "decode",
+                "--plan",
+                "h200",
+                "--batches",
+                "1,64",
+                "--contexts",
+                "32k",
+                "--placements",
+                "device",
+                "--kv-dtypes",
+                "bf16",
+                "--budget",
+                "1.5",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     lines = {line.split()[2]: line for line in out.splitlines() if line.startswith("device bf16")}
     # 137 GB of KV is more than the 127 GB usable
@@ -530,8 +654,11 @@ class _Recorder:
         monkeypatch.setattr(torch.cuda, "current_stream", self.current_stream)
         monkeypatch.setattr(torch.cuda, "stream", lambda s: self.named("stream", s.device))
         monkeypatch.setattr(torch.cuda, "device", lambda d: self.named("device", d))
-        monkeypatch.setattr(torch.cuda, "graph", lambda g, pool=None, stream=None: self.named(
-            "graph", getattr(stream, "device", None)))
+        monkeypatch.setattr(
+            torch.cuda,
+            "graph",
+            lambda g, pool=None, stream=None: self.named("graph", getattr(stream, "device", None)),
+        )
         monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
 
 
@@ -581,25 +708,44 @@ def test_result_files_are_ordinary_files(results):
 
 # ----------------------------------------------------------------- the GPU session
 
+
 def _point(placement, batch, ctx, measured, predicted, prefetch=False, kv="bf16", share=0.9):
-    return {"placement": placement, "prefetch": prefetch, "kv_dtype": kv, "batch": batch,
-            "context": ctx, "measured_step_s": measured, "predicted_step_s": predicted,
-            "error": measured / predicted - 1, "fraction_of_bandwidth": share,
-            "achieved_bytes_per_s": share * 4e12}
+    return {
+        "placement": placement,
+        "prefetch": prefetch,
+        "kv_dtype": kv,
+        "batch": batch,
+        "context": ctx,
+        "measured_step_s": measured,
+        "predicted_step_s": predicted,
+        "error": measured / predicted - 1,
+        "fraction_of_bandwidth": share,
+        "achieved_bytes_per_s": share * 4e12,
+    }
 
 
 def test_findings_from_hand_made_results():
     from kvlab.bench.findings import findings
 
-    decode = {"points": [_point("device", 1, 1024, 1.1, 1.0, share=0.88),
-                         _point("device", 1, 8192, 1.0, 1.0), _point("device", 8, 1024, 1.3, 1.0),
-                         _point("device", 1, 1024, 2.0, 1.0, kv="int8"),
-                         _point("host", 1, 1024, 3.0, 2.5),
-                         _point("host", 1, 1024, 2.0, 1.5, prefetch=True)],
-              "skipped": [{}]}
+    decode = {
+        "points": [
+            _point("device", 1, 1024, 1.1, 1.0, share=0.88),
+            _point("device", 1, 8192, 1.0, 1.0),
+            _point("device", 8, 1024, 1.3, 1.0),
+            _point("device", 1, 1024, 2.0, 1.0, kv="int8"),
+            _point("host", 1, 1024, 3.0, 2.5),
+            _point("host", 1, 1024, 2.0, 1.5, prefetch=True),
+        ],
+        "skipped": [{}],
+    }
     curves = [{"preset": "p", "crossover_tokens": 900.0, "predicted_crossover_tokens": 1000.0}]
-    f = findings({"decode": decode, "memory": {"bandwidth_bytes_per_s": 4e12},
-                  "recompute-vs-fetch": {"curves": curves}})
+    f = findings(
+        {
+            "decode": decode,
+            "memory": {"bandwidth_bytes_per_s": 4e12},
+            "recompute-vs-fetch": {"curves": curves},
+        }
+    )
     b1 = f["decode_batch1"]
     assert b1["kv_dtype"] == "bf16" and b1["share_min"] == 0.88 and b1["meets_target"]
     assert b1["points"][0]["share_of_memory_copy"] == pytest.approx(0.88)
@@ -618,10 +764,22 @@ def test_gpu_session_packs_what_comes_back(tmp_path):
 
     from kvlab.bench import gpu_session
 
-    names = ("NVIDIA H200", "NVIDIA H100 80GB HBM3", "NVIDIA L40S", "NVIDIA L4",
-             "NVIDIA GeForce RTX 4090", "Tesla T4")
-    assert [gpu_session.catalogue_device(n) for n in names] == \
-        ["h200", "h100-sxm", "l40s", "l4", "rtx-4090", None]
+    names = (
+        "NVIDIA H200",
+        "NVIDIA H100 80GB HBM3",
+        "NVIDIA L40S",
+        "NVIDIA L4",
+        "NVIDIA GeForce RTX 4090",
+        "Tesla T4",
+    )
+    assert [gpu_session.catalogue_device(n) for n in names] == [
+        "h200",
+        "h100-sxm",
+        "l40s",
+        "l4",
+        "rtx-4090",
+        None,
+    ]
     (tmp_path / "results" / "gpu").mkdir(parents=True)
     for i in range(7):
         (tmp_path / "results" / "gpu" / f"r{i}.json").write_text("{}")
@@ -657,10 +815,28 @@ def test_gpu_session_dry_run_on_the_cpu(tmp_path):
     from kvlab.bench.gpu_session import MAX_DEPTH, MAX_FILES, ROOT
 
     out = tmp_path / "out"
-    argv = [sys.executable, "-m", "kvlab.bench.gpu_session", "--out", str(out), "--dry-run",
-            "--only", "transfer", "--deadline", "240", "--tests", "tests/test_decoder.py"]
-    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    argv = [
+        sys.executable,
+        "-m",
+        "kvlab.bench.gpu_session",
+        "--out",
+        str(out),
+        "--dry-run",
+        "--only",
+        "transfer",
+        "--deadline",
+        "240",
+        "--tests",
+        "tests/test_decoder.py",
+    ]
+    done = subprocess.run(
+        argv,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     record = json.loads((out / "session.json").read_text())
     assert [s["step"] for s in record["steps"]][-3:] == ["plan", "suite", "gpu tests"]
@@ -685,8 +861,21 @@ def test_decode_sweep_on_cuda(results, capsys):
 
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    code = main(["bench", "decode", "--quick", "--device", "cuda:0", "--preset", "small",
-                 "--contexts", "256,1k", "--json", "--no-write"])
+    code = main(
+        [
+            "bench",
+            "decode",
+            "--quick",
+            "--device",
+            "cuda:0",
+            "--preset",
+            "small",
+            "--contexts",
+            "256,1k",
+            "--json",
+            "--no-write",
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 0, err
     r = json.loads(out)

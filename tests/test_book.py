@@ -2,6 +2,7 @@
 
 The notebooks (nbval) run every chapter's `numbers()` on the real traces; these tests
 check the data behind them on small inputs, by hand where the article gives a number."""
+
 from __future__ import annotations
 
 import json
@@ -26,6 +27,7 @@ def gen():
 
 # ------------------------------------------------------------------ chapter 3
 
+
 def test_article_numbers_are_book_ready():
     a = beyond_hbm.article_numbers()
     assert a["kv_bytes_4k_request"] == 512 * MiB and a["kv_bytes_32_requests"] == 16 * GiB
@@ -49,8 +51,9 @@ def test_tier_series_are_plot_ready():
     for name, p in t["placements"].items():
         assert np.all(p["tokens_per_s"] <= hbm * (1 + 1e-12)), name
     assert pd["links"]["ethernet-10g"]["decode_steps_per_transfer"] > 90
-    assert pd["links"]["ib-200g"]["transfer_s"] == pytest.approx(8 * pd["links"]["article-200GB/s"]["transfer_s"],
-                                                                 rel=1e-2)
+    assert pd["links"]["ib-200g"]["transfer_s"] == pytest.approx(
+        8 * pd["links"]["article-200GB/s"]["transfer_s"], rel=1e-2
+    )
     # a cache worth having gets faster with the hit rate; a liability slower
     mean = {k: v["mean_prefill_time_s"] for k, v in hr["placements"].items()}
     assert mean["hbm"][-1] < mean["hbm"][0] and mean["remote-10gbe"][-1] > mean["remote-10gbe"][0]
@@ -58,9 +61,16 @@ def test_tier_series_are_plot_ready():
 
 # --------------------------------------------------------- chapters 4 and 5
 
+
 def test_sweep_shapes(gen):
-    s = sim_runs.sweep(gen, duration_s=30, links=("ib-200g", "nvlink4"), pool_bytes_per_node=(0, 1e11),
-                       prefill_workers=(1,), decode_workers=(1, 2))
+    s = sim_runs.sweep(
+        gen,
+        duration_s=30,
+        links=("ib-200g", "nvlink4"),
+        pool_bytes_per_node=(0, 1e11),
+        prefill_workers=(1,),
+        decode_workers=(1, 2),
+    )
     for arch in ARCHS:
         grid = s["metrics"][arch]["ttft_p50_s"]
         assert grid.shape == (2, 2, 1, 2) and np.isfinite(grid).all()
@@ -83,7 +93,10 @@ def test_compare_and_bytes(gen):
     same = {b[v]["bytes"]["kv-transfer"] for v in names}
     assert len(same) == 1  # the same bytes cross the network ...
     assert b["disaggregated"]["hidden_s"]["kv-transfer"] == 0.0
-    assert b["disaggregated + overlap"]["exposed_s"]["kv-transfer"] < b["disaggregated"]["exposed_s"]["kv-transfer"]
+    assert (
+        b["disaggregated + overlap"]["exposed_s"]["kv-transfer"]
+        < b["disaggregated"]["exposed_s"]["kv-transfer"]
+    )
 
 
 def test_hit_rates_timeline_streams(gen):
@@ -93,7 +106,9 @@ def test_hit_rates_timeline_streams(gen):
     assert np.all(h["global_token_hit_ratio"] >= h["local_token_hit_ratio"] - 1e-12)
     t = sim_runs.timeline(gen, arch="kv-centric", duration_s=10)
     kinds = {row[3] for row in t["rows"]}
-    assert {"prefill", "transfer", "decode"} <= kinds and set(t["workers"]) >= {row[0] for row in t["rows"]}
+    assert {"prefill", "transfer", "decode"} <= kinds and set(t["workers"]) >= {
+        row[0] for row in t["rows"]
+    }
     s = sim_runs.token_streams(gen, duration_s=40, requests=3, min_tokens=50)
     assert len(s["requests"]) == 3
     for row in s["colocated"]:
@@ -117,6 +132,7 @@ def test_remote_kv_disaster(gen):
 
 # ------------------------------------------------------------------- catalog
 
+
 def test_catalog_builds_every_embedded_panel():
     from kvlab.book.catalog import panels
     from kvlab.viz import Panel
@@ -126,6 +142,7 @@ def test_catalog_builds_every_embedded_panel():
 
 
 # ------------------------------------------------------------------ chapter 2
+
 
 def test_batching_levels_off_below_the_ridge_at_4k():
     """GQA decode at 4K: the intensity a huge batch reaches is ~32 FLOP/B (Llama 3.1 8B),
@@ -152,10 +169,13 @@ def test_tier_steps_are_not_all_orders_of_magnitude():
     assert r["hbm_over_ddr"] == pytest.approx(15.6, rel=0.01)
     assert r["ddr_over_pcie"] == pytest.approx(4.9, rel=0.01)
     assert r["pcie_over_nic"] == pytest.approx(2.5, rel=0.01)
-    assert r["hbm_over_nic"] == pytest.approx(r["hbm_over_ddr"] * r["ddr_over_pcie"] * r["pcie_over_nic"])
+    assert r["hbm_over_nic"] == pytest.approx(
+        r["hbm_over_ddr"] * r["ddr_over_pcie"] * r["pcie_over_nic"]
+    )
 
 
 # ------------------------------------------------------------ measured chapter
+
 
 def test_gpu_tables_behind_the_measured_chapter():
     from kvlab.book import gpu_tables, measured
@@ -172,7 +192,12 @@ def test_gpu_tables_behind_the_measured_chapter():
     assert "A100" in measured.gpu_numbers()["attn_impossible"]
     ledger = gpu_tables.ledger_against_kernels("h100-sxm")
     assert np.all(ledger["ratio"] > 1.0) and ledger["ratio"][-1] < ledger["ratio"][0]
-    for make in (measured.gemv_figure, measured.gemm_batch_figure, measured.attention_figure, measured.ledger_figure):
+    for make in (
+        measured.gemv_figure,
+        measured.gemm_batch_figure,
+        measured.attention_figure,
+        measured.ledger_figure,
+    ):
         fig = make()
         assert any("kernel tables" in getattr(t, "text", "") for t in fig.below)  # names its source
 
@@ -185,7 +210,11 @@ def test_flash_attention_shows_per_operator():
     e = flash_attention_effect("llama-3.1-8b", "h100-sxm", 4096)
     assert e["attention_intensity_naive"] == pytest.approx(64.0, rel=0.02)  # + the KV it reads
     assert e["attention_intensity_flash"] > 295 > e["attention_intensity_naive"]
-    assert 1.1 < e["time_ratio"] < flash_attention_effect("llama-3.1-8b", "h100-sxm", 32768)["time_ratio"]
+    assert (
+        1.1
+        < e["time_ratio"]
+        < flash_attention_effect("llama-3.1-8b", "h100-sxm", 32768)["time_ratio"]
+    )
 
 
 def test_the_hit_slower_than_a_miss_needs_all_its_conditions():
@@ -203,6 +232,7 @@ def test_the_hit_slower_than_a_miss_needs_all_its_conditions():
 
 # ------------------------------------------------- chapter 4: capacity under load
 
+
 def test_saturation_rate_hand_checked():
     rates = [1.0, 2.0, 3.0]
     crossed = sim_runs.saturation_rate(rates, [1.0, 0.95, 0.8])
@@ -213,8 +243,17 @@ def test_saturation_rate_hand_checked():
 
 @pytest.fixture(scope="module")
 def load(gen):
-    variants = {k: sim_runs.LOAD_VARIANTS[k] for k in
-                ("colocated", "colocated-512", "colocated-2048", "disaggregated", "kv-centric", "kv-centric+er")}
+    variants = {
+        k: sim_runs.LOAD_VARIANTS[k]
+        for k in (
+            "colocated",
+            "colocated-512",
+            "colocated-2048",
+            "disaggregated",
+            "kv-centric",
+            "kv-centric+er",
+        )
+    }
     return sim_runs.load_sweep(gen, requests=150, rates=(0.5, 4.0, 100.0), variants=variants)
 
 
@@ -278,6 +317,7 @@ def test_trace_at_rate_keeps_order_and_bursts(gen):
 
 # ------------------------------------------------- chapter 2c: past the per-user ceiling
 
+
 @pytest.fixture(scope="module")
 def ceiling_numbers():
     from kvlab.book import past_the_ceiling
@@ -298,8 +338,13 @@ def test_speculation_pays_less_as_the_batch_grows_at_short_contexts():
     assert speedup[0] > 1.9 and np.all(np.diff(speedup[batches >= 48]) <= 1e-6)  # terms: 7 digits
     assert speedup[-1] < 0.8 * speedup[0]  # beyond the ridge every rejected row is paid for
     breakeven = short["values"]["breakeven_batch"]
-    assert breakeven == 180 == ch.breakeven_batch("llama-3.1-8b", "h100-sxm", 256, 4, 0.7,
-                                                  weight_dtype="bf16", kv_dtype="bf16")
+    assert (
+        breakeven
+        == 180
+        == ch.breakeven_batch(
+            "llama-3.1-8b", "h100-sxm", 256, 4, 0.7, weight_dtype="bf16", kv_dtype="bf16"
+        )
+    )
     assert np.all(speedup[batches < breakeven] > 1) and np.all(speedup[batches >= breakeven] <= 1)
     long_ = panel.values()  # 4K: pays at every batch that fits
     assert long_["breakeven_batch"] is None and long_["max_batch"] == 114
@@ -327,8 +372,11 @@ def test_speculative_panel_terms_are_the_ledger_and_live_states_work():
     off_grid = panel.values(acceptance=0.72, batch=100)  # the live face: any value
     s = levers_setup_step("8b-h100-head", 100, 4096, 4, 0.72)
     assert off_grid["speedup"] == pytest.approx(s.speculative_speedup, rel=1e-12)
-    assert (panel.values(acceptance=0.7, batch=100)["speedup"]
-            < off_grid["speedup"] < panel.values(acceptance=0.75, batch=100)["speedup"])
+    assert (
+        panel.values(acceptance=0.7, batch=100)["speedup"]
+        < off_grid["speedup"]
+        < panel.values(acceptance=0.75, batch=100)["speedup"]
+    )
 
 
 def levers_setup_step(setup, batch, context, k, a):
@@ -351,8 +399,9 @@ def test_tensor_parallel_eight_gpus_fit_the_70b_and_run_it_faster_but_not_eight_
     assert eight.tokens_per_s_per_sequence < 8 * one.tokens_per_s_per_sequence
     # 160 all-reduces of a 16 kB message: latency, not bandwidth, sets their time at batch 1
     assert eight.allreduce_latency_s / eight.allreduce_time_s > 0.95
-    assert eight.allreduce_time_s == pytest.approx(160 * 3.2298e-6 + (eight.allreduce_time_s
-                                                                     - eight.allreduce_latency_s))
+    assert eight.allreduce_time_s == pytest.approx(
+        160 * 3.2298e-6 + (eight.allreduce_time_s - eight.allreduce_latency_s)
+    )
     # the all-reduces' share grows with the batch, more so as measured
     big = ch.tp_steps(64)[8]
     assert big.allreduce_time_s / big.step_time_s > eight.allreduce_time_s / eight.step_time_s
@@ -363,7 +412,8 @@ def test_tensor_parallel_eight_gpus_fit_the_70b_and_run_it_faster_but_not_eight_
     assert v8["fits"] and not v1["fits"] and v1["max_batch"] == 0
     assert v8["step_time_s"] == pytest.approx(eight.step_time_s, rel=1e-6)
     assert v8["max_batch"] == eight.max_batch and v8["speedup"] == pytest.approx(
-        one.step_time_s / eight.step_time_s, rel=1e-6)
+        one.step_time_s / eight.step_time_s, rel=1e-6
+    )
     assert 0 < v8["share_of_ideal"] < 1
     assert v8["measured_step_time_s"] > v8["step_time_s"]
     deepseek = panel.values(model="deepseek-v3", hardware="h200")
@@ -371,7 +421,8 @@ def test_tensor_parallel_eight_gpus_fit_the_70b_and_run_it_faster_but_not_eight_
     assert not panel.values(model="deepseek-v3")["fits"]  # 84.8 GB per GPU > an H100's 80 GB
     off_grid = panel.values(batch=100)  # the live face
     assert off_grid["step_time_s"] == pytest.approx(
-        ch._step("llama-3.1-70b", "h100-sxm", 100, tensor_parallel=8).step_time_s, rel=1e-12)
+        ch._step("llama-3.1-70b", "h100-sxm", 100, tensor_parallel=8).step_time_s, rel=1e-12
+    )
 
 
 def test_deepseek_v3_reads_more_experts_as_the_batch_grows_and_mtp_pays_more():
@@ -384,8 +435,17 @@ def test_deepseek_v3_reads_more_experts_as_the_batch_grows_and_mtp_pays_more():
     tp8 = ch._step("deepseek-v3", "h200", 1, tensor_parallel=8, weight_dtype="fp8")
     assert tp8.fits and tp8.kv_bytes_per_token == 70272  # the latent is not split
     assert tp8.weight_read_bytes > reads[0] / 8  # the latent down-projections stay whole
-    mtp = ch.speculative_step("deepseek-v3", "h200", np.array([1, 64, 256]), 4096, 1, 0.85,
-                              weight_dtype="fp8", kv_dtype="bf16", tensor_parallel=8)
+    mtp = ch.speculative_step(
+        "deepseek-v3",
+        "h200",
+        np.array([1, 64, 256]),
+        4096,
+        1,
+        0.85,
+        weight_dtype="fp8",
+        kv_dtype="bf16",
+        tensor_parallel=8,
+    )
     speedup = np.asarray(mtp.speculative_speedup)
     assert 1 < speedup[0] < speedup[1] < speedup[2] < 1.85  # the verify pass touches ~16 experts
 

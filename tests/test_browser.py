@@ -4,6 +4,7 @@ to what kvlab computes (`kvlab budget --json` for ledger quantities) as built an
 few control changes (in Chinese: the same values, their words through kvlab.viz.i18n), a
 slider dragged with the mouse, the Chinese search. The panels' JavaScript over their whole
 grids, and the formatting twins digit for digit, are checked under node by tests/test_js.py."""
+
 from __future__ import annotations
 
 import functools
@@ -14,17 +15,33 @@ import re
 from contextlib import redirect_stdout
 
 import pytest
-
 from browser import (
-    CHROMIUM_ARGS, ROOT, SHOTS, ZH, chromium_path, edition, ensure_site, page_language, page_panels, serve,
+    CHROMIUM_ARGS,
+    ROOT,
+    SHOTS,
+    ZH,
+    chromium_path,
+    edition,
+    ensure_site,
+    page_language,
+    page_panels,
+    serve,
     site_pages,
 )
 
 pytestmark = pytest.mark.browser
 
-CLI_FLAGS = {"model": "--model", "hardware": "--hardware", "batch": "--batch", "context": "--context",
-             "weight_dtype": "--weight-dtype", "kv_dtype": "--kv-dtype", "efficiency": "--efficiency",
-             "cached": "--cached", "bandwidth": "--bandwidth"}
+CLI_FLAGS = {
+    "model": "--model",
+    "hardware": "--hardware",
+    "batch": "--batch",
+    "context": "--context",
+    "weight_dtype": "--weight-dtype",
+    "kv_dtype": "--kv-dtype",
+    "efficiency": "--efficiency",
+    "cached": "--cached",
+    "bandwidth": "--bandwidth",
+}
 
 
 def pytest_generate_tests(metafunc):
@@ -56,7 +73,10 @@ def open_page(browser, url):
     """Open a page and record everything that went wrong while it loaded."""
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     problems, transferred = [], {"bytes": 0}
-    page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+    page.on(
+        "console",
+        lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None,
+    )
     page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
     page.on("requestfailed", lambda r: problems.append(f"failed request: {r.url} ({r.failure})"))
 
@@ -83,7 +103,9 @@ def test_toc_pages_were_built():
     assert {f"{ZH}/{page}" for page in expected} <= set(site_pages())  # the Chinese edition
     english = [key for page, key in page_panels() if page_language(page) == "en"]
     assert english, "the book embeds no static panel"
-    assert sorted(key for page, key in page_panels() if page_language(page) != "en") == sorted(english)
+    assert sorted(key for page, key in page_panels() if page_language(page) != "en") == sorted(
+        english
+    )
 
 
 def test_page_is_clean(browser, base_url, page):
@@ -116,8 +138,12 @@ SET_CONTROL = """([name, value]) => {
 
 
 def parse_readout(html: str) -> dict[str, tuple[str, str]]:
-    return {k: (raw, text) for k, raw, text in
-            re.findall(r'<td data-key="([\w-]+)" data-value="([^"]*)">([^<]*)</td>', html)}
+    return {
+        k: (raw, text)
+        for k, raw, text in re.findall(
+            r'<td data-key="([\w-]+)" data-value="([^"]*)">([^<]*)</td>', html
+        )
+    }
 
 
 def budget_json(kwargs: dict) -> dict:
@@ -169,7 +195,12 @@ def _check_readout(panel, state: dict, readout_html: str) -> None:
         elif isinstance(want, bool):
             assert raw == str(want).lower(), (key, state)
         else:
-            assert math.isclose(float(raw), float(want), rel_tol=1e-9, abs_tol=1e-12), (key, raw, want, state)
+            assert math.isclose(float(raw), float(want), rel_tol=1e-9, abs_tol=1e-12), (
+                key,
+                raw,
+                want,
+                state,
+            )
         assert html_lib.unescape(text) == i18n.t(FORMATS[kind](want)), (key, text, want, state)
 
 
@@ -202,7 +233,9 @@ def test_panel_readouts_match_kvlab(browser, base_url, panel):
 
 @pytest.mark.parametrize("language", ["en", "zh_CN"])
 def test_dragging_a_slider_with_the_mouse_updates_the_readout(browser, base_url, language):
-    page_path, key = next(p for p in page_panels() if p[1] == "ledger" and page_language(p[0]) == language)
+    page_path, key = next(
+        p for p in page_panels() if p[1] == "ledger" and page_language(p[0]) == language
+    )
     tab, problems = open_page(browser, f"{base_url}/{page_path}")
     tab.wait_for_function("window.Bokeh && Bokeh.documents.length > 0 && window.KVLAB")
     before = tab.evaluate(READ_PANEL, [key])
@@ -224,11 +257,16 @@ def test_dragging_a_slider_with_the_mouse_updates_the_readout(browser, base_url,
 def test_chinese_readouts_are_in_chinese(browser, base_url):
     """The static page's readout after a change keeps its Chinese labels (KVLAB.apply is
     wrapped by the table kvlab.viz.i18n ships with the Chinese site)."""
-    page_path, key = next(p for p in page_panels() if p[1] == "ledger" and page_language(p[0]) == "zh_CN")
+    page_path, key = next(
+        p for p in page_panels() if p[1] == "ledger" and page_language(p[0]) == "zh_CN"
+    )
     tab, problems = open_page(browser, f"{base_url}/{page_path}")
     tab.wait_for_function("window.Bokeh && Bokeh.documents.length > 0 && window.KVLAB")
     before = tab.evaluate(READ_PANEL, [key])
-    assert tab.evaluate(SET_CONTROL, [f"{key}.batch", other_values(before["meta"]["batch"], before["state"]["batch"])[0]])
+    assert tab.evaluate(
+        SET_CONTROL,
+        [f"{key}.batch", other_values(before["meta"]["batch"], before["state"]["batch"])[0]],
+    )
     tab.wait_for_function(f"(window.KVLAB.updates || 0) > {before['updates']}", timeout=5000)
     after = tab.evaluate(READ_PANEL, [key])["readout"]
     labels = re.findall(r"<th>([^<]*)</th>", after)
@@ -240,7 +278,9 @@ def test_chinese_readouts_are_in_chinese(browser, base_url):
 def test_chinese_search_works_offline(browser, base_url):
     """Sphinx's search in the Chinese edition (words segmented by jieba at build time)."""
     tab, problems = open_page(browser, f"{base_url}/{ZH}/search.html?q=%E5%B8%A6%E5%AE%BD")  # 带宽
-    tab.wait_for_function("document.querySelectorAll('#search-results li').length > 0", timeout=15000)
+    tab.wait_for_function(
+        "document.querySelectorAll('#search-results li').length > 0", timeout=15000
+    )
     found = tab.evaluate("[...document.querySelectorAll('#search-results li a')].map(a => a.href)")
     tab.close()
     assert any("glossary" in url for url in found), found

@@ -1,4 +1,5 @@
 """The `kvlab` command line: the JSON contract, readable tables, bad input -> exit 2."""
+
 import json
 import os
 import subprocess
@@ -8,9 +9,20 @@ import pytest
 
 from kvlab.cli import main
 
-BUDGET_KEYS = {"weight_bytes", "kv_bytes_per_token", "kv_read_bytes", "step_bytes", "step_time_s",
-               "tokens_per_s", "tokens_per_s_per_sequence", "kv_cache_bytes", "fits", "max_batch",
-               "bound", "arithmetic_intensity"}
+BUDGET_KEYS = {
+    "weight_bytes",
+    "kv_bytes_per_token",
+    "kv_read_bytes",
+    "step_bytes",
+    "step_time_s",
+    "tokens_per_s",
+    "tokens_per_s_per_sequence",
+    "kv_cache_bytes",
+    "fits",
+    "max_batch",
+    "bound",
+    "arithmetic_intensity",
+}
 
 
 def run(capsys, *argv):
@@ -20,8 +32,19 @@ def run(capsys, *argv):
 
 
 def test_budget_reproduces_the_article(capsys):
-    code, out, err = run(capsys, "budget", "--model", "article-7b", "--bandwidth", "2e12",
-                         "--batch", "1", "--context", "4096", "--json")
+    code, out, err = run(
+        capsys,
+        "budget",
+        "--model",
+        "article-7b",
+        "--bandwidth",
+        "2e12",
+        "--batch",
+        "1",
+        "--context",
+        "4096",
+        "--json",
+    )
     assert code == 0 and err == ""
     r = json.loads(out)
     assert BUDGET_KEYS <= set(r)
@@ -33,15 +56,31 @@ def test_budget_reproduces_the_article(capsys):
 
 
 def test_budget_table_is_readable(capsys):
-    code, out, _ = run(capsys, "budget", "--model", "llama-3.1-8b", "--hardware", "l4", "--batch", "32",
-                       "--context", "8k")
+    code, out, _ = run(
+        capsys,
+        "budget",
+        "--model",
+        "llama-3.1-8b",
+        "--hardware",
+        "l4",
+        "--batch",
+        "32",
+        "--context",
+        "8k",
+    )
     assert code == 0
     assert "weights read" in out and "KV history read" in out and "does NOT fit" in out
 
 
 def test_budget_accepts_a_config_path(capsys, tmp_path):
-    cfg = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
-           "intermediate_size": 128, "vocab_size": 100}
+    cfg = {
+        "model_type": "llama",
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "intermediate_size": 128,
+        "vocab_size": 100,
+    }
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
     code, out, _ = run(capsys, "budget", "--model", str(path), "--json")
@@ -49,28 +88,33 @@ def test_budget_accepts_a_config_path(capsys, tmp_path):
 
 
 def test_does_not_fit_is_a_result(capsys):
-    code, out, _ = run(capsys, "budget", "--model", "llama-3.1-70b", "--hardware", "rtx-4090", "--json")
+    code, out, _ = run(
+        capsys, "budget", "--model", "llama-3.1-70b", "--hardware", "rtx-4090", "--json"
+    )
     r = json.loads(out)
     assert code == 0 and r["fits"] is False and r["max_batch"] == 0
 
 
-@pytest.mark.parametrize("argv,fragment", [
-    (["budget", "--model", "gpt-5"], "unknown model 'gpt-5'"),
-    (["budget", "--model", "article-7b", "--hardware", "h300"], "unknown hardware 'h300'"),
-    (["budget", "--model", "article-7b", "--batch", "-1"], "batch must be >= 1"),
-    (["budget", "--model", "article-7b", "--batch", "0"], "batch must be >= 1"),
-    (["budget", "--model", "article-7b", "--batch", "nan"], "finite"),
-    (["budget", "--model", "article-7b", "--batch", "1e30"], "batch must be <="),
-    (["budget", "--model", "article-7b", "--context", "inf"], "finite"),
-    (["budget", "--model", "article-7b", "--bandwidth", "0"], "bandwidth"),
-    (["budget", "--model", "article-7b", "--bandwidth", "abc"], "expected a number"),
-    (["budget", "--model", "article-7b", "--efficiency", "2"], "efficiency must be <= 1"),
-    (["budget", "--model", "article-7b", "--kv-dtype", "fp9"], "unknown dtype 'fp9'"),
-    (["budget", "--model", "article-7b", "--weight-dtype", "int3"], "unknown dtype"),
-    (["budget", "--model", "/nonexistent/config.json"], "does not exist"),
-    (["budget"], "--model"),
-    (["frobnicate"], "invalid choice"),
-])
+@pytest.mark.parametrize(
+    "argv,fragment",
+    [
+        (["budget", "--model", "gpt-5"], "unknown model 'gpt-5'"),
+        (["budget", "--model", "article-7b", "--hardware", "h300"], "unknown hardware 'h300'"),
+        (["budget", "--model", "article-7b", "--batch", "-1"], "batch must be >= 1"),
+        (["budget", "--model", "article-7b", "--batch", "0"], "batch must be >= 1"),
+        (["budget", "--model", "article-7b", "--batch", "nan"], "finite"),
+        (["budget", "--model", "article-7b", "--batch", "1e30"], "batch must be <="),
+        (["budget", "--model", "article-7b", "--context", "inf"], "finite"),
+        (["budget", "--model", "article-7b", "--bandwidth", "0"], "bandwidth"),
+        (["budget", "--model", "article-7b", "--bandwidth", "abc"], "expected a number"),
+        (["budget", "--model", "article-7b", "--efficiency", "2"], "efficiency must be <= 1"),
+        (["budget", "--model", "article-7b", "--kv-dtype", "fp9"], "unknown dtype 'fp9'"),
+        (["budget", "--model", "article-7b", "--weight-dtype", "int3"], "unknown dtype"),
+        (["budget", "--model", "/nonexistent/config.json"], "does not exist"),
+        (["budget"], "--model"),
+        (["frobnicate"], "invalid choice"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, fragment):
     code, out, err = run(capsys, *argv)
     assert code == 2
@@ -97,23 +141,30 @@ def test_models_and_hardware_json(capsys):
 
 
 def test_console_script_runs_without_heavy_imports():
-    code = ("import sys; from kvlab.cli import main; main(['budget','--model','article-7b','--json']); "
-            "heavy = [m for m in ('torch', 'bokeh', 'ipywidgets') if m in sys.modules]; "
-            "sys.stderr.write(repr(heavy))")
+    code = (
+        "import sys; from kvlab.cli import main; main(['budget','--model','article-7b','--json']); "
+        "heavy = [m for m in ('torch', 'bokeh', 'ipywidgets') if m in sys.modules]; "
+        "sys.stderr.write(repr(heavy))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert proc.stderr.strip() == "[]"
-    proc = subprocess.run([sys.executable, "-m", "kvlab", "budget", "--model", "nope"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvlab", "budget", "--model", "nope"], capture_output=True, text=True
+    )
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
 
 
 def test_bench_ledger_reports_both_timings(capsys):
-    code, out, _ = run(capsys, "bench", "ledger", "--points", "1000", "--loop-points", "50", "--json")
+    code, out, _ = run(
+        capsys, "bench", "ledger", "--points", "1000", "--loop-points", "50", "--json"
+    )
     r = json.loads(out)
     assert code == 0 and r["points"] == 1000 and r["loop_points"] == 50
     assert r["vectorised_s"] > 0 and r["loop_s"] > 0
 
 
 # ------------------------------------------------------------------ the last net
+
 
 def test_an_escaping_exception_is_one_line_naming_a_bug(capsys, monkeypatch):
     import kvlab.cli.catalog as catalog
@@ -153,18 +204,24 @@ def test_python_m_entry_points_share_the_net(capsys, monkeypatch):
 
 
 def test_a_closed_pipe_is_a_quiet_success():
-    done = subprocess.run(f"'{sys.executable}' -m kvlab hardware | head -c 10", shell=True,
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        f"'{sys.executable}' -m kvlab hardware | head -c 10",
+        shell=True,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0 and done.stderr == ""
 
 
 def test_help_and_version_import_no_command_and_no_numpy():
-    code = ("import sys; from kvlab.cli import main\n"
-            "for argv in (['--version'], ['--help']):\n"
-            "    try: main(argv)\n"
-            "    except SystemExit: pass\n"
-            "loaded = [m for m in sys.modules if m == 'numpy' or m.startswith('kvlab.cli.')]\n"
-            "sys.stderr.write(repr(loaded))")
+    code = (
+        "import sys; from kvlab.cli import main\n"
+        "for argv in (['--version'], ['--help']):\n"
+        "    try: main(argv)\n"
+        "    except SystemExit: pass\n"
+        "loaded = [m for m in sys.modules if m == 'numpy' or m.startswith('kvlab.cli.')]\n"
+        "sys.stderr.write(repr(loaded))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stderr == "[]"
     assert "prefix-cache" in done.stdout and "simulate" in done.stdout
@@ -182,13 +239,15 @@ def test_the_command_table_matches_what_each_module_registers():
 
 # ------------------------------------------------------------------ silently wrong, now right
 
+
 def test_a_whole_prompt_hit_still_computes_the_last_token(capsys):
     """`--cached 4k --context 4k`: the prompt's last token is always computed (its logits give
     the first output token), so TTFT is the prefill of one token over 4,095 cached, not 0."""
     from kvlab import cost
 
-    code, out, _ = run(capsys, "budget", "--model", "llama-3.1-8b", "--cached", "4k",
-                       "--context", "4k", "--json")
+    code, out, _ = run(
+        capsys, "budget", "--model", "llama-3.1-8b", "--cached", "4k", "--context", "4k", "--json"
+    )
     r = json.loads(out)
     one = cost.prefill("llama-3.1-8b", "h100-sxm", 4096, cached_tokens=4095)
     assert code == 0 and r["cached_tokens"] == 4095 and r["ttft_s"] == one.ttft_s > 0
@@ -212,12 +271,15 @@ def test_prefix_cache_capacity_overflow_is_refused_like_budget(capsys):
     assert code == 0 and json.loads(out)["capacity_blocks"] is None
 
 
-@pytest.mark.parametrize("argv,fragment", [
-    (["--tier", "moon"], "unknown tier 'moon'"),
-    (["--hardware", "h300"], "unknown hardware 'h300'"),
-    (["--batch", "0"], "batch must be >= 1"),
-    (["--batch", "nan"], "finite"),
-])
+@pytest.mark.parametrize(
+    "argv,fragment",
+    [
+        (["--tier", "moon"], "unknown tier 'moon'"),
+        (["--hardware", "h300"], "unknown hardware 'h300'"),
+        (["--batch", "0"], "batch must be >= 1"),
+        (["--batch", "nan"], "finite"),
+    ],
+)
 def test_prefix_cache_checks_options_it_would_not_use(capsys, argv, fragment):
     """Without --model, --tier, --hardware and --batch play no part, but a typo in them is
     still an error, not silently ignored."""
@@ -226,15 +288,18 @@ def test_prefix_cache_checks_options_it_would_not_use(capsys, argv, fragment):
 
 
 def test_blas_threads_are_not_started_for_element_wise_commands():
-    code = ("import io, os, sys, contextlib\n"
-            "from kvlab.cli import main\n"
-            "with contextlib.redirect_stdout(io.StringIO()):\n"
-            "    main([sys.argv[1], '--json'])\n"
-            "print(os.environ.get('OPENBLAS_NUM_THREADS'))")
+    code = (
+        "import io, os, sys, contextlib\n"
+        "from kvlab.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    main([sys.argv[1], '--json'])\n"
+        "print(os.environ.get('OPENBLAS_NUM_THREADS'))"
+    )
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
     for command, expected in (("models", "1"), ("bench", "None")):
-        done = subprocess.run([sys.executable, "-c", code, command], capture_output=True, text=True,
-                              env=env)
+        done = subprocess.run(
+            [sys.executable, "-c", code, command], capture_output=True, text=True, env=env
+        )
         assert done.stdout.strip() == expected, (command, done.stderr)
 
 
@@ -245,5 +310,7 @@ def test_models_shows_mla_as_a_latent(capsys):
     assert v3["kv_heads"] is None and (v3["kv_latent_dim"], v3["kv_rope_dim"]) == (512, 64)
     assert v3["kv_bytes_per_token_fp16"] == (512 + 64) * 61 * 2
     assert main(["models"]) == 0
-    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("deepseek-v3"))
+    row = next(
+        line for line in capsys.readouterr().out.splitlines() if line.startswith("deepseek-v3")
+    )
     assert "128/latent" in row and "512+64 rope" in row

@@ -1,4 +1,5 @@
 """The ledger: hand-checked cases, broadcasting, and properties (hypothesis)."""
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -16,7 +17,14 @@ DTYPES = ["fp32", "bf16", "fp16", "fp8", "int8", "int4", "int4-g128"]
 
 
 def test_element_sizes():
-    assert [bytes_per_element(d) for d in ["fp32", "bf16", "fp16", "fp8", "int8", "int4"]] == [4, 2, 2, 1, 1, 0.5]
+    assert [bytes_per_element(d) for d in ["fp32", "bf16", "fp16", "fp8", "int8", "int4"]] == [
+        4,
+        2,
+        2,
+        1,
+        1,
+        0.5,
+    ]
     assert bytes_per_element("int4-g128") == 0.5 + 2 / 128
     assert parse_dtype("INT8-g64").name == "int8-g64"
     with pytest.raises(KvlabError, match="fp8"):
@@ -70,7 +78,9 @@ def test_weight_only_quantization_halves_little_at_16k_with_big_batch():
     # pitfall 2: int4 weights but fp16 KV at 16K; KV dominates the step
     fp16 = cost.decode_step("llama-3.1-8b", "h100-sxm", batch=16, context=16384)
     w4 = cost.decode_step("llama-3.1-8b", "h100-sxm", batch=16, context=16384, weight_dtype="int4")
-    w4kv8 = cost.decode_step("llama-3.1-8b", "h100-sxm", batch=16, context=16384, weight_dtype="int4", kv_dtype="fp8")
+    w4kv8 = cost.decode_step(
+        "llama-3.1-8b", "h100-sxm", batch=16, context=16384, weight_dtype="int4", kv_dtype="fp8"
+    )
     assert w4.tokens_per_s / fp16.tokens_per_s < 1.3
     assert w4kv8.tokens_per_s / w4.tokens_per_s > 1.7
 
@@ -84,7 +94,9 @@ def test_compute_bound_at_huge_batch():
 def test_moe_reads_more_experts_as_batch_grows():
     w = cost.weight_read_bytes("mixtral-8x7b", np.array([1, 4, 256]), "bf16")
     assert w[0] < w[1] < w[2]
-    assert w[2] == pytest.approx(models()["mixtral-8x7b"].params.total * 2 - 32000 * 4096 * 2, rel=1e-6)
+    assert w[2] == pytest.approx(
+        models()["mixtral-8x7b"].params.total * 2 - 32000 * 4096 * 2, rel=1e-6
+    )
 
 
 def test_mla_kv_is_small():
@@ -93,9 +105,19 @@ def test_mla_kv_is_small():
 
 def test_sliding_window_caps_kv(tmp_path):
     import json
+
     from kvlab.models import load_config
-    cfg = {"model_type": "mistral", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
-           "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 32000, "sliding_window": 4096}
+
+    cfg = {
+        "model_type": "mistral",
+        "num_hidden_layers": 32,
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 14336,
+        "vocab_size": 32000,
+        "sliding_window": 4096,
+    }
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     m = load_config(tmp_path / "config.json")
     a = cost.decode_step(m, "h100-sxm", context=4096)
@@ -138,20 +160,23 @@ def test_grid_is_one_call_and_matches_points():
     assert grid.bound[2, 1] == point.bound
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    ({"batch": 0}, "batch must be >= 1"),
-    ({"batch": 2.5}, "whole number"),
-    ({"batch": float("nan")}, "finite"),
-    ({"context": -1}, "context must be >= 0"),
-    ({"context": 1e12}, "<= 1e\\+08"),
-    ({"efficiency": 0}, "efficiency must be >= 0.001"),
-    ({"efficiency": 1e-300}, "efficiency must be >= 0.001"),  # denormal: time would overflow
-    ({"efficiency": 1.5}, "efficiency must be <= 1"),
-    ({"bandwidth_bytes_per_s": float("inf")}, "finite"),
-    ({"bandwidth_bytes_per_s": -5}, ">= 1000"),
-    ({"bandwidth_bytes_per_s": 1e-300}, ">= 1000"),
-    ({"batch": np.array([1, 2, -3])}, "got -3"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"batch": 0}, "batch must be >= 1"),
+        ({"batch": 2.5}, "whole number"),
+        ({"batch": float("nan")}, "finite"),
+        ({"context": -1}, "context must be >= 0"),
+        ({"context": 1e12}, "<= 1e\\+08"),
+        ({"efficiency": 0}, "efficiency must be >= 0.001"),
+        ({"efficiency": 1e-300}, "efficiency must be >= 0.001"),  # denormal: time would overflow
+        ({"efficiency": 1.5}, "efficiency must be <= 1"),
+        ({"bandwidth_bytes_per_s": float("inf")}, "finite"),
+        ({"bandwidth_bytes_per_s": -5}, ">= 1000"),
+        ({"bandwidth_bytes_per_s": 1e-300}, ">= 1000"),
+        ({"batch": np.array([1, 2, -3])}, "got -3"),
+    ],
+)
 def test_bad_numbers_raise(kwargs, message):
     with pytest.raises(KvlabError, match=message):
         cost.decode_step("article-7b", "h100-sxm", **kwargs)
@@ -178,7 +203,10 @@ def test_more_batch_or_context_moves_more_bytes(model, device, batch, context, e
     base = cost.decode_step(model, device, batch, context)
     assert cost.decode_step(model, device, batch + extra, context).step_bytes > base.step_bytes
     assert cost.decode_step(model, device, batch, context + extra).step_bytes >= base.step_bytes
-    assert cost.decode_step(model, device, batch + extra, context).kv_cache_bytes >= base.kv_cache_bytes
+    assert (
+        cost.decode_step(model, device, batch + extra, context).kv_cache_bytes
+        >= base.kv_cache_bytes
+    )
 
 
 @settings(max_examples=150, deadline=None)
@@ -216,11 +244,13 @@ def test_step_time_is_the_per_operator_ceiling(model, device, batch, context):
 
 # ------------------------------------------------------- per-operator ceiling
 
+
 def _whole_step_max(s):
     """The ledger's former ceiling: one max over the whole step."""
-    return max(s.step_bytes / s.bandwidth_bytes_per_s,
-               s.flops / get_device(s.hardware).peak_flops_per_s(
-                   parse_dtype(s.weight_dtype).compute))
+    return max(
+        s.step_bytes / s.bandwidth_bytes_per_s,
+        s.flops / get_device(s.hardware).peak_flops_per_s(parse_dtype(s.weight_dtype).compute),
+    )
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -292,5 +322,6 @@ def test_flash_attention_shows_per_operator_in_prefill():
     attention = {o.name: o for o in ops}["attention"]
     assert attention.flops / attention.bytes == pytest.approx(64, rel=0.01)
     assert naive.time_s - flash.time_s == pytest.approx(
-        attention.bytes / 3.35e12 - attention.flops / 989e12, rel=1e-9)
+        attention.bytes / 3.35e12 - attention.flops / 989e12, rel=1e-9
+    )
     assert naive.time_s > 1.05 * flash.time_s

@@ -1,6 +1,7 @@
 """The Voila dashboard, live: it starts offline, a dragged slider re-runs the ledger, and
 the numbers shown are kvlab's for the new value; the server checks its port and takes
 everything it started down when it is stopped."""
+
 import os
 import re
 import signal
@@ -56,7 +57,10 @@ def test_dragging_a_live_slider_reruns_the_ledger(dashboard):
         page.mouse.up()
         page.wait_for_function(
             "(old) => { const el = document.querySelector('.kvlab-readout td[data-key=\"tokens_per_s\"]');"
-            " return el && el.dataset.value !== old; }", arg=before["tokens_per_s"], timeout=20_000)
+            " return el && el.dataset.value !== old; }",
+            arg=before["tokens_per_s"],
+            timeout=20_000,
+        )
         page.wait_for_timeout(500)
         after = readout_values(page)
         shown_batch = int(batch.locator(".widget-readout").inner_text().replace(",", ""))
@@ -72,9 +76,14 @@ def test_dragging_a_live_slider_reruns_the_ledger(dashboard):
 
 
 def _serve(*argv, env=None):
-    return subprocess.Popen([sys.executable, "-m", "kvlab.viz.serve", *argv], cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, **(env or {})})
+    return subprocess.Popen(
+        [sys.executable, "-m", "kvlab.viz.serve", *argv],
+        cwd=ROOT,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, **(env or {})},
+    )
 
 
 @pytest.mark.slow
@@ -104,12 +113,15 @@ def test_sigterm_takes_voila_and_its_kernel_down(tmp_path):
         assert s.connect_ex(("127.0.0.1", port)) != 0
 
 
-@pytest.mark.parametrize("argv,env,fragment", [
-    (["--port", "70000"], {}, "--port: expected a port from 1 to 65535"),
-    (["--port", "http"], {}, "--port: expected a port"),
-    ([], {"PORT": "abc"}, "PORT: expected a port from 1 to 65535"),
-    (["missing.ipynb", "--port", "0"], {}, "missing.ipynb' does not exist"),
-])
+@pytest.mark.parametrize(
+    "argv,env,fragment",
+    [
+        (["--port", "70000"], {}, "--port: expected a port from 1 to 65535"),
+        (["--port", "http"], {}, "--port: expected a port"),
+        ([], {"PORT": "abc"}, "PORT: expected a port from 1 to 65535"),
+        (["missing.ipynb", "--port", "0"], {}, "missing.ipynb' does not exist"),
+    ],
+)
 def test_bad_ports_and_notebooks_are_one_line(argv, env, fragment):
     server = _serve(*argv, env=env)
     out, err = server.communicate(timeout=60)

@@ -7,6 +7,7 @@ Tolerances (fp32 weights and compute, logits of magnitude ~3):
 - KV quantization, relative L2 error of the logits: bf16 <= 1%, int8 <= 1%, fp8 <= 4%
   (seen 0.2%, 0.3%, 1.2%); int8 weights <= 3% (seen 1.1%).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -41,8 +42,9 @@ def tokens():
     return torch.randint(0, PRESETS["tiny"].vocab_size, (B, TOTAL), generator=gen)
 
 
-def generate(model, tokens, kv="fp32", placement="device", prefetch=False, block=BLOCK,
-             max_len=MAX_LEN):
+def generate(
+    model, tokens, kv="fp32", placement="device", prefetch=False, block=BLOCK, max_len=MAX_LEN
+):
     """Logits for positions PROMPT-1 .. TOTAL-1: prefill the prompt, then decode one by one."""
     cache = model.new_cache(tokens.shape[0], max_len, kv, placement, prefetch, block_tokens=block)
     out = [model.prefill(tokens[:, :PROMPT], cache)[:, -1]]
@@ -67,7 +69,7 @@ def test_cached_decode_equals_full_recompute(tokens, kernel):
     full = m.prefill(tokens, m.new_cache(B, MAX_LEN, "fp32"))  # (B, TOTAL, vocab), no cache reuse
     cached = generate(m, tokens)
     assert full.abs().max() > 1  # the comparison is not between zeros
-    assert (cached - full[:, PROMPT - 1:]).abs().max().item() <= 1e-4
+    assert (cached - full[:, PROMPT - 1 :]).abs().max().item() <= 1e-4
 
 
 @pytest.mark.parametrize("block", [1, 5, 16, 64])
@@ -91,8 +93,9 @@ def test_host_placement_equals_device(model, tokens, kv, prefetch):
     assert torch.equal(host, device)
 
 
-@pytest.mark.parametrize("kv,tolerance",
-                         [("bf16", 0.01), ("fp16", 0.01), ("int8", 0.01), ("fp8", 0.04)])
+@pytest.mark.parametrize(
+    "kv,tolerance", [("bf16", 0.01), ("fp16", 0.01), ("int8", 0.01), ("fp8", 0.04)]
+)
 def test_quantized_kv_stays_close(model, tokens, reference, kv, tolerance):
     err = rel_err(generate(model, tokens, kv), reference)
     assert 0 < err <= tolerance
@@ -102,6 +105,7 @@ def test_quantized_kv_stays_close(model, tokens, reference, kv, tolerance):
 def test_chunked_dequantization_equals_one_pass(model, tokens, kv):
     """Quantized KV is dequantized a few blocks at a time; one block per chunk or all at
     once give the same logits."""
+
     def run(budget):
         cache = model.new_cache(B, MAX_LEN, kv, block_tokens=BLOCK, chunk_budget_bytes=budget)
         model.prefill(tokens[:, :PROMPT], cache)
@@ -133,8 +137,16 @@ def test_int8_weights_stay_close(tokens, reference):
 
 def test_int8_weights_fallback_for_odd_widths(tokens):
     """Inner dimensions that are not multiples of 16 take the dequantize path, same numbers."""
-    cfg = DecoderConfig("odd", vocab_size=256, num_layers=1, hidden_size=40, num_heads=2,
-                        num_kv_heads=1, head_dim=20, intermediate_size=72)
+    cfg = DecoderConfig(
+        "odd",
+        vocab_size=256,
+        num_layers=1,
+        hidden_size=40,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=20,
+        intermediate_size=72,
+    )
     m = Decoder(cfg, "int8", compute_dtype="fp32")
     assert not m.layers[0].wqkv.fused
     x = torch.randn(3, 40)
@@ -162,7 +174,7 @@ def test_quantize_roundtrip():
 def test_ragged_batch_matches_each_sequence_alone(model, tokens, placement):
     lengths = [5, 17, 11]
     cache = model.new_cache(B, MAX_LEN, "fp32", placement, block_tokens=BLOCK)
-    prompt = tokens[:, :max(lengths)]
+    prompt = tokens[:, : max(lengths)]
     model.prefill(prompt, cache, lengths=lengths)
     assert cache.lengths == lengths
     nxt = torch.tensor([tokens[b, lengths[b]] for b in range(B)])
@@ -171,9 +183,9 @@ def test_ragged_batch_matches_each_sequence_alone(model, tokens, placement):
     assert cache.lengths == [n + 2 for n in lengths]
     for b, n in enumerate(lengths):
         alone = model.new_cache(1, MAX_LEN, "fp32", placement, block_tokens=BLOCK)
-        model.prefill(tokens[b:b + 1, :n], alone)
-        first = model.decode(nxt[b:b + 1], alone)
-        second = model.decode(nxt.flip(0)[b:b + 1], alone)
+        model.prefill(tokens[b : b + 1, :n], alone)
+        first = model.decode(nxt[b : b + 1], alone)
+        second = model.decode(nxt.flip(0)[b : b + 1], alone)
         assert torch.allclose(batched[0][b], first[0], atol=1e-4)
         assert torch.allclose(batched[1][b], second[0], atol=1e-4)
 
@@ -195,15 +207,19 @@ def test_oversize_device_cache_message(model, monkeypatch):
         model.new_cache(2, 4096, "fp32", "host")
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(kv_dtype="int4"), "unknown kv dtype"),
-    (dict(placement="disk"), "unknown placement"),
-    (dict(prefetch=True), "prefetch only applies"),
-    (dict(max_seq_len=0), "max_seq_len"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(kv_dtype="int4"), "unknown kv dtype"),
+        (dict(placement="disk"), "unknown placement"),
+        (dict(prefetch=True), "prefetch only applies"),
+        (dict(max_seq_len=0), "max_seq_len"),
+    ],
+)
 def test_bad_cache_arguments(model, kwargs, match):
-    args = dict(batch=1, max_seq_len=16, kv_dtype="fp32", placement="device",
-                prefetch=False) | kwargs
+    args = (
+        dict(batch=1, max_seq_len=16, kv_dtype="fp32", placement="device", prefetch=False) | kwargs
+    )
     with pytest.raises(KvlabError, match=match):
         model.new_cache(**args)
 
@@ -225,8 +241,9 @@ def test_bad_config_and_tokens(model):
 
 
 def test_cache_limit_is_named(model):
-    with pytest.raises(KvlabError,
-                       match="max_seq_len must be a whole number in 1..100,000,000, got 100000001"):
+    with pytest.raises(
+        KvlabError, match="max_seq_len must be a whole number in 1..100,000,000, got 100000001"
+    ):
         model.new_cache(1, 100_000_001, "fp32")
 
 
@@ -236,12 +253,14 @@ def test_cache_footprint_is_what_the_cache_allocates(model):
     cases = (("fp32", "device", False), ("int8", "host", False), ("bf16", "host", True))
     for kv, placement, prefetch in cases:
         cache = model.new_cache(3, 40, kv, placement, prefetch, block_tokens=16)
-        host, device = cache_footprint(model.config, 3, 40, kv, placement, "cpu", prefetch,
-                                       block_tokens=16)
+        host, device = cache_footprint(
+            model.config, 3, 40, kv, placement, "cpu", prefetch, block_tokens=16
+        )
         assert (host, device) == (cache.nbytes, 0.0)  # on a CPU everything is host memory
 
 
 # ------------------------------------------------------------------ matrix-product backends
+
 
 def test_each_weight_gets_one_backend_chosen_once(tokens):
     from kvlab import native
@@ -254,8 +273,9 @@ def test_each_weight_gets_one_backend_chosen_once(tokens):
     assert kinds(Decoder("tiny", "int8", compute_dtype="fp32")) == {Int8Linear}
     assert kinds(Decoder("tiny", "bf16", prepack=False, kernels="torch")) == {TorchLinear}
     onednn = Decoder("tiny", "bf16", kernels="torch")
-    assert kinds(onednn) in ({OneDNNLinear}, {TorchLinear}) and onednn.prepacked == \
-        sum(isinstance(lin, OneDNNLinear) for lin in onednn.linears())
+    assert kinds(onednn) in ({OneDNNLinear}, {TorchLinear}) and onednn.prepacked == sum(
+        isinstance(lin, OneDNNLinear) for lin in onednn.linears()
+    )
     if native.available():
         on_native = Decoder("tiny", "bf16", kernels="native")
         assert kinds(on_native) == {NativeLinear}
@@ -276,8 +296,9 @@ def test_sdpa_prefill_without_enable_gqa_matches(tokens, monkeypatch):
 
     def sdpa_before_2_5(*args, **kwargs):
         if "enable_gqa" in kwargs:
-            raise TypeError("scaled_dot_product_attention() got an unexpected keyword argument "
-                            "'enable_gqa'")
+            raise TypeError(
+                "scaled_dot_product_attention() got an unexpected keyword argument 'enable_gqa'"
+            )
         return real(*args, **kwargs)
 
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", sdpa_before_2_5)
@@ -288,9 +309,17 @@ def test_sdpa_prefill_without_enable_gqa_matches(tokens, monkeypatch):
         m.prefill(tokens, m.new_cache(B, MAX_LEN, "fp32"))
 
 
-@pytest.mark.parametrize("version,expected", [
-    ("2.3.1+cu121", False), ("2.4.0", False), ("2.5.0", True), ("2.11.0+cu130", True),
-    ("3.0.0a0", True), ("weird", False)])
+@pytest.mark.parametrize(
+    "version,expected",
+    [
+        ("2.3.1+cu121", False),
+        ("2.4.0", False),
+        ("2.5.0", True),
+        ("2.11.0+cu130", True),
+        ("3.0.0a0", True),
+        ("weird", False),
+    ],
+)
 def test_enable_gqa_needs_torch_2_5(monkeypatch, version, expected):
     from kvlab.decoder import attention
 
@@ -299,6 +328,7 @@ def test_enable_gqa_needs_torch_2_5(monkeypatch, version, expected):
 
 
 # ------------------------------------------------------------------ CUDA calls, on stand-ins
+
 
 def test_free_memory_is_asked_of_the_named_gpu(monkeypatch):
     """Before torch 2.5 `mem_get_info` refuses a device without an index; kvlab always
@@ -389,8 +419,16 @@ def test_prefetch_orders_copies_and_compute_with_events(tokens):
     cache's device (cuda:1), never of the current one."""
     from kvlab.decoder.kvcache import _Streams
 
-    cfg = DecoderConfig("deep", vocab_size=256, num_layers=5, hidden_size=64, num_heads=4,
-                        num_kv_heads=2, head_dim=16, intermediate_size=96)
+    cfg = DecoderConfig(
+        "deep",
+        vocab_size=256,
+        num_layers=5,
+        hidden_size=64,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        intermediate_size=96,
+    )
     m = Decoder(cfg, "fp32")
     gpu = torch.device("cuda:1")
     fake = FakeCuda(gpu)
@@ -415,8 +453,10 @@ def test_prefetch_orders_copies_and_compute_with_events(tokens):
     cache.view = lambda layer, n: (use(layer), view(layer, n))[1]
     out = [m.prefill(tokens[:, :PROMPT], cache)[:, -1], m.decode(tokens[:, PROMPT], cache)]
     ref_cache = m.new_cache(B, MAX_LEN, "fp32", block_tokens=BLOCK)
-    reference = [m.prefill(tokens[:, :PROMPT], ref_cache)[:, -1],
-                 m.decode(tokens[:, PROMPT], ref_cache)]
+    reference = [
+        m.prefill(tokens[:, :PROMPT], ref_cache)[:, -1],
+        m.decode(tokens[:, PROMPT], ref_cache),
+    ]
     assert all(torch.equal(a, b) for a, b in zip(out, reference, strict=True))
     assert set(fake.asked) == {gpu}
 
@@ -430,16 +470,19 @@ def test_prefetch_orders_copies_and_compute_with_events(tokens):
         assert _after(streams, fetches[p, layer], op)
     for (p, layer), copy in fetches.items():
         if layer >= 2:  # the slot's previous occupant (layer - 2) has finished with it
-            assert all(_after(streams, op, copy)
-                       for (q, lay), op in uses if (q, lay) == (p, layer - 2))
+            assert all(
+                _after(streams, op, copy) for (q, lay), op in uses if (q, lay) == (p, layer - 2)
+            )
         elif p > 0:  # a pass's first copies come after everything the previous pass queued
             assert all(_after(streams, op, copy) for (q, _), op in uses if q == p - 1)
     # copies overlap compute: layer 1's history is fetched without waiting for layer 0's attention
-    assert not any(_after(streams, op, fetches[0, 1])
-                   for (p, lay), op in uses if (p, lay) == (0, 0))
+    assert not any(
+        _after(streams, op, fetches[0, 1]) for (p, lay), op in uses if (p, lay) == (0, 0)
+    )
 
 
 # ------------------------------------------------------------------ the ledger mapping
+
 
 @pytest.mark.parametrize("preset", ["tiny", "small", "cpu-bench", "gpu-bench", "mha-small"])
 def test_spec_has_the_decoders_shapes(preset):
@@ -452,8 +495,9 @@ def test_spec_has_the_decoders_shapes(preset):
 @pytest.mark.parametrize("weight_dtype,tolerance", [("fp32", 0), ("bf16", 0), ("int8", 0.005)])
 def test_decoder_streams_the_weight_bytes_the_ledger_counts(weight_dtype, tolerance):
     m = Decoder("small", weight_dtype)
-    counted = weight_read_bytes(ledger.model_spec("small"), 1,
-                                ledger.weight_ledger_dtype("small", weight_dtype))
+    counted = weight_read_bytes(
+        ledger.model_spec("small"), 1, ledger.weight_ledger_dtype("small", weight_dtype)
+    )
     assert m.streamed_weight_bytes() == pytest.approx(counted, rel=tolerance, abs=0)
 
 
@@ -469,8 +513,9 @@ def test_host_prediction_adds_the_fetch():
     dev = ledger.measured_device("test", 100e9, 1e12, 64e9)
     on_device = ledger.predict_decode("cpu-bench", dev, 8, 4096, "bf16", "bf16")
     serial = ledger.predict_decode("cpu-bench", dev, 8, 4096, "bf16", "bf16", "host", False, 10e9)
-    overlapped = ledger.predict_decode("cpu-bench", dev, 8, 4096, "bf16", "bf16", "host", True,
-                                       10e9)
+    overlapped = ledger.predict_decode(
+        "cpu-bench", dev, 8, 4096, "bf16", "bf16", "host", True, 10e9
+    )
     kv = 8 * 4096 * ledger.kv_bytes_per_token("cpu-bench", "bf16")
     assert serial["fetch_s"] == pytest.approx(kv / 10e9)
     assert serial["predicted_step_s"] == pytest.approx(on_device["predicted_step_s"] + kv / 10e9)
@@ -481,6 +526,7 @@ def test_host_prediction_adds_the_fetch():
 
 
 # ------------------------------------------------------------------ CUDA
+
 
 @cuda
 @pytest.mark.gpu
@@ -498,7 +544,7 @@ def test_cuda_matches_cpu(model, tokens, reference):
     m = Decoder("tiny", "fp32", device="cuda")
     # different random streams on CUDA: compare cached against full recompute instead
     full = m.prefill(tokens.cuda(), m.new_cache(B, MAX_LEN, "fp32"))
-    assert (generate(m, tokens.cuda()) - full[:, PROMPT - 1:]).abs().max().item() <= 1e-3
+    assert (generate(m, tokens.cuda()) - full[:, PROMPT - 1 :]).abs().max().item() <= 1e-3
 
 
 @cuda

@@ -1,4 +1,5 @@
 """The five-step diagnosis: verdicts follow the article's thresholds, numbers come from the ledger."""
+
 import json
 
 import pytest
@@ -46,11 +47,20 @@ def test_kv_in_host_memory_is_found():
 
 def test_network_transfer_in_decode_steps():
     step = cost.decode_step("llama-3.1-8b", "h100-sxm", 8, 4096)
-    d = diagnose("llama-3.1-8b", "h100-sxm", 8, 4096, step.tokens_per_s, network_bandwidth_bytes_per_s="ib-200g",
-                 kv_bytes_per_request=4096 * 131072)
+    d = diagnose(
+        "llama-3.1-8b",
+        "h100-sxm",
+        8,
+        4096,
+        step.tokens_per_s,
+        network_bandwidth_bytes_per_s="ib-200g",
+        kv_bytes_per_request=4096 * 131072,
+    )
     five = d.findings[4]
     assert five.numbers["transfer_s"] == pytest.approx(4096 * 131072 / 25e9)
-    assert five.numbers["transfer_in_decode_steps"] == pytest.approx(five.numbers["transfer_s"] / step.step_time_s)
+    assert five.numbers["transfer_in_decode_steps"] == pytest.approx(
+        five.numbers["transfer_s"] / step.step_time_s
+    )
 
 
 def test_a_measurement_above_the_ceiling_is_questioned():
@@ -69,6 +79,7 @@ def test_cli_json_and_bad_input(capsys):
 
 
 # ------------------------------------------------------------------ fit first, every input checked
+
 
 def test_a_deployment_that_does_not_fit_is_said_so_before_any_advice(capsys):
     """70B in fp16 on a 24 GB L4: 141 GB of weights. The first thing the diagnosis says is
@@ -97,17 +108,22 @@ def test_a_deployment_that_fits_reports_as_before():
     assert d.fits and d.fit.numbers["fits"] and not d.report().splitlines()[2].startswith("0.")
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    ({"network_bandwidth_bytes_per_s": "moon-link"}, "unknown tier 'moon-link'"),
-    ({"network_bandwidth_bytes_per_s": 1e-300, "kv_bytes_per_request": 1e9}, "must be >= 1000"),
-    ({"network_bandwidth_bytes_per_s": float("nan"), "kv_bytes_per_request": 1e9}, "finite"),
-    ({"network_bandwidth_bytes_per_s": "ib-200g"}, "give both or neither"),
-    ({"kv_bytes_per_request": 1e9}, "give both or neither"),
-    ({"kv_bytes_per_request": -1, "network_bandwidth_bytes_per_s": "ib-200g"},
-     "KV bytes per request must be > 0"),
-    ({"kv_tier": "moon"}, "unknown KV placement 'moon'"),
-    ({"measured_bandwidth_bytes_per_s": 1e-300}, "must be >= 1000"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"network_bandwidth_bytes_per_s": "moon-link"}, "unknown tier 'moon-link'"),
+        ({"network_bandwidth_bytes_per_s": 1e-300, "kv_bytes_per_request": 1e9}, "must be >= 1000"),
+        ({"network_bandwidth_bytes_per_s": float("nan"), "kv_bytes_per_request": 1e9}, "finite"),
+        ({"network_bandwidth_bytes_per_s": "ib-200g"}, "give both or neither"),
+        ({"kv_bytes_per_request": 1e9}, "give both or neither"),
+        (
+            {"kv_bytes_per_request": -1, "network_bandwidth_bytes_per_s": "ib-200g"},
+            "KV bytes per request must be > 0",
+        ),
+        ({"kv_tier": "moon"}, "unknown KV placement 'moon'"),
+        ({"measured_bandwidth_bytes_per_s": 1e-300}, "must be >= 1000"),
+    ],
+)
 def test_every_input_is_checked_even_when_a_step_would_not_use_it(kwargs, message):
     with pytest.raises(KvlabError, match=message):
         diagnose("llama-3.1-8b", "h100-sxm", 8, 4096, 500, **kwargs)
@@ -115,11 +131,12 @@ def test_every_input_is_checked_even_when_a_step_would_not_use_it(kwargs, messag
 
 def test_cli_network_and_tier_are_validated_when_unused(capsys):
     base = ["diagnose", "--model", "llama-3.1-8b", "--tokens-per-s", "100"]
-    for extra, fragment in ((["--network", "1e-300", "--kv-bytes-per-request", "1e9"],
-                             "must be >= 1000"),
-                            (["--network", "nope"], "unknown tier 'nope'"),
-                            (["--network", "ib-200g"], "give both or neither"),
-                            (["--kv-tier", "moon"], "unknown KV placement")):
+    for extra, fragment in (
+        (["--network", "1e-300", "--kv-bytes-per-request", "1e9"], "must be >= 1000"),
+        (["--network", "nope"], "unknown tier 'nope'"),
+        (["--network", "ib-200g"], "give both or neither"),
+        (["--kv-tier", "moon"], "unknown KV placement"),
+    ):
         assert main(base + extra) == 2
         err = capsys.readouterr().err
         assert fragment in err and err.count("\n") == 1
@@ -138,14 +155,38 @@ def test_a_tiny_measurement_prints_a_short_number(capsys):
 def test_the_steps_are_functions_and_agree_with_the_whole():
     from kvlab import diagnose as module
 
-    d = diagnose("llama-3.1-8b", "h100-sxm", 8, 16384, 30, kv_tier="host-pcie5",
-                 network_bandwidth_bytes_per_s="ib-200g", kv_bytes_per_request=4096 * 131072)
-    inputs = module._check_inputs("llama-3.1-8b", "h100-sxm", 8, 16384, 30, "fp16", "fp16", None,
-                                  "host-pcie5", "ib-200g", 4096 * 131072)
+    d = diagnose(
+        "llama-3.1-8b",
+        "h100-sxm",
+        8,
+        16384,
+        30,
+        kv_tier="host-pcie5",
+        network_bandwidth_bytes_per_s="ib-200g",
+        kv_bytes_per_request=4096 * 131072,
+    )
+    inputs = module._check_inputs(
+        "llama-3.1-8b",
+        "h100-sxm",
+        8,
+        16384,
+        30,
+        "fp16",
+        "fp16",
+        None,
+        "host-pcie5",
+        "ib-200g",
+        4096 * 131072,
+    )
     step = cost.decode_step("llama-3.1-8b", "h100-sxm", 8, 16384)
     tier, _, tiered = module._kv_tier(inputs)
-    assert d.findings == [module._memory_throughput(inputs, step), module._ceiling(inputs, step, tiered),
-                          module._weights_or_kv(inputs, step), tier, module._network(inputs, step)]
+    assert d.findings == [
+        module._memory_throughput(inputs, step),
+        module._ceiling(inputs, step, tiered),
+        module._weights_or_kv(inputs, step),
+        tier,
+        module._network(inputs, step),
+    ]
 
 
 def test_numbers_far_from_one_print_in_scientific_notation():
@@ -163,8 +204,14 @@ def test_a_profiler_tells_kernels_from_gaps():
     the missing time is gaps between kernels (launches, host work), not bandwidth."""
     step = cost.decode_step("llama-3.1-8b", "h100-sxm", 8, 16384)
     peak = step.bandwidth_bytes_per_s
-    d = diagnose("llama-3.1-8b", "h100-sxm", 8, 16384, 0.5 * step.tokens_per_s,
-                 measured_bandwidth_bytes_per_s=0.85 * peak)
+    d = diagnose(
+        "llama-3.1-8b",
+        "h100-sxm",
+        8,
+        16384,
+        0.5 * step.tokens_per_s,
+        measured_bandwidth_bytes_per_s=0.85 * peak,
+    )
     one, two = d.findings[0], d.findings[1]
     assert d.bound == "launch and host overheads"
     assert one.numbers["utilisation"] == pytest.approx(0.85)
@@ -173,7 +220,9 @@ def test_a_profiler_tells_kernels_from_gaps():
     assert any("CUDA graph" in a for a in one.advice)
     # without a profiler, step 1 says it only repeats step 2
     plain = diagnose("llama-3.1-8b", "h100-sxm", 8, 16384, 0.5 * step.tokens_per_s)
-    assert plain.findings[0].numbers["utilisation"] == pytest.approx(plain.findings[1].numbers["fraction_of_ceiling"])
+    assert plain.findings[0].numbers["utilisation"] == pytest.approx(
+        plain.findings[1].numbers["fraction_of_ceiling"]
+    )
     assert any("repeats step 2" in a for a in plain.findings[0].advice)
 
 
@@ -184,5 +233,10 @@ def test_a_slow_tier_sets_the_ceiling():
     ok = diagnose("llama-3.1-8b", "h100-sxm", 8, 16384, 0.9 * t.tokens_per_s, kv_tier="host-pcie5")
     assert ok.findings[1].numbers["ceiling_tokens_per_s"] == pytest.approx(t.tokens_per_s)
     assert ok.findings[1].numbers["fraction_of_ceiling"] == pytest.approx(0.9)
-    too_fast = diagnose("llama-3.1-8b", "h100-sxm", 8, 16384, 2 * t.tokens_per_s, kv_tier="host-pcie5")
-    assert "above" in too_fast.findings[1].verdict and "settings do not describe" in too_fast.findings[1].advice[0]
+    too_fast = diagnose(
+        "llama-3.1-8b", "h100-sxm", 8, 16384, 2 * t.tokens_per_s, kv_tier="host-pcie5"
+    )
+    assert (
+        "above" in too_fast.findings[1].verdict
+        and "settings do not describe" in too_fast.findings[1].advice[0]
+    )

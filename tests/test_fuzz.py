@@ -8,6 +8,7 @@ finite numbers or null. The options come from the parsers themselves, so a new o
 fuzzed without touching this file. Seeds are fixed (derandomize): the same cases run every
 time, well under a minute in all. Benchmarks are never run: `bench` options are parsed only.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -27,16 +28,50 @@ CONFIGS = ROOT / "tests" / "data" / "configs"
 
 #: Numbers a hostile user types: zero, negatives, NaN and infinities, overflow (1e400),
 #: denormals, suffixes, float-looking text Python accepts and text it does not.
-HOSTILE = ["0", "-1", "1", "nan", "-nan", "inf", "-inf", "infinity", "1e400", "-1e400", "1e-300",
-           "5e-324", "1e308", "1e15", "4k", "1M", "1.5", "0.5", "-0", "2e12",
-           "99999999999999999999999", "1_000", "0x10", "abc", "", " ", "1e", "--", "NaNk", "1e400k",
-           "\u0661\u0662"]
-FUZZ = settings(max_examples=12, deadline=None, derandomize=True, database=None,
-                suppress_health_check=[HealthCheck.too_slow])
+HOSTILE = [
+    "0",
+    "-1",
+    "1",
+    "nan",
+    "-nan",
+    "inf",
+    "-inf",
+    "infinity",
+    "1e400",
+    "-1e400",
+    "1e-300",
+    "5e-324",
+    "1e308",
+    "1e15",
+    "4k",
+    "1M",
+    "1.5",
+    "0.5",
+    "-0",
+    "2e12",
+    "99999999999999999999999",
+    "1_000",
+    "0x10",
+    "abc",
+    "",
+    " ",
+    "1e",
+    "--",
+    "NaNk",
+    "1e400k",
+    "\u0661\u0662",
+]
+FUZZ = settings(
+    max_examples=12,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 numbers = st.one_of(
     st.sampled_from(HOSTILE),
     st.floats(allow_nan=True, allow_infinity=True).map(repr),
-    st.integers(-10**30, 10**30).map(str),
+    st.integers(-(10**30), 10**30).map(str),
     st.integers(0, 10**7).map(lambda n: f"{n}k"),
 )
 
@@ -79,8 +114,9 @@ def typed_options(*path: str) -> list[str]:
     for name in path:
         sub = next(a for a in parser._actions if a.choices and name in a.choices)
         parser = sub.choices[name]
-    return sorted(a.option_strings[-1] for a in parser._actions
-                  if a.option_strings and a.type is not None)
+    return sorted(
+        a.option_strings[-1] for a in parser._actions if a.option_strings and a.type is not None
+    )
 
 
 def fuzz(argv_for):
@@ -102,9 +138,16 @@ def tiny_trace(tmp_path_factory) -> str:
     lines = []
     for i in range(6):
         tokens = 700 + 300 * i
-        lines.append(json.dumps({"timestamp": 500 * i, "input_length": tokens,
-                                 "output_length": 20 + i,
-                                 "hash_ids": list(range(1, 1 + -(-tokens // 512)))}))
+        lines.append(
+            json.dumps(
+                {
+                    "timestamp": 500 * i,
+                    "input_length": tokens,
+                    "output_length": 20 + i,
+                    "hash_ids": list(range(1, 1 + -(-tokens // 512))),
+                }
+            )
+        )
     path = tmp_path_factory.mktemp("trace") / "tiny.jsonl"
     path.write_text("\n".join(lines) + "\n")
     return str(path)
@@ -123,8 +166,10 @@ def test_budget_numbers(option):
 
 @pytest.mark.parametrize("option", typed_options("diagnose") + ["--network"])
 def test_diagnose_numbers(option):
-    partner = {"--network": ["--kv-bytes-per-request", "1e9"],
-               "--kv-bytes-per-request": ["--network", "ib-200g"]}
+    partner = {
+        "--network": ["--kv-bytes-per-request", "1e9"],
+        "--kv-bytes-per-request": ["--network", "ib-200g"],
+    }
     fuzz(lambda v: DIAGNOSE + partner.get(option, []) + [option, v])
 
 
@@ -145,8 +190,10 @@ def test_every_command_combines_hostile_numbers(tiny_trace):
     commands = {
         "budget": (BUDGET, typed_options("budget")),
         "diagnose": (DIAGNOSE + ["--network", "ib-200g"], typed_options("diagnose")),
-        "prefix-cache": (["prefix-cache", tiny_trace, "--model", "llama-3.1-8b", "--json"],
-                         [o for o in typed_options("prefix-cache") if o != "--capacity-tokens"]),
+        "prefix-cache": (
+            ["prefix-cache", tiny_trace, "--model", "llama-3.1-8b", "--json"],
+            [o for o in typed_options("prefix-cache") if o != "--capacity-tokens"],
+        ),
     }
 
     @settings(max_examples=40, deadline=None, derandomize=True, database=None)
@@ -162,10 +209,17 @@ def test_every_command_combines_hostile_numbers(tiny_trace):
 
 
 def _bench_options():
-    return [(bench, option)
-            for bench in sorted(build_parser(ALL)._subparsers._group_actions[0].choices["bench"]._subparsers
-                                ._group_actions[0].choices)
-            for option in typed_options("bench", bench)]
+    return [
+        (bench, option)
+        for bench in sorted(
+            build_parser(ALL)
+            ._subparsers._group_actions[0]
+            .choices["bench"]
+            ._subparsers._group_actions[0]
+            .choices
+        )
+        for option in typed_options("bench", bench)
+    ]
 
 
 @pytest.mark.parametrize("bench,option", _bench_options())
@@ -192,11 +246,36 @@ def test_bench_options_parse_or_fail_as_usage(bench, option):
 
 #: Names a hostile user types: empty, paths that are not files, devices, too long for the
 #: file system, NUL bytes, control characters, near misses.
-NAMES = ["", " ", "-", ".", "..", "/", "/dev/zero", "/dev/null", "/proc/self/mem", "/etc/passwd",
-         "x" * 5000, "y" * 300 + ".json", "/tmp/" + "z" * 300 + "/config.json", "a\x00b", "\n",
-         "int4-g0", "int4-g1e400", "fp8-g-1", "h100", "H100-SXM", "ib-200G", "hbm",
-         "llama-3.1-8b.json", "generated:", "generated::1", "generated:x:99999999999999999999",
-         "conversation\x00", "\u2028"]
+NAMES = [
+    "",
+    " ",
+    "-",
+    ".",
+    "..",
+    "/",
+    "/dev/zero",
+    "/dev/null",
+    "/proc/self/mem",
+    "/etc/passwd",
+    "x" * 5000,
+    "y" * 300 + ".json",
+    "/tmp/" + "z" * 300 + "/config.json",
+    "a\x00b",
+    "\n",
+    "int4-g0",
+    "int4-g1e400",
+    "fp8-g-1",
+    "h100",
+    "H100-SXM",
+    "ib-200G",
+    "hbm",
+    "llama-3.1-8b.json",
+    "generated:",
+    "generated::1",
+    "generated:x:99999999999999999999",
+    "conversation\x00",
+    "\u2028",
+]
 names = st.one_of(st.sampled_from(NAMES), st.text(max_size=40))
 
 
@@ -206,9 +285,16 @@ def string_options(*path: str) -> list[str]:
     for name in path:
         sub = next(a for a in parser._actions if a.choices and name in a.choices)
         parser = sub.choices[name]
-    return sorted(a.option_strings[-1] for a in parser._actions
-                  if a.option_strings and a.type is None and a.nargs is None and a.const is None
-                  and not a.choices and a.dest != "help")
+    return sorted(
+        a.option_strings[-1]
+        for a in parser._actions
+        if a.option_strings
+        and a.type is None
+        and a.nargs is None
+        and a.const is None
+        and not a.choices
+        and a.dest != "help"
+    )
 
 
 def fuzz_names(argv_for):
@@ -223,14 +309,26 @@ def fuzz_names(argv_for):
     random_values()
 
 
-@pytest.mark.parametrize("command,option", [("budget", o) for o in string_options("budget")]
-                         + [("diagnose", o) for o in string_options("diagnose")]
-                         + [("prefix-cache", o) for o in string_options("prefix-cache")])
+@pytest.mark.parametrize(
+    "command,option",
+    [("budget", o) for o in string_options("budget")]
+    + [("diagnose", o) for o in string_options("diagnose")]
+    + [("prefix-cache", o) for o in string_options("prefix-cache")],
+)
 def test_names_in_every_string_option(command, option, tiny_trace):
-    base = {"budget": BUDGET,
-            "diagnose": DIAGNOSE + ["--kv-bytes-per-request", "1e9", "--network", "ib-200g"],
-            "prefix-cache": ["prefix-cache", tiny_trace, "--capacity-blocks", "4",
-                             "--model", "llama-3.1-8b", "--json"]}[command]
+    base = {
+        "budget": BUDGET,
+        "diagnose": DIAGNOSE + ["--kv-bytes-per-request", "1e9", "--network", "ib-200g"],
+        "prefix-cache": [
+            "prefix-cache",
+            tiny_trace,
+            "--capacity-blocks",
+            "4",
+            "--model",
+            "llama-3.1-8b",
+            "--json",
+        ],
+    }[command]
     fuzz_names(lambda v: base + [option, v])
 
 
@@ -248,13 +346,17 @@ def test_trace_download_names_and_urls(tmp_path):
 
 
 def test_catalogues_and_trace_stats(tiny_trace):
-    for argv in (["models", "--json"], ["hardware", "--json"],
-                 ["trace", "stats", tiny_trace, "--json"],
-                 ["trace", "stats", "generated:shared-prefix", "--json"]):
+    for argv in (
+        ["models", "--json"],
+        ["hardware", "--json"],
+        ["trace", "stats", tiny_trace, "--json"],
+        ["trace", "stats", "generated:shared-prefix", "--json"],
+    ):
         assert run(argv)[0] == 0
 
 
 # ------------------------------------------------------------------ mutated config.json files
+
 
 def _nested(depth: int):
     value = 1
@@ -263,12 +365,29 @@ def _nested(depth: int):
     return value
 
 
-SWAPS = [None, "32", "", [], {}, True, False, -1, 0, 0.5, 1e308, 10**40, float("nan"), float("inf"),
-         [32], {"x": 32}, "null"]
+SWAPS = [
+    None,
+    "32",
+    "",
+    [],
+    {},
+    True,
+    False,
+    -1,
+    0,
+    0.5,
+    1e308,
+    10**40,
+    float("nan"),
+    float("inf"),
+    [32],
+    {"x": 32},
+    "null",
+]
 mutation = st.one_of(
     st.tuples(st.just("remove"), st.none()),
     st.tuples(st.just("set"), st.sampled_from(SWAPS)),
-    st.tuples(st.just("set"), st.integers(-10**12, 10**12)),
+    st.tuples(st.just("set"), st.integers(-(10**12), 10**12)),
     st.tuples(st.just("nest"), st.sampled_from([10, 900, 5000, 50_000])),
 )
 
@@ -304,10 +423,21 @@ def test_mutated_published_configs(config, tmp_path_factory):
 def test_mutated_config_text(tmp_path):
     """Damage to the file itself: truncation, stray bytes, BOMs, literals JSON lacks."""
     text = (CONFIGS / "deepseek-ai--DeepSeek-V2-Lite-Chat" / "config.json").read_text()
-    variants = [text[: len(text) // 2], text.replace("null", "None"),
-                text.replace("false", "False"), text.replace("512", "512.5"),
-                text.replace("512", "NaN"), text.replace("27", "-Infinity"), "\ufeff" + text,
-                text.replace("{", "{{", 1), "", "null", "[]", "\x00" * 100, "{" * 200_000]
+    variants = [
+        text[: len(text) // 2],
+        text.replace("null", "None"),
+        text.replace("false", "False"),
+        text.replace("512", "512.5"),
+        text.replace("512", "NaN"),
+        text.replace("27", "-Infinity"),
+        "\ufeff" + text,
+        text.replace("{", "{{", 1),
+        "",
+        "null",
+        "[]",
+        "\x00" * 100,
+        "{" * 200_000,
+    ]
     for i, variant in enumerate(variants):
         path = tmp_path / f"{i}.json"
         path.write_text(variant, errors="surrogateescape")
@@ -322,10 +452,14 @@ def test_mutated_config_text(tmp_path):
 FIELDS = ["timestamp", "input_length", "output_length", "hash_ids"]
 line_mutation = st.one_of(
     st.tuples(st.sampled_from(FIELDS), st.sampled_from(["remove"] + SWAPS[:-1])),
-    st.tuples(st.sampled_from(FIELDS), st.integers(-10**30, 10**30)),
-    st.tuples(st.sampled_from(FIELDS), st.lists(st.integers(-2**70, 2**70), max_size=4)),
-    st.tuples(st.just("line"), st.sampled_from(["", "{", "[]", "null", "{}", "[" * 50_000, "\x00",
-                                                "{\"timestamp\": 1e400}", "9" * 5000])),
+    st.tuples(st.sampled_from(FIELDS), st.integers(-(10**30), 10**30)),
+    st.tuples(st.sampled_from(FIELDS), st.lists(st.integers(-(2**70), 2**70), max_size=4)),
+    st.tuples(
+        st.just("line"),
+        st.sampled_from(
+            ["", "{", "[]", "null", "{}", "[" * 50_000, "\x00", '{"timestamp": 1e400}', "9" * 5000]
+        ),
+    ),
 )
 
 

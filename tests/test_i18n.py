@@ -2,6 +2,7 @@
 every panel and figure has its Chinese), the sentence helpers, and, on the built book, that
 every page has its twin, that each chapter's Chinese page is translated (or listed as
 pending) and that its glued numbers and readouts are the English page's."""
+
 from __future__ import annotations
 
 import json
@@ -49,13 +50,16 @@ def chinese(monkeypatch):
 
 # ------------------------------------------------------------------ catalogues
 def test_glue_roles_become_cross_document_roles():
-    text = ("每步 {glue:text}`step_time` 内，{glue:text}`share:.1f` 和 {glue}`fig` 与 "
-            "{glue:text}`a.ipynb::b:s`")
+    text = (
+        "每步 {glue:text}`step_time` 内，{glue:text}`share:.1f` 和 {glue}`fig` 与 "
+        "{glue:text}`a.ipynb::b:s`"
+    )
     assert kvlab_i18n.rewrite_glue(text, "02_bandwidth_wall.ipynb") == (
         "每步 {glue:text}`02_bandwidth_wall.ipynb::step_time:s` 内，"
         "{glue:text}`02_bandwidth_wall.ipynb::share:.1f` 和 "
         "{glue:any}`02_bandwidth_wall.ipynb::fig` 与 "
-        "{glue:text}`a.ipynb::b:s`")
+        "{glue:text}`a.ipynb::b:s`"
+    )
     assert kvlab_i18n.glue_keys(text) == ["b", "fig", "share", "step_time"]
     with pytest.raises(ValueError, match="glue:md"):
         kvlab_i18n.rewrite_glue("{glue:md}`x`", "p.md")
@@ -78,19 +82,28 @@ def test_catalogues_compile_with_the_roles_rewritten(tmp_path):
 
     (tmp_path / "notebooks").mkdir()
     (tmp_path / "notebooks" / "ch.ipynb").write_text("{}")
-    _po(tmp_path / "locale/zh_CN/LC_MESSAGES/notebooks/ch.po", [
-        ("It takes {glue:text}`t`.", "需要 {glue:text}`t`。", False),
-        ("Lost {glue:text}`a` and {glue:text}`b`.", "只剩 {glue:text}`a`。", False),  # b dropped
-        ("Old English.", "旧的译文。", True),  # fuzzy: the English shows
-        ("See the {term}`Decode` step.", "见{term}`解码`步，{term}`预填充`之后。", False),
-    ])
+    _po(
+        tmp_path / "locale/zh_CN/LC_MESSAGES/notebooks/ch.po",
+        [
+            ("It takes {glue:text}`t`.", "需要 {glue:text}`t`。", False),
+            (
+                "Lost {glue:text}`a` and {glue:text}`b`.",
+                "只剩 {glue:text}`a`。",
+                False,
+            ),  # b dropped
+            ("Old English.", "旧的译文。", True),  # fuzzy: the English shows
+            ("See the {term}`Decode` step.", "见{term}`解码`步，{term}`预填充`之后。", False),
+        ],
+    )
     problems = kvlab_i18n.compile_catalogs(tmp_path, "zh_CN", tmp_path / "out")
     assert len(problems) == 1 and "['a']" in problems[0] and "['a', 'b']" in problems[0]
     with (tmp_path / "out/zh_CN/LC_MESSAGES/notebooks/ch.mo").open("rb") as handle:
         compiled = {m.id: m.string for m in read_mo(handle) if m.id}
     assert compiled["It takes {glue:text}`t`."] == "需要 {glue:text}`ch.ipynb::t:s`。"
-    assert "Lost {glue:text}`a` and {glue:text}`b`." not in compiled or \
-        not compiled["Lost {glue:text}`a` and {glue:text}`b`."]
+    assert (
+        "Lost {glue:text}`a` and {glue:text}`b`." not in compiled
+        or not compiled["Lost {glue:text}`a` and {glue:text}`b`."]
+    )
     assert "Old English." not in compiled or not compiled["Old English."]
     assert compiled["See the {term}`Decode` step."].endswith(" #noqa")  # a term linked on first use
 
@@ -107,8 +120,9 @@ def test_the_chinese_configuration_is_derived_from_config_yml():
     for key in ("execute", "parse", "html", "exclude_patterns"):
         assert derived[key] == config[key]
     own = config["sphinx"]["config"]["kvlab_editions"]["zh_CN"]["sphinx_config"]
-    assert {k: v for k, v in settings.items() if k not in ("language", "locale_dirs", *own)} == \
-        config["sphinx"]["config"]
+    assert {
+        k: v for k, v in settings.items() if k not in ("language", "locale_dirs", *own)
+    } == config["sphinx"]["config"]
     assert {k: settings[k] for k in own} == own
     assert settings["gettext_compact"] is False  # one catalogue per page: its glue roles name it
 
@@ -175,8 +189,11 @@ def panel_texts(panel) -> set[str]:
     texts = {c.label for c in panel.controls}
     texts |= {c.label_of(v) for c in panel.controls for v in c.options}
     texts |= {label for _key, label, _kind in panel.readout}
-    texts |= {FORMATS[kind](result["values"][key]) for key, _label, kind in panel.readout
-              if kind in ("text", "yesno")}
+    texts |= {
+        FORMATS[kind](result["values"][key])
+        for key, _label, kind in panel.readout
+        if kind in ("text", "yesno")
+    }
     sources = {name: ColumnDataSource(data=data) for name, data in result["sources"].items()}
     return texts | i18n.visible_texts(panel.figures(sources))
 
@@ -185,8 +202,11 @@ def _notebook_figures() -> list:
     """Every object the chapters' notebooks pass to `show` (their first cell minus the glue)."""
     shown: list = []
     for notebook in sorted((ROOT / "notebooks").glob("0*.ipynb")):
-        cells = ["".join(c["source"]) for c in json.loads(notebook.read_text())["cells"]
-                 if c["cell_type"] == "code"]
+        cells = [
+            "".join(c["source"])
+            for c in json.loads(notebook.read_text())["cells"]
+            if c["cell_type"] == "code"
+        ]
         namespace: dict = {}
         exec(cells[0].replace("glue_all(chapter.numbers())", ""), namespace)  # noqa: S102
         namespace["show"] = shown.append
@@ -218,16 +238,21 @@ def test_the_browser_translates_as_python_does(chinese, tmp_path):
         pytest.skip("node is not installed")
     from kvlab.viz.i18n_zh import ZH
 
-    samples = sorted(ZH) + ["colocated: every output token of 6 requests", "NVIDIA L40S, batch 1",
-                            "Time to first token: conversation (generated) [0-600 s]", "4,096",
-                            "yes"]
+    samples = sorted(ZH) + [
+        "colocated: every output token of 6 requests",
+        "NVIDIA L40S, batch 1",
+        "Time to first token: conversation (generated) [0-600 s]",
+        "4,096",
+        "yes",
+    ]
     script = tmp_path / "check.js"
     script.write_text(
         "globalThis.window = globalThis;\n"
         "window.KVLAB = {FORMATS: {yesno: (v) => (v ? 'yes' : 'no')}, apply: () => 0};\n"
         + i18n.browser_js()
         + f"\nconsole.log(JSON.stringify({json.dumps(samples)}.map(window.KVLAB.tr)"
-          ".concat([window.KVLAB.FORMATS.yesno(true)])));\n")
+        ".concat([window.KVLAB.FORMATS.yesno(true)])));\n"
+    )
     run = subprocess.run([node, str(script)], capture_output=True, text=True, check=True)
     out = json.loads(run.stdout)
     assert out == [i18n.t(s) for s in samples] + ["是"]
@@ -254,8 +279,13 @@ class _Blocks(HTMLParser):
         classes = dict(attrs).get("class") or ""
         if tag == "article" and "bd-article" in classes:
             self._in_article = True
-        skip = (tag in self.SKIP or "cell_output" in classes or "kvlab-lang" in classes
-                or "toctree-wrapper" in classes or "math" in classes.split())
+        skip = (
+            tag in self.SKIP
+            or "cell_output" in classes
+            or "kvlab-lang" in classes
+            or "toctree-wrapper" in classes
+            or "math" in classes.split()
+        )
         if tag in ("br", "img", "hr", "input", "meta", "link"):
             return
         self._stack.append((tag, skip))
@@ -293,8 +323,11 @@ def prose_blocks(page: Path) -> list[str]:
 def translated_share(page: Path) -> float:
     """The share of the page's sentences in Chinese; a table cell of figures and
     abbreviations ('TTFT p50', '293 ms') is not a sentence and reads the same in both."""
-    blocks = [b for b in prose_blocks(page)
-              if re.search(r"[\u4e00-\u9fff]", b) or len(re.findall(r"[A-Za-z]{2,}", b)) >= 3]
+    blocks = [
+        b
+        for b in prose_blocks(page)
+        if re.search(r"[\u4e00-\u9fff]", b) or len(re.findall(r"[A-Za-z]{2,}", b)) >= 3
+    ]
     return sum(bool(re.search(r"[\u4e00-\u9fff]", b)) for b in blocks) / max(len(blocks), 1)
 
 
@@ -322,12 +355,14 @@ def test_each_chinese_page_is_translated_unless_pending(built, page):
         pytest.skip(NOT_MEASURED[page])
     share = translated_share(ZH_SITE / f"{page}.html")
     if page in PENDING:
-        assert share < TRANSLATED_SHARE, \
+        assert share < TRANSLATED_SHARE, (
             f"{page} is translated ({share:.0%}): remove it from PENDING"
+        )
     else:
         assert share >= TRANSLATED_SHARE, (
             f"only {share:.0%} of {page}'s Chinese page is translated: translate "
-            f"locale/zh_CN/LC_MESSAGES/{page}.po (make locale) or list it in PENDING")
+            f"locale/zh_CN/LC_MESSAGES/{page}.po (make locale) or list it in PENDING"
+        )
 
 
 def _glued(page: Path) -> Counter:

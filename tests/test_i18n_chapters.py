@@ -1,6 +1,7 @@
 """The Chinese edition's generated text for the translated chapters: the lab verdicts and the
 chapters' printouts speak Chinese when the book is built in Chinese, with the same numbers,
 and stay byte for byte as they were in English (nbval checks those)."""
+
 from __future__ import annotations
 
 import json
@@ -31,12 +32,16 @@ def test_english_verdicts_read_as_before():
     expected = ex.expected()
     assert labs.check(ex.key, ...).message == (
         f"{ex.key}: not answered yet. Replace `...` with your answer in sequences. "
-        f"Hint: work from {ex.hint}.")
+        f"Hint: work from {ex.hint}."
+    )
     assert labs.check(ex.key, expected).message == f"{ex.key}: correct ({expected:,.4g} sequences)."
     assert labs.check(ex.key, 2 * expected).message == (
-        f"{ex.key}: {2 * expected:,.4g} sequences is 100% too high. Recheck {ex.hint}.")
-    assert labs.check("ch4.transfer_over_prefill", "x").message == \
-        "ch4.transfer_over_prefill: expected a number in , got 'x'."
+        f"{ex.key}: {2 * expected:,.4g} sequences is 100% too high. Recheck {ex.hint}."
+    )
+    assert (
+        labs.check("ch4.transfer_over_prefill", "x").message
+        == "ch4.transfer_over_prefill: expected a number in , got 'x'."
+    )
 
 
 def test_chinese_verdicts_give_the_chinese_hint(chinese):
@@ -57,15 +62,20 @@ def test_chinese_verdicts_give_the_chinese_hint(chinese):
 
 
 def test_the_verdicts_state_the_same_numbers_in_both_languages(monkeypatch):
-    answers = {key: [ex.expected(), ex.expected() * 0.7, ex.expected() * 4]
-               for key, ex in labs.exercises().items()}
-    english = {(k, i): labs.check(k, a).message for k, v in answers.items() for i, a in enumerate(v)}
+    answers = {
+        key: [ex.expected(), ex.expected() * 0.7, ex.expected() * 4]
+        for key, ex in labs.exercises().items()
+    }
+    english = {
+        (k, i): labs.check(k, a).message for k, v in answers.items() for i, a in enumerate(v)
+    }
     monkeypatch.setenv(i18n.LANG_ENV, i18n.CHINESE)
     for (key, i), message in english.items():
         chinese_message = labs.check(key, answers[key][i]).message
         hint, hint_zh = labs.exercises()[key].hint, labs.exercises()[key].hint_zh or ""
-        assert _numbers(chinese_message.replace(hint_zh, "")) == \
-            _numbers(message.replace(hint, "")), (key, chinese_message)
+        assert _numbers(chinese_message.replace(hint_zh, "")) == _numbers(
+            message.replace(hint, "")
+        ), (key, chinese_message)
 
 
 def test_a_hint_in_chinese_is_optional():
@@ -77,8 +87,10 @@ def test_a_hint_in_chinese_is_optional():
         assert labs.exercises()["chx.untranslated"].hint_zh is None
         with pytest.MonkeyPatch.context() as patch:
             patch.setenv(i18n.LANG_ENV, i18n.CHINESE)
-            assert labs.check("chx.untranslated", 1.0).message == \
-                "chx.untranslated：1 ms，偏低了 50%。请重新核对：the step time。"
+            assert (
+                labs.check("chx.untranslated", 1.0).message
+                == "chx.untranslated：1 ms，偏低了 50%。请重新核对：the step time。"
+            )
     finally:
         labs._EXERCISES.clear()
         labs._EXERCISES.update(registered)
@@ -88,16 +100,22 @@ def _exercises_by_page() -> dict[str, set[str]]:
     pages = {}
     for notebook in sorted((ROOT / "notebooks").glob("[0-9]*.ipynb")):
         text = "".join("".join(c["source"]) for c in json.loads(notebook.read_text())["cells"])
-        pages[f"notebooks/{notebook.stem}"] = {k for k in labs.exercises()
-                                                if f'labs.check("{k}"' in text}
+        pages[f"notebooks/{notebook.stem}"] = {
+            k for k in labs.exercises() if f'labs.check("{k}"' in text
+        }
     return pages
 
 
 def test_every_translated_chapter_has_chinese_hints():
     from test_i18n import PENDING
 
-    missing = [key for page, keys in _exercises_by_page().items() if page not in PENDING
-               for key in sorted(keys) if not labs.exercises()[key].hint_zh]
+    missing = [
+        key
+        for page, keys in _exercises_by_page().items()
+        if page not in PENDING
+        for key in sorted(keys)
+        if not labs.exercises()[key].hint_zh
+    ]
     assert missing == [], "give these exercises a hint_zh= in kvlab/labs.py"
 
 
@@ -112,10 +130,12 @@ def test_chapter_one_printout_in_both_languages(monkeypatch):
     assert _numbers(chinese_text) == _numbers(english)
 
 
-
 def _math_blocks(page: Path) -> list[str]:
-    return re.findall(r'<div class="math notranslate nohighlight">\s*(.*?)</div>',
-                      page.read_text(encoding="utf-8"), flags=re.S)
+    return re.findall(
+        r'<div class="math notranslate nohighlight">\s*(.*?)</div>',
+        page.read_text(encoding="utf-8"),
+        flags=re.S,
+    )
 
 
 @pytest.mark.browser
@@ -129,7 +149,8 @@ def test_display_math_survives_translation():
     for english in sorted(site.glob("notebooks/*.html")):
         chinese_blocks = _math_blocks(site / "zh" / english.relative_to(site))
         assert len(chinese_blocks) == len(_math_blocks(english)), english.name
-        assert all(block.strip().startswith(r"\[") and "::" not in block
-                   for block in chinese_blocks), english.name
+        assert all(
+            block.strip().startswith(r"\[") and "::" not in block for block in chinese_blocks
+        ), english.name
     (ceiling,) = _math_blocks(site / "zh" / "notebooks" / "01_what_a_hit_saves.html")
     assert r"\text{每秒 token 数}" in ceiling and r"\frac{\text{内存带宽}}" in ceiling

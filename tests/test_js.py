@@ -10,6 +10,7 @@ states, hours of Python) are covered by a covering array in which any three cont
 every combination of their options at least once. KVLAB_JS_FULL_GRID=1 runs every grid
 whole, in batches of CHUNK_STATES states.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -39,8 +40,10 @@ from kvlab.viz.terms import DTYPES, ledger_terms
 NODE = shutil.which("node")
 HARNESS = Path(__file__).with_name("js_harness.js")
 pytestmark = pytest.mark.skipif(
-    NODE is None, reason="node (Node.js 20) is not installed, so kvlab's browser code cannot "
-                         "run here: install it (apt-get install nodejs) to check the panels")
+    NODE is None,
+    reason="node (Node.js 20) is not installed, so kvlab's browser code cannot "
+    "run here: install it (apt-get install nodejs) to check the panels",
+)
 REL_TOL = 1e-9
 FULL_GRID_MAX = 4000  # states; larger grids: strength-3 covering arrays (module docstring)
 CHUNK_STATES = 20_000  # states per node run when whole large grids are asked for
@@ -59,8 +62,13 @@ def library(tmp_path_factory) -> Path:
 
 def run_node(library: Path, jobs: list) -> list:
     """One node run of tests/js_harness.js over `jobs`; one list of results per job."""
-    out = subprocess.run([NODE, str(HARNESS), str(library)], input=json.dumps(jobs),
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [NODE, str(HARNESS), str(library)],
+        input=json.dumps(jobs),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -78,8 +86,11 @@ def differences(want, got, path: str = "") -> list[str]:
     if isinstance(want, list):
         if not isinstance(got, list) or len(want) != len(got):
             return [f"{path}: {want!r} != {got!r}"]
-        return [d for i, (w, g) in enumerate(zip(want, got, strict=True))
-                for d in differences(w, g, f"{path}[{i}]")]
+        return [
+            d
+            for i, (w, g) in enumerate(zip(want, got, strict=True))
+            for d in differences(w, g, f"{path}[{i}]")
+        ]
     if isinstance(want, bool) or want is None or isinstance(want, str):
         return [] if (type(got) is type(want) and got == want) else [f"{path}: {want!r} != {got!r}"]
     if isinstance(got, bool) or not isinstance(got, (int, float)):
@@ -106,17 +117,22 @@ def covering_rows(sizes: list[int], strength: int = COVER_STRENGTH) -> list[list
         for c, v in zip(*wanted[seed], strict=True):
             row[c] = v
         for c in (c for c in order if row[c] is None):
-            row[c] = max(range(sizes[c]),
-                         key=lambda v, c=c: (_newly_covered(row, c, v, groups, uncovered), -v))
+            row[c] = max(
+                range(sizes[c]),
+                key=lambda v, c=c: (_newly_covered(row, c, v, groups, uncovered), -v),
+            )
         uncovered.difference_update((g, tuple(row[x] for x in g)) for g in groups)
         rows.append(row)
     return rows
 
 
 def _newly_covered(row, c, v, groups, uncovered) -> int:
-    trial = row[:c] + [v] + row[c + 1:]
-    return sum((g, tuple(trial[x] for x in g)) in uncovered for g in groups
-               if c in g and all(trial[x] is not None for x in g))
+    trial = row[:c] + [v] + row[c + 1 :]
+    return sum(
+        (g, tuple(trial[x] for x in g)) in uncovered
+        for g in groups
+        if c in g and all(trial[x] is not None for x in g)
+    )
 
 
 def grid_states(panel) -> list[dict]:
@@ -140,7 +156,7 @@ def check_panel(panel, states: list[dict], library: Path) -> None:
     """Every state's JavaScript result equals the panel's Python compute."""
     bad = []
     for start in range(0, len(states), CHUNK_STATES):
-        chunk = states[start:start + CHUNK_STATES]
+        chunk = states[start : start + CHUNK_STATES]
         got = run_node(library, [{"panel": panel.js, "terms": panel.terms, "states": chunk}])[0]
         for state, result in zip(chunk, got, strict=True):
             found = differences(jsonable(panel.compute(state)), result)
@@ -182,8 +198,15 @@ def measured_states(panel) -> list[dict]:
 
     covered, uncovered = [], {}
     for m, d, w, k in itertools.product(models(), devices(), DTYPE_CHOICES, DTYPE_CHOICES):
-        base = {**panel.default_state, "model": m, "hardware": d, "weight_dtype": w, "kv_dtype": k,
-                "efficiency": 0.8, "speed": "measured"}
+        base = {
+            **panel.default_state,
+            "model": m,
+            "hardware": d,
+            "weight_dtype": w,
+            "kv_dtype": k,
+            "efficiency": 0.8,
+            "speed": "measured",
+        }
         why = speed.why_not(m, d, w, k)
         if why:
             uncovered.setdefault(why, base)  # one state per phrase
@@ -201,9 +224,14 @@ def test_decode_step_panel_in_measured_mode(library):
     timed = sum(v["efficiency"] == "measured" for v in values)
     assert timed > 500 and len(states) - timed > 500  # both kinds, many of each
     assert {v["speed"].split(": ")[-1] for v in values} >= {
-        "no kernel tables for this device", "no MLA attention tables", "no int4 weight tables",
-        "no fp8 KV tables", "outside the tables' range", "TRTLLM 1.3.0rc20 kernels",
-        "TRTLLM 1.0.0 kernels"}
+        "no kernel tables for this device",
+        "no MLA attention tables",
+        "no int4 weight tables",
+        "no fp8 KV tables",
+        "outside the tables' range",
+        "TRTLLM 1.3.0rc20 kernels",
+        "TRTLLM 1.0.0 kernels",
+    }
     check_panel(panel, states, library)
 
 
@@ -214,8 +242,12 @@ def windowed_catalogue(monkeypatch):
     catalogued v0.3 has none; no catalogued model has one)."""
     import kvlab.models as registry
 
-    spec = dataclasses.replace(get_model("mistral-7b"), name=WINDOWED, sliding_window=4096,
-                               display_name="Mistral 7B, 4K sliding window")
+    spec = dataclasses.replace(
+        get_model("mistral-7b"),
+        name=WINDOWED,
+        sliding_window=4096,
+        display_name="Mistral 7B, 4K sliding window",
+    )
     extended = {**registry._catalogue(), WINDOWED: spec}
     monkeypatch.setattr(registry, "_catalogue", lambda: extended)
     return spec
@@ -235,11 +267,17 @@ def test_footprint_longest_context_counts_a_sliding_window(windowed_catalogue, l
 
 
 # ------------------------------------------------------ the library's twins
-STEP_POINTS = {"batch": np.array([1, 64, 1024]), "context": np.array([256, 8192, 131072]),
-               "efficiency": np.array([1.0, 0.75, 0.5])}
-PREFILL_POINTS = {"prompt_tokens": np.array([8192, 8192, 4097]),
-                  "cached_tokens": np.array([0, 7372, 0]), "batch": np.array([1, 4, 1]),
-                  "efficiency": np.array([1.0, 0.8, 0.6])}
+STEP_POINTS = {
+    "batch": np.array([1, 64, 1024]),
+    "context": np.array([256, 8192, 131072]),
+    "efficiency": np.array([1.0, 0.75, 0.5]),
+}
+PREFILL_POINTS = {
+    "prompt_tokens": np.array([8192, 8192, 4097]),
+    "cached_tokens": np.array([0, 7372, 0]),
+    "batch": np.array([1, 4, 1]),
+    "efficiency": np.array([1.0, 0.8, 0.6]),
+}
 
 
 def _catalogue_combos():
@@ -249,8 +287,9 @@ def _catalogue_combos():
 def _rows(result, n: int) -> list[dict]:
     """A vectorised ledger result as one dict per point."""
     d = result.to_dict()
-    return [jsonable({k: (v[i] if isinstance(v, list) else v) for k, v in d.items()})
-            for i in range(n)]
+    return [
+        jsonable({k: (v[i] if isinstance(v, list) else v) for k, v in d.items()}) for i in range(n)
+    ]
 
 
 def _ledger_cases() -> dict[str, list[tuple[dict, dict]]]:
@@ -260,16 +299,23 @@ def _ledger_cases() -> dict[str, list[tuple[dict, dict]]]:
     for m, d, w, k in _catalogue_combos():
         names = {"model": m, "hardware": d, "weight_dtype": w, "kv_dtype": k}
         dt = {"weight_dtype": w, "kv_dtype": k}
-        want = {"step": _rows(cost.decode_step(m, d, **dt, **STEP_POINTS), 3),
-                "memoryFit": _rows(cost.memory_fit(m, d, batch, context, **dt), 3),
-                "prefill": _rows(cost.prefill(m, d, **dt, **PREFILL_POINTS), 3),
-                "prefill-naive": _rows(cost.prefill(m, d, **dt, flash_attention=False,
-                                                    **PREFILL_POINTS), 3)}
+        want = {
+            "step": _rows(cost.decode_step(m, d, **dt, **STEP_POINTS), 3),
+            "memoryFit": _rows(cost.memory_fit(m, d, batch, context, **dt), 3),
+            "prefill": _rows(cost.prefill(m, d, **dt, **PREFILL_POINTS), 3),
+            "prefill-naive": _rows(
+                cost.prefill(m, d, **dt, flash_attention=False, **PREFILL_POINTS), 3
+            ),
+        }
         for i in range(3):
             step = {**names, **{key: v[i].item() for key, v in STEP_POINTS.items()}}
             fill = {**names, **{key: v[i].item() for key, v in PREFILL_POINTS.items()}}
-            for name, state in (("step", step), ("memoryFit", step), ("prefill", fill),
-                                ("prefill-naive", {**fill, "flash_attention": False})):
+            for name, state in (
+                ("step", step),
+                ("memoryFit", step),
+                ("prefill", fill),
+                ("prefill-naive", {**fill, "flash_attention": False}),
+            ):
                 cases[name].append((state, want[name][i]))
     return cases
 
@@ -281,8 +327,10 @@ def test_ledger_twin_is_kvlab_cost_on_every_catalogue_state(windowed_catalogue, 
     cases = _ledger_cases()
     assert len(cases["step"]) == len(models()) * len(devices()) * len(DTYPES) ** 2 * 3
     terms = ledger_terms(models(), devices())
-    jobs = [{"library": name.split("-")[0], "terms": terms, "args": [[s] for s, _ in rows]}
-            for name, rows in cases.items()]
+    jobs = [
+        {"library": name.split("-")[0], "terms": terms, "args": [[s] for s, _ in rows]}
+        for name, rows in cases.items()
+    ]
     bad = []
     for (name, rows), got in zip(cases.items(), run_node(library, jobs), strict=True):
         for (state, want), result in zip(rows, got, strict=True):
@@ -291,8 +339,10 @@ def test_ledger_twin_is_kvlab_cost_on_every_catalogue_state(windowed_catalogue, 
 
 
 def _knee_input(kv, weights, bound) -> list[dict]:
-    return [{"kv_read_bytes": float(a), "weight_read_bytes": float(b), "bound": str(c)}
-            for a, b, c in zip(kv, weights, bound, strict=True)]
+    return [
+        {"kv_read_bytes": float(a), "weight_read_bytes": float(b), "bound": str(c)}
+        for a, b, c in zip(kv, weights, bound, strict=True)
+    ]
 
 
 def test_knee_twin_is_kvlab_cost_batch_knee(library):
@@ -306,12 +356,21 @@ def test_knee_twin_is_kvlab_cost_batch_knee(library):
         weights = np.broadcast_to(s.weight_read_bytes, kv.shape)
         bound = np.broadcast_to(s.bound, kv.shape)
         columns += [(kv[:, j], weights[:, j], bound[:, j]) for j in range(kv.shape[1])]
-    columns += [([1.0, 2.0, 3.0], [2.0, 2.0, 2.0], ["memory"] * 3),  # KV reads equal the weights
-                ([1.0, 1.0, 1.0], [2.0, 2.0, 2.0], ["memory", "compute", "memory"]),  # compute
-                ([1.0, 1.0], [2.0, 2.0], ["memory", "memory"])]  # neither: the last batch
-    want = [cost.batch_knee(SimpleNamespace(kv_read_bytes=np.asarray(kv), bound=np.asarray(bound),
-                                            weight_read_bytes=np.asarray(weights)))
-            for kv, weights, bound in columns]
+    columns += [
+        ([1.0, 2.0, 3.0], [2.0, 2.0, 2.0], ["memory"] * 3),  # KV reads equal the weights
+        ([1.0, 1.0, 1.0], [2.0, 2.0, 2.0], ["memory", "compute", "memory"]),  # compute
+        ([1.0, 1.0], [2.0, 2.0], ["memory", "memory"]),
+    ]  # neither: the last batch
+    want = [
+        cost.batch_knee(
+            SimpleNamespace(
+                kv_read_bytes=np.asarray(kv),
+                bound=np.asarray(bound),
+                weight_read_bytes=np.asarray(weights),
+            )
+        )
+        for kv, weights, bound in columns
+    ]
     args = [[_knee_input(*column)] for column in columns]
     got = run_node(library, [{"library": "batchKnee", "terms": None, "args": args}])[0]
     assert got == want
@@ -320,8 +379,13 @@ def test_knee_twin_is_kvlab_cost_batch_knee(library):
 
 def test_served_tokens_twin_is_kvlab_prompt(library):
     """KVLAB.servedTokens is kvlab.prompt.served_tokens: never the prompt's last token."""
-    args = [[hit, prompt] for prompt in (1, 2, 7, 4096, 8192) for hit in
-            sorted({0, 1, prompt - 1, prompt, prompt + 5, math.floor(0.95 * prompt), 3 * prompt})]
+    args = [
+        [hit, prompt]
+        for prompt in (1, 2, 7, 4096, 8192)
+        for hit in sorted(
+            {0, 1, prompt - 1, prompt, prompt + 5, math.floor(0.95 * prompt), 3 * prompt}
+        )
+    ]
     got = run_node(library, [{"library": "servedTokens", "terms": None, "args": args}])[0]
     assert got == [served_tokens(hit, prompt) for hit, prompt in args]
 
@@ -329,14 +393,24 @@ def test_served_tokens_twin_is_kvlab_prompt(library):
 def test_readout_formats_are_twins(library):
     """Every readout kind formats a value as kvlab.viz.panel.FORMATS does."""
     rng = np.random.default_rng(12)
-    numbers = np.concatenate([10 ** rng.uniform(-9, 16, 60),
-                              [0.0, 1.0, 2.5, 999.95, 1e21, 0.125, 0.95]]).tolist()
-    samples = {"yesno": [True, False], "text": ["memory", "compute", "Llama 3.1 8B"],
-               "ratio": numbers + [None],
-               "count_or_never": [None, 0.0, 12.0, 4096.0],
-               "count_or_unbounded": [None, 0.0, 15735.0]}
-    jobs = [{"library": f"FORMATS.{kind}", "terms": None,
-             "args": [[v] for v in samples.get(kind, numbers)]} for kind in FORMATS]
+    numbers = np.concatenate(
+        [10 ** rng.uniform(-9, 16, 60), [0.0, 1.0, 2.5, 999.95, 1e21, 0.125, 0.95]]
+    ).tolist()
+    samples = {
+        "yesno": [True, False],
+        "text": ["memory", "compute", "Llama 3.1 8B"],
+        "ratio": numbers + [None],
+        "count_or_never": [None, 0.0, 12.0, 4096.0],
+        "count_or_unbounded": [None, 0.0, 15735.0],
+    }
+    jobs = [
+        {
+            "library": f"FORMATS.{kind}",
+            "terms": None,
+            "args": [[v] for v in samples.get(kind, numbers)],
+        }
+        for kind in FORMATS
+    ]
     *got, js_kinds = run_node(library, [*jobs, {"keys": "FORMATS"}])
     assert sorted(js_kinds) == sorted(FORMATS)
     for kind, texts in zip(FORMATS, got, strict=True):
@@ -346,16 +420,23 @@ def test_readout_formats_are_twins(library):
 def test_formatting_matches_kvlab_fmt_digit_for_digit(library):
     """kvlab.js formats numbers as kvlab.fmt does (readouts and the prose depend on it)."""
     rng = np.random.default_rng(7)
-    values = np.concatenate([10 ** rng.uniform(-10, 16, 400), -10 ** rng.uniform(-3, 6, 50),
-                             [0.0, 1.0, 999.5, 999.95, 1000.0, 0.125, 2.5, 1.125e9, 9.995e-4,
-                              1e21]]).tolist()
-    calls = {"si": ([[v, "B"] for v in values], lambda v: fmt.si(v, "B")),
-             "seconds": ([[abs(v)] for v in values], lambda v: fmt.seconds(abs(v))),
-             "rate": ([[v] for v in values], fmt.rate),
-             "sig": ([[v, 3] for v in values], lambda v: fmt.sig(v, 3)),
-             "percent": ([[v / 1e9] for v in values], lambda v: fmt.percent(v / 1e9))}
+    values = np.concatenate(
+        [
+            10 ** rng.uniform(-10, 16, 400),
+            -(10 ** rng.uniform(-3, 6, 50)),
+            [0.0, 1.0, 999.5, 999.95, 1000.0, 0.125, 2.5, 1.125e9, 9.995e-4, 1e21],
+        ]
+    ).tolist()
+    calls = {
+        "si": ([[v, "B"] for v in values], lambda v: fmt.si(v, "B")),
+        "seconds": ([[abs(v)] for v in values], lambda v: fmt.seconds(abs(v))),
+        "rate": ([[v] for v in values], fmt.rate),
+        "sig": ([[v, 3] for v in values], lambda v: fmt.sig(v, 3)),
+        "percent": ([[v / 1e9] for v in values], lambda v: fmt.percent(v / 1e9)),
+    }
     jobs = [{"library": fn, "terms": None, "args": args} for fn, (args, _) in calls.items()]
     for (fn, (_args, python)), texts in zip(calls.items(), run_node(library, jobs), strict=True):
-        mismatches = [(v, g, python(v)) for v, g in zip(values, texts, strict=True)
-                      if g != python(v)]
+        mismatches = [
+            (v, g, python(v)) for v, g in zip(values, texts, strict=True) if g != python(v)
+        ]
         assert mismatches == [], fn

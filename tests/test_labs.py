@@ -1,4 +1,5 @@
 """Teaching labs: reference answers pass, blanked student copies fail with their hint."""
+
 import os
 from pathlib import Path
 
@@ -31,7 +32,9 @@ def test_wrong_missing_and_nonsense_answers_get_hints():
 
 def test_blanking_keeps_indentation_and_only_touches_answer_lines():
     src = "x = 1\n    answer = 2 * x  # ANSWER\nanswer_key = 3\n"
-    assert labs.blank_answers(src) == "x = 1\n    answer = ...  # your answer here\nanswer_key = 3\n"
+    assert (
+        labs.blank_answers(src) == "x = 1\n    answer = ...  # your answer here\nanswer_key = 3\n"
+    )
     multi = "answer = (a\n          / b)  # ANSWER\ncheck()\n"
     assert labs.blank_answers(multi) == "answer = ...  # your answer here\ncheck()\n"
 
@@ -53,10 +56,19 @@ def test_student_copies_fail_with_hints(tmp_path):
     for path in written:
         nb = nbformat.read(path, as_version=4)
         assert "# ANSWER" not in "".join(c.source for c in nb.cells)
-        NotebookClient(nb, timeout=300, kernel_name="python3",
-                       resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
-        checks = [o for c in nb.cells if "labs.check" in c.source for o in c.outputs
-                  if "text/plain" in o.get("data", {})]
+        NotebookClient(
+            nb,
+            timeout=300,
+            kernel_name="python3",
+            resources={"metadata": {"path": str(ROOT / "notebooks")}},
+        ).execute()
+        checks = [
+            o
+            for c in nb.cells
+            if "labs.check" in c.source
+            for o in c.outputs
+            if "text/plain" in o.get("data", {})
+        ]
         assert checks, path
         for output in checks:
             text = output["data"]["text/plain"]
@@ -93,6 +105,7 @@ def test_reference_answers_pass(monkeypatch):
 
 
 # ------------------------------------------------------------------ python -m kvlab.labs guards
+
 
 def _copy_chapters(tmp_path):
     src = tmp_path / "nb"

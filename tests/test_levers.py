@@ -3,6 +3,7 @@
 Hand-checked values, the behaviour each lever must show, and consistency between the
 ledger's fast path, its per-operator path and the two levers combined.
 """
+
 import dataclasses
 import json
 
@@ -24,6 +25,7 @@ H100 = "h100-sxm"
 
 
 # ------------------------------------------------------------------ speculation
+
 
 def test_acceptance_formula_by_hand():
     """(1 - A^(K+1)) / (1 - A): 1 + 0.8 + 0.64 + 0.512 + 0.4096 for A = 0.8, K = 4."""
@@ -64,8 +66,12 @@ def test_verify_step_by_hand():
 
 
 @settings(max_examples=60, deadline=None)
-@given(model=st.sampled_from(MODELS), device=st.sampled_from(sorted(devices())),
-       batch=st.integers(1, 4096), context=st.integers(0, 200_000))
+@given(
+    model=st.sampled_from(MODELS),
+    device=st.sampled_from(sorted(devices())),
+    batch=st.integers(1, 4096),
+    context=st.integers(0, 200_000),
+)
 def test_the_operator_path_is_the_fast_ledger(model, device, batch, context):
     """A verify step with K = 0 taken through the per-operator path (an array K sends it
     there) equals the fast scalar ledger, field by field."""
@@ -109,8 +115,9 @@ def test_speculation_keeps_paying_where_long_contexts_make_the_step_kv_bound():
 def test_a_speculation_round_adds_up():
     """cycle = verify + K drafts; tokens/s = batch x tau / cycle; speedup against the plain
     decode step of the same settings; a draft model's steps are its own ledger."""
-    s = speculative.speculative_step("llama-3.1-70b", "h200", 8, 4096, 3, 0.6, "llama-3.1-8b",
-                                     "fp8")
+    s = speculative.speculative_step(
+        "llama-3.1-70b", "h200", 8, 4096, 3, 0.6, "llama-3.1-8b", "fp8"
+    )
     plain = cost.decode_step("llama-3.1-70b", "h200", 8, 4096, "fp8")
     verify = cost.verify_step("llama-3.1-70b", "h200", 8, 4096, 3, "fp8")
     draft = cost.decode_step("llama-3.1-8b", "h200", 8, 4096, "fp8")
@@ -144,8 +151,7 @@ def test_a_draft_must_share_the_vocabulary():
 
 
 def test_measured_speculation_times_the_verify_pass_from_the_tables():
-    s = speculative.speculative_step("llama-3.1-8b", H100, 16, 4096, 4, 0.7,
-                                     efficiency="measured")
+    s = speculative.speculative_step("llama-3.1-8b", H100, 16, 4096, 4, 0.7, efficiency="measured")
     ceiling = cost.verify_step("llama-3.1-8b", H100, 16, 4096, 4)
     plain = cost.decode_step("llama-3.1-8b", H100, 16, 4096, efficiency="measured")
     assert s.verify_step_time_s > ceiling.step_time_s
@@ -156,6 +162,7 @@ def test_measured_speculation_times_the_verify_pass_from_the_tables():
 
 
 # ------------------------------------------------------------ tensor parallelism
+
 
 def test_the_catalogue_names_each_devices_gpu_link():
     links = {name: gpu_link(name).name for name in devices()}
@@ -213,8 +220,9 @@ def test_allreduce_latency_not_bandwidth_limits_small_batches():
     np.testing.assert_allclose(link, 160 * 1.75 * b * 8192 * 2 / 450e9, rtol=1e-12)
     assert latency[0] > 50 * link[0]
     assert link[-1] > latency[-1]
-    measured = cost.decode_step("llama-3.1-70b", H100, 1, 4096, tensor_parallel=8,
-                                efficiency="measured")
+    measured = cost.decode_step(
+        "llama-3.1-70b", H100, 1, 4096, tensor_parallel=8, efficiency="measured"
+    )
     # the table's all-reduce of 8,192 elements (batch 1): 3.5587 us, 160 times
     assert measured.allreduce_time_s == pytest.approx(160 * 3.5587e-6, rel=1e-9)
     assert measured.allreduce_latency_s / measured.allreduce_time_s > 0.9
@@ -245,8 +253,11 @@ def test_mla_projections_split_over_tensor_parallel_with_the_down_projections_re
     w, kv = parse_dtype("fp8"), parse_dtype("bf16")
 
     def proj_bytes(tp):
-        return next(op.bytes for op in decode_operators(m, 1, 4096, w, kv, tp)
-                    if op.name == "attention_proj")
+        return next(
+            op.bytes
+            for op in decode_operators(m, 1, 4096, w, kv, tp)
+            if op.name == "attention_proj"
+        )
 
     replicated = m.num_layers * (7168 * (1536 + 512 + 64) + 1536 + 512)
     assert proj_bytes(8) == pytest.approx(replicated + (proj_bytes(1) - replicated) / 8)
@@ -278,12 +289,12 @@ def test_bad_tensor_parallel_degrees_raise(bad):
 
 # ---------------------------------------------------------------- the two at once
 
+
 def test_tensor_parallel_and_speculation_combine_consistently():
     """Llama 3.1 70B on eight H100s, K = 4: the round's baseline and verify pass are the TP8
     ledger's; the verify pass's all-reduces carry five times the rows (same latency, five
     times the link time); the self-drafting head pays two all-reduces per drafted token."""
-    s = speculative.speculative_step("llama-3.1-70b", H100, 16, 4096, 4, 0.7,
-                                     tensor_parallel=8)
+    s = speculative.speculative_step("llama-3.1-70b", H100, 16, 4096, 4, 0.7, tensor_parallel=8)
     plain = cost.decode_step("llama-3.1-70b", H100, 16, 4096, tensor_parallel=8)
     verify = cost.verify_step("llama-3.1-70b", H100, 16, 4096, 4, tensor_parallel=8)
     assert s.tensor_parallel == 8 and s.baseline_step_time_s == plain.step_time_s
@@ -293,14 +304,16 @@ def test_tensor_parallel_and_speculation_combine_consistently():
     assert link == pytest.approx(5 * (plain.allreduce_time_s - plain.allreduce_latency_s))
     assert s.draft_step_time_s > 2 * allreduce_link(H100, 8).latency_s
     assert s.fits and 1.5 < s.speculative_speedup < s.tokens_per_verify_step
-    draft = speculative.speculative_step("llama-3.1-70b", H100, 16, 4096, 4, 0.7,
-                                         "llama-3.1-8b", tensor_parallel=8)
+    draft = speculative.speculative_step(
+        "llama-3.1-70b", H100, 16, 4096, 4, 0.7, "llama-3.1-8b", tensor_parallel=8
+    )
     small = cost.decode_step("llama-3.1-8b", H100, 16, 4096, tensor_parallel=8)
     assert draft.draft_step_time_s == small.step_time_s
     assert draft.speculative_speedup < s.speculative_speedup  # a whole model drafts dearer
 
 
 # ------------------------------------------------------------------------- CLI
+
 
 def test_budget_json_adds_the_levers_and_keeps_the_defaults(capsys):
     assert main(["budget", "--model", "llama-3.1-8b", "--batch", "16", "--json"]) == 0
@@ -309,8 +322,22 @@ def test_budget_json_adds_the_levers_and_keeps_the_defaults(capsys):
     assert plain["tokens_per_verify_step"] == 1 and plain["speculative_speedup"] == 1
     assert plain["speculative"] is None
     assert plain["step_time_s"] == cost.decode_step("llama-3.1-8b", H100, 16, 4096).step_time_s
-    code = main(["budget", "--model", "llama-3.1-70b", "--batch", "16", "--tensor-parallel", "8",
-                 "--speculative-tokens", "4", "--acceptance", "0.8", "--json"])
+    code = main(
+        [
+            "budget",
+            "--model",
+            "llama-3.1-70b",
+            "--batch",
+            "16",
+            "--tensor-parallel",
+            "8",
+            "--speculative-tokens",
+            "4",
+            "--acceptance",
+            "0.8",
+            "--json",
+        ]
+    )
     r = json.loads(capsys.readouterr().out)
     assert code == 0 and r["tensor_parallel"] == 8 and r["fits"]
     assert r["allreduce_time_s"] > r["allreduce_latency_s"] > 0
@@ -322,9 +349,21 @@ def test_budget_json_adds_the_levers_and_keeps_the_defaults(capsys):
 
 
 def test_budget_tables_show_the_levers(capsys):
-    code = main(["budget", "--model", "llama-3.1-70b", "--tensor-parallel", "8",
-                 "--speculative-tokens", "4", "--acceptance", "0.7", "--draft-model",
-                 "llama-3.1-8b"])
+    code = main(
+        [
+            "budget",
+            "--model",
+            "llama-3.1-70b",
+            "--tensor-parallel",
+            "8",
+            "--speculative-tokens",
+            "4",
+            "--acceptance",
+            "0.7",
+            "--draft-model",
+            "llama-3.1-8b",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0
     assert "tensor parallel" in out and "all-reduces take" in out
@@ -332,14 +371,19 @@ def test_budget_tables_show_the_levers(capsys):
     assert "operators of one verify pass" in out
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--speculative-tokens", "4"], "needs --acceptance"),
-    (["--acceptance", "0.7"], "need --speculative-tokens"),
-    (["--speculative-tokens", "4", "--acceptance", "1.5"], "acceptance must be <= 1"),
-    (["--tensor-parallel", "3"], "must be one of (1, 2, 4, 8)"),
-    (["--speculative-tokens", "4", "--acceptance", "0.5", "--draft-model", "gpt-9"],
-     "unknown model 'gpt-9'"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--speculative-tokens", "4"], "needs --acceptance"),
+        (["--acceptance", "0.7"], "need --speculative-tokens"),
+        (["--speculative-tokens", "4", "--acceptance", "1.5"], "acceptance must be <= 1"),
+        (["--tensor-parallel", "3"], "must be one of (1, 2, 4, 8)"),
+        (
+            ["--speculative-tokens", "4", "--acceptance", "0.5", "--draft-model", "gpt-9"],
+            "unknown model 'gpt-9'",
+        ),
+    ],
+)
 def test_budget_lever_errors_exit_2(capsys, argv, message):
     code = main(["budget", "--model", "llama-3.1-8b", *argv])
     out, err = capsys.readouterr()

@@ -1,4 +1,5 @@
 """The measured kernel extract, its reader, and the ledger's measured mode."""
+
 import json
 import math
 from importlib import resources
@@ -22,10 +23,13 @@ TABLES = ("gemm", "generation_attention", "context_attention", "moe", "all_reduc
 
 # ------------------------------------------------------------------- the extract
 
+
 def test_extract_covers_the_devices_and_stays_small():
     assert list(devices_with_data()) == DEVICES == sorted(SYSTEMS)
-    total = sum(e.stat().st_size for e in (FOLDER / name for name in
-                                           [f"{d}.json" for d in DEVICES] + ["NOTICE", "LICENSE"]))
+    total = sum(
+        e.stat().st_size
+        for e in (FOLDER / name for name in [f"{d}.json" for d in DEVICES] + ["NOTICE", "LICENSE"])
+    )
     assert total < 1e6  # "well under 2 MB"
     notice = FOLDER.joinpath("NOTICE").read_text()
     assert "Apache License, Version 2.0" in notice and "aiconfigurator-core 0.12.0" in notice
@@ -56,6 +60,7 @@ def test_extract_runs_only_with_its_extra(tmp_path, capsys):
     pytest.importorskip("numpy")
     try:
         import aiconfigurator_core  # noqa: F401
+
         pytest.skip("aiconfigurator-core is installed here")
     except ImportError:
         pass
@@ -78,6 +83,7 @@ def test_the_notes_figures_hold():
 
 
 # ------------------------------------------------------------------ interpolation
+
 
 def test_curve_interpolates_log_log_by_hand():
     c = Curve([1, 4, 16], [2, 8, 8])
@@ -111,7 +117,7 @@ def test_table_points_by_hand():
     assert curve(16)[0] == pytest.approx(lat[ms.index(16)] * 1e-6, rel=1e-12)
     lo, hi = lat[ms.index(17)], lat[ms.index(32)]
     w = math.log(24 / 17) / math.log(32 / 17)
-    assert curve(24)[0] == pytest.approx(lo ** (1 - w) * hi ** w * 1e-6, rel=1e-12)
+    assert curve(24)[0] == pytest.approx(lo ** (1 - w) * hi**w * 1e-6, rel=1e-12)
     att = load("h100-sxm").raw["generation_attention"]
     rows = att["layouts"]["32/8/128"]["bf16"]["latency_us"]
     j = att["tokens_in_cache"].index(4095)
@@ -122,14 +128,16 @@ def test_table_points_by_hand():
 
 # ------------------------------------------------------------------- measured mode
 
+
 def test_measured_llama_8b_on_h100_is_a_sane_band_below_the_ceiling():
     """Llama 3.1 8B, bf16, 4K context. Slower than the ceiling, by a factor the tables
     explain: their GEMVs reach 68-80% of the sheet bandwidth at these weight sizes, decode
     attention ~75%, and ~100 small kernels at the ~2.7 us floor add ~0.27 ms. So the ceiling
     is 60-85% of the measured step, the band issue 14 found for TensorRT-LLM end to end."""
     for batch in (1, 16):
-        s = cost.decode_step("llama-3.1-8b", "h100-sxm", batch, 4096, "bf16", "bf16",
-                             efficiency="measured")
+        s = cost.decode_step(
+            "llama-3.1-8b", "h100-sxm", batch, 4096, "bf16", "bf16", efficiency="measured"
+        )
         assert s.efficiency == "measured" and "TRTLLM 1.3.0rc20" in s.efficiency_source
         ceiling = cost.decode_step("llama-3.1-8b", "h100-sxm", batch, 4096).step_time_s
         assert s.ceiling_step_time_s == ceiling
@@ -159,14 +167,19 @@ def test_no_operator_is_faster_than_its_ceiling():
 
 
 @settings(max_examples=60, deadline=None)
-@given(device=st.sampled_from(DEVICES),
-       model=st.sampled_from(["llama-3.1-8b", "llama-2-7b", "mistral-7b", "qwen2.5-7b",
-                              "mixtral-8x7b"]),
-       batch=st.integers(1, 64), context=st.integers(1, 32000))
+@given(
+    device=st.sampled_from(DEVICES),
+    model=st.sampled_from(
+        ["llama-3.1-8b", "llama-2-7b", "mistral-7b", "qwen2.5-7b", "mixtral-8x7b"]
+    ),
+    batch=st.integers(1, 64),
+    context=st.integers(1, 32000),
+)
 def test_measured_is_never_below_the_ceiling(device, model, batch, context):
     """(Points beyond a table's batch x context triangle are NaN, and the fast path agrees.)"""
-    s = cost.decode_step(model, device, np.array([batch]), context, "bf16", "bf16",
-                         efficiency="measured")
+    s = cost.decode_step(
+        model, device, np.array([batch]), context, "bf16", "bf16", efficiency="measured"
+    )
     fast = kernels(model, device).decode_step_s(batch, context)
     if np.isnan(s.step_time_s[0]):
         assert math.isnan(fast)
@@ -181,8 +194,9 @@ def test_a_batch_of_unequal_contexts_is_timed_at_its_mean():
 
 
 def test_grids_give_nan_out_of_range_and_scalars_refuse():
-    grid = cost.decode_step("llama-3.1-8b", "h100-sxm", np.array([1, 16, 4096]), 4096,
-                            efficiency="measured")
+    grid = cost.decode_step(
+        "llama-3.1-8b", "h100-sxm", np.array([1, 16, 4096]), 4096, efficiency="measured"
+    )
     assert np.isfinite(grid.step_time_s[:2]).all() and np.isnan(grid.step_time_s[2])
     contexts = np.array([100, 1000, 200_000])
     row = cost.decode_step("llama-3.1-8b", "h100-sxm", 8, contexts, efficiency="measured")
@@ -198,19 +212,23 @@ def test_grids_give_nan_out_of_range_and_scalars_refuse():
         cost.prefill("llama-3.1-8b", "a100-80gb", 16384, efficiency="measured")
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(hardware="rtx-4090"), "devices with data: a100-80gb, b200, h100-sxm, h200, l40s"),
-    (dict(model="deepseek-v3"), "MLA"),
-    (dict(weight_dtype="int4"), "no measured GEMMs for int4 on h100-sxm .* have bf16, fp8"),
-    (dict(hardware="a100-80gb", kv_dtype="fp8"), "KV for fp8 on a100-80gb"),
-    (dict(weight_dtype="fp32"), "no measured GEMMs for fp32"),
-    (dict(bandwidth_bytes_per_s=2e12), "bandwidth override does not apply"),
-    (dict(efficiency="measureD "), None),
-    (dict(efficiency="fast"), "efficiency must be a number in \\(0, 1\\] or 'measured'"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(hardware="rtx-4090"), "devices with data: a100-80gb, b200, h100-sxm, h200, l40s"),
+        (dict(model="deepseek-v3"), "MLA"),
+        (dict(weight_dtype="int4"), "no measured GEMMs for int4 on h100-sxm .* have bf16, fp8"),
+        (dict(hardware="a100-80gb", kv_dtype="fp8"), "KV for fp8 on a100-80gb"),
+        (dict(weight_dtype="fp32"), "no measured GEMMs for fp32"),
+        (dict(bandwidth_bytes_per_s=2e12), "bandwidth override does not apply"),
+        (dict(efficiency="measureD "), None),
+        (dict(efficiency="fast"), "efficiency must be a number in \\(0, 1\\] or 'measured'"),
+    ],
+)
 def test_measured_mode_refuses_what_it_has_no_tables_for(kwargs, message):
-    args = dict(model="llama-3.1-8b", hardware="h100-sxm", batch=4, context=1024,
-                efficiency="measured")
+    args = dict(
+        model="llama-3.1-8b", hardware="h100-sxm", batch=4, context=1024, efficiency="measured"
+    )
     args.update(kwargs)
     if message is None:
         assert cost.decode_step(**args).efficiency == "measured"
@@ -232,7 +250,9 @@ def test_measured_prefill_keeps_flash_attention_and_prefix_hits_save():
     full = cost.prefill("llama-3.1-8b", "h100-sxm", 8192, efficiency="measured")
     half = cost.prefill("llama-3.1-8b", "h100-sxm", 8192, 4096, efficiency="measured")
     done = cost.prefill("llama-3.1-8b", "h100-sxm", 8192, 8192, efficiency="measured")
-    assert full.time_s > half.time_s > done.time_s > 0  # a whole-prompt hit still computes the last token
+    assert (
+        full.time_s > half.time_s > done.time_s > 0
+    )  # a whole-prompt hit still computes the last token
     assert done.cached_tokens == 8191
     assert 0.5 < full.ceiling_time_s / full.time_s < 0.9
     with pytest.raises(KvlabError, match="flash_attention=False"):
@@ -252,16 +272,42 @@ def test_tensor_parallel_adds_all_reduces_and_splits_the_weights():
 
 # ------------------------------------------------------------------------- CLI
 
+
 def test_budget_measured_json_keeps_the_contract(capsys):
-    code = main(["budget", "--model", "llama-3.1-8b", "--batch", "16", "--context", "4k",
-                 "--efficiency", "measured", "--json"])
+    code = main(
+        [
+            "budget",
+            "--model",
+            "llama-3.1-8b",
+            "--batch",
+            "16",
+            "--context",
+            "4k",
+            "--efficiency",
+            "measured",
+            "--json",
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 0 and err == ""
     r = json.loads(out)
-    assert {"weight_bytes", "kv_bytes_per_token", "kv_read_bytes", "step_bytes", "step_time_s",
-            "tokens_per_s", "tokens_per_s_per_sequence", "kv_cache_bytes", "fits", "max_batch",
-            "bound", "arithmetic_intensity", "ttft_s", "ceiling_step_time_s",
-            "efficiency_source"} <= set(r)
+    assert {
+        "weight_bytes",
+        "kv_bytes_per_token",
+        "kv_read_bytes",
+        "step_bytes",
+        "step_time_s",
+        "tokens_per_s",
+        "tokens_per_s_per_sequence",
+        "kv_cache_bytes",
+        "fits",
+        "max_batch",
+        "bound",
+        "arithmetic_intensity",
+        "ttft_s",
+        "ceiling_step_time_s",
+        "efficiency_source",
+    } <= set(r)
     assert r["step_time_s"] > r["ceiling_step_time_s"]
     total = sum(op["measured_s"] for op in r["operators"])
     assert total == pytest.approx(r["step_time_s"], rel=1e-9)
@@ -269,15 +315,27 @@ def test_budget_measured_json_keeps_the_contract(capsys):
 
 
 def test_budget_measured_on_a_device_without_data_exits_2(capsys):
-    code = main(["budget", "--model", "llama-3.1-8b", "--hardware", "l4",
-                 "--efficiency", "measured"])
+    code = main(
+        ["budget", "--model", "llama-3.1-8b", "--hardware", "l4", "--efficiency", "measured"]
+    )
     out, err = capsys.readouterr()
     assert code == 2 and out == "" and err.count("\n") == 1
     assert "devices with data: a100-80gb, b200, h100-sxm, h200, l40s" in err
 
 
 def test_budget_measured_says_when_the_prompt_is_beyond_the_prefill_tables(capsys):
-    code = main(["budget", "--model", "llama-3.1-8b", "--hardware", "a100-80gb", "--context", "16k",
-                 "--efficiency", "measured"])
+    code = main(
+        [
+            "budget",
+            "--model",
+            "llama-3.1-8b",
+            "--hardware",
+            "a100-80gb",
+            "--context",
+            "16k",
+            "--efficiency",
+            "measured",
+        ]
+    )
     out, _ = capsys.readouterr()
     assert code == 0 and "not measured" in out and "note: TTFT not measured" in out

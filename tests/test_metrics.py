@@ -1,4 +1,5 @@
 """kvlab.metrics: TTFT / TPOT / ITL / SLOs from per-token timestamps, hand-checked and by property."""
+
 from __future__ import annotations
 
 import math
@@ -101,14 +102,18 @@ def test_records_table_is_json_ready():
     assert rows[1]["tpot_s"] is None and rows[0]["tokens"] == 4
 
 
-gap_lists = st.lists(st.lists(st.floats(0.0, 1.0, allow_nan=False), min_size=0, max_size=30), min_size=1, max_size=8)
+gap_lists = st.lists(
+    st.lists(st.floats(0.0, 1.0, allow_nan=False), min_size=0, max_size=30), min_size=1, max_size=8
+)
 
 
 @settings(max_examples=60, deadline=None)
 @given(gap_lists, st.lists(st.floats(0.0, 5.0), min_size=8, max_size=8))
 def test_properties_against_numpy(gaps, ttfts):
     arrivals = np.arange(len(gaps), dtype=float)
-    tokens = [arrivals[i] + ttfts[i] + np.concatenate([[0.0], np.cumsum(g)]) for i, g in enumerate(gaps)]
+    tokens = [
+        arrivals[i] + ttfts[i] + np.concatenate([[0.0], np.cumsum(g)]) for i, g in enumerate(gaps)
+    ]
     r = metrics.request_metrics(arrivals, tokens)
     for i, g in enumerate(gaps):
         assert r["ttft_s"][i] == pytest.approx(ttfts[i], abs=1e-9)

@@ -1,4 +1,5 @@
 """Model catalogue and config.json loading: parameter counts derived from shapes."""
+
 import dataclasses
 import json
 from pathlib import Path
@@ -48,9 +49,17 @@ def test_kv_elements_gqa_mha_mla():
 
 
 def test_catalogue_has_the_nine_models():
-    assert set(models()) == {"article-7b", "llama-2-7b", "llama-3.1-8b", "mistral-7b",
-                             "qwen2.5-7b", "llama-3.1-70b", "mixtral-8x7b", "deepseek-v2-lite",
-                             "deepseek-v3"}
+    assert set(models()) == {
+        "article-7b",
+        "llama-2-7b",
+        "llama-3.1-8b",
+        "mistral-7b",
+        "qwen2.5-7b",
+        "llama-3.1-70b",
+        "mixtral-8x7b",
+        "deepseek-v2-lite",
+        "deepseek-v3",
+    }
     assert all(m.source for m in models().values())
 
 
@@ -67,8 +76,14 @@ def _write(tmp_path, cfg):
     return path
 
 
-BASE = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
-        "intermediate_size": 128, "vocab_size": 100}
+BASE = {
+    "model_type": "llama",
+    "num_hidden_layers": 2,
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "intermediate_size": 128,
+    "vocab_size": 100,
+}
 
 
 def test_mqa_and_explicit_head_dim(tmp_path):
@@ -95,23 +110,33 @@ def test_folder_and_text_config(tmp_path):
 
 
 def test_deepseek_style_moe_layers(tmp_path):
-    cfg = {**BASE, "num_hidden_layers": 6, "n_routed_experts": 16, "n_shared_experts": 2,
-           "num_experts_per_tok": 4, "moe_intermediate_size": 32, "first_k_dense_replace": 2,
-           "moe_layer_freq": 2}
+    cfg = {
+        **BASE,
+        "num_hidden_layers": 6,
+        "n_routed_experts": 16,
+        "n_shared_experts": 2,
+        "num_experts_per_tok": 4,
+        "moe_intermediate_size": 32,
+        "first_k_dense_replace": 2,
+        "moe_layer_freq": 2,
+    }
     m = load_config(_write(tmp_path, cfg))
     assert m.moe_layer_indices == (2, 4)
     assert m.shared_expert_intermediate_size == 64
 
 
-@pytest.mark.parametrize("cfg,message", [
-    ({"hidden_size": 64}, "missing num_hidden_layers"),
-    ({**BASE, "num_key_value_heads": 3}, "not a multiple"),
-    ({**BASE, "hidden_size": 65}, "give head_dim"),
-    ({**BASE, "num_hidden_layers": -2}, "between 1"),
-    ({**BASE, "num_hidden_layers": "32"}, "whole number"),
-    ({**BASE, "num_local_experts": 4, "num_experts_per_tok": 8}, "exceeds"),
-    ([1, 2], "JSON object"),
-])
+@pytest.mark.parametrize(
+    "cfg,message",
+    [
+        ({"hidden_size": 64}, "missing num_hidden_layers"),
+        ({**BASE, "num_key_value_heads": 3}, "not a multiple"),
+        ({**BASE, "hidden_size": 65}, "give head_dim"),
+        ({**BASE, "num_hidden_layers": -2}, "between 1"),
+        ({**BASE, "num_hidden_layers": "32"}, "whole number"),
+        ({**BASE, "num_local_experts": 4, "num_experts_per_tok": 8}, "exceeds"),
+        ([1, 2], "JSON object"),
+    ],
+)
 def test_malformed_configs_raise_clearly(tmp_path, cfg, message):
     with pytest.raises(KvlabError, match=message):
         load_config(_write(tmp_path, cfg))
@@ -194,23 +219,49 @@ def test_every_published_config_loads_through_the_cli(capsys):
 
 # ------------------------------------------------------------------ null, types, hostile files
 
-MOE_MLA = {**BASE, "model_type": "deepseek_v2", "num_hidden_layers": 4, "kv_lora_rank": 32,
-           "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 16, "q_lora_rank": 24,
-           "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1,
-           "moe_intermediate_size": 32, "first_k_dense_replace": 1, "moe_layer_freq": 1,
-           "num_key_value_heads": 4, "head_dim": 16,
-           "tie_word_embeddings": False, "sliding_window": 1024, "use_sliding_window": True,
-           "max_position_embeddings": 4096, "attention_bias": False, "multi_query": False,
-           "mlp_only_layers": [2], "decoder_sparse_step": 1, "shared_expert_intermediate_size": 64,
-           "intermediate_size": 128, "_kvlab": {"display_name": "x"}}
+MOE_MLA = {
+    **BASE,
+    "model_type": "deepseek_v2",
+    "num_hidden_layers": 4,
+    "kv_lora_rank": 32,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 16,
+    "v_head_dim": 16,
+    "q_lora_rank": 24,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "n_shared_experts": 1,
+    "moe_intermediate_size": 32,
+    "first_k_dense_replace": 1,
+    "moe_layer_freq": 1,
+    "num_key_value_heads": 4,
+    "head_dim": 16,
+    "tie_word_embeddings": False,
+    "sliding_window": 1024,
+    "use_sliding_window": True,
+    "max_position_embeddings": 4096,
+    "attention_bias": False,
+    "multi_query": False,
+    "mlp_only_layers": [2],
+    "decoder_sparse_step": 1,
+    "shared_expert_intermediate_size": 64,
+    "intermediate_size": 128,
+    "_kvlab": {"display_name": "x"},
+}
 
 
-@pytest.mark.parametrize("key", sorted(k for k in MOE_MLA if k not in
-                                       ("num_hidden_layers", "hidden_size", "num_attention_heads",
-                                        "vocab_size")))
+@pytest.mark.parametrize(
+    "key",
+    sorted(
+        k
+        for k in MOE_MLA
+        if k not in ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")
+    ),
+)
 def test_null_means_absent_for_every_optional_field(tmp_path, key):
     """As in transformers, `"key": null` is the same config as no key at all (DeepSeek-V2-Lite
     publishes `"q_lora_rank": null`)."""
+
     def outcome(cfg):
         path = tmp_path / f"{len(cfg)}" / "config.json"
         path.parent.mkdir()
@@ -248,27 +299,43 @@ def test_a_nan_parameter_count_from_the_api_is_refused():
         spec_from_config({**BASE, "_kvlab": {"num_parameters": float("nan")}})
 
 
-@pytest.mark.parametrize("text,message", [
-    ('{"hidden_size": NaN}', "NaN is not a JSON number"),
-    ('{"hidden_size": Infinity}', "Infinity is not a JSON number"),
-    ('{"hidden_size": -Infinity}', "Infinity is not a JSON number"),
-    ('{"hidden_size": 1e400}', "too large for a float"),
-    ('{"hidden_size": ' + "9" * 5000 + "}", "not valid JSON"),
-    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
-    ('{"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 100, '
-     '"_kvlab": [1]}', "_kvlab must be a JSON object"),
-    ('{"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 100, '
-     '"num_experts": 4, "num_experts_per_tok": 2, "mlp_only_layers": "0,1"}',
-     "mlp_only_layers must be a list"),
-    ('{"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 100, '
-     '"num_experts": 4, "num_experts_per_tok": 2, "mlp_only_layers": [0.5]}',
-     "mlp_only_layers must be a list"),
-    ('{"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 100, '
-     '"text_config": "llama"}', "text_config must be a JSON object"),
-    ('{"num_hidden_layers": ' + str(10**40)
-     + ', "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 100}',
-     "an integer of about 41 digits"),
-])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ('{"hidden_size": NaN}', "NaN is not a JSON number"),
+        ('{"hidden_size": Infinity}', "Infinity is not a JSON number"),
+        ('{"hidden_size": -Infinity}', "Infinity is not a JSON number"),
+        ('{"hidden_size": 1e400}', "too large for a float"),
+        ('{"hidden_size": ' + "9" * 5000 + "}", "not valid JSON"),
+        ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+        (
+            '{"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 100, '
+            '"_kvlab": [1]}',
+            "_kvlab must be a JSON object",
+        ),
+        (
+            '{"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 100, '
+            '"num_experts": 4, "num_experts_per_tok": 2, "mlp_only_layers": "0,1"}',
+            "mlp_only_layers must be a list",
+        ),
+        (
+            '{"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 100, '
+            '"num_experts": 4, "num_experts_per_tok": 2, "mlp_only_layers": [0.5]}',
+            "mlp_only_layers must be a list",
+        ),
+        (
+            '{"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 100, '
+            '"text_config": "llama"}',
+            "text_config must be a JSON object",
+        ),
+        (
+            '{"num_hidden_layers": '
+            + str(10**40)
+            + ', "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 100}',
+            "an integer of about 41 digits",
+        ),
+    ],
+)
 def test_hostile_config_files_are_one_clear_error(tmp_path, text, message):
     path = tmp_path / "config.json"
     path.write_text(text)

@@ -7,6 +7,7 @@ output; attention (fp32 output, fp32 softmax and p) is compared with an fp32 com
 the same bf16 inputs, max |diff| <= 2e-3 at outputs of magnitude ~1 (seen ~1e-6 to 1e-4),
 and must be at least as close as the PyTorch path (which rounds p to bf16).
 """
+
 from __future__ import annotations
 
 import math
@@ -24,8 +25,9 @@ from kvlab.decoder.attention import decode_attention  # noqa: E402
 from kvlab.decoder.kvcache import quantize  # noqa: E402
 from kvlab.errors import KvlabError  # noqa: E402
 
-needs_native = pytest.mark.skipif(not native.available(),
-                                  reason=f"native kernels unavailable: {native.status()}")
+needs_native = pytest.mark.skipif(
+    not native.available(), reason=f"native kernels unavailable: {native.status()}"
+)
 
 
 def test_native_builds_wherever_cpu_and_compiler_allow():
@@ -35,9 +37,12 @@ def test_native_builds_wherever_cpu_and_compiler_allow():
     import platform
 
     _, flags = native._cpu()
-    if (os.environ.get("KVLAB_NATIVE", "1") == "0" or not native._compiler()[0]
-            or platform.machine().lower() not in ("x86_64", "amd64")
-            or not all(f in flags for f in native.REQUIRED_CPU_FLAGS)):
+    if (
+        os.environ.get("KVLAB_NATIVE", "1") == "0"
+        or not native._compiler()[0]
+        or platform.machine().lower() not in ("x86_64", "amd64")
+        or not all(f in flags for f in native.REQUIRED_CPU_FLAGS)
+    ):
         pytest.skip(f"this machine cannot build the kernels: {native.status()}")
     assert native.available(), native.status()
 
@@ -71,13 +76,16 @@ def random_attention(B, H, KV, D, nb, blk, seed=0):
 
 
 @needs_native
-@pytest.mark.parametrize("B,H,KV,D,nb,blk,lengths", [
-    (1, 16, 4, 128, 2, 1024, [1500]),  # the benchmark's shape, a partial last block
-    (3, 8, 2, 64, 3, 16, [40, 17, 1]),  # ragged, one sequence of a single position
-    (2, 6, 6, 128, 1, 8, [8, 5]),  # MHA: one query head per K/V head
-    (2, 12, 2, 64, 2, 32, [64, 33]),  # 6 query heads per K/V head: a partial group tile
-    (1, 6, 2, 256, 2, 40, [70]),  # 3 per K/V head, head_dim 256, block not a multiple of 16
-])
+@pytest.mark.parametrize(
+    "B,H,KV,D,nb,blk,lengths",
+    [
+        (1, 16, 4, 128, 2, 1024, [1500]),  # the benchmark's shape, a partial last block
+        (3, 8, 2, 64, 3, 16, [40, 17, 1]),  # ragged, one sequence of a single position
+        (2, 6, 6, 128, 1, 8, [8, 5]),  # MHA: one query head per K/V head
+        (2, 12, 2, 64, 2, 32, [64, 33]),  # 6 query heads per K/V head: a partial group tile
+        (1, 6, 2, 256, 2, 40, [70]),  # 3 per K/V head, head_dim 256, block not a multiple of 16
+    ],
+)
 def test_attention_matches_fp32_reference(B, H, KV, D, nb, blk, lengths):
     q, k, v = random_attention(B, H, KV, D, nb, blk)
     lens = torch.tensor(lengths)
@@ -93,11 +101,14 @@ def test_attention_matches_fp32_reference(B, H, KV, D, nb, blk, lengths):
 
 
 @needs_native
-@pytest.mark.parametrize("B,H,KV,D,nb,blk,lengths", [
-    (1, 16, 4, 128, 2, 1024, [1500]),
-    (3, 8, 2, 64, 3, 16, [40, 17, 1]),
-    (2, 12, 2, 64, 2, 32, [64, 33]),
-])
+@pytest.mark.parametrize(
+    "B,H,KV,D,nb,blk,lengths",
+    [
+        (1, 16, 4, 128, 2, 1024, [1500]),
+        (3, 8, 2, 64, 3, 16, [40, 17, 1]),
+        (2, 12, 2, 64, 2, 32, [64, 33]),
+    ],
+)
 def test_int8_attention_matches_the_dequantized_reference(B, H, KV, D, nb, blk, lengths):
     """int8 K/V with one fp16 scale per (token, head): the kernel applies the scales to the
     scores and to p; the reference dequantizes K and V first. Same maths, fp32 either way."""
@@ -137,7 +148,7 @@ def test_gemv_matches_torch_to_one_rounding(M, N, K):
     exact = x.float() @ w.float().T
     out = native.gemv_bf16(x, native.pack_weight(w), N)
     assert out.shape == (M, N) and out.dtype == torch.bfloat16
-    assert ((out.float() - exact).abs() <= exact.abs() * 2 ** -8 + 1e-6).all()
+    assert ((out.float() - exact).abs() <= exact.abs() * 2**-8 + 1e-6).all()
     # batched leading dimensions come back in the caller's shape
     assert native.gemv_bf16(x.view(M, 1, K), native.pack_weight(w), N).shape == (M, 1, N)
 
@@ -167,20 +178,39 @@ def _int8_attention(lengths, *scales):
 
 
 @needs_native
-@pytest.mark.parametrize("call,match", [
-    (lambda: native.gemv_bf16(_zeros(1, 64), _zeros(4, 64), 4), "pack_weight"),
-    (lambda: native.gemv_bf16(_zeros(1, 32), native.pack_weight(_zeros(4, 64)), 4), "32 features"),
-    (lambda: native.gemv_bf16(_zeros(1, 64), native.pack_weight(_zeros(4, 64)), 33), "pack_weight"),
-    (lambda: native.pack_weight(_zeros(4, 7)), "K even"),
-    (lambda: _attention(1, 4, 2, 48, 1, 8, lengths=[8]), "head_dim % 64"),
-    (lambda: _attention(1, 4, 2, 64, 1, 8, lengths=[9]), "lengths"),
-    (lambda: _attention(1, 4, 2, 64, 1, 8, lengths=[0]), "lengths"),
-    (lambda: _attention(2, 4, 2, 64, 1, 8, lengths=[3]), "shapes"),
-    (lambda: _attention(1, 4, 2, 64, 1, 8, lengths=[3], scales=(torch.ones(1, 1, 2, 8, 1).half(),
-                                                                torch.ones(1, 1, 2, 8, 1).half())),
-     "int8"),
-    (lambda: _int8_attention([3], torch.ones(1, 1, 2, 8).half(), None), "scale"),
-])
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda: native.gemv_bf16(_zeros(1, 64), _zeros(4, 64), 4), "pack_weight"),
+        (
+            lambda: native.gemv_bf16(_zeros(1, 32), native.pack_weight(_zeros(4, 64)), 4),
+            "32 features",
+        ),
+        (
+            lambda: native.gemv_bf16(_zeros(1, 64), native.pack_weight(_zeros(4, 64)), 33),
+            "pack_weight",
+        ),
+        (lambda: native.pack_weight(_zeros(4, 7)), "K even"),
+        (lambda: _attention(1, 4, 2, 48, 1, 8, lengths=[8]), "head_dim % 64"),
+        (lambda: _attention(1, 4, 2, 64, 1, 8, lengths=[9]), "lengths"),
+        (lambda: _attention(1, 4, 2, 64, 1, 8, lengths=[0]), "lengths"),
+        (lambda: _attention(2, 4, 2, 64, 1, 8, lengths=[3]), "shapes"),
+        (
+            lambda: _attention(
+                1,
+                4,
+                2,
+                64,
+                1,
+                8,
+                lengths=[3],
+                scales=(torch.ones(1, 1, 2, 8, 1).half(), torch.ones(1, 1, 2, 8, 1).half()),
+            ),
+            "int8",
+        ),
+        (lambda: _int8_attention([3], torch.ones(1, 1, 2, 8).half(), None), "scale"),
+    ],
+)
 def test_bad_inputs_raise_instead_of_reading_wild_memory(call, match):
     with pytest.raises(KvlabError, match=match):
         call()
@@ -217,15 +247,18 @@ def run_python(code, **env):
     import os
 
     full = {**os.environ, **env}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=full, timeout=300
+    )
 
 
 def test_disabled_native_falls_back_with_a_reason(tmp_path):
-    code = ("from kvlab import native; from kvlab.decoder import Decoder\n"
-            "print(native.status()); m = Decoder('tiny', 'bf16'); print(m.kernels)\n"
-            "try:\n    Decoder('tiny', 'bf16', kernels='native')\n"
-            "except Exception as e:\n    print(type(e).__name__, e)\n")
+    code = (
+        "from kvlab import native; from kvlab.decoder import Decoder\n"
+        "print(native.status()); m = Decoder('tiny', 'bf16'); print(m.kernels)\n"
+        "try:\n    Decoder('tiny', 'bf16', kernels='native')\n"
+        "except Exception as e:\n    print(type(e).__name__, e)\n"
+    )
     out = run_python(code, KVLAB_NATIVE="0", KVLAB_NATIVE_DIR=str(tmp_path))
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()

@@ -1,5 +1,6 @@
 """Prefix caches: hand-checked replays per policy, properties, radix and whole-request caching,
 the granularity comparison and the latency each hit rate buys."""
+
 from __future__ import annotations
 
 import json
@@ -37,6 +38,7 @@ def hits(trace, cap, policy):
 
 # ------------------------------------------------------------------ hand-checked replays
 
+
 def test_lru_by_hand():
     t = trace_of([1, 2], [3], [1, 2, 4], [3], [1, 2, 4])
     # cap 3: [2,1] -> [2,1,3] -> r3 hits 1,2; adds 4, trims 3 -> [4,2,1] -> r4 misses 3, trims 4
@@ -46,7 +48,9 @@ def test_lru_by_hand():
     assert (r.block_refs, r.hit_blocks, r.evicted_blocks) == (10, 4, 3)
     assert r.block_hit_ratio == 0.4
     # tokens: each hit is 2 full blocks; prompts are 924, 412, 1436, 412, 1436 tokens
-    assert r.prefill_tokens_saved == 4 * BT and r.token_hit_ratio == 4 * BT / (924 + 412 + 1436 + 412 + 1436)
+    assert r.prefill_tokens_saved == 4 * BT and r.token_hit_ratio == 4 * BT / (
+        924 + 412 + 1436 + 412 + 1436
+    )
     assert r.request_hit_rate == 2 / 5
 
 
@@ -72,8 +76,8 @@ def test_length_aware_evicts_the_deepest_block_first():
 
 def test_a_request_never_evicts_its_own_prefix():
     cache = BlockPrefixCache(3, "lfu")
-    cache.access((1, 2))      # 1, 2 used once
-    cache.access((5,))        # 5 used once
+    cache.access((1, 2))  # 1, 2 used once
+    cache.access((5,))  # 5 used once
     assert cache.access((1, 7)) == 1  # room for 7 is made from 2 or 5, never from 1
     assert 1 in cache and 7 in cache and len(cache) == 3
 
@@ -109,6 +113,7 @@ def test_lookup_peeks_and_counts():
 
 # ------------------------------------------------------------------ properties
 
+
 @st.composite
 def chains(draw):
     """Requests whose ids obey prefix semantics: a kept prefix of an earlier chain + fresh ids."""
@@ -142,7 +147,9 @@ def test_every_policy_is_bounded_by_the_unlimited_cache(cs, cap, policy):
     assert np.all(np.array(got) <= np.array(hits(t, math.inf, "lru")))
     assert len(cache) <= cap and cache.inserted_blocks - cache.evicted_blocks == len(cache)
     unique = len({h for c in cs for h in c})
-    assert hits(t, max(unique, 1), policy) == hits(t, math.inf, policy)  # room for all: no policy matters
+    assert hits(t, max(unique, 1), policy) == hits(
+        t, math.inf, policy
+    )  # room for all: no policy matters
 
 
 def test_hit_ratio_curve_is_plot_ready():
@@ -153,10 +160,13 @@ def test_hit_ratio_curve_is_plot_ready():
     assert np.all(np.diff(lru) >= 0) and lru[-1] == curve["infinite"]["block_hit_ratio"]
     assert set(curve["policies"]) == {"lru", "lfu", "length-aware"}
     assert curve["capacity_bytes"][0] == 10 * BT * 131072  # 128 KiB of fp16 KV per token
-    assert np.all(curve["policies"]["lfu"]["token_hit_ratio"] <= curve["infinite"]["token_hit_ratio"] + 1e-12)
+    assert np.all(
+        curve["policies"]["lfu"]["token_hit_ratio"] <= curve["infinite"]["token_hit_ratio"] + 1e-12
+    )
 
 
 # ------------------------------------------------------------------ radix and whole-request caches
+
 
 def arr(*xs):
     return np.array(xs, dtype=np.int32)
@@ -217,6 +227,7 @@ def test_whole_request_cache_evicts_whole_entries_and_prunes_its_index():
 
 # ------------------------------------------------------------------ granularity comparison
 
+
 @pytest.fixture(scope="module")
 def comparison():
     return compare_granularity(requests=300, caches=("whole-request", "page-512", "token"), seed=1)
@@ -228,7 +239,12 @@ def test_whole_request_hits_as_often_but_skips_far_less_prefill(comparison):
     assert whole.request_hit_rate > 0.95 and whole.request_hit_rate == token.request_hit_rate
     assert token.token_hit_ratio > 2.5 * whole.token_hit_ratio
     assert whole.token_hit_ratio <= paged.token_hit_ratio <= token.token_hit_ratio
-    assert comparison["no_cache_mean_ttft_s"] > whole.mean_ttft_s > paged.mean_ttft_s >= token.mean_ttft_s
+    assert (
+        comparison["no_cache_mean_ttft_s"]
+        > whole.mean_ttft_s
+        > paged.mean_ttft_s
+        >= token.mean_ttft_s
+    )
     assert token.mean_ttft_s < 0.5 * whole.mean_ttft_s
     assert whole.mean_tpot_s == token.mean_tpot_s  # decode reads the same bytes either way
     assert whole.stored_tokens > token.stored_tokens  # entries duplicate shared prefixes
@@ -250,6 +266,7 @@ def test_the_sweep_moves_token_hits_not_request_hits():
 
 # ------------------------------------------------------------------ latency
 
+
 def test_ttft_is_prefill_of_the_miss_plus_the_fetch_of_the_hit():
     from kvlab.cost import prefill
     from kvlab.tiers import kv_fetch_time_s
@@ -264,7 +281,9 @@ def test_ttft_is_prefill_of_the_miss_plus_the_fetch_of_the_hit():
     assert host[0] == resident[0]  # nothing cached, nothing fetched
     assert host[1] == pytest.approx(resident[1] + kv_fetch_time_s(m, 2048, "pcie5-x16"))
     assert np.all(ttft_s(m, h, inputs, cached, "ethernet-10g") >= host)
-    assert tpot_s(m, h, 4096, 16) == pytest.approx(__import__("kvlab.cost").cost.decode_step(m, h, 16, 4096).step_time_s)
+    assert tpot_s(m, h, 4096, 16) == pytest.approx(
+        __import__("kvlab.cost").cost.decode_step(m, h, 16, 4096).step_time_s
+    )
 
 
 def test_hit_ratio_moves_ttft_but_not_tpot():
@@ -286,15 +305,41 @@ PREFIX_KEYS = {"block_hit_ratio", "token_hit_ratio", "prefill_tokens_saved"}
 def test_prefix_cache_cli(tmp_path, capsys):
     path = tmp_path / "t.jsonl"
     rows = [([1, 2], 924), ([3], 412), ([1, 2, 4], 1436), ([3], 412), ([1, 2, 4], 1436)]
-    path.write_text("".join(json.dumps({"timestamp": i, "input_length": n, "output_length": 5, "hash_ids": ids}) + "\n"
-                            for i, (ids, n) in enumerate(rows)))
-    assert main(["prefix-cache", str(path), "--policy", "lru", "--capacity-blocks", "3", "--json"]) == 0
+    path.write_text(
+        "".join(
+            json.dumps({"timestamp": i, "input_length": n, "output_length": 5, "hash_ids": ids})
+            + "\n"
+            for i, (ids, n) in enumerate(rows)
+        )
+    )
+    assert (
+        main(["prefix-cache", str(path), "--policy", "lru", "--capacity-blocks", "3", "--json"])
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
-    assert PREFIX_KEYS <= set(out) and out["block_hit_ratio"] == 0.4 and out["prefill_tokens_saved"] == 2048
+    assert (
+        PREFIX_KEYS <= set(out)
+        and out["block_hit_ratio"] == 0.4
+        and out["prefill_tokens_saved"] == 2048
+    )
     assert main(["prefix-cache", str(path), "--capacity-tokens", "1536", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["capacity_blocks"] == 3
-    assert main(["prefix-cache", str(path), "--capacity-blocks", "inf", "--model", "llama-3.1-8b", "--tier",
-                 "pcie5-x16", "--json"]) == 0
+    assert (
+        main(
+            [
+                "prefix-cache",
+                str(path),
+                "--capacity-blocks",
+                "inf",
+                "--model",
+                "llama-3.1-8b",
+                "--tier",
+                "pcie5-x16",
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["capacity_blocks"] is None and out["mean_ttft_s"] < out["no_cache_mean_ttft_s"]
     assert main(["prefix-cache", str(path), "--capacity-blocks", "3"]) == 0
@@ -307,8 +352,10 @@ def test_prefix_cache_cli(tmp_path, capsys):
 
 
 def test_prefix_cache_cli_does_not_import_heavy_modules():
-    code = ("import sys; from kvlab.cli import main; main(['prefix-cache', 'generated:shared-prefix', "
-            "'--capacity-blocks', '100', '--model', 'llama-3.1-8b']); "
-            "sys.stderr.write(repr([m for m in ('torch', 'bokeh', 'ipywidgets') if m in sys.modules]))")
+    code = (
+        "import sys; from kvlab.cli import main; main(['prefix-cache', 'generated:shared-prefix', "
+        "'--capacity-blocks', '100', '--model', 'llama-3.1-8b']); "
+        "sys.stderr.write(repr([m for m in ('torch', 'bokeh', 'ipywidgets') if m in sys.modules]))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stderr.endswith("[]")

@@ -425,8 +425,10 @@ def test_kernel_cost_reproduces_measured_decode_steps():
         assert float(kc.decode_times_s(b, ctx)) == pytest.approx(want.step_time_s, rel=1e-12)
         assert want.step_time_s > cost.decode_step("llama-3.1-8b", "h100-sxm", b, ctx).step_time_s
     many = np.arange(1000.0, 5000.0, 13.0)  # the vectorised path
-    want = [cost.decode_step("llama-3.1-8b", "h100-sxm", 8, c, efficiency="measured").step_time_s
-            for c in many[::50]]
+    want = [
+        cost.decode_step("llama-3.1-8b", "h100-sxm", 8, c, efficiency="measured").step_time_s
+        for c in many[::50]
+    ]
     assert kc.decode_times_s(8, many)[::50] == pytest.approx(want, rel=1e-12)
     assert kc.iteration_time_s(16, 4096.0, []) == pytest.approx(float(kc.decode_times_s(16, 4096)))
 
@@ -460,8 +462,10 @@ def test_kernel_cost_beyond_the_tables_is_continuous_and_counted():
     longest = kc._reference_prompt()
     at, past = kc.prefill_times_s(longest, 0)[0], kc.prefill_times_s(longest + 1, 0)[0]
     assert past == pytest.approx(at, rel=1e-3) and past > at
-    assert kc.prefill_times_s(4 * longest, 0)[0] > LedgerCost(
-        "llama-3.1-8b", "h100-sxm").prefill_times_s(4 * longest, 0)[0]
+    assert (
+        kc.prefill_times_s(4 * longest, 0)[0]
+        > LedgerCost("llama-3.1-8b", "h100-sxm").prefill_times_s(4 * longest, 0)[0]
+    )
 
 
 def test_measured_runs_conserve_requests_and_are_slower(gen):
@@ -481,10 +485,17 @@ def test_measured_single_request_hand_checked():
     trace = Trace("one", (Request(0.0, n_in, 4, _ids(1, 4)),), source="test", generated=True)
     prefill = cost.prefill(m, hw, n_in, efficiency="measured").time_s
     wire = transfer_time_s(n_in * cost.kv_bytes_per_token(m), 50e9, 1.0, 5e-6)
-    steps = np.cumsum([cost.decode_step(m, hw, 1, n_in + j, efficiency="measured").step_time_s
-                       for j in range(3)])
-    pd = simulate(trace, arch="disaggregated", prefill_workers=1, decode_workers=1,
-                  prefix_cache="none", efficiency="measured")
+    steps = np.cumsum(
+        [cost.decode_step(m, hw, 1, n_in + j, efficiency="measured").step_time_s for j in range(3)]
+    )
+    pd = simulate(
+        trace,
+        arch="disaggregated",
+        prefill_workers=1,
+        decode_workers=1,
+        prefix_cache="none",
+        efficiency="measured",
+    )
     assert pd.tokens(0) == pytest.approx(prefill + wire + np.concatenate([[0.0], steps]), rel=1e-12)
 
 

@@ -1,4 +1,5 @@
 """kvlab.tiers: the article's section-3 numbers by hand, break-even equalities, properties."""
+
 import json
 
 import numpy as np
@@ -7,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvlab import cost, tiers
-from kvlab.errors import KvlabError
 from kvlab.bench.report import kv_transfer_series
+from kvlab.errors import KvlabError
 from kvlab.tiers import links
 
 MiB, GiB = 2**20, 2**30
@@ -16,6 +17,7 @@ REQUEST_4K = 4096 * 131072  # tokens x 128 KiB per token of the article's 7B
 
 
 # ------------------------------------------------------------ the article, by hand
+
 
 def test_one_4k_request_is_512_mib_and_32_of_them_16_gib():
     one = tiers.kv_footprint("article-7b", "h100-sxm", batch=1, context=4096)
@@ -28,13 +30,19 @@ def test_one_4k_request_is_512_mib_and_32_of_them_16_gib():
 def test_10_gbe_moves_a_4k_request_in_0_43_s_not_seconds():
     # 10 Gb/s / 8 = 1.25 GB/s; 536,870,912 B / 1.25e9 B/s = 0.4295 s at line rate.
     # The article says "measured in seconds": true as an order of magnitude, ~100 steps.
-    assert tiers.kv_fetch_time_s("article-7b", 4096, "ethernet-10g") == pytest.approx(0.4294967296, rel=1e-12)
-    assert tiers.kv_fetch_time_s("article-7b", 4096, "ethernet-10g", efficiency=0.6) == pytest.approx(0.7158, abs=1e-4)
+    assert tiers.kv_fetch_time_s("article-7b", 4096, "ethernet-10g") == pytest.approx(
+        0.4294967296, rel=1e-12
+    )
+    assert tiers.kv_fetch_time_s(
+        "article-7b", 4096, "ethernet-10g", efficiency=0.6
+    ) == pytest.approx(0.7158, abs=1e-4)
 
 
 def test_200_gb_per_s_is_2_7_ms_but_a_200_gbit_nic_is_8x_slower():
     article = tiers.kv_fetch_time_s("article-7b", 4096, "ib-200g", bandwidth_bytes_per_s=200e9)
-    assert article == pytest.approx(REQUEST_4K / 200e9) == pytest.approx(2.684e-3, rel=1e-3)  # "~2.5 ms"
+    assert (
+        article == pytest.approx(REQUEST_4K / 200e9) == pytest.approx(2.684e-3, rel=1e-3)
+    )  # "~2.5 ms"
     nic = tiers.kv_fetch_time_s("article-7b", 4096, "ib-200g")  # 200 Gb/s = 25 GB/s
     assert nic == pytest.approx(REQUEST_4K / 25e9) == pytest.approx(21.47e-3, rel=1e-3)
     assert nic / article == pytest.approx(8.0)
@@ -72,34 +80,57 @@ def test_transfer_time_adds_latency_and_broadcasts():
 
 # -------------------------------------------------------- read every step vs once
 
+
 def test_kv_in_hbm_is_the_ledger_and_slower_tiers_collapse():
     step = tiers.tiered_decode_step("article-7b", "h100-sxm", 32, 4096, "hbm")
     ledger = cost.decode_step("article-7b", "h100-sxm", 32, 4096)
-    assert step.step_time_s == pytest.approx(ledger.step_time_s) and step.slowdown == pytest.approx(1.0)
+    assert step.step_time_s == pytest.approx(ledger.step_time_s) and step.slowdown == pytest.approx(
+        1.0
+    )
     host = tiers.tiered_decode_step("article-7b", "h100-sxm", 32, 4096, "host-pcie5")
     # 16 GiB over 63 GB/s = 273 ms per step, against 9.3 ms with the KV in HBM
     assert host.tier_time_s == pytest.approx(17179869184 / 63.0e9 + 10e-6, rel=1e-3)
     assert host.slowdown > 25 and host.bound == "tier"
-    none = tiers.tiered_decode_step("article-7b", "h100-sxm", 32, 4096, "host-pcie5", tier_fraction=0.0)
+    none = tiers.tiered_decode_step(
+        "article-7b", "h100-sxm", 32, 4096, "host-pcie5", tier_fraction=0.0
+    )
     assert none.step_time_s == pytest.approx(ledger.step_time_s)
 
 
 @settings(max_examples=40, deadline=None)
-@given(bw=st.floats(1e8, 1e12), factor=st.floats(1.01, 100), batch=st.integers(1, 256),
-       context=st.integers(1, 65536), frac=st.floats(0.01, 1.0))
+@given(
+    bw=st.floats(1e8, 1e12),
+    factor=st.floats(1.01, 100),
+    batch=st.integers(1, 256),
+    context=st.integers(1, 65536),
+    frac=st.floats(0.01, 1.0),
+)
 def test_more_tier_bandwidth_never_lowers_tokens_per_s(bw, factor, batch, context, frac):
     kw = dict(tier="remote-ib-400g", tier_fraction=frac)
-    slow = tiers.tiered_decode_step("llama-3.1-8b", "h100-sxm", batch, context, tier_bandwidth_bytes_per_s=bw, **kw)
-    fast = tiers.tiered_decode_step("llama-3.1-8b", "h100-sxm", batch, context, tier_bandwidth_bytes_per_s=bw * factor, **kw)
-    over = tiers.tiered_decode_step("llama-3.1-8b", "h100-sxm", batch, context, tier_bandwidth_bytes_per_s=bw,
-                                    overlap=True, **kw)
+    slow = tiers.tiered_decode_step(
+        "llama-3.1-8b", "h100-sxm", batch, context, tier_bandwidth_bytes_per_s=bw, **kw
+    )
+    fast = tiers.tiered_decode_step(
+        "llama-3.1-8b", "h100-sxm", batch, context, tier_bandwidth_bytes_per_s=bw * factor, **kw
+    )
+    over = tiers.tiered_decode_step(
+        "llama-3.1-8b",
+        "h100-sxm",
+        batch,
+        context,
+        tier_bandwidth_bytes_per_s=bw,
+        overlap=True,
+        **kw,
+    )
     assert fast.tokens_per_s >= slow.tokens_per_s
     assert over.step_time_s <= slow.step_time_s  # overlapping can only help
     assert slow.tokens_per_s <= slow.hbm_tokens_per_s * (1 + 1e-12)  # nothing beats all-in-HBM
 
 
 def test_remote_kv_every_step_is_the_disaster_moving_once_is_the_fix():
-    m = tiers.move_once_vs_every_step("article-7b", "h100-sxm", 1, 4096, "remote-10gbe", output_tokens=256)
+    m = tiers.move_once_vs_every_step(
+        "article-7b", "h100-sxm", 1, 4096, "remote-10gbe", output_tokens=256
+    )
     assert m.fetch_once_s == pytest.approx(REQUEST_4K / 1.25e9 + 30e-6)
     assert m.every_step_time_s > 90 * m.hbm_step_time_s  # each token waits for 0.43 s of network
     assert m.breakeven_tokens <= 2 and m.speedup > 50
@@ -107,6 +138,7 @@ def test_remote_kv_every_step_is_the_disaster_moving_once_is_the_fix():
 
 
 # ------------------------------------------------------------- the value of a hit
+
 
 def test_value_is_saved_minus_fetch_and_full_hits_keep_one_token():
     h = tiers.hit_value("article-7b", "h100-sxm", 4096, "host-pcie5")
@@ -117,15 +149,27 @@ def test_value_is_saved_minus_fetch_and_full_hits_keep_one_token():
     assert not h.liability and h.speedup > 1
 
 
-@pytest.mark.parametrize("model,prompt", [("article-7b", 4096), ("llama-2-7b", 1024), ("llama-3.1-70b", 16384)])
+@pytest.mark.parametrize(
+    "model,prompt", [("article-7b", 4096), ("llama-2-7b", 1024), ("llama-3.1-70b", 16384)]
+)
 def test_at_the_breakeven_bandwidth_fetch_equals_recompute_saved(model, prompt):
     h = tiers.hit_value(model, "h100-sxm", prompt, "host-pcie5")
     bw = h.breakeven_bandwidth_bytes_per_s
     at = tiers.hit_value(model, "h100-sxm", prompt, "host-pcie5", tier_bandwidth_bytes_per_s=bw)
     assert at.fetch_time_s == pytest.approx(at.saved_s, rel=1e-9)
     assert at.value_s == pytest.approx(0.0, abs=1e-12)
-    assert tiers.hit_value(model, "h100-sxm", prompt, "host-pcie5", tier_bandwidth_bytes_per_s=bw * 1.01).value_s > 0
-    assert tiers.hit_value(model, "h100-sxm", prompt, "host-pcie5", tier_bandwidth_bytes_per_s=bw * 0.99).value_s < 0
+    assert (
+        tiers.hit_value(
+            model, "h100-sxm", prompt, "host-pcie5", tier_bandwidth_bytes_per_s=bw * 1.01
+        ).value_s
+        > 0
+    )
+    assert (
+        tiers.hit_value(
+            model, "h100-sxm", prompt, "host-pcie5", tier_bandwidth_bytes_per_s=bw * 0.99
+        ).value_s
+        < 0
+    )
 
 
 @pytest.mark.parametrize("tier", ["hbm", "host-pcie5", "host-pcie4", "remote-ib-200g"])
@@ -139,15 +183,25 @@ def test_breakeven_prompt_is_the_sign_change(tier):
 
 def test_breakeven_prompt_vectorises_over_bandwidth_and_can_be_never():
     bws = np.array([1e9, 1e10, 1e11])
-    many = tiers.breakeven_prompt_tokens("article-7b", "h100-sxm", "host-pcie5", tier_bandwidth_bytes_per_s=bws)
-    one = [tiers.breakeven_prompt_tokens("article-7b", "h100-sxm", "host-pcie5", tier_bandwidth_bytes_per_s=b)
-           for b in bws]
+    many = tiers.breakeven_prompt_tokens(
+        "article-7b", "h100-sxm", "host-pcie5", tier_bandwidth_bytes_per_s=bws
+    )
+    one = [
+        tiers.breakeven_prompt_tokens(
+            "article-7b", "h100-sxm", "host-pcie5", tier_bandwidth_bytes_per_s=b
+        )
+        for b in bws
+    ]
     np.testing.assert_array_equal(many, one)
     assert np.all(np.diff(many[np.isfinite(many)]) <= 0)  # faster link -> pays from shorter prompts
     # 10 GbE: within the article model's 32K window a hit never pays...
     assert tiers.breakeven_prompt_tokens("article-7b", "h100-sxm", "remote-10gbe") == np.inf
     # ...quadratic attention makes recompute dear enough only at ~340K tokens
-    assert 300_000 < tiers.breakeven_prompt_tokens("article-7b", "h100-sxm", "remote-10gbe", max_tokens=2**20) < 400_000
+    assert (
+        300_000
+        < tiers.breakeven_prompt_tokens("article-7b", "h100-sxm", "remote-10gbe", max_tokens=2**20)
+        < 400_000
+    )
 
 
 def test_99_percent_hit_rate_slower_than_a_miss():
@@ -164,6 +218,7 @@ def test_99_percent_hit_rate_slower_than_a_miss():
 
 # --------------------------------------------------------- capacity and spilling
 
+
 def test_overflow_starts_right_after_max_batch():
     fp = tiers.kv_footprint("article-7b", "h100-sxm", 1, 4096)
     limit = fp.max_batch  # (80e9 - 14e9) / 512 MiB = 122.9 -> 122
@@ -175,8 +230,12 @@ def test_overflow_starts_right_after_max_batch():
 
 
 def test_spilling_costs_tokens_per_s_and_capping_does_not():
-    s = tiers.spill_cost("article-7b", "h100-sxm", np.array([64, 122, 123, 130, 256]), 4096, "host-pcie5")
-    np.testing.assert_allclose(s.tokens_per_s_spilled[:2], s.tokens_per_s_unlimited[:2])  # fits: no spill
+    s = tiers.spill_cost(
+        "article-7b", "h100-sxm", np.array([64, 122, 123, 130, 256]), 4096, "host-pcie5"
+    )
+    np.testing.assert_allclose(
+        s.tokens_per_s_spilled[:2], s.tokens_per_s_unlimited[:2]
+    )  # fits: no spill
     # every sequence past capacity adds 512 MiB over PCIe (8.5 ms) to every step: 8 more
     # sequences than fit give fewer tokens/s than the 122 that fit
     assert s.tokens_per_s_spilled[2] < s.tokens_per_s_spilled[1]
@@ -193,6 +252,7 @@ def test_weights_that_do_not_fit_spill_everything():
 
 
 # ------------------------------------------------------------------ link model
+
 
 def test_link_model_reaches_half_bandwidth_at_latency_times_bandwidth():
     m = links.link_model("ib-400g", [5e-6 * 50e9])  # 250 kB
@@ -219,10 +279,17 @@ def test_fit_recovers_latency_and_bandwidth():
 def test_measured_series_reads_recorded_results(tmp_path, monkeypatch):
     monkeypatch.setenv("KVLAB_RESULTS_DIR", str(tmp_path))
     (tmp_path / "box").mkdir()
-    row = {"layout": "contiguous", "bytes": 4096, "time_s": {"median": 1e-4, "p10": 9e-5, "p90": 2e-4},
-           "bandwidth_bytes_per_s": {"median": 4.1e7, "p10": 2e7, "p90": 4.5e7}}
-    payload = {"kind": "kv_transfer", "environment": {"device": "cpu"},
-               "engines": {"torch-gloo": {"rows": [row, {**row, "bytes": 8192}], "summary": {}}}}
+    row = {
+        "layout": "contiguous",
+        "bytes": 4096,
+        "time_s": {"median": 1e-4, "p10": 9e-5, "p90": 2e-4},
+        "bandwidth_bytes_per_s": {"median": 4.1e7, "p10": 2e7, "p90": 4.5e7},
+    }
+    payload = {
+        "kind": "kv_transfer",
+        "environment": {"device": "cpu"},
+        "engines": {"torch-gloo": {"rows": [row, {**row, "bytes": 8192}], "summary": {}}},
+    }
     (tmp_path / "box" / "kv_transfer.json").write_text(json.dumps(payload))
     got = kv_transfer_series()
     series = got["box"]["engines"]["torch-gloo"]["layouts"]["contiguous"]

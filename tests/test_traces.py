@@ -1,4 +1,5 @@
 """Traces: loading and validation, statistics, the generator, the download (against a local server)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -28,7 +29,9 @@ real = pytest.mark.skipif(not HAVE_REAL, reason="the Mooncake traces are not on 
 
 
 def line(ts=0, inp=1000, out=10, ids=(1, 2)):
-    return json.dumps({"timestamp": ts, "input_length": inp, "output_length": out, "hash_ids": list(ids)})
+    return json.dumps(
+        {"timestamp": ts, "input_length": inp, "output_length": out, "hash_ids": list(ids)}
+    )
 
 
 def write(tmp_path, *lines, name="t.jsonl"):
@@ -50,6 +53,7 @@ def prefix_violations(trace) -> int:
 
 # ------------------------------------------------------------------ loading and validation
 
+
 def test_a_small_trace_loads(tmp_path):
     path = write(tmp_path, line(0, 1000, 5, [7, 8]), "", line(1500, 512, 3, [7]))
     t = read_jsonl(path)
@@ -58,26 +62,39 @@ def test_a_small_trace_loads(tmp_path):
     assert t.arrival_s.tolist() == [0.0, 1.5] and t.input_tokens.tolist() == [1000, 512]
 
 
-@pytest.mark.parametrize("bad, message", [
-    ('{"timestamp": 0, "input_length": 10', "line 2: not valid JSON"),
-    ('[1, 2]', "line 2: expected a JSON object"),
-    ('{"timestamp": 5, "output_length": 1, "hash_ids": [1]}', "line 2: missing 'input_length'"),
-    (line(5, 1000, 1, [1]), "line 2: 1 hash_ids for input_length 1000; expected ceil(1000/512) = 2"),
-    (line(5, 600, 1, [1, 1]), "line 2: 'hash_ids' repeats an id"),
-    (line(5, 600, 0, [1, 2]), "line 2: 'output_length' must be >= 1"),
-    (line(5, 6.5, 1, [1]), "line 2: 'input_length' must be a whole number"),
-    ('{"timestamp": 5, "input_length": 10, "output_length": 1, "hash_ids": [-1]}', "line 2: 'hash_ids' must be"),
-    (line(-1, 600, 1, [1, 2]), "line 2: 'timestamp' must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ('{"timestamp": 0, "input_length": 10', "line 2: not valid JSON"),
+        ("[1, 2]", "line 2: expected a JSON object"),
+        ('{"timestamp": 5, "output_length": 1, "hash_ids": [1]}', "line 2: missing 'input_length'"),
+        (
+            line(5, 1000, 1, [1]),
+            "line 2: 1 hash_ids for input_length 1000; expected ceil(1000/512) = 2",
+        ),
+        (line(5, 600, 1, [1, 1]), "line 2: 'hash_ids' repeats an id"),
+        (line(5, 600, 0, [1, 2]), "line 2: 'output_length' must be >= 1"),
+        (line(5, 6.5, 1, [1]), "line 2: 'input_length' must be a whole number"),
+        (
+            '{"timestamp": 5, "input_length": 10, "output_length": 1, "hash_ids": [-1]}',
+            "line 2: 'hash_ids' must be",
+        ),
+        (line(-1, 600, 1, [1, 2]), "line 2: 'timestamp' must be >= 0"),
+    ],
+)
 def test_malformed_lines_are_named(tmp_path, bad, message):
     path = write(tmp_path, line(0), bad)
-    with pytest.raises(KvlabError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+    with pytest.raises(
+        KvlabError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")
+    ):
         read_jsonl(path)
 
 
 def test_time_going_backwards_names_the_line(tmp_path):
     path = write(tmp_path, line(100), line(200), line(150))
-    with pytest.raises(KvlabError, match=r"t.jsonl line 3: timestamp 150 ms goes back in time \(previous 200 ms\)"):
+    with pytest.raises(
+        KvlabError, match=r"t.jsonl line 3: timestamp 150 ms goes back in time \(previous 200 ms\)"
+    ):
         read_jsonl(path)
 
 
@@ -109,7 +126,9 @@ def test_a_missing_named_trace_says_how_to_get_it(monkeypatch, tmp_path):
     monkeypatch.setattr(traces, "trace_dirs", lambda: [tmp_path])
     with pytest.raises(KvlabError, match="kvlab trace download conversation"):
         load_trace("conversation")
-    with pytest.raises(KvlabError, match="unknown trace 'conversaton'.*Did you mean 'conversation'"):
+    with pytest.raises(
+        KvlabError, match="unknown trace 'conversaton'.*Did you mean 'conversation'"
+    ):
         load_trace("conversaton")
     stand_in = traces.trace_or_generated("conversation")
     assert stand_in.generated and stand_in.label.endswith("(generated)")
@@ -117,13 +136,18 @@ def test_a_missing_named_trace_says_how_to_get_it(monkeypatch, tmp_path):
 
 # ------------------------------------------------------------------ statistics
 
+
 def test_stats_by_hand():
-    t = Trace("hand", (
-        Request(0.0, 1000, 10, (1, 2)),      # new
-        Request(1.0, 1100, 20, (1, 2, 3)),   # shares 1,2: 2 reusable blocks, 1024 tokens
-        Request(2.0, 300, 30, (9,)),         # new
-        Request(4.0, 700, 40, (1, 5)),       # shares block 1: 512 tokens
-    ), source="hand")
+    t = Trace(
+        "hand",
+        (
+            Request(0.0, 1000, 10, (1, 2)),  # new
+            Request(1.0, 1100, 20, (1, 2, 3)),  # shares 1,2: 2 reusable blocks, 1024 tokens
+            Request(2.0, 300, 30, (9,)),  # new
+            Request(4.0, 700, 40, (1, 5)),  # shares block 1: 512 tokens
+        ),
+        source="hand",
+    )
     s = trace_stats(t)
     assert (s.requests, s.block_refs, s.unique_blocks) == (4, 8, 5)
     assert s.mean_input_tokens == 775 and s.mean_output_tokens == 25 and s.duration_s == 4.0
@@ -138,13 +162,16 @@ def test_the_real_traces_match_their_readme():
     assert (c.requests, c.block_refs, c.unique_blocks) == (12031, 288500, 182790)
     assert round(c.mean_input_tokens) == 12035 and round(c.mean_output_tokens) == 343
     assert round(c.duration_s) == 3537
-    assert s.requests == 3993 and round(s.mean_input_tokens) == 15325 and round(s.duration_s) == 1022
+    assert (
+        s.requests == 3993 and round(s.mean_input_tokens) == 15325 and round(s.duration_s) == 1022
+    )
     # nearly every request shares a system-prompt block, yet an unlimited cache reuses a third
     assert c.shared_prefix_share > 0.999 and 0.36 < c.reusable_block_share < 0.37
     assert prefix_violations(load_trace("conversation")) == 0
 
 
 # ------------------------------------------------------------------ the generator
+
 
 def test_the_generator_is_seeded_and_labelled():
     a, b = generate_trace("shared-prefix", seed=7), generate_trace("shared-prefix", seed=7)
@@ -172,7 +199,9 @@ def test_generated_hash_ids_name_their_prefix():
         assert len(tokens) == r.input_tokens
         prev, ids = -1, []
         for start in range(0, len(tokens), t.block_tokens):
-            prev = by_content.setdefault((prev, tokens[start:start + t.block_tokens].tobytes()), len(by_content))
+            prev = by_content.setdefault(
+                (prev, tokens[start : start + t.block_tokens].tobytes()), len(by_content)
+            )
             ids.append(prev)
         assert tuple(ids) == r.hash_ids
 
@@ -230,6 +259,7 @@ def test_bad_generator_input():
 
 # ------------------------------------------------------------------ download (local server)
 
+
 @pytest.fixture
 def server():
     """Serve a folder over HTTP on 127.0.0.1; yields (folder setter, base url)."""
@@ -259,24 +289,32 @@ def test_download_verifies_and_writes_atomically(tmp_path, server, monkeypatch, 
     body = (line(0, 600, 3, [1, 2]) + "\n").encode() * 50
     (served / "synthetic_trace.jsonl").write_bytes(body)
     state["dir"] = str(served)
-    monkeypatch.setitem(traces_download.SHA256, "synthetic_trace.jsonl", hashlib.sha256(body).hexdigest())
+    monkeypatch.setitem(
+        traces_download.SHA256, "synthetic_trace.jsonl", hashlib.sha256(body).hexdigest()
+    )
     dest = tmp_path / "dest"
     got = traces_download.download_trace("synthetic", dest, base_url=url)
     assert got.fetched and got.bytes == len(body) and Path(got.path).read_bytes() == body
     umask = os.umask(0)
     os.umask(umask)
-    assert Path(got.path).stat().st_mode & 0o777 == 0o666 & ~umask  # an ordinary file, not mkstemp's 0600
+    assert (
+        Path(got.path).stat().st_mode & 0o777 == 0o666 & ~umask
+    )  # an ordinary file, not mkstemp's 0600
     assert "downloading synthetic_trace.jsonl" in capsys.readouterr().err
     again = traces_download.download_trace("synthetic", dest, base_url=url)
     assert not again.fetched
     # a corrupted copy on the server: a clear error and nothing half-written
     (served / "synthetic_trace.jsonl").write_bytes(body[:-5] + b"XXXX\n")
-    with pytest.raises(KvlabError, match="checksum mismatch for synthetic_trace.jsonl.*nothing was written"):
+    with pytest.raises(
+        KvlabError, match="checksum mismatch for synthetic_trace.jsonl.*nothing was written"
+    ):
         traces_download.download_trace("synthetic", tmp_path / "fresh", base_url=url)
     assert not (tmp_path / "fresh").exists()  # a failed download leaves no folder behind
     with pytest.raises(KvlabError, match="checksum mismatch"):
         traces_download.download_trace("synthetic", dest, base_url=url, force=True)
-    assert Path(got.path).read_bytes() == body and sorted(p.name for p in dest.iterdir()) == ["synthetic_trace.jsonl"]
+    assert Path(got.path).read_bytes() == body and sorted(p.name for p in dest.iterdir()) == [
+        "synthetic_trace.jsonl"
+    ]
     with pytest.raises(KvlabError, match="HTTP 404"):
         traces_download.download_trace("conversation", tmp_path / "x", base_url=url)
 
@@ -295,7 +333,14 @@ def test_the_cli_downloads_the_real_traces_from_a_mirror(tmp_path, server, monke
 
 # ------------------------------------------------------------------ CLI
 
-STATS_KEYS = {"requests", "mean_input_tokens", "mean_output_tokens", "duration_s", "block_refs", "unique_blocks"}
+STATS_KEYS = {
+    "requests",
+    "mean_input_tokens",
+    "mean_output_tokens",
+    "duration_s",
+    "block_refs",
+    "unique_blocks",
+}
 
 
 def test_trace_stats_cli(tmp_path, capsys):
@@ -303,7 +348,12 @@ def test_trace_stats_cli(tmp_path, capsys):
     assert main(["trace", "stats", str(path), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert STATS_KEYS <= set(out)
-    assert out["requests"] == 2 and out["block_refs"] == 4 and out["unique_blocks"] == 3 and out["duration_s"] == 2.0
+    assert (
+        out["requests"] == 2
+        and out["block_refs"] == 4
+        and out["unique_blocks"] == 3
+        and out["duration_s"] == 2.0
+    )
     assert main(["trace", "stats", str(path)]) == 0
     assert "share a prefix" in capsys.readouterr().out
     bad = write(tmp_path, line(0), "{oops", name="bad.jsonl")
@@ -313,39 +363,67 @@ def test_trace_stats_cli(tmp_path, capsys):
 
 
 def test_trace_commands_do_not_import_heavy_modules():
-    code = ("import sys; from kvlab.cli import main; main(['trace', 'stats', 'generated:shared-prefix']); "
-            "heavy = [m for m in ('torch', 'bokeh', 'ipywidgets') if m in sys.modules]; "
-            "sys.stderr.write(repr(heavy))")
+    code = (
+        "import sys; from kvlab.cli import main; main(['trace', 'stats', 'generated:shared-prefix']); "
+        "heavy = [m for m in ('torch', 'bokeh', 'ipywidgets') if m in sys.modules]; "
+        "sys.stderr.write(repr(heavy))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stderr.endswith("[]")
 
 
 # ------------------------------------------------------------------ hostile input
 
-@pytest.mark.parametrize("bad, message", [
-    ('{"timestamp": 5, "input_length": 600, "output_length": ' + "1" + "0" * 400
-     + ', "hash_ids": [1, 2]}',
-     "'output_length' must be <= 1e\\+08, got an integer of about 401 digits"),
-    ('{"timestamp": 5, "input_length": 600, "output_length": ' + "9" * 5000
-     + ', "hash_ids": [1, 2]}',
-     "line 2: not valid JSON"),
-    ('{"timestamp": 5, "input_length": 600, "output_length": 1e400, "hash_ids": [1, 2]}',
-     "'output_length' must be a whole number, got inf"),
-    ('{"timestamp": NaN, "input_length": 600, "output_length": 3, "hash_ids": [1, 2]}',
-     "'timestamp' must be a whole number, got nan"),
-    ('{"timestamp": 1e20, "input_length": 600, "output_length": 3, "hash_ids": [1, 2]}',
-     "'timestamp' must be <="),
-    ('{"timestamp": 5, "input_length": 600, "output_length": true, "hash_ids": [1, 2]}',
-     "whole number, got True"),
-    ('{"timestamp": 5, "input_length": 600, "output_length": 3, "hash_ids": [1, '
-     + str(2**64) + ']}',
-     "'hash_ids' must be a list of whole numbers"),
-    ('{"timestamp": 5, "input_length": 600, "output_length": 3, "hash_ids": [1, true]}',
-     "'hash_ids' must be"),
-    ('{"timestamp": 5, "input_length": 600, "output_length": 3, "hash_ids": "1,2"}',
-     "'hash_ids' must be"),
-    ("[" * 100_000 + "]" * 100_000, "line 2: nested too deeply"),
-])
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (
+            '{"timestamp": 5, "input_length": 600, "output_length": '
+            + "1"
+            + "0" * 400
+            + ', "hash_ids": [1, 2]}',
+            "'output_length' must be <= 1e\\+08, got an integer of about 401 digits",
+        ),
+        (
+            '{"timestamp": 5, "input_length": 600, "output_length": '
+            + "9" * 5000
+            + ', "hash_ids": [1, 2]}',
+            "line 2: not valid JSON",
+        ),
+        (
+            '{"timestamp": 5, "input_length": 600, "output_length": 1e400, "hash_ids": [1, 2]}',
+            "'output_length' must be a whole number, got inf",
+        ),
+        (
+            '{"timestamp": NaN, "input_length": 600, "output_length": 3, "hash_ids": [1, 2]}',
+            "'timestamp' must be a whole number, got nan",
+        ),
+        (
+            '{"timestamp": 1e20, "input_length": 600, "output_length": 3, "hash_ids": [1, 2]}',
+            "'timestamp' must be <=",
+        ),
+        (
+            '{"timestamp": 5, "input_length": 600, "output_length": true, "hash_ids": [1, 2]}',
+            "whole number, got True",
+        ),
+        (
+            '{"timestamp": 5, "input_length": 600, "output_length": 3, "hash_ids": [1, '
+            + str(2**64)
+            + "]}",
+            "'hash_ids' must be a list of whole numbers",
+        ),
+        (
+            '{"timestamp": 5, "input_length": 600, "output_length": 3, "hash_ids": [1, true]}',
+            "'hash_ids' must be",
+        ),
+        (
+            '{"timestamp": 5, "input_length": 600, "output_length": 3, "hash_ids": "1,2"}',
+            "'hash_ids' must be",
+        ),
+        ("[" * 100_000 + "]" * 100_000, "line 2: nested too deeply"),
+    ],
+)
 def test_hostile_lines_are_one_clear_error(tmp_path, bad, message):
     path = write(tmp_path, line(0), bad)
     with pytest.raises(KvlabError, match=message):
@@ -420,6 +498,7 @@ def test_a_failed_download_leaves_no_empty_folders(tmp_path, server, monkeypatch
 
 # ------------------------------------------------------------------ fast path = careful path
 
+
 def _careful(lines):
     """What `read_jsonl` must return: every line through `parse_line`, in order."""
     out, last = [], 0.0
@@ -445,32 +524,50 @@ def _blocks(tokens):
     return -(-tokens // 512)
 
 
-field_value = st.one_of(st.integers(-5, 3000), st.floats(-1, 3000), st.booleans(), st.none(),
-                        st.text(max_size=3))
-request_dict = st.fixed_dictionaries({
-    "timestamp": st.one_of(st.integers(0, 10_000), field_value),
-    "input_length": st.one_of(st.integers(1, 2000), field_value),
-    "output_length": st.one_of(st.integers(1, 50), field_value),
-}).flatmap(lambda d: st.fixed_dictionaries({
-    **{k: st.just(v) for k, v in d.items()},
-    "hash_ids": st.one_of(
-        st.lists(st.integers(0, 40), min_size=_blocks(d["input_length"]),
-                 max_size=_blocks(d["input_length"]), unique=True)
-        if isinstance(d["input_length"], int) and 0 < d["input_length"] <= 2000
-        else st.lists(st.integers(0, 40), max_size=4),
-        st.lists(field_value, max_size=4)),
-}))
+field_value = st.one_of(
+    st.integers(-5, 3000), st.floats(-1, 3000), st.booleans(), st.none(), st.text(max_size=3)
+)
+request_dict = st.fixed_dictionaries(
+    {
+        "timestamp": st.one_of(st.integers(0, 10_000), field_value),
+        "input_length": st.one_of(st.integers(1, 2000), field_value),
+        "output_length": st.one_of(st.integers(1, 50), field_value),
+    }
+).flatmap(
+    lambda d: st.fixed_dictionaries(
+        {
+            **{k: st.just(v) for k, v in d.items()},
+            "hash_ids": st.one_of(
+                st.lists(
+                    st.integers(0, 40),
+                    min_size=_blocks(d["input_length"]),
+                    max_size=_blocks(d["input_length"]),
+                    unique=True,
+                )
+                if isinstance(d["input_length"], int) and 0 < d["input_length"] <= 2000
+                else st.lists(st.integers(0, 40), max_size=4),
+                st.lists(field_value, max_size=4),
+            ),
+        }
+    )
+)
 
 
 @settings(max_examples=300, deadline=None, derandomize=True, database=None)
-@given(st.lists(st.one_of(request_dict.map(json.dumps), st.sampled_from(["", " ", "{", "[]", "1"])),
-                min_size=1, max_size=6))
+@given(
+    st.lists(
+        st.one_of(request_dict.map(json.dumps), st.sampled_from(["", " ", "{", "[]", "1"])),
+        min_size=1,
+        max_size=6,
+    )
+)
 def test_the_fast_path_agrees_with_parse_line(lines):
     got = _outcome(traces._parse_lines, "\n".join(lines).encode(), "t.jsonl")
     assert got == _outcome(_careful, lines)
 
 
 # ------------------------------------------------------------------ parsed traces kept on disk
+
 
 def test_a_validated_trace_is_kept_parsed_while_the_file_is_unchanged(tmp_path, monkeypatch):
     from kvlab import traces_cache

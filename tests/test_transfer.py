@@ -4,6 +4,7 @@ The quick runs really spawn two processes per engine and move data through gloo 
 Mooncake; they check checksums from both sides, that every run ends inside its time
 bound, that a dead or hung peer gives a clear KvlabError, and that no child survives.
 """
+
 import json
 import os
 import signal
@@ -39,9 +40,10 @@ def _mooncake_importable() -> bool:
     return True
 
 
-needs_mooncake = pytest.mark.skipif(not _mooncake_importable(),
-                                    reason="mooncake-transfer-engine-non-cuda (and Debian "
-                                           "libibverbs1) not installed")
+needs_mooncake = pytest.mark.skipif(
+    not _mooncake_importable(),
+    reason="mooncake-transfer-engine-non-cuda (and Debian libibverbs1) not installed",
+)
 ENGINES = ["torch", pytest.param("mooncake", marks=needs_mooncake)]
 
 
@@ -82,6 +84,7 @@ def _isolated(tmp_path, monkeypatch):
 
 # ----------------------------------------------------------------- pure parts
 
+
 def test_sizes_are_binary():
     assert parse_size("4k") == 4096 and parse_size("512M") == 512 * 2**20 == parse_size("512MiB")
     assert parse_size("1g") == 2**30 and parse_sizes("4k, 64k,1M") == (4096, 65536, 2**20)
@@ -90,16 +93,19 @@ def test_sizes_are_binary():
         parse_size("lots")
 
 
-@pytest.mark.parametrize("changes,match", [
-    ({"engine": "nccl"}, "unknown transfer engine"),
-    ({"sizes_bytes": (0,)}, "transfer size"),
-    ({"sizes_bytes": (4096,), "layouts": ("paged",)}, "two 65536-byte blocks"),
-    ({"layouts": ("ragged",)}, "layouts"),
-    ({"min_repeats": 10, "max_repeats": 3}, "max_repeats"),
-    ({"timeout_s": 0}, "timeout_s"),
-    ({"fault": "decode:explode"}, "fault"),
-    ({"device": "tpu"}, "cpu or cuda"),
-])
+@pytest.mark.parametrize(
+    "changes,match",
+    [
+        ({"engine": "nccl"}, "unknown transfer engine"),
+        ({"sizes_bytes": (0,)}, "transfer size"),
+        ({"sizes_bytes": (4096,), "layouts": ("paged",)}, "two 65536-byte blocks"),
+        ({"layouts": ("ragged",)}, "layouts"),
+        ({"min_repeats": 10, "max_repeats": 3}, "max_repeats"),
+        ({"timeout_s": 0}, "timeout_s"),
+        ({"fault": "decode:explode"}, "fault"),
+        ({"device": "tpu"}, "cpu or cuda"),
+    ],
+)
 def test_nonsense_configurations_fail_in_one_line(changes, match):
     with pytest.raises(KvlabError, match=match):
         TransferConfig(**changes).validate()
@@ -132,8 +138,11 @@ def test_saving_merges_engines_by_label(tmp_path):
     env = {"device": "cpu", "device_name": "test cpu"}
 
     def result(label, value):
-        return {"kind": "kv_transfer", "environment": env,
-                "engines": {label: {"rows": [], "summary": value}}}
+        return {
+            "kind": "kv_transfer",
+            "environment": env,
+            "engines": {label: {"rows": [], "summary": value}},
+        }
 
     save_results(result("torch-gloo", 1), "cmd a", machine="box")
     path = save_results(result("mooncake-tcp", 2), "cmd b", machine="box")
@@ -146,6 +155,7 @@ def test_saving_merges_engines_by_label(tmp_path):
 
 # ------------------------------------------------------- real processes (quick)
 
+
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("engine", ENGINES)
@@ -156,7 +166,7 @@ def test_quick_transfer_moves_the_kv_intact(engine, capsys):
     assert code == 0, err
     result = json.loads(out)
     config = quick_config(engine=engine)
-    (label, entry), = result["engines"].items()
+    ((label, entry),) = result["engines"].items()
     assert [(r["layout"], r["bytes"]) for r in entry["rows"]] == config.cases()
     for row in entry["rows"]:
         assert row["checksum_ok"] and row["checksum"]["prefill"] == row["checksum"]["decode"]
@@ -176,8 +186,18 @@ def test_quick_transfer_moves_the_kv_intact(engine, capsys):
 @pytest.mark.timeout(120)
 @needs_mooncake
 def test_mooncake_doorbell_completion(capsys):
-    code = main(["bench", "kv-transfer", "--quick", "--engine", "mooncake", "--completion", "flag",
-                 "--json"])
+    code = main(
+        [
+            "bench",
+            "kv-transfer",
+            "--quick",
+            "--engine",
+            "mooncake",
+            "--completion",
+            "flag",
+            "--json",
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 0, err
     entry = json.loads(out)["engines"]["mooncake-tcp-flag"]
@@ -188,12 +208,15 @@ def test_mooncake_doorbell_completion(capsys):
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("engine,fault,first", [
-    ("torch", "decode:exit@1", "decode"),
-    ("torch", "prefill:exit@2", "prefill"),
-    pytest.param("mooncake", "decode:exit@1", "decode", marks=needs_mooncake),
-    pytest.param("mooncake", "prefill:exit@3", "prefill", marks=needs_mooncake),
-])
+@pytest.mark.parametrize(
+    "engine,fault,first",
+    [
+        ("torch", "decode:exit@1", "decode"),
+        ("torch", "prefill:exit@2", "prefill"),
+        pytest.param("mooncake", "decode:exit@1", "decode", marks=needs_mooncake),
+        pytest.param("mooncake", "prefill:exit@3", "prefill", marks=needs_mooncake),
+    ],
+)
 def test_a_dying_peer_is_a_clear_error(engine, fault, first):
     config = quick_config(engine=engine, fault=fault, timeout_s=10)
     start = time.monotonic()
@@ -207,10 +230,13 @@ def test_a_dying_peer_is_a_clear_error(engine, fault, first):
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("engine,fault,waiter", [
-    ("torch", "prefill:hang@1", "decode"),
-    pytest.param("mooncake", "decode:hang@0", "prefill", marks=needs_mooncake),
-])
+@pytest.mark.parametrize(
+    "engine,fault,waiter",
+    [
+        ("torch", "prefill:hang@1", "decode"),
+        pytest.param("mooncake", "decode:hang@0", "prefill", marks=needs_mooncake),
+    ],
+)
 def test_a_hung_peer_times_out(engine, fault, waiter):
     config = quick_config(engine=engine, fault=fault, timeout_s=2)
     start = time.monotonic()
@@ -230,11 +256,31 @@ def test_the_whole_run_is_bounded():
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_ctrl_c_stops_both_processes(tmp_path):
-    cmd = [sys.executable, "-m", "kvlab", "bench", "kv-transfer", "--engine", "torch", "--sizes",
-           "4k", "--layout", "contiguous", "--seconds-per-size", "60", "--repeats", "100000",
-           "--no-save"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, "TMPDIR": str(tmp_path)})
+    cmd = [
+        sys.executable,
+        "-m",
+        "kvlab",
+        "bench",
+        "kv-transfer",
+        "--engine",
+        "torch",
+        "--sizes",
+        "4k",
+        "--layout",
+        "contiguous",
+        "--seconds-per-size",
+        "60",
+        "--repeats",
+        "100000",
+        "--no-save",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
     try:
         deadline = time.monotonic() + 60
         while len(_children(proc.pid)) < 2 and time.monotonic() < deadline:
@@ -256,13 +302,33 @@ def test_ctrl_c_stops_both_processes(tmp_path):
 @pytest.mark.timeout(180)
 def test_same_code_runs_under_torchrun(tmp_path):
     engine = "all" if _mooncake_importable() else "torch"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "kvlab", "bench", "kv-transfer", "--quick", "--engine", engine, "--json",
-           "--no-save"]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=150,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)})
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "kvlab",
+        "bench",
+        "kv-transfer",
+        "--quick",
+        "--engine",
+        engine,
+        "--json",
+        "--no-save",
+    ]
+    done = subprocess.run(
+        cmd,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=150,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)},
+    )
     assert done.returncode == 0, done.stderr[-2000:]
-    result = json.loads(done.stdout[done.stdout.index("{"):])  # rank 0 prints, rank 1 stays silent
+    result = json.loads(done.stdout[done.stdout.index("{") :])  # rank 0 prints, rank 1 stays silent
     expected = {"torch-gloo", "mooncake-tcp"} if engine == "all" else {"torch-gloo"}
     assert set(result["engines"]) == expected
     for entry in result["engines"].values():
@@ -276,8 +342,9 @@ def test_nccl_between_two_gpus(capsys):
     torch = pytest.importorskip("torch")
     if torch.cuda.device_count() < 2:
         pytest.skip("NCCL send/recv needs two GPUs (one process per GPU)")
-    code = main(["bench", "kv-transfer", "--quick", "--engine", "torch", "--device", "cuda",
-                 "--json"])
+    code = main(
+        ["bench", "kv-transfer", "--quick", "--engine", "torch", "--device", "cuda", "--json"]
+    )
     out, err = capsys.readouterr()
     assert code == 0, err
     entry = json.loads(out)["engines"]["torch-nccl"]

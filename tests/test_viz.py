@@ -1,5 +1,6 @@
 """Figures and panels on the Python side: every panel computes, renders statically, and
 its values agree with the ledger; formatting rules that the browser mirrors."""
+
 import itertools
 import json
 import math
@@ -9,8 +10,8 @@ import numpy as np
 import pytest
 
 from kvlab import fmt
-from kvlab.cli.budget import budget
 from kvlab.book.catalog import panels
+from kvlab.cli.budget import budget
 from kvlab.viz.panel import FORMATS, readout_html
 
 
@@ -21,7 +22,11 @@ def test_rounding_is_half_away_from_zero_on_the_exact_value():
     assert fmt.fixed(-0.0001, 2) == "0.00"
     assert fmt.fixed(1234567.891, 1) == "1,234,567.9"
     assert fmt.sig(999.96, 3) == "1,000"
-    assert fmt.si(14.537e9, "B") == "14.5 GB" and fmt.seconds(0) == "0 s" and fmt.rate(137.5799) == "137.6"
+    assert (
+        fmt.si(14.537e9, "B") == "14.5 GB"
+        and fmt.seconds(0) == "0 s"
+        and fmt.rate(137.5799) == "137.6"
+    )
 
 
 #: What a panel may add to its page (bytes of HTML, kvlab.js aside: the book ships it once
@@ -62,8 +67,14 @@ def test_panels_compute_on_every_grid_corner(key):
 @pytest.mark.parametrize("speed, efficiency_in_cli", [("ceiling", 0.8), ("measured", "measured")])
 def test_ledger_panel_values_are_the_cli_budget(speed, efficiency_in_cli):
     panel = panels()["ledger"]()
-    state = {**panel.default_state, "model": "mixtral-8x7b", "batch": 64, "kv_dtype": "fp8",
-             "efficiency": 0.8, "speed": speed}
+    state = {
+        **panel.default_state,
+        "model": "mixtral-8x7b",
+        "batch": 64,
+        "kv_dtype": "fp8",
+        "efficiency": 0.8,
+        "speed": speed,
+    }
     values = panel.compute(state)["values"]
     keys = panel.budget_keys(state)
     assert keys["efficiency"] == efficiency_in_cli
@@ -95,17 +106,25 @@ def test_ledger_panel_gives_every_number_the_three_panels_it_replaces_gave():
 def test_ledger_panel_says_why_a_state_is_not_measured():
     """Measured mode where the tables have nothing: the ceiling, and one phrase saying why."""
     panel = panels()["ledger"]()
-    cases = {("rtx-4090", "llama-3.1-8b", "fp16", "fp16", 1, 4096):
-             "no kernel tables for this device",
-             ("h100-sxm", "deepseek-v3", "fp16", "fp16", 1, 4096): "no MLA attention tables",
-             ("h100-sxm", "llama-3.1-8b", "int4", "fp16", 1, 4096): "no int4 weight tables",
-             ("a100-80gb", "llama-3.1-8b", "fp16", "fp8", 1, 4096): "no fp8 KV tables",
-             ("h100-sxm", "llama-3.1-8b", "fp16", "fp16", 1024, 131072):
-             "outside the tables' range"}
+    cases = {
+        ("rtx-4090", "llama-3.1-8b", "fp16", "fp16", 1, 4096): "no kernel tables for this device",
+        ("h100-sxm", "deepseek-v3", "fp16", "fp16", 1, 4096): "no MLA attention tables",
+        ("h100-sxm", "llama-3.1-8b", "int4", "fp16", 1, 4096): "no int4 weight tables",
+        ("a100-80gb", "llama-3.1-8b", "fp16", "fp8", 1, 4096): "no fp8 KV tables",
+        ("h100-sxm", "llama-3.1-8b", "fp16", "fp16", 1024, 131072): "outside the tables' range",
+    }
     for (hw, model, w, kv, batch, context), why in cases.items():
-        state = {**panel.default_state, "hardware": hw, "model": model, "weight_dtype": w,
-                 "kv_dtype": kv, "batch": batch, "context": context, "efficiency": 0.8,
-                 "speed": "measured"}
+        state = {
+            **panel.default_state,
+            "hardware": hw,
+            "model": model,
+            "weight_dtype": w,
+            "kv_dtype": kv,
+            "batch": batch,
+            "context": context,
+            "efficiency": 0.8,
+            "speed": "measured",
+        }
         out = panel.compute(state)
         ceiling = panel.compute({**state, "speed": "ceiling"})["values"]
         assert out["values"]["speed"] == f"ceiling × 80.0%: {why}"
@@ -144,10 +163,12 @@ def test_measured_terms_add_up_to_the_measured_step_bit_for_bit():
         bandwidth, peak = get_device(hw).memory_bandwidth_bytes_per_s, k.peak
         for i, b in list(enumerate(BATCH_GRID))[::4]:
             for j, c in list(enumerate(CONTEXT_GRID))[::3]:
-                row = att[0] + sum(att[1:1 + i])
+                row = att[0] + sum(att[1 : 1 + i])
                 per_layer = data[row + j] if j < att[1 + i] else math.nan
-                floor = max(b * (c + 1) * mt["kv_tok_layer"][keys[kv]] / bandwidth,
-                            b * c * mt["attn_flops_layer"] / peak)
+                floor = max(
+                    b * (c + 1) * mt["kv_tok_layer"][keys[kv]] / bandwidth,
+                    b * c * mt["attn_flops_layer"] / peak,
+                )
                 layers = get_model(m).num_layers
                 got = float(data[fixed + i]) + layers * max(float(per_layer), floor)
                 want = k.decode_step_s(b, c)
@@ -187,9 +208,9 @@ def test_tiers_figure_lists_every_tier():
 
 
 def test_terms_are_json_and_small():
-    from kvlab.viz.terms import ledger_terms
     from kvlab.hardware import devices
     from kvlab.models import models
+    from kvlab.viz.terms import ledger_terms
 
     text = json.dumps(ledger_terms(models(), devices()))
     assert len(text) < 8000
@@ -328,18 +349,26 @@ def _book_figures() -> list[tuple[str, str, str]]:
     for path in sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb")):
         cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
         trees = [ast.parse("".join(c["source"])) for c in cells]
-        imports = "\n".join(ast.unparse(n) for t in trees for n in ast.walk(t)
-                            if isinstance(n, (ast.Import, ast.ImportFrom)))
+        imports = "\n".join(
+            ast.unparse(n)
+            for t in trees
+            for n in ast.walk(t)
+            if isinstance(n, (ast.Import, ast.ImportFrom))
+        )
         for tree in trees:
             for node in ast.walk(tree):
-                if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "show"
-                        and len(node.args) == 1):
+                if (
+                    isinstance(node, ast.Call)
+                    and getattr(node.func, "id", None) == "show"
+                    and len(node.args) == 1
+                ):
                     found.append((path.stem, ast.unparse(node.args[0]), imports))
     return found
 
 
-@pytest.mark.parametrize("notebook, expression, imports", _book_figures(),
-                         ids=lambda v: "" if "\n" in v else v)
+@pytest.mark.parametrize(
+    "notebook, expression, imports", _book_figures(), ids=lambda v: "" if "\n" in v else v
+)
 def test_every_legend_entry_has_finite_data_to_draw(notebook, expression, imports):
     """Each figure the book shows, panels at their default state: a legend entry whose data
     are missing or all non-finite (a series the legend promises and the chart lacks) fails."""
@@ -367,8 +396,9 @@ def legend_states(panel) -> list[dict]:
     if math.prod(len(o) for o in options) <= 4000:
         return [dict(zip(keys, combo)) for combo in itertools.product(*options)]
     rows = covering_rows([len(o) for o in options], strength=2)
-    states = [panel.default_state] + [{k: o[i] for k, o, i in zip(keys, options, row, strict=True)}
-                                      for row in rows]
+    states = [panel.default_state] + [
+        {k: o[i] for k, o, i in zip(keys, options, row, strict=True)} for row in rows
+    ]
     return states + (measured_states(panel) if panel.key == "ledger" else [])
 
 
@@ -410,12 +440,20 @@ def test_texts_that_only_some_states_show_have_their_chinese():
             states = states[::10] + measured_states(panel)[::3]
         for state in states:
             out = panel.compute(state)
-            texts |= {FORMATS[kind](out["values"][k]) for k, _label, kind in panel.readout
-                      if kind == "text"}
+            texts |= {
+                FORMATS[kind](out["values"][k])
+                for k, _label, kind in panel.readout
+                if kind == "text"
+            }
             texts |= set(out.get("titles", {}).values())
             for name, data in out["sources"].items():
-                texts |= {v for col, values in data.items() if col not in i18n.HIDDEN_COLUMNS
-                          for v in values if isinstance(v, str)}
+                texts |= {
+                    v
+                    for col, values in data.items()
+                    if col not in i18n.HIDDEN_COLUMNS
+                    for v in values
+                    if isinstance(v, str)
+                }
     assert i18n.missing(texts) == [], "add these to kvlab/viz/i18n_zh.py"
 
 

@@ -11,6 +11,7 @@
 - Sphinx 7.4 emits sphinx-thebe's inline script twice ("Identifier 'THEBE_JS_URL' has
   already been declared"); duplicates are dropped per page.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -62,13 +63,28 @@ def _fetch_mathjax(static: Path) -> None:
     target = static / "mathjax"
     if (target / "tex-chtml.js").exists():
         return
-    keep = ("package/es5/tex-chtml.js", "package/es5/output/chtml/fonts/woff-v2/",
-            "package/es5/input/tex/extensions/", "package/es5/ui/", "package/es5/a11y/")
+    keep = (
+        "package/es5/tex-chtml.js",
+        "package/es5/output/chtml/fonts/woff-v2/",
+        "package/es5/input/tex/extensions/",
+        "package/es5/ui/",
+        "package/es5/a11y/",
+    )
     with tempfile.TemporaryDirectory() as tmp:
         try:
             out = subprocess.run(
-                ["npm", "pack", f"mathjax@{MATHJAX_VERSION}", "--silent", "--pack-destination", tmp],
-                check=True, capture_output=True, text=True, timeout=300,
+                [
+                    "npm",
+                    "pack",
+                    f"mathjax@{MATHJAX_VERSION}",
+                    "--silent",
+                    "--pack-destination",
+                    tmp,
+                ],
+                check=True,
+                capture_output=True,
+                text=True,
+                timeout=300,
             )
         except (OSError, subprocess.SubprocessError) as exc:
             raise RuntimeError(
@@ -101,7 +117,10 @@ def _page_context(app, pagename, templatename, context, doctree) -> None:
     if scripts:
         seen, unique = set(), []
         for script in scripts:
-            key = (str(getattr(script, "filename", script) or ""), getattr(script, "attributes", {}).get("body", ""))
+            key = (
+                str(getattr(script, "filename", script) or ""),
+                getattr(script, "attributes", {}).get("body", ""),
+            )
             if key not in seen:
                 seen.add(key)
                 unique.append(script)

@@ -21,6 +21,7 @@ the points refused up front), `_Sweep.run_point` (one measured point) and `skip_
 (one record for every point not measured, with its reason). `kvlab bench ... --plan`
 walks the same grid without allocating anything.
 """
+
 from __future__ import annotations
 
 import gc
@@ -35,18 +36,44 @@ from .timing import Budget, Progress, machine_state, measure_undisturbed, open_d
 K = 1024
 GRIDS = {
     # cpu-bench: 0.85 GB of bf16 weights (26x the 32 MiB L3 of the reference machine)
-    "cpu": dict(preset="cpu-bench", weight_dtype="bf16", batches=(1, 8),
-                contexts=(K, 2 * K, 4 * K, 8 * K, 16 * K, 32 * K), placements=("device", "host"),
-                kv_dtypes=("bf16", "int8"), prefetch=(False,)),
-    "cpu-quick": dict(preset="small", weight_dtype="bf16", batches=(1, 2), contexts=(256, K),
-                      placements=("device", "host"), kv_dtypes=("bf16", "int8"), prefetch=(False,)),
+    "cpu": dict(
+        preset="cpu-bench",
+        weight_dtype="bf16",
+        batches=(1, 8),
+        contexts=(K, 2 * K, 4 * K, 8 * K, 16 * K, 32 * K),
+        placements=("device", "host"),
+        kv_dtypes=("bf16", "int8"),
+        prefetch=(False,),
+    ),
+    "cpu-quick": dict(
+        preset="small",
+        weight_dtype="bf16",
+        batches=(1, 2),
+        contexts=(256, K),
+        placements=("device", "host"),
+        kv_dtypes=("bf16", "int8"),
+        prefetch=(False,),
+    ),
     # gpu-bench: ~7 GB of bf16 weights, 64 kB of bf16 KV per token
-    "cuda": dict(preset="gpu-bench", weight_dtype="bf16", batches=(1, 8, 32),
-                 contexts=(K, 2 * K, 4 * K, 8 * K, 16 * K, 32 * K), placements=("device", "host"),
-                 kv_dtypes=("bf16", "fp8", "int8"), host_kv_dtypes=("bf16",),
-                 prefetch=(False, True)),
-    "cuda-quick": dict(preset="gpu-bench", weight_dtype="bf16", batches=(1, 8), contexts=(K, 8 * K),
-                       placements=("device", "host"), kv_dtypes=("bf16",), prefetch=(False, True)),
+    "cuda": dict(
+        preset="gpu-bench",
+        weight_dtype="bf16",
+        batches=(1, 8, 32),
+        contexts=(K, 2 * K, 4 * K, 8 * K, 16 * K, 32 * K),
+        placements=("device", "host"),
+        kv_dtypes=("bf16", "fp8", "int8"),
+        host_kv_dtypes=("bf16",),
+        prefetch=(False, True),
+    ),
+    "cuda-quick": dict(
+        preset="gpu-bench",
+        weight_dtype="bf16",
+        batches=(1, 8),
+        contexts=(K, 8 * K),
+        placements=("device", "host"),
+        kv_dtypes=("bf16",),
+        prefetch=(False, True),
+    ),
 }
 #: Host placement moves the whole KV history over PCIe every step; beyond this many
 #: tokens (batch x context) a step takes seconds, so larger host points are skipped.
@@ -64,8 +91,11 @@ def resolve_grid(cuda: bool, quick: bool, **overrides) -> dict:
     Asking for KV dtypes asks for them in both placements."""
     grid = dict(GRIDS[("cuda" if cuda else "cpu") + ("-quick" if quick else "")])
     grid.update({k: v for k, v in overrides.items() if v is not None and k in OVERRIDES})
-    grid["host_kv_dtypes"] = tuple(grid["kv_dtypes"] if overrides.get("kv_dtypes") is not None
-                                   else grid.get("host_kv_dtypes", grid["kv_dtypes"]))
+    grid["host_kv_dtypes"] = tuple(
+        grid["kv_dtypes"]
+        if overrides.get("kv_dtypes") is not None
+        else grid.get("host_kv_dtypes", grid["kv_dtypes"])
+    )
     if not cuda:
         grid["prefetch"] = (False,)  # nothing to overlap with on a CPU
     grid["contexts"] = sorted(int(c) for c in grid["contexts"])
@@ -87,8 +117,13 @@ class Group:
         return f"{where} {self.kv_dtype} b={self.batch}"
 
     def keys(self, context: int) -> dict:
-        return {"placement": self.placement, "prefetch": self.prefetch, "kv_dtype": self.kv_dtype,
-                "batch": self.batch, "context": context}
+        return {
+            "placement": self.placement,
+            "prefetch": self.prefetch,
+            "kv_dtype": self.kv_dtype,
+            "batch": self.batch,
+            "context": context,
+        }
 
 
 def skip_record(group: Group, context: int, reason: str) -> dict:
@@ -168,8 +203,10 @@ def _graphed(step, device):
                 logits = step()  # static output: every replay rewrites it
         except RuntimeError as exc:  # an op that cannot be captured: time it eagerly instead
             torch.cuda.synchronize(device)
-            print(f"kvlab bench decode: CUDA graph capture failed, running eagerly ({exc})",
-                  file=sys.stderr)
+            print(
+                f"kvlab bench decode: CUDA graph capture failed, running eagerly ({exc})",
+                file=sys.stderr,
+            )
             return step, False
 
     def replay():
@@ -187,8 +224,9 @@ def _measure_point(fn, dev, probe, repeats, warmup, tries):
         timing = time_call(fn, dev, repeats, warmup)
         return timing, before, copy_bandwidth(dev, probe, repeats=3, warmup=1)[0]
 
-    return measure_undisturbed(bracketed, attempts=tries,
-                               accept=lambda r: abs(r[2] / r[1] - 1) <= MAX_DRIFT)
+    return measure_undisturbed(
+        bracketed, attempts=tries, accept=lambda r: abs(r[2] / r[1] - 1) <= MAX_DRIFT
+    )
 
 
 def measure_machine(device, compute_dtype: str, need_link: bool, quick: bool) -> dict:
@@ -199,13 +237,20 @@ def measure_machine(device, compute_dtype: str, need_link: bool, quick: bool) ->
     cuda = str(device).startswith("cuda")
     size = (GiB if cuda else 512 * MiB) if not quick else (256 * MiB if cuda else 128 * MiB)
     (bw, timing), stall, _ = measure_undisturbed(
-        lambda: copy_bandwidth(device, size, repeats=5 if quick else 9), attempts=2 if quick else 5)
+        lambda: copy_bandwidth(device, size, repeats=5 if quick else 9), attempts=2 if quick else 5
+    )
     timing["cpu_stall_fraction"] = stall
-    out = {"bandwidth_bytes_per_s": bw, "bandwidth_timing": timing, "bandwidth_size_bytes": size,
-           "flops_per_s": matmul_rate(device, compute_dtype), "flops_dtype": compute_dtype}
+    out = {
+        "bandwidth_bytes_per_s": bw,
+        "bandwidth_timing": timing,
+        "bandwidth_size_bytes": size,
+        "flops_per_s": matmul_rate(device, compute_dtype),
+        "flops_dtype": compute_dtype,
+    }
     if need_link:
         out["link_bytes_per_s"], out["link_timing"] = link_bandwidth(
-            device, 256 * MiB if not quick else 64 * MiB)
+            device, 256 * MiB if not quick else 64 * MiB
+        )
     return out
 
 
@@ -222,8 +267,9 @@ class _Settings:
 class _Sweep:
     """One decode sweep: the models, the machine's figures, what was measured and skipped."""
 
-    def __init__(self, dev, grid, model, other, machine, spec_device, settings: _Settings,
-                 budget_s):
+    def __init__(
+        self, dev, grid, model, other, machine, spec_device, settings: _Settings, budget_s
+    ):
         import torch
 
         self.dev, self.cuda, self.grid = dev, dev.type == "cuda", grid
@@ -245,10 +291,12 @@ class _Sweep:
     def _headline(self) -> str:
         m = self.machine
         link = f", link {m['link_bytes_per_s'] / 1e9:.1f} GB/s" if "link_bytes_per_s" in m else ""
-        return (f"{self.model.config.name}: {self.model.streamed_weight_bytes() / 1e9:.2f} GB of "
-                f"{self.grid['weight_dtype']} weights; copy {m['bandwidth_bytes_per_s'] / 1e9:.1f} "
-                f"GB/s, matmul {m['flops_per_s'] / 1e12:.2f} TFLOP/s{link}; "
-                f"{self.model.kernels_note}")
+        return (
+            f"{self.model.config.name}: {self.model.streamed_weight_bytes() / 1e9:.2f} GB of "
+            f"{self.grid['weight_dtype']} weights; copy {m['bandwidth_bytes_per_s'] / 1e9:.1f} "
+            f"GB/s, matmul {m['flops_per_s'] / 1e12:.2f} TFLOP/s{link}; "
+            f"{self.model.kernels_note}"
+        )
 
     def skip(self, group: Group, ctx: int, reason: str, note: str | None = None) -> None:
         self.skipped.append(skip_record(group, ctx, reason))
@@ -266,8 +314,9 @@ class _Sweep:
         import torch
 
         try:
-            cache = self.model.new_cache(group.batch, max(ctxs), group.kv_dtype, group.placement,
-                                         group.prefetch)
+            cache = self.model.new_cache(
+                group.batch, max(ctxs), group.kv_dtype, group.placement, group.prefetch
+            )
             cache.fill_random_([max(ctxs)] * group.batch, seed=self.s.seed)
         except (KvlabError, RuntimeError) as exc:
             if not isinstance(exc, KvlabError) and "out of memory" not in str(exc).lower():
@@ -287,14 +336,26 @@ class _Sweep:
     def predict(self, group: Group, ctx: int) -> dict:
         from ..decoder import ledger
 
-        return ledger.predict_decode(self.model.config, self.spec_device, group.batch, ctx,
-                                     self.grid["weight_dtype"], group.kv_dtype, group.placement,
-                                     group.prefetch, self.machine.get("link_bytes_per_s"))
+        return ledger.predict_decode(
+            self.model.config,
+            self.spec_device,
+            group.batch,
+            ctx,
+            self.grid["weight_dtype"],
+            group.kv_dtype,
+            group.placement,
+            group.prefetch,
+            self.machine.get("link_bytes_per_s"),
+        )
 
     def run_point(self, group: Group, cache, tokens, ctx: int) -> None:
         """Measure one point (and its PyTorch-kernel twin when comparing), or record why not."""
-        estimate = point_cost_s(self.predict(group, ctx)["predicted_step_s"], self.s.repeats,
-                                self.s.warmup, self.s.tries)
+        estimate = point_cost_s(
+            self.predict(group, ctx)["predicted_step_s"],
+            self.s.repeats,
+            self.s.warmup,
+            self.s.tries,
+        )
         if not self.budget.allows(estimate):
             self.skip(group, ctx, "time budget exhausted", "time budget")
             return
@@ -311,8 +372,9 @@ class _Sweep:
         try:
             with torch.no_grad():
                 fn, graphed = make_step(model, cache, plan, tokens, self.s.cuda_graph)
-                measured = _measure_point(fn, self.dev, self.s.probe_bytes, self.s.repeats,
-                                          self.s.warmup, self.s.tries)
+                measured = _measure_point(
+                    fn, self.dev, self.s.probe_bytes, self.s.repeats, self.s.warmup, self.s.tries
+                )
         except RuntimeError as exc:  # CUDA out of memory (graph pools, temporaries): skip, go on
             if "out of memory" not in str(exc).lower():
                 raise
@@ -336,47 +398,87 @@ class _Sweep:
 
         (t, bw0, bw1), stall, attempts = measured
         bw_point = (bw0 + bw1) / 2
-        point_device = ledger.measured_device(self.spec_device.name, bw_point,
-                                              self.machine["flops_per_s"],
-                                              self.spec_device.capacity_bytes)
+        point_device = ledger.measured_device(
+            self.spec_device.name,
+            bw_point,
+            self.machine["flops_per_s"],
+            self.spec_device.capacity_bytes,
+        )
         weights = self.grid["weight_dtype"]
-        pred = ledger.predict_decode(model.config, point_device, group.batch, ctx, weights,
-                                     group.kv_dtype, group.placement, group.prefetch,
-                                     self.machine.get("link_bytes_per_s"))
+        pred = ledger.predict_decode(
+            model.config,
+            point_device,
+            group.batch,
+            ctx,
+            weights,
+            group.kv_dtype,
+            group.placement,
+            group.prefetch,
+            self.machine.get("link_bytes_per_s"),
+        )
         measured_s = t.median_s
         return {
-            **group.keys(ctx), "weight_dtype": weights, "preset": model.config.name,
-            "cuda_graph": graphed, "kernels": model.decode_kernels(group.kv_dtype),
-            "measured_step_s": measured_s, "measured_min_s": t.min_s, "measured_max_s": t.max_s,
-            "spread": t.spread, "repeats": self.s.repeats,
+            **group.keys(ctx),
+            "weight_dtype": weights,
+            "preset": model.config.name,
+            "cuda_graph": graphed,
+            "kernels": model.decode_kernels(group.kv_dtype),
+            "measured_step_s": measured_s,
+            "measured_min_s": t.min_s,
+            "measured_max_s": t.max_s,
+            "spread": t.spread,
+            "repeats": self.s.repeats,
             "predicted_step_s": pred["predicted_step_s"],
             "error": measured_s / pred["predicted_step_s"] - 1,
-            "step_bytes": pred["step_bytes"], "weight_read_bytes": pred["weight_read_bytes"],
-            "kv_read_bytes": pred["kv_read_bytes"], "fetch_bytes": pred["fetch_bytes"],
-            "predicted_fetch_s": pred["fetch_s"], "bound": pred["bound"],
+            "step_bytes": pred["step_bytes"],
+            "weight_read_bytes": pred["weight_read_bytes"],
+            "kv_read_bytes": pred["kv_read_bytes"],
+            "fetch_bytes": pred["fetch_bytes"],
+            "predicted_fetch_s": pred["fetch_s"],
+            "bound": pred["bound"],
             "achieved_bytes_per_s": pred["step_bytes"] / measured_s,
             "fraction_of_bandwidth": pred["step_bytes"] / measured_s / bw_point,
-            "bandwidth_bytes_per_s": bw_point, "bandwidth_drift": bw1 / bw0 - 1,
+            "bandwidth_bytes_per_s": bw_point,
+            "bandwidth_drift": bw1 / bw0 - 1,
             "tokens_per_s": group.batch / measured_s,
-            "cpu_stall_fraction": stall, "attempts": attempts,
+            "cpu_stall_fraction": stall,
+            "attempts": attempts,
         }
 
 
 def describe(point: dict) -> str:
     """One progress line's worth of a measured point."""
     stall = point["cpu_stall_fraction"]
-    extra = (f", stalled {stall:.0%}" if stall else "") + \
-        (f", {point['attempts']} tries" if point["attempts"] > 1 else "")
-    return (f"{point['measured_step_s'] * 1e3:8.2f} ms, ledger "
-            f"{point['predicted_step_s'] * 1e3:8.2f} ms ({point['error']:+.1%}), "
-            f"{point['achieved_bytes_per_s'] / 1e9:.1f} GB/s = "
-            f"{point['fraction_of_bandwidth']:.0%} of copy (spread {point['spread']:.0%}{extra})")
+    extra = (f", stalled {stall:.0%}" if stall else "") + (
+        f", {point['attempts']} tries" if point["attempts"] > 1 else ""
+    )
+    return (
+        f"{point['measured_step_s'] * 1e3:8.2f} ms, ledger "
+        f"{point['predicted_step_s'] * 1e3:8.2f} ms ({point['error']:+.1%}), "
+        f"{point['achieved_bytes_per_s'] / 1e9:.1f} GB/s = "
+        f"{point['fraction_of_bandwidth']:.0%} of copy (spread {point['spread']:.0%}{extra})"
+    )
 
 
-def run_decode(device="cpu", preset=None, batches=None, contexts=None, placements=None,
-               kv_dtypes=None, weight_dtype=None, prefetch=None, repeats=None, warmup=None,
-               budget_s=None, quick=False, cuda_graph=True, quiet=False, seed=0, kernels="auto",
-               compare_kernels=False) -> dict:
+def run_decode(
+    device="cpu",
+    preset=None,
+    batches=None,
+    contexts=None,
+    placements=None,
+    kv_dtypes=None,
+    weight_dtype=None,
+    prefetch=None,
+    repeats=None,
+    warmup=None,
+    budget_s=None,
+    quick=False,
+    cuda_graph=True,
+    quiet=False,
+    seed=0,
+    kernels="auto",
+    compare_kernels=False,
+) -> dict:
     """Run the sweep; returns the JSON-ready result (points, machine figures, summary).
     `kernels`: the decoder's CPU kernels, "auto" | "native" | "torch" (see `Decoder`).
     `compare_kernels`: where the decoder runs kvlab's native kernels, time every device-placement
@@ -387,13 +489,26 @@ def run_decode(device="cpu", preset=None, batches=None, contexts=None, placement
 
     dev, alloc = open_device(device)
     cuda = dev.type == "cuda"
-    grid = resolve_grid(cuda, quick, preset=preset, batches=batches, contexts=contexts,
-                        placements=placements, kv_dtypes=kv_dtypes, weight_dtype=weight_dtype,
-                        prefetch=prefetch)
+    grid = resolve_grid(
+        cuda,
+        quick,
+        preset=preset,
+        batches=batches,
+        contexts=contexts,
+        placements=placements,
+        kv_dtypes=kv_dtypes,
+        weight_dtype=weight_dtype,
+        prefetch=prefetch,
+    )
     kind = ("cuda" if cuda else "cpu") + ("-quick" if quick else "")
-    settings = _Settings(repeats=repeats or default_repeats(cuda, quick),
-                         warmup=warmup or (1 if quick else 2), tries=1 if quick else 3,
-                         probe_bytes=PROBE_BYTES[kind], cuda_graph=cuda_graph, seed=seed)
+    settings = _Settings(
+        repeats=repeats or default_repeats(cuda, quick),
+        warmup=warmup or (1 if quick else 2),
+        tries=1 if quick else 3,
+        probe_bytes=PROBE_BYTES[kind],
+        cuda_graph=cuda_graph,
+        seed=seed,
+    )
     env = {**environment(str(dev)), **alloc, "at_start": machine_state()}
     model = Decoder(grid["preset"], grid["weight_dtype"], dev, seed=seed, kernels=kernels)
     env["kernels"], env["kernels_note"] = model.kernels, model.kernels_note
@@ -401,18 +516,26 @@ def run_decode(device="cpu", preset=None, batches=None, contexts=None, placement
     if compare_kernels and model.kernels == "native" and "device" in grid["placements"]:
         other = Decoder(grid["preset"], grid["weight_dtype"], dev, seed=seed, kernels="torch")
     machine = measure_machine(dev, model.compute_dtype_name, "host" in grid["placements"], quick)
-    spec_device = ledger.measured_device(env["device_name"], machine["bandwidth_bytes_per_s"],
-                                         machine["flops_per_s"], fit.device_available_bytes(dev))
+    spec_device = ledger.measured_device(
+        env["device_name"],
+        machine["bandwidth_bytes_per_s"],
+        machine["flops_per_s"],
+        fit.device_available_bytes(dev),
+    )
     sweep = _Sweep(dev, grid, model, other, machine, spec_device, settings, budget_s)
     sweep.run(decode_groups(grid, cuda), quiet)
     env["at_end"] = machine_state()
     result = _result(env, quick, model, grid, spec_device, machine, sweep.points, sweep.skipped)
     if other is not None:
-        other_env = {**env, "kernels": other.kernels,
-                     "kernels_note": "PyTorch kernels, timed right after kvlab's native kernels at "
-                                     "every point (compare_kernels)"}
-        result["comparison"] = _result(other_env, quick, other, grid, spec_device, machine,
-                                       sweep.other_points, [])
+        other_env = {
+            **env,
+            "kernels": other.kernels,
+            "kernels_note": "PyTorch kernels, timed right after kvlab's native kernels at "
+            "every point (compare_kernels)",
+        }
+        result["comparison"] = _result(
+            other_env, quick, other, grid, spec_device, machine, sweep.other_points, []
+        )
     return result
 
 
@@ -420,23 +543,28 @@ def _result(env, quick, model, grid, spec_device, machine, points, skipped) -> d
     from ..decoder import ledger
 
     cfg = model.config
-    weights = ledger.predict_decode(cfg, spec_device, 1, 0, grid["weight_dtype"],
-                                    "bf16")["weight_read_bytes"]
+    weights = ledger.predict_decode(cfg, spec_device, 1, 0, grid["weight_dtype"], "bf16")[
+        "weight_read_bytes"
+    ]
     return {
         "benchmark": "decode",
         "environment": env,
         "quick": quick,
-        "model": {"preset": cfg.name, **cfg.to_dict(), "weight_dtype": grid["weight_dtype"],
-                  "compute_dtype": model.compute_dtype_name,
-                  "streamed_weight_bytes": model.streamed_weight_bytes(),
-                  "ledger_weight_read_bytes": weights},
+        "model": {
+            "preset": cfg.name,
+            **cfg.to_dict(),
+            "weight_dtype": grid["weight_dtype"],
+            "compute_dtype": model.compute_dtype_name,
+            "streamed_weight_bytes": model.streamed_weight_bytes(),
+            "ledger_weight_read_bytes": weights,
+        },
         "machine": dict(machine),
         "bandwidth_bytes_per_s": machine["bandwidth_bytes_per_s"],
         "prediction": "kvlab.cost.decode_step with the copy bandwidth measured right before and "
-                      "after each point (their mean, per point in bandwidth_bytes_per_s) and the "
-                      "measured matmul rate (kvlab.decoder.ledger.predict_decode); host placement "
-                      "adds the KV fetch over the measured host->device path, overlapped when "
-                      "prefetching",
+        "after each point (their mean, per point in bandwidth_bytes_per_s) and the "
+        "measured matmul rate (kvlab.decoder.ledger.predict_decode); host placement "
+        "adds the KV fetch over the measured host->device path, overlapped when "
+        "prefetching",
         "points": points,
         "skipped": skipped,
         "summary": summarize(points),

@@ -20,6 +20,7 @@ that fails or times out is recorded and the next one still runs. `--dry-run` doe
 same on a machine without CUDA (the suite on the CPU in quick mode), so the script's own
 mistakes show up before device time is spent; a test runs it that way.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,9 +46,16 @@ TESTS_RESERVE_S = 120.0
 #: Seconds a suite may run past its budget: its last point, writing its result.
 SUITE_GRACE_S = 60.0
 #: Catalogue device for the plan, from the name nvidia-smi or torch reports.
-CATALOGUE_NAMES = (("h200", "h200"), ("h100", "h100-sxm"), ("a100", "a100-80gb"),
-                   ("l40s", "l40s"), ("4090", "rtx-4090"), ("3090", "rtx-3090"), ("l4", "l4"),
-                   ("mi300", "mi300x"))
+CATALOGUE_NAMES = (
+    ("h200", "h200"),
+    ("h100", "h100-sxm"),
+    ("a100", "a100-80gb"),
+    ("l40s", "l40s"),
+    ("4090", "rtx-4090"),
+    ("3090", "rtx-3090"),
+    ("l4", "l4"),
+    ("mi300", "mi300x"),
+)
 
 
 class Session:
@@ -59,8 +67,11 @@ class Session:
         self.log_path = out / "session.log"
         self.start = time.monotonic()
         self.deadline_s = deadline_s
-        self.record: dict = {"started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                             "deadline_s": deadline_s, "steps": []}
+        self.record: dict = {
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "deadline_s": deadline_s,
+            "steps": [],
+        }
 
     def left_s(self) -> float:
         return self.deadline_s - (time.monotonic() - self.start)
@@ -70,8 +81,14 @@ class Session:
             handle.write(text if text.endswith("\n") else text + "\n")
         print(text.rstrip("\n"), file=sys.stderr, flush=True)
 
-    def run(self, name: str, argv: list[str], timeout_s: float, env: dict | None = None,
-            min_s: float = 1.0) -> dict:
+    def run(
+        self,
+        name: str,
+        argv: list[str],
+        timeout_s: float,
+        env: dict | None = None,
+        min_s: float = 1.0,
+    ) -> dict:
         """Run one step in its own process group, its stderr on the console and in the log,
         its stdout in the log and returned; never raises. Skipped when less than `min_s` is
         left for it."""
@@ -86,8 +103,11 @@ class Session:
             stdout = done.pop("stdout")  # in the log; the record keeps the outcome
             step.update(done)
         step["wall_s"] = round(time.monotonic() - t0, 2)
-        self.log(f"===== {name}: rc={step.get('rc')} in {step['wall_s']} s"
-                 + (" (timed out)" if step.get("timed_out") else "") + " =====")
+        self.log(
+            f"===== {name}: rc={step.get('rc')} in {step['wall_s']} s"
+            + (" (timed out)" if step.get("timed_out") else "")
+            + " ====="
+        )
         self.record["steps"].append(step)
         self.save()
         return {**step, "stdout": stdout}
@@ -104,8 +124,15 @@ def _run_bounded(argv: list[str], timeout_s: float, env: dict, log_path: Path) -
     chunks: list[str] = []
     with open(log_path, "a", encoding="utf-8") as log:
         try:
-            proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True, start_new_session=True)
+            proc = subprocess.Popen(
+                argv,
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
         except OSError as exc:
             return {"rc": None, "error": f"{type(exc).__name__}: {exc}", "stdout": ""}
 
@@ -115,8 +142,10 @@ def _run_bounded(argv: list[str], timeout_s: float, env: dict, log_path: Path) -
                 log.flush()
                 sys.stderr.write(line)
 
-        readers = [threading.Thread(target=tee, daemon=True),
-                   threading.Thread(target=lambda: chunks.append(proc.stdout.read()), daemon=True)]
+        readers = [
+            threading.Thread(target=tee, daemon=True),
+            threading.Thread(target=lambda: chunks.append(proc.stdout.read()), daemon=True),
+        ]
         for reader in readers:
             reader.start()
         try:
@@ -146,15 +175,24 @@ def torch_facts() -> dict:
         import torch
     except ImportError as exc:
         return {**facts, "torch": None, "error": str(exc)}
-    facts.update(torch=torch.__version__, cuda=torch.version.cuda,
-                 cuda_available=torch.cuda.is_available(), devices=[])
+    facts.update(
+        torch=torch.__version__,
+        cuda=torch.version.cuda,
+        cuda_available=torch.cuda.is_available(),
+        devices=[],
+    )
     for index in range(torch.cuda.device_count() if facts["cuda_available"] else 0):
         props = torch.cuda.get_device_properties(index)
-        facts["devices"].append({"index": index, "name": props.name,
-                                 "total_memory_bytes": props.total_memory,
-                                 "multi_processor_count": props.multi_processor_count,
-                                 "capability": f"{props.major}.{props.minor}",
-                                 "l2_cache_bytes": getattr(props, "L2_cache_size", None)})
+        facts["devices"].append(
+            {
+                "index": index,
+                "name": props.name,
+                "total_memory_bytes": props.total_memory,
+                "multi_processor_count": props.multi_processor_count,
+                "capability": f"{props.major}.{props.minor}",
+                "l2_cache_bytes": getattr(props, "L2_cache_size", None),
+            }
+        )
     return facts
 
 
@@ -173,9 +211,11 @@ def gather_facts(session: Session) -> dict:
     if smi is None:
         facts["nvidia_smi"] = "not found"
     else:
-        query = ("name,driver_version,memory.total,memory.used,clocks.max.sm,clocks.max.memory,"
-                 "clocks.sm,clocks.mem,power.limit,pcie.link.gen.max,pcie.link.width.max,"
-                 "temperature.gpu")
+        query = (
+            "name,driver_version,memory.total,memory.used,clocks.max.sm,clocks.max.memory,"
+            "clocks.sm,clocks.mem,power.limit,pcie.link.gen.max,pcie.link.width.max,"
+            "temperature.gpu"
+        )
         step = session.run("nvidia-smi", [smi, f"--query-gpu={query}", "--format=csv"], 30)
         facts["nvidia_smi"] = step["stdout"].strip()
         session.run("nvidia-smi -q", [smi, "-q"], 30)
@@ -190,7 +230,7 @@ def _json_out(step: dict):
     """The JSON object a `--json` step printed (None when it printed none)."""
     text = step.get("stdout", "")
     try:
-        return json.loads(text[text.index("{"):]) if "{" in text else None
+        return json.loads(text[text.index("{") :]) if "{" in text else None
     except json.JSONDecodeError:
         return None
 
@@ -204,15 +244,30 @@ def run_plan(session: Session, device: str | None, budget_s: float, only) -> Non
     if device is None:
         session.record["plan"] = "no catalogue device matches this GPU; no plan"
         return
-    argv = [sys.executable, "-m", "kvlab", "bench", "gpu-suite", "--plan", device,
-            "--budget", f"{budget_s:.0f}", "--json", *_only(only)]
+    argv = [
+        sys.executable,
+        "-m",
+        "kvlab",
+        "bench",
+        "gpu-suite",
+        "--plan",
+        device,
+        "--budget",
+        f"{budget_s:.0f}",
+        "--json",
+        *_only(only),
+    ]
     plan = _json_out(session.run("plan", argv, min(60.0, session.left_s())))
     if plan:
         points = [p for b in plan["benchmarks"] for p in b["points"]]
-        session.record["plan"] = {"device": plan["device"], "wall_s": round(plan["wall_s"], 1),
-                                  "budget_s": plan["budget_s"], "points": len(points),
-                                  "refused": sum(1 for p in points if p["refused"]),
-                                  "beyond_budget": sum(1 for p in points if p.get("beyond_budget"))}
+        session.record["plan"] = {
+            "device": plan["device"],
+            "wall_s": round(plan["wall_s"], 1),
+            "budget_s": plan["budget_s"],
+            "points": len(points),
+            "refused": sum(1 for p in points if p["refused"]),
+            "beyond_budget": sum(1 for p in points if p.get("beyond_budget")),
+        }
 
 
 def run_suite_step(session: Session, args) -> None:
@@ -223,15 +278,32 @@ def run_suite_step(session: Session, args) -> None:
     if budget < 10:
         session.record["suite"] = {"skipped": f"only {max(0.0, budget):.0f} s of suite budget left"}
         return
-    where = (["all", "--device", "cpu", "--quick"] if args.dry_run
-             else ["gpu-suite", "--device", args.device])
-    argv = [sys.executable, "-m", "kvlab", "bench", *where, "--budget", f"{budget:.0f}", "--json",
-            *_only(args.only)]
-    env = {"KVLAB_RESULTS_DIR": str(session.out / "results"), "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    where = (
+        ["all", "--device", "cpu", "--quick"]
+        if args.dry_run
+        else ["gpu-suite", "--device", args.device]
+    )
+    argv = [
+        sys.executable,
+        "-m",
+        "kvlab",
+        "bench",
+        *where,
+        "--budget",
+        f"{budget:.0f}",
+        "--json",
+        *_only(args.only),
+    ]
+    env = {
+        "KVLAB_RESULTS_DIR": str(session.out / "results"),
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
     step = session.run("suite", argv, budget + SUITE_GRACE_S, env)
-    session.record["suite"] = _json_out(step) or {"rc": step.get("rc"),
-                                                  "note": "no JSON summary printed"}
+    session.record["suite"] = _json_out(step) or {
+        "rc": step.get("rc"),
+        "note": "no JSON summary printed",
+    }
 
 
 def run_tests(session: Session, tests) -> None:
@@ -239,10 +311,21 @@ def run_tests(session: Session, tests) -> None:
     if not tests:
         session.record["tests"] = {"skipped": "no test files named"}
         return
-    argv = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rs", "-p", "no:cacheprovider",
-            *tests]
-    step = session.run("gpu tests", argv, session.left_s() - 15, {"PYTHONUNBUFFERED": "1"},
-                       min_s=20)
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-m",
+        "gpu",
+        "-q",
+        "-rs",
+        "-p",
+        "no:cacheprovider",
+        *tests,
+    ]
+    step = session.run(
+        "gpu tests", argv, session.left_s() - 15, {"PYTHONUNBUFFERED": "1"}, min_s=20
+    )
     tail = step["stdout"].strip().splitlines()
     session.record["tests"] = {"rc": step.get("rc"), "summary": tail[-1] if tail else None}
 
@@ -260,6 +343,7 @@ def load_session_results(folder: Path) -> dict[str, dict]:
 def pack(out: Path) -> list[str]:
     """Keep OUT within what comes back (MAX_FILES files, MAX_DEPTH folders, plain names):
     when the results would exceed it they go into one results.tar.gz. Returns the files."""
+
     def files():
         return sorted(p for p in out.rglob("*") if p.is_file())
 
@@ -271,30 +355,43 @@ def pack(out: Path) -> list[str]:
         with tarfile.open(out / "results.tar.gz", "w:gz") as tar:
             tar.add(results, arcname="results")
         shutil.rmtree(results)
-    bad = [str(p.relative_to(out)) for p in files()
-           if not re.fullmatch(r"[A-Za-z0-9._-]+", p.name)]
+    bad = [str(p.relative_to(out)) for p in files() if not re.fullmatch(r"[A-Za-z0-9._-]+", p.name)]
     if bad:
         raise RuntimeError(f"gpu_session: names that would not come back: {bad}")
     return [str(p.relative_to(out)) for p in files()]
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python3 -m kvlab.bench.gpu_session",
-                                description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python3 -m kvlab.bench.gpu_session", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--out", required=True, type=Path, help="the folder that comes back ($OUT)")
-    p.add_argument("--deadline", type=float, default=420.0,
-                   help="seconds the whole session may take (default 420: fits a 480 s call)")
-    p.add_argument("--budget", type=float, default=300.0,
-                   help="the suite's time budget, trimmed to what the deadline leaves "
-                        "(default 300)")
+    p.add_argument(
+        "--deadline",
+        type=float,
+        default=420.0,
+        help="seconds the whole session may take (default 420: fits a 480 s call)",
+    )
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=300.0,
+        help="the suite's time budget, trimmed to what the deadline leaves (default 300)",
+    )
     p.add_argument("--device", default="cuda", help="the CUDA device to measure (default cuda)")
-    p.add_argument("--only", type=lambda t: [x.strip() for x in t.split(",") if x.strip()],
-                   help="run only these benchmarks, e.g. decode (a rerun)")
-    p.add_argument("--tests", nargs="*", default=list(GPU_TESTS),
-                   help="test files for pytest -m gpu")
-    p.add_argument("--dry-run", action="store_true",
-                   help="no CUDA needed: the suite runs on the CPU in quick mode (checks this "
-                        "script)")
+    p.add_argument(
+        "--only",
+        type=lambda t: [x.strip() for x in t.split(",") if x.strip()],
+        help="run only these benchmarks, e.g. decode (a rerun)",
+    )
+    p.add_argument(
+        "--tests", nargs="*", default=list(GPU_TESTS), help="test files for pytest -m gpu"
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="no CUDA needed: the suite runs on the CPU in quick mode (checks this script)",
+    )
     args = p.parse_args(argv)
     if not (args.deadline > 0 and args.budget > 0):
         p.error("--deadline and --budget must be > 0 seconds")
@@ -313,7 +410,8 @@ def main(argv=None) -> int:
         session.record["error"] = "no CUDA device"
     else:
         plan_device = catalogue_device(facts.get("device_name")) or (
-            "h200" if args.dry_run else None)
+            "h200" if args.dry_run else None
+        )
         run_plan(session, plan_device, args.budget, args.only)
         run_suite_step(session, args)
         run_tests(session, args.tests)
@@ -322,11 +420,16 @@ def main(argv=None) -> int:
     session.save()
     session.record["files"] = pack(args.out)
     session.save()
-    failed = [s["step"] for s in session.record["steps"]
-              if s.get("rc") not in (0, None) or s.get("timed_out")]
-    session.log(f"gpu_session: done in {session.record['wall_s']} s; files: "
-                f"{', '.join(session.record['files'])}"
-                + (f"; steps that failed: {', '.join(failed)}" if failed else ""))
+    failed = [
+        s["step"]
+        for s in session.record["steps"]
+        if s.get("rc") not in (0, None) or s.get("timed_out")
+    ]
+    session.log(
+        f"gpu_session: done in {session.record['wall_s']} s; files: "
+        f"{', '.join(session.record['files'])}"
+        + (f"; steps that failed: {', '.join(failed)}" if failed else "")
+    )
     return 1 if failed or "error" in session.record else 0
 
 

@@ -1,5 +1,6 @@
 """How fast the ledger is: a whole slider grid in one vectorised call, against a plain
 Python loop of per-point calls over the same points (what per-point calculators do)."""
+
 from __future__ import annotations
 
 import time
@@ -9,8 +10,13 @@ import numpy as np
 from .. import cost
 
 
-def run_ledger_grid(points: int = 100_000, loop_points: int | None = None, repeats: int = 7,
-                    model: str = "llama-3.1-8b", hardware: str = "h100-sxm") -> dict:
+def run_ledger_grid(
+    points: int = 100_000,
+    loop_points: int | None = None,
+    repeats: int = 7,
+    model: str = "llama-3.1-8b",
+    hardware: str = "h100-sxm",
+) -> dict:
     """Time `cost.decode_step` over a batch x context grid of about `points` points, once
     vectorised (median of `repeats`) and once as a Python loop of scalar calls over the
     first `loop_points` of the same points (all of them by default)."""
@@ -30,8 +36,15 @@ def run_ledger_grid(points: int = 100_000, loop_points: int | None = None, repea
     assert last.step_time_s == np.ravel(grid.step_time_s)[len(flat) - 1]  # same numbers either way
     vector_s = float(np.median(times))
     per_point_loop = loop_s / len(flat)
-    return {"points": n, "vectorised_s": vector_s, "vectorised_min_s": float(min(times)),
-            "vectorised_ns_per_point": vector_s / n * 1e9, "loop_points": len(flat),
-            "loop_s": loop_s,
-            "loop_us_per_point": per_point_loop * 1e6, "speedup": per_point_loop * n / vector_s,
-            "model": model, "hardware": hardware}
+    return {
+        "points": n,
+        "vectorised_s": vector_s,
+        "vectorised_min_s": float(min(times)),
+        "vectorised_ns_per_point": vector_s / n * 1e9,
+        "loop_points": len(flat),
+        "loop_s": loop_s,
+        "loop_us_per_point": per_point_loop * 1e6,
+        "speedup": per_point_loop * n / vector_s,
+        "model": model,
+        "hardware": hardware,
+    }

@@ -6,6 +6,7 @@ benchmark hands to the ledger; read-only and write-only figures are recorded bes
 because a decode step is mostly reads. The matmul rate (large square bf16/fp32 GEMMs)
 is the FLOP/s ceiling the ledger's compute term uses.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,8 +23,10 @@ from .timing import (
 )
 
 MiB, GiB = 1 << 20, 1 << 30
-SIZES = {"cpu": [4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB, GiB],
-         "cuda": [16 * MiB, 256 * MiB, GiB, 4 * GiB]}
+SIZES = {
+    "cpu": [4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB, GiB],
+    "cuda": [16 * MiB, 256 * MiB, GiB, 4 * GiB],
+}
 QUICK_SIZES = {"cpu": [4 * MiB, 128 * MiB], "cuda": [16 * MiB, GiB]}
 MATMUL_N = {"cpu": 2048, "cuda": 8192}
 
@@ -46,8 +49,9 @@ def last_level_cache_bytes(device="cpu") -> int | None:
     return max(sizes) if sizes else None
 
 
-def copy_bandwidth(device, size_bytes: int, repeats: int = 5,
-                   warmup: int = 2) -> tuple[float, dict]:
+def copy_bandwidth(
+    device, size_bytes: int, repeats: int = 5, warmup: int = 2
+) -> tuple[float, dict]:
     """(bytes read + written) / median time of `b.copy_(a)` over `size_bytes` arrays
     (small sizes: a loop of copies per repeat, see `calls_per_repeat`)."""
     import torch
@@ -69,37 +73,58 @@ def matmul_rate(device, dtype: str, n: int | None = None, repeats: int = 5) -> f
     a = torch.randn(n, n, device=dev).to(torch_dtype(dtype))
     b = torch.randn(n, n, device=dev).to(torch_dtype(dtype))
     t, _, _ = measure_undisturbed(
-        lambda: time_call(lambda: torch.matmul(a, b), dev, repeats, warmup=2))
-    return 2.0 * n ** 3 / t.median_s
+        lambda: time_call(lambda: torch.matmul(a, b), dev, repeats, warmup=2)
+    )
+    return 2.0 * n**3 / t.median_s
 
 
-def _measure_size(dev, size: int, repeats: int, attempts: int, budget: Budget,
-                  progress: Progress) -> list:
+def _measure_size(
+    dev, size: int, repeats: int, attempts: int, budget: Budget, progress: Progress
+) -> list:
     """Copy, read and write over `size`-byte arrays: one point each."""
     import torch
 
     a = torch.ones(size // 4, dtype=torch.float32, device=dev)
     b = torch.empty_like(a)
-    kernels = (("copy", lambda: b.copy_(a), 2 * size), ("read", lambda: torch.sum(a), size),
-               ("write", lambda: a.fill_(1.0), size))
+    kernels = (
+        ("copy", lambda: b.copy_(a), 2 * size),
+        ("read", lambda: torch.sum(a), size),
+        ("write", lambda: a.fill_(1.0), size),
+    )
     inner = calls_per_repeat(size)
     points = []
     for kernel, fn, moved in kernels:
         if not budget.allows(0):
             break
         t, stall, _ = measure_undisturbed(
-            lambda fn=fn: time_call(fn, dev, repeats, warmup=2, inner=inner), attempts=attempts)
-        points.append({"kernel": kernel, "size_bytes": size, "bytes_moved": moved, **t.to_dict(),
-                       "calls_per_repeat": inner, "cpu_stall_fraction": stall,
-                       "bandwidth_bytes_per_s": moved / t.median_s,
-                       "best_bandwidth_bytes_per_s": moved / t.min_s})
-        progress.step(f"{kernel:5s} {size / MiB:7.0f} MiB: {moved / t.median_s / 1e9:7.1f} GB/s "
-                      f"(spread {t.spread:.0%})")
+            lambda fn=fn: time_call(fn, dev, repeats, warmup=2, inner=inner), attempts=attempts
+        )
+        points.append(
+            {
+                "kernel": kernel,
+                "size_bytes": size,
+                "bytes_moved": moved,
+                **t.to_dict(),
+                "calls_per_repeat": inner,
+                "cpu_stall_fraction": stall,
+                "bandwidth_bytes_per_s": moved / t.median_s,
+                "best_bandwidth_bytes_per_s": moved / t.min_s,
+            }
+        )
+        progress.step(
+            f"{kernel:5s} {size / MiB:7.0f} MiB: {moved / t.median_s / 1e9:7.1f} GB/s "
+            f"(spread {t.spread:.0%})"
+        )
     return points
 
 
-def run_memory(device="cpu", quick: bool = False, repeats: int | None = None,
-               budget_s: float | None = None, quiet: bool = False) -> dict:
+def run_memory(
+    device="cpu",
+    quick: bool = False,
+    repeats: int | None = None,
+    budget_s: float | None = None,
+    quiet: bool = False,
+) -> dict:
     """Copy/read/write bandwidth over several sizes and the matmul rate; a JSON-ready dict."""
     from ..decoder import fit
 
@@ -133,8 +158,8 @@ def run_memory(device="cpu", quick: bool = False, repeats: int | None = None,
         "read_bandwidth_bytes_per_s": at_largest("read"),
         "write_bandwidth_bytes_per_s": at_largest("write"),
         "bandwidth_definition": "STREAM copy b.copy_(a): (bytes read + bytes written) / median "
-                                "time, at the largest size; below 256 MiB a loop of calls per "
-                                "timed repeat",
+        "time, at the largest size; below 256 MiB a loop of calls per "
+        "timed repeat",
         "matmul_flops_per_s": flops,
         "last_level_cache_bytes": last_level_cache_bytes(dev),
         "points": points,

@@ -10,6 +10,7 @@ budget would leave out, from a wall-time estimate per point: the catalogue's pea
 figures, every warm-up and repeat, no retries. A GPU session uses it to size its budget
 before it spends device time.
 """
+
 from __future__ import annotations
 
 from ..errors import KvlabError
@@ -24,13 +25,27 @@ SETUP_S = {"memory": 1.0, "transfer": 1.0, "recompute-vs-fetch": 5.0, "decode": 
 DECODE_POINT_OVERHEAD_S = 0.3
 
 
-def _point(label: str, moved: float, predicted_s: float | None, memory: tuple[float, float],
-           wall_s: float, admit_s: float | None = None, refused: str | None = None) -> dict:
+def _point(
+    label: str,
+    moved: float,
+    predicted_s: float | None,
+    memory: tuple[float, float],
+    wall_s: float,
+    admit_s: float | None = None,
+    refused: str | None = None,
+) -> dict:
     """One planned point; `memory` = (device bytes, host bytes); `admit_s`: the estimate the
     run's budget check uses (default: `wall_s`)."""
-    return {"point": label, "bytes": moved, "predicted_s": predicted_s, "device_bytes": memory[0],
-            "host_bytes": memory[1], "wall_s": 0.0 if refused else wall_s,
-            "admit_s": wall_s if admit_s is None else admit_s, "refused": refused}
+    return {
+        "point": label,
+        "bytes": moved,
+        "predicted_s": predicted_s,
+        "device_bytes": memory[0],
+        "host_bytes": memory[1],
+        "wall_s": 0.0 if refused else wall_s,
+        "admit_s": wall_s if admit_s is None else admit_s,
+        "refused": refused,
+    }
 
 
 def plan_memory(dev: Device, quick: bool = False, repeats: int | None = None) -> list[dict]:
@@ -47,18 +62,33 @@ def plan_memory(dev: Device, quick: bool = False, repeats: int | None = None) ->
         inner = calls_per_repeat(size)
         for kernel, moved in (("copy", 2 * size), ("read", size), ("write", size)):
             t = moved / dev.memory_bandwidth_bytes_per_s
-            out.append(_point(f"{kernel} {si(size, 'B')} x{inner} a repeat", moved, t,
-                              (2 * size, 0.0), (2 + repeats) * inner * t))
+            out.append(
+                _point(
+                    f"{kernel} {si(size, 'B')} x{inner} a repeat",
+                    moved,
+                    t,
+                    (2 * size, 0.0),
+                    (2 + repeats) * inner * t,
+                )
+            )
     n = MATMUL_N["cuda"]
     for dtype, itemsize in (("bf16", 2),) if quick else (("bf16", 2), ("fp32", 4)):
-        t = 2.0 * n ** 3 / dev.bf16_flops_per_s if dtype == "bf16" else None  # no fp32 figure
-        out.append(_point(f"matmul {dtype} {n}^3", 3 * n * n * itemsize, t, (3 * n * n * 4, 0.0),
-                          (2 + 5) * (t or 1e-3)))
+        t = 2.0 * n**3 / dev.bf16_flops_per_s if dtype == "bf16" else None  # no fp32 figure
+        out.append(
+            _point(
+                f"matmul {dtype} {n}^3",
+                3 * n * n * itemsize,
+                t,
+                (3 * n * n * 4, 0.0),
+                (2 + 5) * (t or 1e-3),
+            )
+        )
     return out
 
 
-def plan_transfer(dev: Device, link_bytes_per_s: float, quick: bool = False,
-                  repeats: int | None = None) -> list[dict]:
+def plan_transfer(
+    dev: Device, link_bytes_per_s: float, quick: bool = False, repeats: int | None = None
+) -> list[dict]:
     """Host->device and device->host copies, pinned and pageable, at each size (the
     pageable ones are predicted at the link's speed too: the ledger has no staging copy)."""
     from .timing import calls_per_repeat
@@ -71,14 +101,28 @@ def plan_transfer(dev: Device, link_bytes_per_s: float, quick: bool = False,
         t = size / link_bytes_per_s
         for kind in ("pinned", "pageable"):
             for direction in ("h2d", "d2h"):
-                out.append(_point(f"{direction} {kind} {si(size, 'B')} x{inner} a repeat", size, t,
-                                  (size, size), (2 + repeats) * inner * t))
+                out.append(
+                    _point(
+                        f"{direction} {kind} {si(size, 'B')} x{inner} a repeat",
+                        size,
+                        t,
+                        (size, size),
+                        (2 + repeats) * inner * t,
+                    )
+                )
     return out
 
 
-def plan_recompute(dev: Device, link_bytes_per_s: float, quick: bool = False,
-                   repeats: int | None = None, presets=None, tokens=None,
-                   weight_dtype: str = "bf16", kv_dtype: str = "bf16") -> list[dict]:
+def plan_recompute(
+    dev: Device,
+    link_bytes_per_s: float,
+    quick: bool = False,
+    repeats: int | None = None,
+    presets=None,
+    tokens=None,
+    weight_dtype: str = "bf16",
+    kv_dtype: str = "bf16",
+) -> list[dict]:
     """Per preset and N: the prefill's and the fetch's predicted times, the KV bytes fetched."""
     from ..decoder import get_config, ledger
     from ..decoder.kvcache import cache_footprint
@@ -98,13 +142,19 @@ def plan_recompute(dev: Device, link_bytes_per_s: float, quick: bool = False,
             label = f"{preset} N={n} (recompute {seconds(pred_re)}, fetch {seconds(pred_fetch)})"
             wall = (repeats + 1) * (pred_re + 2 * pred_fetch)
             admit = 3 * pred_re * (repeats + 2) + 1  # the run's own budget check
-            out.append(_point(label, kv, pred_re, (device, 2 * kv), wall, admit,
-                              _refusal(device, dev)))
+            out.append(
+                _point(label, kv, pred_re, (device, 2 * kv), wall, admit, _refusal(device, dev))
+            )
     return out
 
 
-def plan_decode(dev: Device, link_bytes_per_s: float, quick: bool = False,
-                repeats: int | None = None, **overrides) -> list[dict]:
+def plan_decode(
+    dev: Device,
+    link_bytes_per_s: float,
+    quick: bool = False,
+    repeats: int | None = None,
+    **overrides,
+) -> list[dict]:
     """Every point of the decode sweep in the order it runs (`decode_groups`)."""
     from ..decoder import get_config, ledger
     from ..decoder.kvcache import cache_footprint
@@ -116,18 +166,39 @@ def plan_decode(dev: Device, link_bytes_per_s: float, quick: bool = False,
     fixed = _weight_bytes(cfg, wd) + 2 * PROBE_BYTES["cuda-quick" if quick else "cuda"]
     out = []
     for group, ctxs, refused in decode_groups(grid, True):
-        host, device = cache_footprint(cfg, group.batch, max(ctxs), group.kv_dtype, group.placement,
-                                       "cuda", group.prefetch) if ctxs else (0.0, 0.0)
+        host, device = (
+            cache_footprint(
+                cfg, group.batch, max(ctxs), group.kv_dtype, group.placement, "cuda", group.prefetch
+            )
+            if ctxs
+            else (0.0, 0.0)
+        )
         device += fixed
         for ctx in grid["contexts"]:
-            pred = ledger.predict_decode(cfg, dev, group.batch, ctx, wd, group.kv_dtype,
-                                         group.placement, group.prefetch, link_bytes_per_s)
+            pred = ledger.predict_decode(
+                cfg,
+                dev,
+                group.batch,
+                ctx,
+                wd,
+                group.kv_dtype,
+                group.placement,
+                group.prefetch,
+                link_bytes_per_s,
+            )
             step = pred["predicted_step_s"]
             moved = pred["step_bytes"] + pred["fetch_bytes"]
-            out.append(_point(f"{group.label} ctx={ctx}", moved, step, (device, host),
-                              (warmup + repeats) * step + DECODE_POINT_OVERHEAD_S,
-                              point_cost_s(step, repeats, warmup),
-                              dict(refused).get(ctx) or _refusal(device, dev)))
+            out.append(
+                _point(
+                    f"{group.label} ctx={ctx}",
+                    moved,
+                    step,
+                    (device, host),
+                    (warmup + repeats) * step + DECODE_POINT_OVERHEAD_S,
+                    point_cost_s(step, repeats, warmup),
+                    dict(refused).get(ctx) or _refusal(device, dev),
+                )
+            )
     return out
 
 
@@ -148,13 +219,23 @@ def _refusal(device_bytes: float, dev: Device) -> str | None:
     return f"needs {si(device_bytes, 'B')} of {si(usable, 'B')} usable"
 
 
-PLANNERS = {"memory": plan_memory, "transfer": plan_transfer, "recompute-vs-fetch": plan_recompute,
-            "decode": plan_decode}
+PLANNERS = {
+    "memory": plan_memory,
+    "transfer": plan_transfer,
+    "recompute-vs-fetch": plan_recompute,
+    "decode": plan_decode,
+}
 
 
-def plan_suite(hardware: str, link: str = DEFAULT_LINK, budget_s: float = 480.0,
-               quick: bool = False, only: tuple[str, ...] | None = None,
-               repeats: int | None = None, options: dict | None = None) -> dict:
+def plan_suite(
+    hardware: str,
+    link: str = DEFAULT_LINK,
+    budget_s: float = 480.0,
+    quick: bool = False,
+    only: tuple[str, ...] | None = None,
+    repeats: int | None = None,
+    options: dict | None = None,
+) -> dict:
     """The plan of a suite (or of the benchmarks in `only`) on catalogue device `hardware`,
     with the suite's budget shared as `run_suite` shares it (one benchmark alone has all of
     it). `options`: per benchmark, keyword arguments for its planner (decode's grid
@@ -175,16 +256,24 @@ def plan_suite(hardware: str, link: str = DEFAULT_LINK, budget_s: float = 480.0,
         allowance = budget_s if alone else allowance_s(name, share, left, budget_s)
         used = _admit(points, allowance - SETUP_S[name]) + SETUP_S[name]
         left -= used
-        benchmarks.append({"benchmark": name, "allowance_s": allowance, "wall_s": used,
-                           "points": points})
-    return {"device": dev.name, "device_name": dev.display_name,
-            "capacity_bytes": dev.capacity_bytes,
-            "bandwidth_bytes_per_s": dev.memory_bandwidth_bytes_per_s,
-            "flops_per_s": dev.bf16_flops_per_s, "link": tier.name,
-            "link_bytes_per_s": tier.bandwidth_bytes_per_s, "budget_s": budget_s, "quick": quick,
-            "benchmarks": benchmarks, "wall_s": sum(b["wall_s"] for b in benchmarks),
-            "basis": "catalogue peak figures; wall time counts every warm-up and repeat, no "
-                     "retries, plus set-up; allocates nothing"}
+        benchmarks.append(
+            {"benchmark": name, "allowance_s": allowance, "wall_s": used, "points": points}
+        )
+    return {
+        "device": dev.name,
+        "device_name": dev.display_name,
+        "capacity_bytes": dev.capacity_bytes,
+        "bandwidth_bytes_per_s": dev.memory_bandwidth_bytes_per_s,
+        "flops_per_s": dev.bf16_flops_per_s,
+        "link": tier.name,
+        "link_bytes_per_s": tier.bandwidth_bytes_per_s,
+        "budget_s": budget_s,
+        "quick": quick,
+        "benchmarks": benchmarks,
+        "wall_s": sum(b["wall_s"] for b in benchmarks),
+        "basis": "catalogue peak figures; wall time counts every warm-up and repeat, no "
+        "retries, plus set-up; allocates nothing",
+    }
 
 
 def _admit(points: list[dict], allowance_s: float) -> float:

@@ -13,6 +13,7 @@ points): where fetch is slower than recompute, a hit is slower than a miss. The 
 prediction for both (with the measured matmul rate and link bandwidth) is recorded next
 to each measurement.
 """
+
 from __future__ import annotations
 
 import gc
@@ -36,8 +37,11 @@ def crossover(tokens, recompute_s, fetch_s) -> float | None:
 
     Returns the first crossing along increasing N.
     """
-    pts = [(n, r, f) for n, r, f in zip(tokens, recompute_s, fetch_s, strict=True)
-           if r and f and r > 0 and f > 0]
+    pts = [
+        (n, r, f)
+        for n, r, f in zip(tokens, recompute_s, fetch_s, strict=True)
+        if r and f and r > 0 and f > 0
+    ]
     for (n0, r0, f0), (n1, r1, f1) in zip(pts, pts[1:], strict=False):
         d0, d1 = math.log(f0 / r0), math.log(f1 / r1)
         if d0 == 0:
@@ -52,11 +56,13 @@ def _fetch_fn(host_layers, dev_layers):
     def fetch():
         for src, dst in zip(host_layers, dev_layers, strict=True):
             dst.copy_(src, non_blocking=True)
+
     return fetch
 
 
-def recompute_grid(cuda: bool, quick: bool, presets=None,
-                   tokens=None) -> tuple[tuple[str, ...], list[int]]:
+def recompute_grid(
+    cuda: bool, quick: bool, presets=None, tokens=None
+) -> tuple[tuple[str, ...], list[int]]:
     """(decoder presets, token counts N) of the sweep: the device's default, or those asked for."""
     grid = GRIDS[("cuda" if cuda else "cpu") + ("-quick" if quick else "")]
     return tuple(presets or grid["presets"]), sorted(int(n) for n in (tokens or grid["tokens"]))
@@ -105,12 +111,14 @@ def _time_fetch(run: _Run, nbytes: int, layers: int) -> dict:
     out = {}
     dev_layers = [torch.empty(nbytes, dtype=torch.uint8, device=run.dev) for _ in range(layers)]
     for kind in run.kinds:
-        host_layers = [torch.ones(nbytes, dtype=torch.uint8, pin_memory=(kind == "pinned"))
-                       for _ in range(layers)]
+        host_layers = [
+            torch.ones(nbytes, dtype=torch.uint8, pin_memory=(kind == "pinned"))
+            for _ in range(layers)
+        ]
         fetch = _fetch_fn(host_layers, dev_layers)
         t, _, _ = measure_undisturbed(
-            lambda fetch=fetch: time_call(fetch, run.dev, run.repeats, warmup=1),
-            attempts=run.tries)
+            lambda fetch=fetch: time_call(fetch, run.dev, run.repeats, warmup=1), attempts=run.tries
+        )
         key = "fetch_s" if kind == run.kinds[0] else f"fetch_{kind}_s"
         out[key], out[key.replace("_s", "_spread")] = t.median_s, t.spread
         del host_layers
@@ -123,9 +131,12 @@ def _time_prefill(run: _Run, model, cache, tok):
 
     plan = model.plan(cache, [0], tok.shape[1])
     with torch.no_grad():
-        t, _, _ = measure_undisturbed(lambda: time_call(
-            lambda: model.forward_plan(tok, cache, plan), run.dev, run.repeats, warmup=1),
-            attempts=run.tries)
+        t, _, _ = measure_undisturbed(
+            lambda: time_call(
+                lambda: model.forward_plan(tok, cache, plan), run.dev, run.repeats, warmup=1
+            ),
+            attempts=run.tries,
+        )
     return t
 
 
@@ -143,8 +154,9 @@ def measure_tokens(run: _Run, model, n: int) -> dict | None:
     nbytes = int(n * ledger.kv_bytes_per_token(cfg, run.kv_dtype) / cfg.num_layers)
     try:
         cache = model.new_cache(1, n, run.kv_dtype, "device")
-        fit.require(f"host copy of {n} tokens of KV", 2 * nbytes * cfg.num_layers, "cpu",
-                    "use fewer tokens")
+        fit.require(
+            f"host copy of {n} tokens of KV", 2 * nbytes * cfg.num_layers, "cpu", "use fewer tokens"
+        )
     except KvlabError as exc:
         run.progress.step(f"{preset} N={n}: skipped ({exc})")
         return None
@@ -152,14 +164,22 @@ def measure_tokens(run: _Run, model, n: int) -> dict | None:
     tok = torch.randint(0, cfg.vocab_size, (1, n), generator=gen).to(run.dev)
     t_re = _time_prefill(run, model, cache, tok)
     del cache
-    point = {"tokens": n, "recompute_s": t_re.median_s, "recompute_spread": t_re.spread,
-             "predicted_recompute_s": pred_re, "kv_bytes": nbytes * cfg.num_layers,
-             "predicted_fetch_s": float(ledger.fetch_time_s(cfg, n, run.machine["link_bytes_per_s"],
-                                                            run.kv_dtype)),
-             **_time_fetch(run, nbytes, cfg.num_layers)}
-    run.progress.step(f"{preset} N={n}: recompute {t_re.median_s * 1e3:9.3f} ms "
-                      f"(ledger {pred_re * 1e3:9.3f}), fetch {point['fetch_s'] * 1e3:8.3f} ms "
-                      f"(ledger {point['predicted_fetch_s'] * 1e3:8.3f})")
+    point = {
+        "tokens": n,
+        "recompute_s": t_re.median_s,
+        "recompute_spread": t_re.spread,
+        "predicted_recompute_s": pred_re,
+        "kv_bytes": nbytes * cfg.num_layers,
+        "predicted_fetch_s": float(
+            ledger.fetch_time_s(cfg, n, run.machine["link_bytes_per_s"], run.kv_dtype)
+        ),
+        **_time_fetch(run, nbytes, cfg.num_layers),
+    }
+    run.progress.step(
+        f"{preset} N={n}: recompute {t_re.median_s * 1e3:9.3f} ms "
+        f"(ledger {pred_re * 1e3:9.3f}), fetch {point['fetch_s'] * 1e3:8.3f} ms "
+        f"(ledger {point['predicted_fetch_s'] * 1e3:8.3f})"
+    )
     gc.collect()
     return point
 
@@ -180,18 +200,22 @@ def measure_preset(run: _Run, preset: str, grid_tokens: list[int], kernels: str,
         return [p.get(key) for p in points]
 
     curve = {
-        "preset": preset, "config": cfg.to_dict(), "weight_dtype": run.weight_dtype,
+        "preset": preset,
+        "config": cfg.to_dict(),
+        "weight_dtype": run.weight_dtype,
         "kv_dtype": run.kv_dtype,
         "kv_bytes_per_token": ledger.kv_bytes_per_token(cfg, run.kv_dtype),
         "streamed_weight_bytes": model.streamed_weight_bytes(),
         "points": points,
         "crossover_tokens": crossover(toks, column("recompute_s"), column("fetch_s")),
-        "predicted_crossover_tokens": crossover(toks, column("predicted_recompute_s"),
-                                                column("predicted_fetch_s")),
+        "predicted_crossover_tokens": crossover(
+            toks, column("predicted_recompute_s"), column("predicted_fetch_s")
+        ),
     }
     if run.dev.type == "cuda":
-        curve["pageable_crossover_tokens"] = crossover(toks, column("recompute_s"),
-                                                       column("fetch_pageable_s"))
+        curve["pageable_crossover_tokens"] = crossover(
+            toks, column("recompute_s"), column("fetch_pageable_s")
+        )
     del model
     gc.collect()
     if run.dev.type == "cuda":
@@ -199,9 +223,19 @@ def measure_preset(run: _Run, preset: str, grid_tokens: list[int], kernels: str,
     return curve
 
 
-def run_recompute(device="cpu", presets=None, tokens=None, weight_dtype="bf16", kv_dtype="bf16",
-                  repeats=None, budget_s=None, quick=False, quiet=False, seed=0,
-                  kernels="auto") -> dict:
+def run_recompute(
+    device="cpu",
+    presets=None,
+    tokens=None,
+    weight_dtype="bf16",
+    kv_dtype="bf16",
+    repeats=None,
+    budget_s=None,
+    quick=False,
+    quiet=False,
+    seed=0,
+    kernels="auto",
+) -> dict:
     """Prefill N tokens against fetching their KV, for every preset and N; a JSON-ready dict."""
     from ..decoder import fit, ledger
 
@@ -210,12 +244,25 @@ def run_recompute(device="cpu", presets=None, tokens=None, weight_dtype="bf16", 
     presets, grid_tokens = recompute_grid(cuda, quick, presets, tokens)
     env = {**environment(str(dev)), **alloc, "at_start": machine_state()}
     machine = _machine(dev, weight_dtype, quick)
-    spec_device = ledger.measured_device(env["device_name"], machine["bandwidth_bytes_per_s"],
-                                         machine["flops_per_s"], fit.device_available_bytes(dev))
+    spec_device = ledger.measured_device(
+        env["device_name"],
+        machine["bandwidth_bytes_per_s"],
+        machine["flops_per_s"],
+        fit.device_available_bytes(dev),
+    )
     repeats = repeats or (3 if quick or not cuda else 10)
-    run = _Run(dev, spec_device, machine, weight_dtype, kv_dtype, repeats, 1 if quick else 3, seed,
-               Budget(budget_s),
-               Progress("recompute-vs-fetch", len(presets) * len(grid_tokens), quiet))
+    run = _Run(
+        dev,
+        spec_device,
+        machine,
+        weight_dtype,
+        kv_dtype,
+        repeats,
+        1 if quick else 3,
+        seed,
+        Budget(budget_s),
+        Progress("recompute-vs-fetch", len(presets) * len(grid_tokens), quiet),
+    )
     curves = [measure_preset(run, preset, grid_tokens, kernels, env) for preset in presets]
     env["at_end"] = machine_state()
     return {
@@ -223,7 +270,8 @@ def run_recompute(device="cpu", presets=None, tokens=None, weight_dtype="bf16", 
         "environment": env,
         "quick": quick,
         "machine": machine,
-        "fetch_path": "pinned host -> device, one copy per layer" if cuda
+        "fetch_path": "pinned host -> device, one copy per layer"
+        if cuda
         else "host -> host memcpy, one copy per layer (no accelerator)",
         "curves": curves,
     }

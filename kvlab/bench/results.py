@@ -4,6 +4,7 @@ Every result file carries the environment it was measured in (device name, torch
 CPU, measured peak) so the book can plot any machine's results next to the ledger.
 Writes are atomic (temporary file + rename): an interrupted run never leaves half a file.
 """
+
 from __future__ import annotations
 
 import json
@@ -62,8 +63,9 @@ def environment(device: str = "cpu") -> dict:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "load_average": ([round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg")
-                         else None),
+        "load_average": (
+            [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
+        ),
     }
     try:
         import torch

@@ -6,6 +6,7 @@ finishes, so a run cut short still leaves the earlier results behind. A benchmar
 is refused (a `KvlabError`: its model does not fit, say) or breaks is recorded in the
 summary and the suite goes on: a one-shot GPU run must not lose every result to one.
 """
+
 from __future__ import annotations
 
 import sys
@@ -27,8 +28,12 @@ def _runners() -> dict:
     from .recompute import run_recompute
     from .transfer import run_transfer
 
-    return {"memory": run_memory, "transfer": run_transfer, "recompute-vs-fetch": run_recompute,
-            "decode": run_decode}
+    return {
+        "memory": run_memory,
+        "transfer": run_transfer,
+        "recompute-vs-fetch": run_recompute,
+        "decode": run_decode,
+    }
 
 
 def allowance_s(name: str, share: float, left_s: float, budget_s: float) -> float:
@@ -36,8 +41,15 @@ def allowance_s(name: str, share: float, left_s: float, budget_s: float) -> floa
     return left_s if name == "decode" else min(left_s, share * budget_s)
 
 
-def run_suite(device: str, budget_s: float, quick: bool = False, repeats=None, write: bool = True,
-              only: tuple[str, ...] | None = None, quiet: bool = False) -> dict:
+def run_suite(
+    device: str,
+    budget_s: float,
+    quick: bool = False,
+    repeats=None,
+    write: bool = True,
+    only: tuple[str, ...] | None = None,
+    quiet: bool = False,
+) -> dict:
     """Run memory, transfer, recompute-vs-fetch and decode; returns {benchmark: summary}:
     where its result was written and its headline numbers, or `refused` / `error`."""
     from .decode import write_comparison
@@ -54,13 +66,15 @@ def run_suite(device: str, budget_s: float, quick: bool = False, repeats=None, w
             continue
         allowance = allowance_s(name, share, left, budget_s)
         if not quiet:
-            print(f"kvlab bench suite: {name} (up to {allowance:.0f} s)", file=sys.stderr,
-                  flush=True)
+            print(
+                f"kvlab bench suite: {name} (up to {allowance:.0f} s)", file=sys.stderr, flush=True
+            )
         cpu_decode = name == "decode" and not str(device).startswith("cuda")
         extra = {"compare_kernels": True} if cpu_decode else {}
         try:
-            result = runners[name](device, quick=quick, repeats=repeats, budget_s=allowance,
-                                   quiet=quiet, **extra)
+            result = runners[name](
+                device, quick=quick, repeats=repeats, budget_s=allowance, quiet=quiet, **extra
+            )
         except Exception as exc:  # noqa: BLE001 - one benchmark must not cost the others
             out[name] = failure(name, exc)
             continue
@@ -87,6 +101,10 @@ def headline(name: str, r: dict) -> dict:
         return {"bandwidth_bytes_per_s": r.get("bandwidth_bytes_per_s")}
     if name == "decode":
         return {"points": len(r["points"]), "skipped": len(r["skipped"]), "summary": r["summary"]}
-    return {c["preset"]: {"crossover_tokens": c["crossover_tokens"],
-                          "predicted_crossover_tokens": c["predicted_crossover_tokens"]}
-            for c in r["curves"]}
+    return {
+        c["preset"]: {
+            "crossover_tokens": c["crossover_tokens"],
+            "predicted_crossover_tokens": c["predicted_crossover_tokens"],
+        }
+        for c in r["curves"]
+    }

@@ -5,6 +5,7 @@ Benchmarks are not tests: nothing here asserts a speed. What it guards against i
 usual ways a microbenchmark lies: timing the first call (allocation, page faults, kernel
 selection), timing an asynchronous launch instead of the work, one lucky repeat.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -45,8 +46,11 @@ def tune_cpu_allocator() -> dict:
         libc = ctypes.CDLL("libc.so.6")
         mmap_ok = bool(libc.mallopt(_M_MMAP_THRESHOLD, 1 << 30))
         trim_ok = bool(libc.mallopt(_M_TRIM_THRESHOLD, (1 << 31) - 1))
-        return {"allocator": "glibc", "mmap_threshold_bytes": (1 << 30) if mmap_ok else None,
-                "trim_threshold_bytes": (1 << 31) - 1 if trim_ok else None}
+        return {
+            "allocator": "glibc",
+            "mmap_threshold_bytes": (1 << 30) if mmap_ok else None,
+            "trim_threshold_bytes": (1 << 31) - 1 if trim_ok else None,
+        }
     except (OSError, AttributeError):
         return {"allocator": "unchanged (not glibc)"}
 
@@ -102,8 +106,15 @@ def time_call(fn, device="cpu", repeats: int = 5, warmup: int = 2, inner: int = 
             fn()
         synchronize(device)
         times.append((time.perf_counter() - t0) / inner)
-    return Timing(statistics.median(times), min(times), max(times), _quantile(times, 0.25),
-                  _quantile(times, 0.75), repeats, warmup)
+    return Timing(
+        statistics.median(times),
+        min(times),
+        max(times),
+        _quantile(times, 0.25),
+        _quantile(times, 0.75),
+        repeats,
+        warmup,
+    )
 
 
 #: Bytes one timed repeat of a copy should move at least. Below this a single call times

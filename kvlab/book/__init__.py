@@ -11,6 +11,7 @@ Nothing outside this package knows about chapters; this package imports the doma
 (`kvlab.tiers`, `kvlab.sim`, ...) and `kvlab.viz`, and nothing imports it but notebooks
 and tests.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping

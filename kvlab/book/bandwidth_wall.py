@@ -1,5 +1,6 @@
 """Chapter 2, "The bandwidth wall": tiers, the ledger of one step, batching, long
 contexts, quantization and the roofline."""
+
 from __future__ import annotations
 
 import functools
@@ -10,7 +11,18 @@ from ..hardware import get_device, get_tier
 from ..models import get_model
 
 #: Tiers whose bandwidth the prose quotes.
-QUOTED_TIERS = ("hbm3e", "hbm3", "hbm2e", "gddr6x", "gddr6", "ddr5", "pcie4-x16", "pcie5-x16", "ib-200g", "nvlink4")
+QUOTED_TIERS = (
+    "hbm3e",
+    "hbm3",
+    "hbm2e",
+    "gddr6x",
+    "gddr6",
+    "ddr5",
+    "pcie4-x16",
+    "pcie5-x16",
+    "ib-200g",
+    "nvlink4",
+)
 #: The batch the article's amortisation example uses.
 ARTICLE_BATCH = 16
 
@@ -18,8 +30,10 @@ ARTICLE_BATCH = 16
 def article_steps() -> tuple[cost.DecodeStep, cost.DecodeStep]:
     """The article's worked ledger: its 7B at a 4K context on a 2 TB/s device, batch 1 and 16."""
     kw = dict(context=ARTICLE_CONTEXT_TOKENS, bandwidth_bytes_per_s=ARTICLE_BANDWIDTH_BYTES_PER_S)
-    return (cost.decode_step(ARTICLE_MODEL, "h100-sxm", batch=1, **kw),
-            cost.decode_step(ARTICLE_MODEL, "h100-sxm", batch=ARTICLE_BATCH, **kw))
+    return (
+        cost.decode_step(ARTICLE_MODEL, "h100-sxm", batch=1, **kw),
+        cost.decode_step(ARTICLE_MODEL, "h100-sxm", batch=ARTICLE_BATCH, **kw),
+    )
 
 
 @functools.cache
@@ -27,8 +41,13 @@ def panels() -> dict:
     """The chapter's panels, built once per kernel: ledger, batch, context, quantization, roofline."""
     from ..viz import ledger, roofline
 
-    return {"ledger": ledger.ledger_panel(), "batch": ledger.batch_panel(), "context": ledger.context_panel(),
-            "quantization": roofline.quantization_panel(), "roofline": roofline.roofline_panel()}
+    return {
+        "ledger": ledger.ledger_panel(),
+        "batch": ledger.batch_panel(),
+        "context": ledger.context_panel(),
+        "quantization": roofline.quantization_panel(),
+        "roofline": roofline.roofline_panel(),
+    }
 
 
 def tiers_figure():
@@ -40,73 +59,98 @@ def tiers_figure():
 def numbers() -> dict[str, str]:
     from ..viz import roofline
 
-    out = {f"tier_{name}": fmt.si(get_tier(name).bandwidth_bytes_per_s, "B/s") for name in QUOTED_TIERS}
+    out = {
+        f"tier_{name}": fmt.si(get_tier(name).bandwidth_bytes_per_s, "B/s") for name in QUOTED_TIERS
+    }
     ddr5 = get_tier("ddr5")
-    out.update({
-        "ddr5_derivation": ddr5.derivation,
-        "ddr5_two_channels": fmt.si(ddr5.bandwidth_bytes_per_s / 4, "B/s"),
-        "hbm_over_pcie": fmt.fixed(get_tier("hbm3e").bandwidth_bytes_per_s
-                                   / get_tier("pcie5-x16").bandwidth_bytes_per_s, 0),
-        "band_low": fmt.percent(roofline.ACHIEVABLE_BAND[0]),
-        "band_high": fmt.percent(roofline.ACHIEVABLE_BAND[1]),
-        "ib200_derivation": get_tier("ib-200g").derivation,
-    })
+    out.update(
+        {
+            "ddr5_derivation": ddr5.derivation,
+            "ddr5_two_channels": fmt.si(ddr5.bandwidth_bytes_per_s / 4, "B/s"),
+            "hbm_over_pcie": fmt.fixed(
+                get_tier("hbm3e").bandwidth_bytes_per_s
+                / get_tier("pcie5-x16").bandwidth_bytes_per_s,
+                0,
+            ),
+            "band_low": fmt.percent(roofline.ACHIEVABLE_BAND[0]),
+            "band_high": fmt.percent(roofline.ACHIEVABLE_BAND[1]),
+            "ib200_derivation": get_tier("ib-200g").derivation,
+        }
+    )
     art, art16 = article_steps()
     p = panels()
     led = p["ledger"].values()
-    out.update({
-        "art_bandwidth": fmt.si(ARTICLE_BANDWIDTH_BYTES_PER_S, "B/s"),
-        "art16_batch": fmt.fixed(art16.batch, 0),
-        "ledger_memory_over_compute": fmt.sig(led["memory_time_s"] / led["compute_time_s"], 3),
-        "art_kv_token": fmt.fixed(art.kv_bytes_per_token, 0),
-        "art_kv_read": fmt.si(art.kv_read_bytes, "B"),
-        "art_step": fmt.si(art.step_bytes, "B"),
-        "art_tps": fmt.rate(art.tokens_per_s),
-        "art16_tps": fmt.rate(art16.tokens_per_s),
-        "art16_each": fmt.rate(art16.tokens_per_s_per_sequence),
-    })
+    out.update(
+        {
+            "art_bandwidth": fmt.si(ARTICLE_BANDWIDTH_BYTES_PER_S, "B/s"),
+            "art16_batch": fmt.fixed(art16.batch, 0),
+            "ledger_memory_over_compute": fmt.sig(led["memory_time_s"] / led["compute_time_s"], 3),
+            "art_kv_token": fmt.fixed(art.kv_bytes_per_token, 0),
+            "art_kv_read": fmt.si(art.kv_read_bytes, "B"),
+            "art_step": fmt.si(art.step_bytes, "B"),
+            "art_tps": fmt.rate(art.tokens_per_s),
+            "art16_tps": fmt.rate(art16.tokens_per_s),
+            "art16_each": fmt.rate(art16.tokens_per_s_per_sequence),
+        }
+    )
     for name in ("batch", "context", "quantization", "roofline"):
         out.update(p[name].readout_texts())
     base = p["ledger"].default_state
     ridge = cost.decode_step(base["model"], base["hardware"], 1, 1).ridge_flops_per_byte
-    out.update({
-        "wall_context": fmt.fixed(base["context"], 0),
-        "wall_limit": fmt.sig(large_batch_intensity(base["model"], base["hardware"], base["context"]), 2),
-        "wall_ridge": fmt.sig(ridge, 3),
-        "wall_longest_context": fmt.fixed(longest_compute_bound_context(base["model"], base["hardware"]), 0),
-        "wall_device": get_device(base["hardware"]).display_name,
-    })
+    out.update(
+        {
+            "wall_context": fmt.fixed(base["context"], 0),
+            "wall_limit": fmt.sig(
+                large_batch_intensity(base["model"], base["hardware"], base["context"]), 2
+            ),
+            "wall_ridge": fmt.sig(ridge, 3),
+            "wall_longest_context": fmt.fixed(
+                longest_compute_bound_context(base["model"], base["hardware"]), 0
+            ),
+            "wall_device": get_device(base["hardware"]).display_name,
+        }
+    )
     out.update({k: fmt.sig(v, 2) for k, v in tier_step_ratios().items()})
     out.update(_moe_and_quantization_numbers())
     roof = p["roofline"].default_state
-    short, long_ = (flash_attention_effect(roof["model"], roof["hardware"], ctx) for ctx in (roof["context"], 32768))
-    out.update({
-        "flash_attn_naive": fmt.sig(short["attention_intensity_naive"], 2),
-        "flash_context": fmt.fixed(roof["context"], 0),
-        "flash_ratio": f"{fmt.sig(short['time_ratio'], 3)}×",
-        "flash_ratio_32k": f"{fmt.sig(long_['time_ratio'], 3)}×",
-    })
+    short, long_ = (
+        flash_attention_effect(roof["model"], roof["hardware"], ctx)
+        for ctx in (roof["context"], 32768)
+    )
+    out.update(
+        {
+            "flash_attn_naive": fmt.sig(short["attention_intensity_naive"], 2),
+            "flash_context": fmt.fixed(roof["context"], 0),
+            "flash_ratio": f"{fmt.sig(short['time_ratio'], 3)}×",
+            "flash_ratio_32k": f"{fmt.sig(long_['time_ratio'], 3)}×",
+        }
+    )
     knee, quant = p["batch"].default_state, p["quantization"].default_state
-    out.update({
-        "knee_model": get_model(knee["model"]).display_name,
-        "knee_device": get_device(knee["hardware"]).display_name,
-        "quant_context": fmt.fixed(quant["context"], 0),
-        "quant_batch": fmt.fixed(quant["batch"], 0),
-    })
+    out.update(
+        {
+            "knee_model": get_model(knee["model"]).display_name,
+            "knee_device": get_device(knee["hardware"]).display_name,
+            "quant_context": fmt.fixed(quant["context"], 0),
+            "quant_batch": fmt.fixed(quant["batch"], 0),
+        }
+    )
     return out
 
 
 def worked_example() -> str:
     """The chapter's checked printout (nbval compares it)."""
     art, art16 = article_steps()
-    return "\n".join([
-        f"KV per token: {art.kv_bytes_per_token:,.0f} B; KV read at 4K: {art.kv_read_bytes:,.0f} B",
-        f"step: {art.step_bytes / 1e9:.2f} GB -> {art.tokens_per_s:.1f} tokens/s at 2 TB/s, batch 1",
-        f"batch 16: {art16.tokens_per_s:.0f} tokens/s in aggregate, {art16.tokens_per_s_per_sequence:.1f} per sequence",
-    ])
+    return "\n".join(
+        [
+            f"KV per token: {art.kv_bytes_per_token:,.0f} B; KV read at 4K: {art.kv_read_bytes:,.0f} B",
+            f"step: {art.step_bytes / 1e9:.2f} GB -> {art.tokens_per_s:.1f} tokens/s at 2 TB/s, batch 1",
+            f"batch 16: {art16.tokens_per_s:.0f} tokens/s in aggregate, {art16.tokens_per_s_per_sequence:.1f} per sequence",
+        ]
+    )
 
 
 # ------------------------------------------------ what batching cannot do at long contexts
+
 
 def large_batch_intensity(model, hardware, context, weight_dtype="fp16", kv_dtype="fp16") -> float:
     """FLOPs per byte a decode step tends to as the batch grows without bound.
@@ -139,12 +183,20 @@ def tier_step_ratios() -> dict[str, float]:
     """How much bandwidth each step down the hierarchy costs, from the catalogue: HBM3e to
     8-channel DDR5 host memory, DDR5 to the PCIe 5.0 x16 link it reaches the GPU through,
     PCIe 5.0 to one 200 Gb/s NIC, and HBM3e to that NIC end to end."""
-    bw = {name: get_tier(name).bandwidth_bytes_per_s for name in ("hbm3e", "ddr5", "pcie5-x16", "ib-200g")}
-    return {"hbm_over_ddr": bw["hbm3e"] / bw["ddr5"], "ddr_over_pcie": bw["ddr5"] / bw["pcie5-x16"],
-            "pcie_over_nic": bw["pcie5-x16"] / bw["ib-200g"], "hbm_over_nic": bw["hbm3e"] / bw["ib-200g"]}
+    bw = {
+        name: get_tier(name).bandwidth_bytes_per_s
+        for name in ("hbm3e", "ddr5", "pcie5-x16", "ib-200g")
+    }
+    return {
+        "hbm_over_ddr": bw["hbm3e"] / bw["ddr5"],
+        "ddr_over_pcie": bw["ddr5"] / bw["pcie5-x16"],
+        "pcie_over_nic": bw["pcie5-x16"] / bw["ib-200g"],
+        "hbm_over_nic": bw["hbm3e"] / bw["ib-200g"],
+    }
 
 
 # ----------------------------------------------------- FlashAttention, operator by operator
+
 
 def flash_attention_effect(model, hardware, prompt_tokens) -> dict:
     """What FlashAttention changes in one prefill: the attention operator's FLOPs per byte
@@ -157,34 +209,53 @@ def flash_attention_effect(model, hardware, prompt_tokens) -> dict:
     m, w, kv = get_model(model), parse_dtype("fp16"), parse_dtype("fp16")
 
     def attention_intensity(flash):
-        op = next(o for o in prefill_operators(m, 1, prompt_tokens, 0, w, kv, flash) if o.kind == "attention")
+        op = next(
+            o
+            for o in prefill_operators(m, 1, prompt_tokens, 0, w, kv, flash)
+            if o.kind == "attention"
+        )
         return float(op.flops / op.bytes)
 
     with_flash = cost.prefill(model, hardware, prompt_tokens)
     without = cost.prefill(model, hardware, prompt_tokens, flash_attention=False)
-    return {"attention_intensity_naive": attention_intensity(False),
-            "attention_intensity_flash": attention_intensity(True),
-            "time_ratio": float(without.time_s / with_flash.time_s)}
+    return {
+        "attention_intensity_naive": attention_intensity(False),
+        "attention_intensity_flash": attention_intensity(True),
+        "time_ratio": float(without.time_s / with_flash.time_s),
+    }
 
 
 # ----------------------------------------------------------- MoE, and what quantizing costs
+
 
 def _moe_and_quantization_numbers() -> dict[str, str]:
     from ..published import kv_quantization
 
     moe = moe_weight_reads()
-    kivi, kvquant, fp8 = kv_quantization("kivi"), kv_quantization("kvquant"), kv_quantization("vllm_fp8")
+    kivi, kvquant, fp8 = (
+        kv_quantization("kivi"),
+        kv_quantization("kvquant"),
+        kv_quantization("vllm_fp8"),
+    )
     int4_batch, fp16_batch = int4_compute_bound_batch("llama-3.1-8b", "h100-sxm", 256)
     return {
-        "moe_b1": fmt.si(moe["weight_read_bytes"][0], "B"), "moe_b8": fmt.si(moe["weight_read_bytes"][1], "B"),
-        "moe_b32": fmt.si(moe["weight_read_bytes"][2], "B"), "moe_b128": fmt.si(moe["weight_read_bytes"][3], "B"),
+        "moe_b1": fmt.si(moe["weight_read_bytes"][0], "B"),
+        "moe_b8": fmt.si(moe["weight_read_bytes"][1], "B"),
+        "moe_b32": fmt.si(moe["weight_read_bytes"][2], "B"),
+        "moe_b128": fmt.si(moe["weight_read_bytes"][3], "B"),
         "moe_all": fmt.si(moe["weight_bytes"], "B"),
-        "kivi_bits": str(kivi["kv_bits"]), "kivi_memory": fmt.sig(kivi["peak_memory_reduction"], 2),
-        "kivi_batch": fmt.sig(kivi["max_batch_gain"], 2), "kivi_low": fmt.sig(kivi["throughput_gain_low"], 3),
-        "kivi_high": fmt.sig(kivi["throughput_gain_high"], 3), "kivi_source": kivi["source"],
-        "kvquant_bits": str(kvquant["kv_bits"]), "kvquant_ppl": fmt.sig(kvquant["perplexity_increase_below"], 1),
-        "kvquant_source": kvquant["source"], "fp8_source": fp8["source"],
-        "int4_compute_batch": fmt.fixed(int4_batch, 0), "fp16_compute_batch": fmt.fixed(fp16_batch, 0),
+        "kivi_bits": str(kivi["kv_bits"]),
+        "kivi_memory": fmt.sig(kivi["peak_memory_reduction"], 2),
+        "kivi_batch": fmt.sig(kivi["max_batch_gain"], 2),
+        "kivi_low": fmt.sig(kivi["throughput_gain_low"], 3),
+        "kivi_high": fmt.sig(kivi["throughput_gain_high"], 3),
+        "kivi_source": kivi["source"],
+        "kvquant_bits": str(kvquant["kv_bits"]),
+        "kvquant_ppl": fmt.sig(kvquant["perplexity_increase_below"], 1),
+        "kvquant_source": kvquant["source"],
+        "fp8_source": fp8["source"],
+        "int4_compute_batch": fmt.fixed(int4_batch, 0),
+        "fp16_compute_batch": fmt.fixed(fp16_batch, 0),
         "int4_measured_speedup": f"{fmt.sig(measured_int4_speedup(), 2)}×",
     }
 
@@ -192,8 +263,11 @@ def _moe_and_quantization_numbers() -> dict[str, str]:
 def moe_weight_reads(model: str = "mixtral-8x7b", batches=(1, 8, 32, 128)) -> dict:
     """Weight bytes a decode step streams against the batch: a mixture of experts reads
     only the experts its tokens pick, so a bigger batch touches (and streams) more of them."""
-    return {"batch": list(batches), "weight_read_bytes": [float(cost.weight_read_bytes(model, b)) for b in batches],
-            "weight_bytes": float(cost.weight_bytes(model))}
+    return {
+        "batch": list(batches),
+        "weight_read_bytes": [float(cost.weight_read_bytes(model, b)) for b in batches],
+        "weight_bytes": float(cost.weight_bytes(model)),
+    }
 
 
 def int4_compute_bound_batch(model, hardware, context, kv_dtype="fp8") -> tuple[int, int]:
@@ -211,7 +285,9 @@ def int4_compute_bound_batch(model, hardware, context, kv_dtype="fp8") -> tuple[
     return first("int4", kv_dtype), first("fp16", "fp16")
 
 
-def measured_int4_speedup(model: str = "llama-3.1-8b", hardware: str = "a100-80gb", context: int = 1024) -> float:
+def measured_int4_speedup(
+    model: str = "llama-3.1-8b", hardware: str = "a100-80gb", context: int = 1024
+) -> float:
     """Measured int4 weight-only decode at batch 1 over bf16, from the kernel tables (the
     only device whose tables have int4 GEMMs is the A100): unpacking costs the kernels."""
     bf16 = cost.decode_step(model, hardware, 1, context, "bf16", efficiency="measured")

@@ -1,18 +1,26 @@
 """Chapter 3, "When HBM is not enough": how big the KV gets, reading it from a slower
 tier, when a hit is a liability, and moving KV between prefill and decode."""
+
 from __future__ import annotations
 
 import functools
 
 from .. import cost, fmt, tiers
-from ..article import ARTICLE_BANDWIDTH_BYTES_PER_S, ARTICLE_CONTEXT_TOKENS, ARTICLE_IB_BYTES_PER_S, ARTICLE_MODEL
+from ..article import (
+    ARTICLE_BANDWIDTH_BYTES_PER_S,
+    ARTICLE_CONTEXT_TOKENS,
+    ARTICLE_IB_BYTES_PER_S,
+    ARTICLE_MODEL,
+)
 from ..bench.report import kv_transfer_series
 
 #: The share of a link's line rate a realistic transfer reaches (quoted in the prose).
 REALISTIC_LINK_EFFICIENCY = 0.6
 
 
-def article_numbers(model=ARTICLE_MODEL, bandwidth_bytes_per_s=ARTICLE_BANDWIDTH_BYTES_PER_S) -> dict:
+def article_numbers(
+    model=ARTICLE_MODEL, bandwidth_bytes_per_s=ARTICLE_BANDWIDTH_BYTES_PER_S
+) -> dict:
     """The article's section-3 numbers as kvlab computes them (pure bandwidth, no latency)."""
     ctx = ARTICLE_CONTEXT_TOKENS
     kv_tok = cost.kv_bytes_per_token(model)
@@ -20,15 +28,24 @@ def article_numbers(model=ARTICLE_MODEL, bandwidth_bytes_per_s=ARTICLE_BANDWIDTH
     step = cost.decode_step(model, "h100-sxm", 1, ctx, bandwidth_bytes_per_s=bandwidth_bytes_per_s)
 
     def over(tier=None, bw=None, eff=1.0):
-        return tiers.kv_fetch_time_s(model, ctx, tier or "ib-200g", efficiency=eff, bandwidth_bytes_per_s=bw)
+        return tiers.kv_fetch_time_s(
+            model, ctx, tier or "ib-200g", efficiency=eff, bandwidth_bytes_per_s=bw
+        )
 
     return {
-        "kv_bytes_per_token": kv_tok, "kv_bytes_4k_request": request, "kv_bytes_32_requests": 32 * request,
+        "kv_bytes_per_token": kv_tok,
+        "kv_bytes_4k_request": request,
+        "kv_bytes_32_requests": 32 * request,
         "weight_bytes": cost.decode_step(model, "h100-sxm", 1, 0).weight_bytes,
-        "transfer_s": {"ethernet-10g": over("ethernet-10g"),
-                       "ethernet-10g at 60%": over("ethernet-10g", eff=REALISTIC_LINK_EFFICIENCY),
-                       "ib-200g (200 Gb/s)": over("ib-200g"), "200 GB/s": over(bw=ARTICLE_IB_BYTES_PER_S),
-                       "ib-400g": over("ib-400g"), "nvlink4": over("nvlink4"), "pcie5-x16": over("pcie5-x16")},
+        "transfer_s": {
+            "ethernet-10g": over("ethernet-10g"),
+            "ethernet-10g at 60%": over("ethernet-10g", eff=REALISTIC_LINK_EFFICIENCY),
+            "ib-200g (200 Gb/s)": over("ib-200g"),
+            "200 GB/s": over(bw=ARTICLE_IB_BYTES_PER_S),
+            "ib-400g": over("ib-400g"),
+            "nvlink4": over("nvlink4"),
+            "pcie5-x16": over("pcie5-x16"),
+        },
         "decode_step_s": step.step_time_s,  # batch 1, 4K context at the article's 2 TB/s
     }
 
@@ -37,8 +54,12 @@ def article_numbers(model=ARTICLE_MODEL, bandwidth_bytes_per_s=ARTICLE_BANDWIDTH
 def panels() -> dict:
     from ..viz import tier_panels
 
-    return {"footprint": tier_panels.footprint_panel(), "tier_read": tier_panels.tier_read_panel(),
-            "hit_miss": tier_panels.hit_miss_panel(), "pd": tier_panels.pd_panel()}
+    return {
+        "footprint": tier_panels.footprint_panel(),
+        "tier_read": tier_panels.tier_read_panel(),
+        "hit_miss": tier_panels.hit_miss_panel(),
+        "pd": tier_panels.pd_panel(),
+    }
 
 
 def transfers_figure():
@@ -54,9 +75,17 @@ def measured_engines() -> str:
         for engine, entry in payload["engines"].items():
             rows = entry["layouts"].get("contiguous")
             if rows is not None:
-                best[engine] = (float(rows["bandwidth_bytes_per_s_median"].max()), float(rows["time_s_median"].min()))
-    return ", ".join(f"{e} {fmt.si(bw, 'B/s')} at best, {fmt.seconds(lat)} for the smallest block"
-                     for e, (bw, lat) in sorted(best.items())) or "none recorded yet"
+                best[engine] = (
+                    float(rows["bandwidth_bytes_per_s_median"].max()),
+                    float(rows["time_s_median"].min()),
+                )
+    return (
+        ", ".join(
+            f"{e} {fmt.si(bw, 'B/s')} at best, {fmt.seconds(lat)} for the smallest block"
+            for e, (bw, lat) in sorted(best.items())
+        )
+        or "none recorded yet"
+    )
 
 
 def numbers() -> dict[str, str]:
@@ -65,7 +94,9 @@ def numbers() -> dict[str, str]:
     nic = tiers.get_placement("ib-200g").bandwidth_bytes_per_s()
     out = {
         "kv_token_kib": fmt.sig(art["kv_bytes_per_token"] / 1024, 3),
-        "mha_over_gqa": fmt.fixed(cost.kv_bytes_per_token("llama-2-7b") / cost.kv_bytes_per_token(ARTICLE_MODEL), 0),
+        "mha_over_gqa": fmt.fixed(
+            cost.kv_bytes_per_token("llama-2-7b") / cost.kv_bytes_per_token(ARTICLE_MODEL), 0
+        ),
         "nic_200g": fmt.si(nic, "B/s"),
         "nic_200g_sold": f"{fmt.sig(nic * 8 / 1e9, 3)} Gb/s",
         "article_200": fmt.si(ARTICLE_IB_BYTES_PER_S, "B/s"),
@@ -94,16 +125,22 @@ def numbers() -> dict[str, str]:
 
 def _hit_numbers() -> dict[str, str]:
     c = hit_conditions()
-    out = {f"hc_{name}_{k}": fmt.seconds(v[k]) for name, v in c.items() if isinstance(v, dict)
-           for k in ("miss_s", "hit_s")}
-    out.update({
-        "hc_realistic_eff": fmt.percent(REALISTIC_PREFILL_EFFICIENCY, 2),
-        "hc_realistic_link": fmt.percent(REALISTIC_LINK_SHARE, 2),
-        "hc_copies": fmt.fixed(c["block_copies"]["copies"], 0),
-        "hc_per_copy": fmt.seconds(c["block_copies"]["per_copy_s"]),
-        "hc_block_tokens": fmt.fixed(SWAP_BLOCK_TOKENS, 0),
-        "hc_short_prompt": fmt.fixed(c["short_prompt_tokens"], 0),
-    })
+    out = {
+        f"hc_{name}_{k}": fmt.seconds(v[k])
+        for name, v in c.items()
+        if isinstance(v, dict)
+        for k in ("miss_s", "hit_s")
+    }
+    out.update(
+        {
+            "hc_realistic_eff": fmt.percent(REALISTIC_PREFILL_EFFICIENCY, 2),
+            "hc_realistic_link": fmt.percent(REALISTIC_LINK_SHARE, 2),
+            "hc_copies": fmt.fixed(c["block_copies"]["copies"], 0),
+            "hc_per_copy": fmt.seconds(c["block_copies"]["per_copy_s"]),
+            "hc_block_tokens": fmt.fixed(SWAP_BLOCK_TOKENS, 0),
+            "hc_short_prompt": fmt.fixed(c["short_prompt_tokens"], 0),
+        }
+    )
     return out
 
 
@@ -120,15 +157,27 @@ REALISTIC_LINK_SHARE = 0.8
 SWAP_BLOCK_TOKENS = 16
 
 
-def _hit(model, tier, prompt_tokens, efficiency=1.0, tier_efficiency=1.0, latency_s=None, overlap=False) -> dict:
+def _hit(
+    model, tier, prompt_tokens, efficiency=1.0, tier_efficiency=1.0, latency_s=None, overlap=False
+) -> dict:
     from ..models import get_model
     from ..sim.costs import pipeline_time_s
 
-    h = tiers.hit_value(model, "h100-sxm", prompt_tokens, tier, 1.0, efficiency=efficiency,
-                        tier_efficiency=tier_efficiency, latency_s=latency_s)
+    h = tiers.hit_value(
+        model,
+        "h100-sxm",
+        prompt_tokens,
+        tier,
+        1.0,
+        efficiency=efficiency,
+        tier_efficiency=tier_efficiency,
+        latency_s=latency_s,
+    )
     hit = float(h.hit_time_s)
     if overlap:  # fetch layer by layer while the uncached part computes
-        hit = pipeline_time_s(float(h.fetch_time_s), float(h.hit_compute_time_s), get_model(model).num_layers)
+        hit = pipeline_time_s(
+            float(h.fetch_time_s), float(h.hit_compute_time_s), get_model(model).num_layers
+        )
     return {"miss_s": float(h.miss_time_s), "hit_s": hit, "pays": hit < float(h.miss_time_s)}
 
 
@@ -145,16 +194,24 @@ def hit_conditions() -> dict[str, dict]:
         "pcie5": _hit(a["model"], "host-pcie5", a["prompt_tokens"]),
         "gqa": _hit("article-7b", a["tier"], a["prompt_tokens"]),
         "realistic": _hit(**a, efficiency=REALISTIC_PREFILL_EFFICIENCY),
-        "realistic_both": _hit(**a, efficiency=REALISTIC_PREFILL_EFFICIENCY, tier_efficiency=REALISTIC_LINK_SHARE),
+        "realistic_both": _hit(
+            **a, efficiency=REALISTIC_PREFILL_EFFICIENCY, tier_efficiency=REALISTIC_LINK_SHARE
+        ),
         "overlap": _hit(**a, overlap=True),
         "remote_10gbe": _hit("llama-3.1-8b", "remote-10gbe", a["prompt_tokens"]),
-        "block_copies": {**_hit("llama-3.1-8b", "host-pcie5", a["prompt_tokens"], latency_s=copies * per_copy),
-                         "copies": copies, "per_copy_s": per_copy},
-        "short_prompt_tokens": float(tiers.breakeven_prompt_tokens("llama-3.1-8b", "h100-sxm", "host-pcie5")),
+        "block_copies": {
+            **_hit("llama-3.1-8b", "host-pcie5", a["prompt_tokens"], latency_s=copies * per_copy),
+            "copies": copies,
+            "per_copy_s": per_copy,
+        },
+        "short_prompt_tokens": float(
+            tiers.breakeven_prompt_tokens("llama-3.1-8b", "h100-sxm", "host-pcie5")
+        ),
     }
 
 
 # ------------------------------------------------------------------ MLA's latent
+
 
 def mla_numbers(hardware: str = "h100-sxm", context: int = 4096) -> dict[str, str]:
     """Multi-head latent attention: KV bytes per token, and the FLOPs per byte a large
@@ -164,7 +221,8 @@ def mla_numbers(hardware: str = "h100-sxm", context: int = 4096) -> dict[str, st
 
     v3 = get_model("deepseek-v3")
     return {
-        "mla_latent": fmt.fixed(v3.kv_lora_rank, 0), "mla_rope": fmt.fixed(v3.qk_rope_head_dim, 0),
+        "mla_latent": fmt.fixed(v3.kv_lora_rank, 0),
+        "mla_rope": fmt.fixed(v3.qk_rope_head_dim, 0),
         "mla_v2_lite": fmt.fixed(cost.kv_bytes_per_token("deepseek-v2-lite"), 0),
         "mla_v3": fmt.fixed(cost.kv_bytes_per_token("deepseek-v3"), 0),
         "mla_article": fmt.fixed(cost.kv_bytes_per_token(ARTICLE_MODEL), 0),
@@ -173,5 +231,7 @@ def mla_numbers(hardware: str = "h100-sxm", context: int = 4096) -> dict[str, st
         "mla_context": fmt.fixed(context, 0),
         "mla_v3_intensity": fmt.sig(large_batch_intensity("deepseek-v3", hardware, context), 2),
         "mla_gqa_intensity": fmt.sig(large_batch_intensity("llama-3.1-8b", hardware, context), 2),
-        "mla_ridge": fmt.sig(cost.decode_step("deepseek-v3", hardware, 1, 1).ridge_flops_per_byte, 3),
+        "mla_ridge": fmt.sig(
+            cost.decode_step("deepseek-v3", hardware, 1, 1).ridge_flops_per_byte, 3
+        ),
     }

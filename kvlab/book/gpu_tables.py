@@ -1,6 +1,7 @@
 """The measured chapter's GPU data: what real kernels reach on each GPU with published
 measurements (kvlab.measured: TensorRT-LLM kernel tables from aiconfigurator-core), and
 the ledger's ceiling and measured mode against them. Plain arrays in dicts."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -45,9 +46,14 @@ def gemv_band(device: str) -> dict:
     order = np.argsort(sizes)
     size, rate = np.asarray(sizes, dtype=float)[order], np.asarray(rates)[order]
     large = rate[size >= LARGE_GEMV_BYTES] / sheet
-    return {"device": device, "weight_bytes": size, "bandwidth_bytes_per_s": rate,
-            "fraction_of_sheet": rate / sheet, "sheet_bytes_per_s": sheet,
-            "median_large_fraction": float(np.median(large)) if large.size else float("nan")}
+    return {
+        "device": device,
+        "weight_bytes": size,
+        "bandwidth_bytes_per_s": rate,
+        "fraction_of_sheet": rate / sheet,
+        "sheet_bytes_per_s": sheet,
+        "median_large_fraction": float(np.median(large)) if large.size else float("nan"),
+    }
 
 
 def gemm_over_batch(device: str, nk=BATCH_GEMM_NK) -> dict:
@@ -60,9 +66,17 @@ def gemm_over_batch(device: str, nk=BATCH_GEMM_NK) -> dict:
     m = curve.x
     flops = 2.0 * m * n * k
     moved = (n * k + m * k + m * n) * BF16_BYTES
-    ceiling = np.maximum(moved / dev.memory_bandwidth_bytes_per_s, flops / dev.peak_flops_per_s("bf16"))
-    return {"device": device, "m": m, "latency_s": curve.y, "ceiling_s": ceiling,
-            "efficiency": ceiling / curve.y, "tflops": flops / curve.y / 1e12}
+    ceiling = np.maximum(
+        moved / dev.memory_bandwidth_bytes_per_s, flops / dev.peak_flops_per_s("bf16")
+    )
+    return {
+        "device": device,
+        "m": m,
+        "latency_s": curve.y,
+        "ceiling_s": ceiling,
+        "efficiency": ceiling / curve.y,
+        "tflops": flops / curve.y / 1e12,
+    }
 
 
 def attention_over_context(device: str, batch: int, layout=ATTENTION_LAYOUT) -> dict:
@@ -74,17 +88,33 @@ def attention_over_context(device: str, batch: int, layout=ATTENTION_LAYOUT) -> 
     latency, ok = grid(np.full(tokens.shape, float(batch)), tokens)
     kv_bytes = batch * tokens * 2 * kv_heads * head_dim * BF16_BYTES
     sheet = get_device(device).memory_bandwidth_bytes_per_s
-    return {"device": device, "batch": batch, "tokens": tokens[ok], "latency_s": latency[ok],
-            "bandwidth_bytes_per_s": kv_bytes[ok] / latency[ok],
-            "fraction_of_sheet": kv_bytes[ok] / latency[ok] / sheet}
+    return {
+        "device": device,
+        "batch": batch,
+        "tokens": tokens[ok],
+        "latency_s": latency[ok],
+        "bandwidth_bytes_per_s": kv_bytes[ok] / latency[ok],
+        "fraction_of_sheet": kv_bytes[ok] / latency[ok] / sheet,
+    }
 
 
-def ledger_against_kernels(device: str, model: str = "llama-3.1-8b", context: int = 4096,
-                           batches=(1, 2, 4, 8, 16, 32, 64)) -> dict:
+def ledger_against_kernels(
+    device: str, model: str = "llama-3.1-8b", context: int = 4096, batches=(1, 2, 4, 8, 16, 32, 64)
+) -> dict:
     """A decode step's time, ceiling and measured mode, over the batch (bf16)."""
     b = np.asarray(batches)
     step = cost.decode_step(model, device, b, context, "bf16", "bf16", efficiency="measured")
-    measured, ceiling = np.asarray(step.step_time_s, dtype=float), np.asarray(step.ceiling_step_time_s)
+    measured, ceiling = (
+        np.asarray(step.step_time_s, dtype=float),
+        np.asarray(step.ceiling_step_time_s),
+    )
     ok = np.isfinite(measured)
-    return {"device": device, "model": model, "context": context, "batch": b[ok],
-            "measured_s": measured[ok], "ceiling_s": ceiling[ok], "ratio": measured[ok] / ceiling[ok]}
+    return {
+        "device": device,
+        "model": model,
+        "context": context,
+        "batch": b[ok],
+        "measured_s": measured[ok],
+        "ceiling_s": ceiling[ok],
+        "ratio": measured[ok] / ceiling[ok],
+    }

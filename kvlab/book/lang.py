@@ -11,6 +11,7 @@ chapter module that writes a sentence in Python writes it in that language:
 Numbers are formatted once, by kvlab.fmt, before either wording takes them, so both
 editions show the same figures. Labels of figures and panels go through kvlab.viz.i18n.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable

@@ -1,5 +1,6 @@
 """Chapter 5, "Metrics and diagnosis": token timestamps behind TTFT, TPOT and ITL, the
 five-step diagnosis on four deployments, and the pitfalls."""
+
 from __future__ import annotations
 
 import functools
@@ -40,16 +41,27 @@ def diagnosis_cases() -> dict:
     host = tiers.tiered_decode_step(MODEL, HARDWARE, BATCH, CONTEXT, HOST_TIER).tokens_per_s
     m, hw, b, ctx = MODEL, HARDWARE, BATCH, CONTEXT
     return {
-        "near the ceiling": diagnosis.diagnose(m, hw, b, ctx, 0.88 * ceiling,
-                                               measured_bandwidth_bytes_per_s=0.9 * peak),
-        "fast kernels, gaps between them": diagnosis.diagnose(m, hw, b, ctx, 0.5 * ceiling,
-                                                              measured_bandwidth_bytes_per_s=0.85 * peak),
-        "lots of headroom": diagnosis.diagnose(m, hw, b, ctx, 0.25 * ceiling,
-                                               measured_bandwidth_bytes_per_s=0.3 * peak),
-        "KV served from host memory": diagnosis.diagnose(m, hw, b, ctx, 0.9 * host, kv_tier=HOST_TIER),
+        "near the ceiling": diagnosis.diagnose(
+            m, hw, b, ctx, 0.88 * ceiling, measured_bandwidth_bytes_per_s=0.9 * peak
+        ),
+        "fast kernels, gaps between them": diagnosis.diagnose(
+            m, hw, b, ctx, 0.5 * ceiling, measured_bandwidth_bytes_per_s=0.85 * peak
+        ),
+        "lots of headroom": diagnosis.diagnose(
+            m, hw, b, ctx, 0.25 * ceiling, measured_bandwidth_bytes_per_s=0.3 * peak
+        ),
+        "KV served from host memory": diagnosis.diagnose(
+            m, hw, b, ctx, 0.9 * host, kv_tier=HOST_TIER
+        ),
         "disaggregated, KV over one 200 Gb/s NIC": diagnosis.diagnose(
-            m, hw, b, ctx, 0.85 * ceiling, network_bandwidth_bytes_per_s="ib-200g",
-            kv_bytes_per_request=ctx * cost.kv_bytes_per_token(m)),
+            m,
+            hw,
+            b,
+            ctx,
+            0.85 * ceiling,
+            network_bandwidth_bytes_per_s="ib-200g",
+            kv_bytes_per_request=ctx * cost.kv_bytes_per_token(m),
+        ),
     }
 
 
@@ -63,16 +75,23 @@ def diagnosis_reports() -> list:
 def panels() -> dict:
     from ..viz import diagnosis_panels, roofline
 
-    return {"budget": diagnosis_panels.tpot_budget_panel(), "quantization": roofline.quantization_panel()}
+    return {
+        "budget": diagnosis_panels.tpot_budget_panel(),
+        "quantization": roofline.quantization_panel(),
+    }
 
 
 def numbers() -> dict[str, str]:
     out = {}
     streams = token_streams()
     for arch, summ in streams["summary"].items():
-        out.update({f"ts_{arch}_tpot": fmt.seconds(summ["tpot_p50_s"]),
-                    f"ts_{arch}_itl50": fmt.seconds(summ["itl_p50_s"]),
-                    f"ts_{arch}_itl99": fmt.seconds(summ["itl_p99_s"])})
+        out.update(
+            {
+                f"ts_{arch}_tpot": fmt.seconds(summ["tpot_p50_s"]),
+                f"ts_{arch}_itl50": fmt.seconds(summ["itl_p50_s"]),
+                f"ts_{arch}_itl99": fmt.seconds(summ["itl_p99_s"]),
+            }
+        )
     out["ts_trace"] = streams["trace"]
     p = panels()
     budget, quant = p["budget"], p["quantization"]
@@ -81,13 +100,15 @@ def numbers() -> dict[str, str]:
     out.update(quant.readout_texts("q16"))
     out.update(quant.readout_texts("q4k", context=4096))
     out["q_batch"] = fmt.fixed(quant.default_state["batch"], 0)
-    out.update({
-        "bw_bound": fmt.percent(diagnosis.BANDWIDTH_BOUND_UTILISATION, 2),
-        "low_util": fmt.percent(diagnosis.LOW_UTILISATION, 2),
-        "diag_ceiling": fmt.rate(ceiling_tokens_per_s()),
-        "diag_cases": fmt.fixed(len(diagnosis_cases()), 0),
-        "busy_share": fmt.percent(BUSY_SHARE_FOR_GAPS),
-        "diag_setup": f"{cost.get_model(MODEL).display_name} on an {cost.get_device(HARDWARE).display_name}, "
-                      f"batch {BATCH}, {fmt.fixed(CONTEXT, 0)}-token contexts",
-    })
+    out.update(
+        {
+            "bw_bound": fmt.percent(diagnosis.BANDWIDTH_BOUND_UTILISATION, 2),
+            "low_util": fmt.percent(diagnosis.LOW_UTILISATION, 2),
+            "diag_ceiling": fmt.rate(ceiling_tokens_per_s()),
+            "diag_cases": fmt.fixed(len(diagnosis_cases()), 0),
+            "busy_share": fmt.percent(BUSY_SHARE_FOR_GAPS),
+            "diag_setup": f"{cost.get_model(MODEL).display_name} on an {cost.get_device(HARDWARE).display_name}, "
+            f"batch {BATCH}, {fmt.fixed(CONTEXT, 0)}-token contexts",
+        }
+    )
     return out

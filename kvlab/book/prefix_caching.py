@@ -1,5 +1,6 @@
 """Chapter 5b, "Prefix caching on real traffic": what the Mooncake traces share, hit
 ratio against capacity and policy, what it buys in TTFT, and why granularity matters."""
+
 from __future__ import annotations
 
 import functools
@@ -16,8 +17,11 @@ from ..viz.i18n import t
 def panels() -> dict:
     from ..viz import prefix_panels
 
-    return {"capacity": prefix_panels.capacity_panel(), "latency": prefix_panels.latency_panel(),
-            "granularity": prefix_panels.granularity_panel()}
+    return {
+        "capacity": prefix_panels.capacity_panel(),
+        "latency": prefix_panels.latency_panel(),
+        "granularity": prefix_panels.granularity_panel(),
+    }
 
 
 @functools.cache
@@ -68,19 +72,27 @@ def numbers() -> dict[str, str]:
     curve = capacity_curve()
     least, most = definitions_disagree(curve)
     gap = widest_policy_gap(curve)
-    out.update({"defs_least": fmt.sig(least, 2), "defs_most": fmt.sig(most, 2),
-                "gap_share": fmt.percent(gap["share_of_blocks"]), "gap_lru": fmt.percent(gap["lru"]),
-                "gap_length_aware": fmt.percent(gap["length-aware"])})
+    out.update(
+        {
+            "defs_least": fmt.sig(least, 2),
+            "defs_most": fmt.sig(most, 2),
+            "gap_share": fmt.percent(gap["share_of_blocks"]),
+            "gap_lru": fmt.percent(gap["lru"]),
+            "gap_length_aware": fmt.percent(gap["length-aware"]),
+        }
+    )
     p = panels()
     for panel in p.values():
         out.update(panel.readout_texts())
     gran = p["granularity"]
     out.update(gran.readout_texts("gran_big", suffix=SWEEP_VALUES[-1]))
     out.update(gran.readout_texts("gran_small", suffix=SWEEP_VALUES[0]))
-    out.update({
-        "gran_suffix": fmt.fixed(gran.default_state["suffix"], 0),
-        "gran_big_suffix": fmt.fixed(SWEEP_VALUES[-1], 0),
-        "gran_small_suffix": fmt.fixed(SWEEP_VALUES[0], 0),
-        "gran_half_suffix": fmt.fixed(suffix_where_ttft_halves(SWEEP_VALUES), 0),
-    })
+    out.update(
+        {
+            "gran_suffix": fmt.fixed(gran.default_state["suffix"], 0),
+            "gran_big_suffix": fmt.fixed(SWEEP_VALUES[-1], 0),
+            "gran_small_suffix": fmt.fixed(SWEEP_VALUES[0], 0),
+            "gran_half_suffix": fmt.fixed(suffix_where_ttft_halves(SWEEP_VALUES), 0),
+        }
+    )
     return out

@@ -6,6 +6,7 @@ Every function takes `trace=None` for the real conversation trace when this mach
 it and its generated stand-in otherwise (`trace.label` says which), plus a slice
 (`start_s`, `duration_s`) and a base `SimConfig` (or keyword overrides).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,9 +28,20 @@ SWEEP_POOL_BYTES = (0.0, 100e9, 400e9)
 SWEEP_PREFILL_WORKERS = (1, 2, 3)
 SWEEP_DECODE_WORKERS = (1, 2, 3)
 #: Summary figures stored at every grid point of `sweep`.
-SWEEP_KEYS = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "itl_p99_s", "throughput_tokens_per_s", "prefix_hit_ratio",
-              "slo_attainment", "goodput_tokens_per_s", "mean_transfer_exposed_s", "bytes_moved", "move_exposed_s",
-              "move_hidden_s")
+SWEEP_KEYS = (
+    "ttft_p50_s",
+    "ttft_p90_s",
+    "tpot_p50_s",
+    "itl_p99_s",
+    "throughput_tokens_per_s",
+    "prefix_hit_ratio",
+    "slo_attainment",
+    "goodput_tokens_per_s",
+    "mean_transfer_exposed_s",
+    "bytes_moved",
+    "move_exposed_s",
+    "move_hidden_s",
+)
 QUANTILES = np.linspace(0, 100, 101)
 
 
@@ -43,9 +55,16 @@ def _config(config, overrides) -> SimConfig:
     return dataclasses.replace(config, **overrides) if overrides else config
 
 
-def compare_architectures(trace=None, start_s: float = 0.0, duration_s: float = 600.0, config: SimConfig | None = None,
-                          archs=ARCHS, ttft_slo_s=metrics.DEFAULT_TTFT_SLO_S, tbt_slo_s=metrics.DEFAULT_TBT_SLO_S,
-                          **overrides) -> dict:
+def compare_architectures(
+    trace=None,
+    start_s: float = 0.0,
+    duration_s: float = 600.0,
+    config: SimConfig | None = None,
+    archs=ARCHS,
+    ttft_slo_s=metrics.DEFAULT_TTFT_SLO_S,
+    tbt_slo_s=metrics.DEFAULT_TBT_SLO_S,
+    **overrides,
+) -> dict:
     """The architectures side by side on the same slice and the same GPUs.
 
     Returns {"trace", "generated", "requests", "archs", "summary": {arch: summary dict},
@@ -54,10 +73,23 @@ def compare_architectures(trace=None, start_s: float = 0.0, duration_s: float = 
     """
     sliced = _slice(trace, start_s, duration_s)
     base = _config(config, overrides)
-    out = {"trace": sliced.label, "generated": sliced.generated, "requests": len(sliced), "archs": list(archs),
-           "summary": {}, "quantiles": QUANTILES, "ttft_s": {}, "tpot_s": {}, "itl_s": {}, "slo_curve": {}}
+    out = {
+        "trace": sliced.label,
+        "generated": sliced.generated,
+        "requests": len(sliced),
+        "archs": list(archs),
+        "summary": {},
+        "quantiles": QUANTILES,
+        "ttft_s": {},
+        "tpot_s": {},
+        "itl_s": {},
+        "slo_curve": {},
+    }
     for arch in archs:
-        r = simulate(sliced, dataclasses.replace(base, arch=arch, remote_kv=base.remote_kv and arch != "colocated"))
+        r = simulate(
+            sliced,
+            dataclasses.replace(base, arch=arch, remote_kv=base.remote_kv and arch != "colocated"),
+        )
         out["summary"][arch] = r.summary(ttft_slo_s, tbt_slo_s)
         done = r.records[r.done]
         out["ttft_s"][arch] = _quantiles(done["ttft_s"])
@@ -76,10 +108,20 @@ def _quantiles(values) -> np.ndarray:
     return np.percentile(v, QUANTILES) if v.size else np.full(QUANTILES.size, np.nan)
 
 
-def sweep(trace=None, start_s: float = 0.0, duration_s: float = 180.0, links=SWEEP_LINKS,
-          pool_bytes_per_node=SWEEP_POOL_BYTES, prefill_workers=SWEEP_PREFILL_WORKERS,
-          decode_workers=SWEEP_DECODE_WORKERS, archs=ARCHS, config: SimConfig | None = None, keys=SWEEP_KEYS,
-          progress=None, **overrides) -> dict:
+def sweep(
+    trace=None,
+    start_s: float = 0.0,
+    duration_s: float = 180.0,
+    links=SWEEP_LINKS,
+    pool_bytes_per_node=SWEEP_POOL_BYTES,
+    prefill_workers=SWEEP_PREFILL_WORKERS,
+    decode_workers=SWEEP_DECODE_WORKERS,
+    archs=ARCHS,
+    config: SimConfig | None = None,
+    keys=SWEEP_KEYS,
+    progress=None,
+    **overrides,
+) -> dict:
     """Every architecture over a grid of (link, pool size, prefill GPUs, decode GPUs).
 
     Returns {"trace", "generated", "requests", "links", "link_bandwidth_bytes_per_s",
@@ -97,22 +139,42 @@ def sweep(trace=None, start_s: float = 0.0, duration_s: float = 180.0, links=SWE
     links, pools = tuple(links), tuple(float(p) for p in pool_bytes_per_node)
     pws, dws = tuple(int(p) for p in prefill_workers), tuple(int(d) for d in decode_workers)
     shape = (len(links), len(pools), len(pws), len(dws))
-    out = {"trace": sliced.label, "generated": sliced.generated, "requests": len(sliced), "links": list(links),
-           "link_bandwidth_bytes_per_s": np.array([get_tier(name).bandwidth_bytes_per_s for name in links]),
-           "pool_bytes_per_node": np.array(pools), "prefill_workers": np.array(pws), "decode_workers": np.array(dws),
-           "archs": list(archs), "keys": list(keys), "metrics": {}}
+    out = {
+        "trace": sliced.label,
+        "generated": sliced.generated,
+        "requests": len(sliced),
+        "links": list(links),
+        "link_bandwidth_bytes_per_s": np.array(
+            [get_tier(name).bandwidth_bytes_per_s for name in links]
+        ),
+        "pool_bytes_per_node": np.array(pools),
+        "prefill_workers": np.array(pws),
+        "decode_workers": np.array(dws),
+        "archs": list(archs),
+        "keys": list(keys),
+        "metrics": {},
+    }
     total = sum(math.prod(shape[1:]) if a == "colocated" else math.prod(shape) for a in archs)
     done = 0
     for arch in archs:
         grid = {k: np.full(shape, np.nan) for k in keys}
-        for (j, pool), (m, p), (n, d) in itertools.product(enumerate(pools), enumerate(pws), enumerate(dws)):
+        for (j, pool), (m, p), (n, d) in itertools.product(
+            enumerate(pools), enumerate(pws), enumerate(dws)
+        ):
             for i, link in enumerate(links):
                 if arch == "colocated" and i > 0:
                     for k in keys:
                         grid[k][i, j, m, n] = grid[k][0, j, m, n]
                     continue
-                cfg = dataclasses.replace(base, arch=arch, link=link, pool_bytes_per_node=pool, prefill_workers=p,
-                                          decode_workers=d, remote_kv=base.remote_kv and arch != "colocated")
+                cfg = dataclasses.replace(
+                    base,
+                    arch=arch,
+                    link=link,
+                    pool_bytes_per_node=pool,
+                    prefill_workers=p,
+                    decode_workers=d,
+                    remote_kv=base.remote_kv and arch != "colocated",
+                )
                 s = simulate(sliced, cfg).summary()
                 for k in keys:
                     value = s.get(k)
@@ -124,9 +186,14 @@ def sweep(trace=None, start_s: float = 0.0, duration_s: float = 180.0, links=SWE
     return out
 
 
-def bytes_vs_critical_path(trace=None, start_s: float = 0.0, duration_s: float = 300.0,
-                           config: SimConfig | None = None, **overrides) -> dict:
-    """"Same bytes, lower latency": what each move cost in bytes, and how much of its time
+def bytes_vs_critical_path(
+    trace=None,
+    start_s: float = 0.0,
+    duration_s: float = 300.0,
+    config: SimConfig | None = None,
+    **overrides,
+) -> dict:
+    """ "Same bytes, lower latency": what each move cost in bytes, and how much of its time
     sat on the requests' critical path, for disaggregation without and with layer-wise
     overlap, and the KV-centric design (global pool, cache-aware routing, overlap).
 
@@ -143,7 +210,12 @@ def bytes_vs_critical_path(trace=None, start_s: float = 0.0, duration_s: float =
         "disaggregated + overlap": dict(arch="disaggregated", overlap=True),
         "kv-centric": dict(arch="kv-centric"),
     }
-    out = {"trace": sliced.label, "generated": sliced.generated, "variants": list(variants), "purposes": list(PURPOSES)}
+    out = {
+        "trace": sliced.label,
+        "generated": sliced.generated,
+        "variants": list(variants),
+        "purposes": list(PURPOSES),
+    }
     for name, change in variants.items():
         r = simulate(sliced, dataclasses.replace(base, **change, remote_kv=False))
         s, by = r.summary(), r.network["by_purpose"]
@@ -152,15 +224,24 @@ def bytes_vs_critical_path(trace=None, start_s: float = 0.0, duration_s: float =
             "wire_s": {p: by[p]["wire_s"] for p in PURPOSES},
             "exposed_s": {p: by[p]["exposed_s"] for p in PURPOSES},
             "hidden_s": {p: by[p]["hidden_s"] for p in PURPOSES},
-            "ttft_p50_s": s["ttft_p50_s"], "ttft_p90_s": s["ttft_p90_s"],
-            "mean_transfer_exposed_s": s["mean_transfer_exposed_s"], "prefix_hit_ratio": s["prefix_hit_ratio"],
+            "ttft_p50_s": s["ttft_p50_s"],
+            "ttft_p90_s": s["ttft_p90_s"],
+            "mean_transfer_exposed_s": s["mean_transfer_exposed_s"],
+            "prefix_hit_ratio": s["prefix_hit_ratio"],
         }
     return out
 
 
-def hit_rate_global_vs_local(trace=None, start_s: float = 0.0, duration_s: float | None = 600.0, nodes: int = 4,
-                             pool_bytes_per_node=None, model: str = "llama-3.1-8b", kv_dtype: str = "fp16",
-                             policy: str = "lru") -> dict:
+def hit_rate_global_vs_local(
+    trace=None,
+    start_s: float = 0.0,
+    duration_s: float | None = 600.0,
+    nodes: int = 4,
+    pool_bytes_per_node=None,
+    model: str = "llama-3.1-8b",
+    kv_dtype: str = "fp16",
+    policy: str = "lru",
+) -> dict:
     """Prefix-cache hit ratio of one global pool against `nodes` separate per-node caches of
     the same total size, requests spread round-robin (a load balancer that ignores caches).
 
@@ -175,17 +256,33 @@ def hit_rate_global_vs_local(trace=None, start_s: float = 0.0, duration_s: float
     bt = sliced.block_tokens
     block_bytes = bt * kv_bytes_per_token(model, kv_dtype)
     unique = len({h for r in sliced.requests for h in r.hash_ids})
-    if pool_bytes_per_node is None:  # from a sliver of the distinct blocks to all of them on every node
-        pool_bytes_per_node = np.array([0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0]) * unique * block_bytes / nodes
+    if (
+        pool_bytes_per_node is None
+    ):  # from a sliver of the distinct blocks to all of them on every node
+        pool_bytes_per_node = (
+            np.array([0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0]) * unique * block_bytes / nodes
+        )
     pools = np.asarray(pool_bytes_per_node, dtype=float)
     caps = np.floor(pools / block_bytes)
     ratios = global_vs_local(sliced, nodes, caps, policy)
-    return {"trace": sliced.label, "generated": sliced.generated, "nodes": nodes, "pool_bytes_per_node": pools,
-            "capacity_blocks_per_node": caps.astype(np.int64), **ratios}
+    return {
+        "trace": sliced.label,
+        "generated": sliced.generated,
+        "nodes": nodes,
+        "pool_bytes_per_node": pools,
+        "capacity_blocks_per_node": caps.astype(np.int64),
+        **ratios,
+    }
 
 
-def timeline(trace=None, arch: str = "kv-centric", start_s: float = 0.0, duration_s: float = 20.0,
-             config: SimConfig | None = None, **overrides) -> dict:
+def timeline(
+    trace=None,
+    arch: str = "kv-centric",
+    start_s: float = 0.0,
+    duration_s: float = 20.0,
+    config: SimConfig | None = None,
+    **overrides,
+) -> dict:
     """A Gantt chart of a short slice: {"trace", "generated", "arch", "workers": lane names
     in order, "rows": [(worker, start_s, end_s, kind, request)], "kinds"}. Kinds: "fetch"
     (prefix KV loaded), "prefill", "transfer" (KV arriving at a decode GPU), "decode" (one
@@ -195,13 +292,27 @@ def timeline(trace=None, arch: str = "kv-centric", start_s: float = 0.0, duratio
     r = simulate(sliced, dataclasses.replace(_config(config, overrides), arch=arch))
     rows = [(w, float(a), float(b), kind, int(q)) for w, a, b, kind, q in r.timeline]
     workers = [w["name"] for w in r.workers]
-    return {"trace": sliced.label, "generated": sliced.generated, "arch": arch, "workers": workers, "rows": rows,
-            "kinds": ["fetch", "prefill", "transfer", "decode"], "summary": r.summary()}
+    return {
+        "trace": sliced.label,
+        "generated": sliced.generated,
+        "arch": arch,
+        "workers": workers,
+        "rows": rows,
+        "kinds": ["fetch", "prefill", "transfer", "decode"],
+        "summary": r.summary(),
+    }
 
 
-def token_streams(trace=None, start_s: float = 0.0, duration_s: float = 60.0, requests: int = 6,
-                  min_tokens: int = 100, archs=("colocated", "disaggregated"), config: SimConfig | None = None,
-                  **overrides) -> dict:
+def token_streams(
+    trace=None,
+    start_s: float = 0.0,
+    duration_s: float = 60.0,
+    requests: int = 6,
+    min_tokens: int = 100,
+    archs=("colocated", "disaggregated"),
+    config: SimConfig | None = None,
+    **overrides,
+) -> dict:
     """Per-token timestamps of a few requests, to show TTFT, TPOT and ITL and why TPOT (a
     mean) hides the stalls that ITL shows.
 
@@ -220,20 +331,35 @@ def token_streams(trace=None, start_s: float = 0.0, duration_s: float = 60.0, re
     stall = first["itl_max_s"][eligible] - first["tpot_s"][eligible]
     picked = eligible[np.argsort(-stall, kind="stable")[:requests]]
     picked = np.sort(picked)
-    out = {"trace": sliced.label, "generated": sliced.generated, "archs": list(archs),
-           "requests": picked.tolist(), "summary": {}}
+    out = {
+        "trace": sliced.label,
+        "generated": sliced.generated,
+        "archs": list(archs),
+        "requests": picked.tolist(),
+        "summary": {},
+    }
     for arch, r in runs.items():
         rows = []
         for i in picked:
             rec = r.records[i]
             t = r.tokens(int(i))
-            rows.append({"request": int(i), "arrival_s": float(rec["arrival_s"]),
-                         "token_times_s": t - rec["arrival_s"], "ttft_s": float(rec["ttft_s"]),
-                         "tpot_s": float(rec["tpot_s"]), "itl_s": np.diff(t), "itl_p99_s": float(rec["itl_p99_s"]),
-                         "itl_max_s": float(rec["itl_max_s"])})
+            rows.append(
+                {
+                    "request": int(i),
+                    "arrival_s": float(rec["arrival_s"]),
+                    "token_times_s": t - rec["arrival_s"],
+                    "ttft_s": float(rec["ttft_s"]),
+                    "tpot_s": float(rec["tpot_s"]),
+                    "itl_s": np.diff(t),
+                    "itl_p99_s": float(rec["itl_p99_s"]),
+                    "itl_max_s": float(rec["itl_max_s"]),
+                }
+            )
         out[arch] = rows
         s = r.summary()
-        out["summary"][arch] = {k: s[k] for k in ("ttft_p50_s", "tpot_p50_s", "tpot_p99_s", "itl_p50_s", "itl_p99_s")}
+        out["summary"][arch] = {
+            k: s[k] for k in ("ttft_p50_s", "tpot_p50_s", "tpot_p99_s", "itl_p50_s", "itl_p99_s")
+        }
     return out
 
 
@@ -241,8 +367,13 @@ def token_streams(trace=None, start_s: float = 0.0, duration_s: float = 60.0, re
 DISASTER_LIGHT_REQUESTS = 12
 
 
-def remote_kv_disaster(trace=None, start_s: float = 0.0, duration_s: float = 60.0,
-                       config: SimConfig | None = None, **overrides) -> dict:
+def remote_kv_disaster(
+    trace=None,
+    start_s: float = 0.0,
+    duration_s: float = 60.0,
+    config: SimConfig | None = None,
+    **overrides,
+) -> dict:
     """Disaggregation with the KV moved once into the decode GPU's HBM against read over
     the network at every step, at the trace's own load and at light load, beside the two
     ratios that bound the slowdown of one step.
@@ -269,15 +400,27 @@ def remote_kv_disaster(trace=None, start_s: float = 0.0, duration_s: float = 60.
             runs[load + where] = simulate(tr, dataclasses.replace(base, remote_kv=remote)).summary()
     device = get_device(base.hardware)
     context = int(np.median(sliced.input_tokens))
-    step = tiered_decode_step(base.model, device, 1, context, tier=base.link,
-                              weight_dtype=base.weight_dtype, kv_dtype=base.kv_dtype)
+    step = tiered_decode_step(
+        base.model,
+        device,
+        1,
+        context,
+        tier=base.link,
+        weight_dtype=base.weight_dtype,
+        kv_dtype=base.kv_dtype,
+    )
     ratio = lambda a, b: a["tpot_p50_s"] / b["tpot_p50_s"]  # noqa: E731
-    return {"trace": sliced.label, **runs, "link": base.link,
-            "bandwidth_ratio": device.memory_bandwidth_bytes_per_s
-            / get_tier(base.link).bandwidth_bytes_per_s,
-            "context": context, "step_ratio": float(step.slowdown),
-            "tpot_ratio": ratio(runs["remote"], runs["local"]),
-            "light_tpot_ratio": ratio(runs["light_remote"], runs["light_local"])}
+    return {
+        "trace": sliced.label,
+        **runs,
+        "link": base.link,
+        "bandwidth_ratio": device.memory_bandwidth_bytes_per_s
+        / get_tier(base.link).bandwidth_bytes_per_s,
+        "context": context,
+        "step_ratio": float(step.slowdown),
+        "tpot_ratio": ratio(runs["remote"], runs["local"]),
+        "light_tpot_ratio": ratio(runs["light_remote"], runs["light_local"]),
+    }
 
 
 def _one_at_a_time(trace, gap_s: float = 3600.0):
@@ -311,9 +454,20 @@ LOAD_VARIANTS = {
     "kv-centric+er": dict(arch="kv-centric", early_reject=True),
 }
 #: Summary figures stored at every (variant, rate) of `load_sweep`.
-LOAD_KEYS = ("slo_attainment", "goodput_requests_per_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s",
-             "tpot_p50_s", "itl_p99_s", "throughput_tokens_per_s", "prefix_hit_ratio",
-             "requests_rejected_early", "requests_completed", "preemptions")
+LOAD_KEYS = (
+    "slo_attainment",
+    "goodput_requests_per_s",
+    "ttft_p50_s",
+    "ttft_p90_s",
+    "ttft_p99_s",
+    "tpot_p50_s",
+    "itl_p99_s",
+    "throughput_tokens_per_s",
+    "prefix_hit_ratio",
+    "requests_rejected_early",
+    "requests_completed",
+    "preemptions",
+)
 
 
 def capacity_ttft_slo_s(sliced, config: SimConfig) -> float:
@@ -343,9 +497,17 @@ def saturation_rate(rates, attainment, level: float = SATURATION_ATTAINMENT) -> 
     return float(r[i - 1] + w * (r[i] - r[i - 1])), "crossed"
 
 
-def load_sweep(trace=None, requests: int = LOAD_REQUESTS, rates=LOAD_RATES, variants=None,
-               config: SimConfig | None = None, ttft_slo_s: float | None = None,
-               tbt_slo_s: float = metrics.DEFAULT_TBT_SLO_S, keys=LOAD_KEYS, **overrides) -> dict:
+def load_sweep(
+    trace=None,
+    requests: int = LOAD_REQUESTS,
+    rates=LOAD_RATES,
+    variants=None,
+    config: SimConfig | None = None,
+    ttft_slo_s: float | None = None,
+    tbt_slo_s: float = metrics.DEFAULT_TBT_SLO_S,
+    keys=LOAD_KEYS,
+    **overrides,
+) -> dict:
     """Every design at rising request rates: the first `requests` requests of the trace,
     their arrival gaps scaled to each mean rate (burstiness and prefix sharing kept), under
     one pair of SLOs (TTFT <= `ttft_slo_s`, by default `capacity_ttft_slo_s`; the p90 of
@@ -364,15 +526,33 @@ def load_sweep(trace=None, requests: int = LOAD_REQUESTS, rates=LOAD_RATES, vari
     base = dataclasses.replace(base, ttft_slo_s=ttft_slo_s, tbt_slo_s=tbt_slo_s)
     rates = tuple(float(r) for r in rates)
     played = [trace_at_rate(sliced, rate) for rate in rates]
-    out = {"trace": sliced.label, "generated": sliced.generated, "requests": len(sliced),
-           "rates": np.array(rates), "ttft_slo_s": ttft_slo_s, "tbt_slo_s": tbt_slo_s,
-           "tbt_stat": base.tbt_stat, "variants": list(variants), "settings": {}, "metrics": {},
-           "saturation": {}}
+    out = {
+        "trace": sliced.label,
+        "generated": sliced.generated,
+        "requests": len(sliced),
+        "rates": np.array(rates),
+        "ttft_slo_s": ttft_slo_s,
+        "tbt_slo_s": tbt_slo_s,
+        "tbt_stat": base.tbt_stat,
+        "variants": list(variants),
+        "settings": {},
+        "metrics": {},
+        "saturation": {},
+    }
     for name, change in variants.items():
         cfg = dataclasses.replace(base, **change)
         resolved = cfg.resolved()
-        out["settings"][name] = {k: getattr(resolved, k) for k in (
-            "arch", "chunk_tokens", "early_reject", "prefill_workers", "decode_workers", "link")}
+        out["settings"][name] = {
+            k: getattr(resolved, k)
+            for k in (
+                "arch",
+                "chunk_tokens",
+                "early_reject",
+                "prefill_workers",
+                "decode_workers",
+                "link",
+            )
+        }
         grid = {k: np.full(len(rates), np.nan) for k in keys}
         for i, tr in enumerate(played):
             s = simulate(tr, cfg).summary()

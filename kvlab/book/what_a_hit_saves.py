@@ -1,4 +1,5 @@
 """Chapter 1, "What a cache hit saves": compute, not the bytes a decode step moves."""
+
 from __future__ import annotations
 
 import functools
@@ -11,8 +12,13 @@ from .lang import pick
 
 def _article() -> cost.DecodeStep:
     """The article's 7B at batch 1 with no history, on its round 2 TB/s device."""
-    return cost.decode_step(ARTICLE_MODEL, "h100-sxm", batch=1, context=0,
-                            bandwidth_bytes_per_s=ARTICLE_BANDWIDTH_BYTES_PER_S)
+    return cost.decode_step(
+        ARTICLE_MODEL,
+        "h100-sxm",
+        batch=1,
+        context=0,
+        bandwidth_bytes_per_s=ARTICLE_BANDWIDTH_BYTES_PER_S,
+    )
 
 
 @functools.cache
@@ -50,10 +56,16 @@ def worked_example() -> str:
     ceiling = f"{bw:.0e} B/s"
     tokens_per_s = f"{bw / article.weight_bytes:.1f} tokens/s"
     kv = f"{article.kv_bytes_per_token:,.0f}"
-    return "\n".join([
-        pick(f"weights of the article's 7B in fp16: {weights} bytes",
-             f"原文 7B 模型的 fp16 权重：{weights} 字节"),
-        pick(f"ceiling at {ceiling}, batch 1: {tokens_per_s}",
-             f"带宽 {ceiling}、批大小 1 时的上限：{tokens_per_s}"),
-        pick(f"KV cache per token: {kv} bytes", f"每个 token 的 KV cache：{kv} 字节"),
-    ])
+    return "\n".join(
+        [
+            pick(
+                f"weights of the article's 7B in fp16: {weights} bytes",
+                f"原文 7B 模型的 fp16 权重：{weights} 字节",
+            ),
+            pick(
+                f"ceiling at {ceiling}, batch 1: {tokens_per_s}",
+                f"带宽 {ceiling}、批大小 1 时的上限：{tokens_per_s}",
+            ),
+            pick(f"KV cache per token: {kv} bytes", f"每个 token 的 KV cache：{kv} 字节"),
+        ]
+    )

@@ -6,6 +6,7 @@ in one line with exit status 70 (`KVLAB_DEBUG=1` shows the traceback). Only the 
 the command being run is imported, and heavy libraries (torch, bokeh) only by the commands
 that need them, so `kvlab --help` and `kvlab budget` start fast.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,12 +23,18 @@ COMMANDS = {
     "budget": ("kvlab.cli.budget", "bytes, FLOPs, time and memory fit of one decode step"),
     "bench": ("kvlab.cli.bench", "microbenchmarks: results as JSON under results/<machine>/"),
     "trace": ("kvlab.cli.trace", "request traces: statistics, download"),
-    "prefix-cache": ("kvlab.cli.prefix", "replay a trace through a prefix cache: block and token "
-                     "hit ratios, prefill saved"),
-    "diagnose": ("kvlab.cli.diagnose",
-                 "why is decode slow? the five-step diagnosis of a measurement"),
-    "simulate": ("kvlab.cli.simulate", "replay a trace on a colocated, disaggregated or KV-centric "
-                 "cluster (discrete-event)"),
+    "prefix-cache": (
+        "kvlab.cli.prefix",
+        "replay a trace through a prefix cache: block and token hit ratios, prefill saved",
+    ),
+    "diagnose": (
+        "kvlab.cli.diagnose",
+        "why is decode slow? the five-step diagnosis of a measurement",
+    ),
+    "simulate": (
+        "kvlab.cli.simulate",
+        "replay a trace on a colocated, disaggregated or KV-centric cluster (discrete-event)",
+    ),
 }
 
 #: Commands whose numpy work is element-wise: OpenBLAS need not start a thread per core
@@ -126,9 +133,13 @@ def report(prog: str, exc: BaseException) -> int:
 
         traceback.print_exception(exc, file=sys.stderr)
     else:
-        print(one_line(f"{prog}: internal error, a bug in kvlab: {type(exc).__name__}: {exc} "
-                       f"(run again with {DEBUG_ENV}=1 for the traceback, and please report it)"),
-              file=sys.stderr)
+        print(
+            one_line(
+                f"{prog}: internal error, a bug in kvlab: {type(exc).__name__}: {exc} "
+                f"(run again with {DEBUG_ENV}=1 for the traceback, and please report it)"
+            ),
+            file=sys.stderr,
+        )
     return EXIT_BUG
 
 

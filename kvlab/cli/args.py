@@ -2,6 +2,7 @@
 
 They only parse; range checks happen in the API so CLI and library agree.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,7 +21,9 @@ def count(text: str) -> float:
     try:
         return float(t) * scale
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number such as 4096 or 4k, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected a number such as 4096 or 4k, got {text!r}"
+        ) from None
 
 
 def number(text: str) -> float:

@@ -1,5 +1,6 @@
 """`kvlab bench BENCHMARK ...`: microbenchmarks. Each module in BENCH_COMMANDS registers one
 benchmark on the `bench` sub-parser; torch is imported only when a benchmark runs."""
+
 from __future__ import annotations
 
 import importlib

@@ -5,6 +5,7 @@ Every numeric option is checked where argparse reads it (`whole`, `seconds_value
 `csv_counts`): NaN, infinity, fractions and out-of-range values are one line and exit 2,
 never a traceback and never a sweep that skips every point for an internal reason.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,7 +27,8 @@ def whole(minimum: int, maximum: int, what: str = "a whole number"):
         value = count(text)
         if not math.isfinite(value) or value != int(value) or not minimum <= value <= maximum:
             raise argparse.ArgumentTypeError(
-                f"expected {what} in {minimum:,}..{maximum:,}, got {text!r}")
+                f"expected {what} in {minimum:,}..{maximum:,}, got {text!r}"
+            )
         return int(value)
 
     return parse
@@ -41,32 +43,58 @@ def seconds_value(text: str) -> float:
 
 
 def add_common(p, budget_s: float) -> None:
-    p.add_argument("--device", default="auto",
-                   help="'cpu', 'cuda', 'cuda:1', or 'auto' (CUDA when present; default)")
-    p.add_argument("--quick", action="store_true",
-                   help="CI-sized run (seconds); writes <benchmark>-quick.json so real results are "
-                        "kept")
-    p.add_argument("--repeats", type=whole(1, MAX_REPEATS),
-                   help="timed repeats per point (default: 5 on CPU, more on CUDA)")
-    p.add_argument("--budget", type=seconds_value, default=budget_s, metavar="SECONDS",
-                   help=f"stop starting new points after this long (default {budget_s:g} s)")
-    p.add_argument("--threads", type=whole(1, MAX_THREADS),
-                   help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--no-write", action="store_true",
-                   help="do not write results/<machine>/<benchmark>.json")
+    p.add_argument(
+        "--device",
+        default="auto",
+        help="'cpu', 'cuda', 'cuda:1', or 'auto' (CUDA when present; default)",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="CI-sized run (seconds); writes <benchmark>-quick.json so real results are kept",
+    )
+    p.add_argument(
+        "--repeats",
+        type=whole(1, MAX_REPEATS),
+        help="timed repeats per point (default: 5 on CPU, more on CUDA)",
+    )
+    p.add_argument(
+        "--budget",
+        type=seconds_value,
+        default=budget_s,
+        metavar="SECONDS",
+        help=f"stop starting new points after this long (default {budget_s:g} s)",
+    )
+    p.add_argument(
+        "--threads", type=whole(1, MAX_THREADS), help="torch CPU threads (default: torch's choice)"
+    )
+    p.add_argument(
+        "--no-write", action="store_true", help="do not write results/<machine>/<benchmark>.json"
+    )
     p.add_argument("--json", action="store_true", help="print the whole result as one JSON object")
-    p.add_argument("--plan", metavar="DEVICE",
-                   help="print every point of the CUDA sweep with its bytes, predicted time and "
-                        "memory on catalogue device DEVICE (kvlab hardware, e.g. h200) and what "
-                        "the budget leaves out; runs and allocates nothing")
-    p.add_argument("--plan-link", default="pcie5-x16", metavar="LINK",
-                   help="host<->device link for --plan (kvlab hardware; default pcie5-x16)")
+    p.add_argument(
+        "--plan",
+        metavar="DEVICE",
+        help="print every point of the CUDA sweep with its bytes, predicted time and "
+        "memory on catalogue device DEVICE (kvlab hardware, e.g. h200) and what "
+        "the budget leaves out; runs and allocates nothing",
+    )
+    p.add_argument(
+        "--plan-link",
+        default="pcie5-x16",
+        metavar="LINK",
+        help="host<->device link for --plan (kvlab hardware; default pcie5-x16)",
+    )
 
 
 def add_kernels(p) -> None:
-    p.add_argument("--kernels", choices=("auto", "native", "torch"), default="auto",
-                   help="CPU decode kernels: kvlab's native C kernels (built with the system "
-                        "compiler), PyTorch's, or native where they build (default)")
+    p.add_argument(
+        "--kernels",
+        choices=("auto", "native", "torch"),
+        default="auto",
+        help="CPU decode kernels: kvlab's native C kernels (built with the system "
+        "compiler), PyTorch's, or native where they build (default)",
+    )
 
 
 def setup(args) -> str:
@@ -77,13 +105,15 @@ def setup(args) -> str:
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise KvlabError(f"--device {device}: torch {torch.__version__} sees no CUDA device; "
-                         "use --device cpu")
+        raise KvlabError(
+            f"--device {device}: torch {torch.__version__} sees no CUDA device; use --device cpu"
+        )
     try:
         dev = torch.device(device)
     except RuntimeError:
-        raise KvlabError(f"--device {device!r} is not a torch device; use cpu, cuda or cuda:N") \
-            from None
+        raise KvlabError(
+            f"--device {device!r} is not a torch device; use cpu, cuda or cuda:N"
+        ) from None
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
         count = torch.cuda.device_count()
         raise KvlabError(f"--device {device}: torch sees {count} CUDA device(s), numbered from 0")
@@ -102,8 +132,15 @@ def show_plan(args, only: tuple[str, ...], options: dict | None = None) -> int:
     """--plan: print what the run would do on the named catalogue device; nothing runs."""
     from ..bench.plan import plan_suite
 
-    plan = plan_suite(args.plan, args.plan_link, budget_s=args.budget, quick=args.quick,
-                      only=only, repeats=args.repeats, options=options)
+    plan = plan_suite(
+        args.plan,
+        args.plan_link,
+        budget_s=args.budget,
+        quick=args.quick,
+        only=only,
+        repeats=args.repeats,
+        options=options,
+    )
     if args.json:
         print_json(plan)
     else:
@@ -120,23 +157,36 @@ def render_plan(plan: dict) -> str:
             return f"refused: {p['refused']}"
         return "beyond budget" if p["beyond_budget"] else ""
 
-    lines = [f"plan on {plan['device_name']} ({si(plan['bandwidth_bytes_per_s'], 'B/s')}, "
-             f"{plan['flops_per_s'] / 1e12:.0f} TFLOP/s bf16, {si(plan['capacity_bytes'], 'B')}), "
-             f"link {plan['link']} ({si(plan['link_bytes_per_s'], 'B/s')}); "
-             f"budget {seconds(plan['budget_s'])}; {plan['basis']}"]
+    lines = [
+        f"plan on {plan['device_name']} ({si(plan['bandwidth_bytes_per_s'], 'B/s')}, "
+        f"{plan['flops_per_s'] / 1e12:.0f} TFLOP/s bf16, {si(plan['capacity_bytes'], 'B')}), "
+        f"link {plan['link']} ({si(plan['link_bytes_per_s'], 'B/s')}); "
+        f"budget {seconds(plan['budget_s'])}; {plan['basis']}"
+    ]
     for b in plan["benchmarks"]:
-        rows = [[p["point"], si(p["bytes"], "B"),
-                 "-" if p["predicted_s"] is None else seconds(p["predicted_s"]),
-                 si(p["device_bytes"], "B"), si(p["host_bytes"], "B"), seconds(p["wall_s"]),
-                 note(p)]
-                for p in b["points"]]
+        rows = [
+            [
+                p["point"],
+                si(p["bytes"], "B"),
+                "-" if p["predicted_s"] is None else seconds(p["predicted_s"]),
+                si(p["device_bytes"], "B"),
+                si(p["host_bytes"], "B"),
+                seconds(p["wall_s"]),
+                note(p),
+            ]
+            for p in b["points"]
+        ]
         runs = sum(1 for p in b["points"] if not p["refused"] and not p["beyond_budget"])
-        lines += ["", f"{b['benchmark']}: {runs} of {len(b['points'])} points, about "
-                      f"{seconds(b['wall_s'])} of its {seconds(b['allowance_s'])}",
-                  table(rows, ["point", "bytes", "predicted", "device mem", "host mem", "wall",
-                               "note"])]
-    lines += ["", f"total: about {seconds(plan['wall_s'])} of the {seconds(plan['budget_s'])} "
-                  "budget"]
+        lines += [
+            "",
+            f"{b['benchmark']}: {runs} of {len(b['points'])} points, about "
+            f"{seconds(b['wall_s'])} of its {seconds(b['allowance_s'])}",
+            table(rows, ["point", "bytes", "predicted", "device mem", "host mem", "wall", "note"]),
+        ]
+    lines += [
+        "",
+        f"total: about {seconds(plan['wall_s'])} of the {seconds(plan['budget_s'])} budget",
+    ]
     return "\n".join(lines)
 
 
@@ -168,10 +218,12 @@ def csv_counts(maximum: int, unit: str = ""):
             value = count(part)
             if not math.isfinite(value) or value < 1 or value != int(value):
                 raise argparse.ArgumentTypeError(
-                    f"expected whole numbers >= 1 such as 1k,4k; got {part!r}")
+                    f"expected whole numbers >= 1 such as 1k,4k; got {part!r}"
+                )
             if value > maximum:
                 raise argparse.ArgumentTypeError(
-                    f"{part.strip()} = {int(value):,} is above the limit of {limit}")
+                    f"{part.strip()} = {int(value):,} is above the limit of {limit}"
+                )
             out.append(int(value))
         return out
 

@@ -1,13 +1,17 @@
 """`kvlab bench memory`: copy/read/write bandwidth and matmul rate of a device."""
+
 from __future__ import annotations
 
 from . import bench_common as common
 
 
 def register(sub) -> None:
-    p = sub.add_parser("memory", help="device copy bandwidth (STREAM-like) and matmul FLOP/s",
-                       description="Copy, read and write bandwidth over several array sizes "
-                       "(median of repeats), and the matmul rate: the figures the ledger is fed.")
+    p = sub.add_parser(
+        "memory",
+        help="device copy bandwidth (STREAM-like) and matmul FLOP/s",
+        description="Copy, read and write bandwidth over several array sizes "
+        "(median of repeats), and the matmul rate: the figures the ledger is fed.",
+    )
     common.add_common(p, budget_s=120)
     p.set_defaults(func=run)
 
@@ -19,6 +23,13 @@ def run(args) -> int:
         return common.show_plan(args, ("memory",))
     device = common.setup(args)
     r = run_memory(device, quick=args.quick, repeats=common.repeats(args), budget_s=args.budget)
-    rows = [[p["kernel"], f"{p['size_bytes'] / 2**20:.0f}",
-             f"{p['bandwidth_bytes_per_s'] / 1e9:.1f}", f"{p['spread']:.0%}"] for p in r["points"]]
+    rows = [
+        [
+            p["kernel"],
+            f"{p['size_bytes'] / 2**20:.0f}",
+            f"{p['bandwidth_bytes_per_s'] / 1e9:.1f}",
+            f"{p['spread']:.0%}",
+        ]
+        for p in r["points"]
+    ]
     return common.finish(args, "memory", r, device, rows, ["kernel", "MiB", "GB/s", "spread"])

@@ -5,6 +5,7 @@ numpy and torch: no installs, results under results/<gpu>/, done in under 10 min
 A benchmark that is refused or breaks is reported and the others still run; the exit
 status is then 1.
 """
+
 from __future__ import annotations
 
 from . import bench_common as common
@@ -13,17 +14,31 @@ from .args import print_json
 
 def register(sub) -> None:
     for name, budget, help_text in (
-        ("all", 1800, "every benchmark on this machine (memory, transfer, recompute-vs-fetch, "
-                      "decode)"),
-        ("gpu-suite", 480, "every benchmark on a CUDA device, sized to finish in under 10 minutes "
-                           "(make bench-gpu)"),
+        (
+            "all",
+            1800,
+            "every benchmark on this machine (memory, transfer, recompute-vs-fetch, decode)",
+        ),
+        (
+            "gpu-suite",
+            480,
+            "every benchmark on a CUDA device, sized to finish in under 10 minutes "
+            "(make bench-gpu)",
+        ),
     ):
-        p = sub.add_parser(name, help=help_text, description=help_text + "; each result is "
-                           "written as soon as its benchmark finishes.")
+        p = sub.add_parser(
+            name,
+            help=help_text,
+            description=help_text + "; each result is written as soon as its benchmark finishes.",
+        )
         common.add_common(p, budget_s=budget)
-        p.add_argument("--only", type=common.csv_names, metavar="NAMES",
-                       help="run only these, e.g. decode or memory,transfer (a rerun of what a "
-                            "first run left out)")
+        p.add_argument(
+            "--only",
+            type=common.csv_names,
+            metavar="NAMES",
+            help="run only these, e.g. decode or memory,transfer (a rerun of what a "
+            "first run left out)",
+        )
         p.set_defaults(func=run, suite=name)
 
 
@@ -42,12 +57,20 @@ def run(args) -> int:
 
     if args.suite == "gpu-suite" and args.device == "auto":
         if not torch.cuda.is_available():
-            raise KvlabError("gpu-suite needs a CUDA device and torch sees none; "
-                             "run 'kvlab bench all' for this machine")
+            raise KvlabError(
+                "gpu-suite needs a CUDA device and torch sees none; "
+                "run 'kvlab bench all' for this machine"
+            )
         args.device = "cuda"
     device = common.setup(args)
-    out = run_suite(device, args.budget, quick=args.quick, repeats=common.repeats(args),
-                    write=not args.no_write, only=only)
+    out = run_suite(
+        device,
+        args.budget,
+        quick=args.quick,
+        repeats=common.repeats(args),
+        write=not args.no_write,
+        only=only,
+    )
     if args.json:
         print_json(out)
     else:

@@ -10,6 +10,7 @@ tokens_per_verify_step, speculative_speedup, speculative_breakeven_batch and the
 `speculative` object (--speculative-tokens K); the top-level ledger stays the plain
 decode step they are compared with.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,7 +26,8 @@ def efficiency(text: str):
         return number(text)
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(
-            f"expected a number such as 0.8 or 'measured', got {text!r}") from None
+            f"expected a number such as 0.8 or 'measured', got {text!r}"
+        ) from None
 
 
 def register(sub) -> None:
@@ -35,40 +37,97 @@ def register(sub) -> None:
         description="The ledger of one decode step: weights streamed once for the batch, "
         "plus every sequence's KV history, against the device's bandwidth and FLOP/s.",
     )
-    p.add_argument("--model", required=True, help="catalogue name (see 'kvlab models') or a config.json path")
-    p.add_argument("--hardware", default="h100-sxm", help="device name (see 'kvlab hardware'); default h100-sxm")
-    p.add_argument("--bandwidth", type=number, metavar="BYTES_PER_S", help="memory bandwidth in bytes/s, instead of the device's peak")
+    p.add_argument(
+        "--model", required=True, help="catalogue name (see 'kvlab models') or a config.json path"
+    )
+    p.add_argument(
+        "--hardware",
+        default="h100-sxm",
+        help="device name (see 'kvlab hardware'); default h100-sxm",
+    )
+    p.add_argument(
+        "--bandwidth",
+        type=number,
+        metavar="BYTES_PER_S",
+        help="memory bandwidth in bytes/s, instead of the device's peak",
+    )
     p.add_argument("--batch", type=count, default=1, help="sequences decoded together (default 1)")
-    p.add_argument("--context", type=count, default=4096, help="tokens of KV history per sequence (default 4096; 4k works)")
-    p.add_argument("--weight-dtype", default="fp16", help="fp32, bf16, fp16, fp8, int8, int4, or with a group: int4-g128")
+    p.add_argument(
+        "--context",
+        type=count,
+        default=4096,
+        help="tokens of KV history per sequence (default 4096; 4k works)",
+    )
+    p.add_argument(
+        "--weight-dtype",
+        default="fp16",
+        help="fp32, bf16, fp16, fp8, int8, int4, or with a group: int4-g128",
+    )
     p.add_argument("--kv-dtype", default="fp16", help="dtype of the KV cache (same names)")
-    p.add_argument("--cached", type=count, default=0, metavar="TOKENS",
-                   help="prompt tokens served by a prefix-cache hit, for the TTFT of one request (default 0)")
+    p.add_argument(
+        "--cached",
+        type=count,
+        default=0,
+        metavar="TOKENS",
+        help="prompt tokens served by a prefix-cache hit, for the TTFT of one request (default 0)",
+    )
     from ..measured.tables import devices_with_data
 
-    p.add_argument("--efficiency", type=efficiency, default=1.0,
-                   help="fraction of peak bandwidth/FLOP/s reached (default 1.0, the ceiling), or "
-                   "'measured': every operator timed from published kernel tables (TensorRT-LLM, "
-                   f"via aiconfigurator-core; {', '.join(devices_with_data())})")
-    p.add_argument("--tensor-parallel", type=count, default=1, metavar="N",
-                   help="split weights and K/V heads over N GPUs of one server (1, 2, 4, 8): "
-                   "two all-reduces per layer over the device's GPU link; figures per GPU")
-    p.add_argument("--speculative-tokens", type=count, default=0, metavar="K",
-                   help="speculative decoding: draft K tokens, verify them in one pass "
-                   "(default 0: off)")
-    p.add_argument("--acceptance", type=number, metavar="A",
-                   help="probability each drafted token is accepted (needs --speculative-tokens)")
-    p.add_argument("--draft-model", metavar="NAME",
-                   help="a draft model (catalogue name or config.json) with the target's "
-                   "vocabulary; omitted: self-drafting heads (EAGLE / MTP style)")
+    p.add_argument(
+        "--efficiency",
+        type=efficiency,
+        default=1.0,
+        help="fraction of peak bandwidth/FLOP/s reached (default 1.0, the ceiling), or "
+        "'measured': every operator timed from published kernel tables (TensorRT-LLM, "
+        f"via aiconfigurator-core; {', '.join(devices_with_data())})",
+    )
+    p.add_argument(
+        "--tensor-parallel",
+        type=count,
+        default=1,
+        metavar="N",
+        help="split weights and K/V heads over N GPUs of one server (1, 2, 4, 8): "
+        "two all-reduces per layer over the device's GPU link; figures per GPU",
+    )
+    p.add_argument(
+        "--speculative-tokens",
+        type=count,
+        default=0,
+        metavar="K",
+        help="speculative decoding: draft K tokens, verify them in one pass (default 0: off)",
+    )
+    p.add_argument(
+        "--acceptance",
+        type=number,
+        metavar="A",
+        help="probability each drafted token is accepted (needs --speculative-tokens)",
+    )
+    p.add_argument(
+        "--draft-model",
+        metavar="NAME",
+        help="a draft model (catalogue name or config.json) with the target's "
+        "vocabulary; omitted: self-drafting heads (EAGLE / MTP style)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    result = budget(args.model, args.hardware, args.batch, args.context, args.weight_dtype, args.kv_dtype,
-                    args.efficiency, args.bandwidth, args.cached, args.tensor_parallel,
-                    args.speculative_tokens, args.acceptance, args.draft_model)
+    result = budget(
+        args.model,
+        args.hardware,
+        args.batch,
+        args.context,
+        args.weight_dtype,
+        args.kv_dtype,
+        args.efficiency,
+        args.bandwidth,
+        args.cached,
+        args.tensor_parallel,
+        args.speculative_tokens,
+        args.acceptance,
+        args.draft_model,
+    )
     if args.json:
         print_json(result)
     else:
@@ -76,9 +135,21 @@ def run(args) -> int:
     return 0
 
 
-def budget(model, hardware, batch, context, weight_dtype="fp16", kv_dtype="fp16", efficiency=1.0,
-           bandwidth=None, cached=0, tensor_parallel=1, speculative_tokens=0, acceptance=None,
-           draft_model=None) -> dict:
+def budget(
+    model,
+    hardware,
+    batch,
+    context,
+    weight_dtype="fp16",
+    kv_dtype="fp16",
+    efficiency=1.0,
+    bandwidth=None,
+    cached=0,
+    tensor_parallel=1,
+    speculative_tokens=0,
+    acceptance=None,
+    draft_model=None,
+) -> dict:
     """The `kvlab budget --json` object: the decode-step ledger, memory fit, the step's
     operators, and the TTFT of one request whose prompt is `context` tokens, `cached` of
     them served by a prefix hit. In measured mode a prompt outside the prefill tables gives
@@ -89,36 +160,70 @@ def budget(model, hardware, batch, context, weight_dtype="fp16", kv_dtype="fp16"
 
     kwargs = dict(weight_dtype=weight_dtype, kv_dtype=kv_dtype)
     tp = dict(tensor_parallel=tensor_parallel)
-    step = decode_step(model, hardware, batch, context, bandwidth_bytes_per_s=bandwidth,
-                       efficiency=efficiency, **kwargs, **tp)
+    step = decode_step(
+        model,
+        hardware,
+        batch,
+        context,
+        bandwidth_bytes_per_s=bandwidth,
+        efficiency=efficiency,
+        **kwargs,
+        **tp,
+    )
     fit = memory_fit(model, hardware, batch, context, **kwargs, **tp)
     notes = list(step.notes)
     try:
-        first = prefill(model, hardware, max(context, 1), cached_tokens=cached, efficiency=efficiency,
-                        bandwidth_bytes_per_s=bandwidth, **kwargs, **tp).to_dict()
+        first = prefill(
+            model,
+            hardware,
+            max(context, 1),
+            cached_tokens=cached,
+            efficiency=efficiency,
+            bandwidth_bytes_per_s=bandwidth,
+            **kwargs,
+            **tp,
+        ).to_dict()
     except KvlabError as exc:
         if efficiency != "measured":
             raise
         notes.append(f"TTFT not measured: {exc}")
-        first = prefill(model, hardware, max(context, 1), cached_tokens=cached, **kwargs,
-                        **tp).to_dict()
+        first = prefill(
+            model, hardware, max(context, 1), cached_tokens=cached, **kwargs, **tp
+        ).to_dict()
         first["ttft_s"] = None
     from ..ledger_rows import operator_table
 
-    operators = operator_table(model, hardware, batch, context, efficiency=efficiency,
-                               bandwidth_bytes_per_s=bandwidth, **kwargs, **tp)
+    operators = operator_table(
+        model,
+        hardware,
+        batch,
+        context,
+        efficiency=efficiency,
+        bandwidth_bytes_per_s=bandwidth,
+        **kwargs,
+        **tp,
+    )
     settings = dict(bandwidth_bytes_per_s=bandwidth, efficiency=efficiency, **kwargs, **tp)
-    spec = speculative_round(model, hardware, batch, context, speculative_tokens, acceptance,
-                             draft_model, settings)
+    spec = speculative_round(
+        model, hardware, batch, context, speculative_tokens, acceptance, draft_model, settings
+    )
     notes += [note for note in spec.pop("notes") if note not in notes]
-    return {**step.to_dict(), "max_context": fit.to_dict()["max_context"],
-            "cached_tokens": first["cached_tokens"], "ttft_s": first["ttft_s"],
-            "prefill_flops": first["flops"], "prefill_bound": first["bound"],
-            "operators": operators, **spec, "notes": notes}
+    return {
+        **step.to_dict(),
+        "max_context": fit.to_dict()["max_context"],
+        "cached_tokens": first["cached_tokens"],
+        "ttft_s": first["ttft_s"],
+        "prefill_flops": first["flops"],
+        "prefill_bound": first["bound"],
+        "operators": operators,
+        **spec,
+        "notes": notes,
+    }
 
 
-def speculative_round(model, hardware, batch, context, speculative_tokens, acceptance,
-                      draft_model, settings: dict) -> dict:
+def speculative_round(
+    model, hardware, batch, context, speculative_tokens, acceptance, draft_model, settings: dict
+) -> dict:
     """The speculation keys of the JSON: `tokens_per_verify_step` and `speculative_speedup`
     (1 without speculation), `speculative_breakeven_batch` (the batch where the speedup
     falls to 1; null when it pays at every batch), and `speculative` (the round's ledger
@@ -130,30 +235,56 @@ def speculative_round(model, hardware, batch, context, speculative_tokens, accep
     if not k:
         if acceptance is not None or draft_model is not None:
             raise KvlabError("--acceptance and --draft-model need --speculative-tokens K (K >= 1)")
-        return {"tokens_per_verify_step": 1.0, "speculative_speedup": 1.0,
-                "speculative_breakeven_batch": None, "speculative": None, "notes": []}
+        return {
+            "tokens_per_verify_step": 1.0,
+            "speculative_speedup": 1.0,
+            "speculative_breakeven_batch": None,
+            "speculative": None,
+            "notes": [],
+        }
     if acceptance is None:
-        raise KvlabError("--speculative-tokens needs --acceptance A: the probability that a "
-                         "drafted token is accepted (e.g. 0.7)")
+        raise KvlabError(
+            "--speculative-tokens needs --acceptance A: the probability that a "
+            "drafted token is accepted (e.g. 0.7)"
+        )
     s = speculative_step(model, hardware, batch, context, k, acceptance, draft_model, **settings)
     from ..ledger_rows import operator_table
 
-    rows = {key: settings[key] for key in ("weight_dtype", "kv_dtype", "efficiency",
-                                            "bandwidth_bytes_per_s", "tensor_parallel")}
+    rows = {
+        key: settings[key]
+        for key in (
+            "weight_dtype",
+            "kv_dtype",
+            "efficiency",
+            "bandwidth_bytes_per_s",
+            "tensor_parallel",
+        )
+    }
     out = s.to_dict()
-    out["operators"] = operator_table(model, hardware, batch, context, **rows,
-                                      speculative_tokens=s.speculative_tokens)
+    out["operators"] = operator_table(
+        model, hardware, batch, context, **rows, speculative_tokens=s.speculative_tokens
+    )
     knee = breakeven_batch(model, hardware, context, k, acceptance, draft_model, **settings)
     if knee is None:
-        where = "speculation pays at every batch up to the measured tables' edge" \
-            if settings["efficiency"] == "measured" else "speculation pays at every batch"
+        where = (
+            "speculation pays at every batch up to the measured tables' edge"
+            if settings["efficiency"] == "measured"
+            else "speculation pays at every batch"
+        )
     else:
         where = f"speculation stops paying at batch {knee:,} (speedup <= 1)"
-    fit = "" if knee is None or knee <= s.max_batch else \
-        f", beyond the {s.max_batch:,} sequences that fit"
-    return {"tokens_per_verify_step": s.tokens_per_verify_step,
-            "speculative_speedup": s.speculative_speedup, "speculative_breakeven_batch": knee,
-            "speculative": out, "notes": list(s.notes) + [where + fit]}
+    fit = (
+        ""
+        if knee is None or knee <= s.max_batch
+        else f", beyond the {s.max_batch:,} sequences that fit"
+    )
+    return {
+        "tokens_per_verify_step": s.tokens_per_verify_step,
+        "speculative_speedup": s.speculative_speedup,
+        "speculative_breakeven_batch": knee,
+        "speculative": out,
+        "notes": list(s.notes) + [where + fit],
+    }
 
 
 def render(r: dict) -> str:
@@ -166,7 +297,11 @@ def render(r: dict) -> str:
         return f"{100 * x / total:5.1f}%"
 
     fit = "fits" if r["fits"] else "does NOT fit"
-    max_ctx = "unbounded (sliding window)" if r["max_context"] is None else f"{int(r['max_context']):,} tokens"
+    max_ctx = (
+        "unbounded (sliding window)"
+        if r["max_context"] is None
+        else f"{int(r['max_context']):,} tokens"
+    )
     measured = r["efficiency"] == "measured"
     how = "kernels timed from measured tables" if measured else f"x efficiency {r['efficiency']:g}"
     ttft = "not measured" if r["ttft_s"] is None else seconds(r["ttft_s"])
@@ -196,14 +331,20 @@ def render(r: dict) -> str:
     ]
     if r["tensor_parallel"] > 1:
         latency = r["allreduce_latency_s"]
-        lines.append(f"tensor parallel      {r['tensor_parallel']:>5} GPUs  all-reduces take"
-                     f" {seconds(r['allreduce_time_s'])} of the step ({seconds(latency)} latency,"
-                     f" {seconds(r['allreduce_time_s'] - latency)} moving data)")
+        lines.append(
+            f"tensor parallel      {r['tensor_parallel']:>5} GPUs  all-reduces take"
+            f" {seconds(r['allreduce_time_s'])} of the step ({seconds(latency)} latency,"
+            f" {seconds(r['allreduce_time_s'] - latency)} moving data)"
+        )
     if r["operators"]:
         lines += ["", _operators(r["operators"], measured)]
     if r["speculative"]:
-        lines += ["", _speculative(r["speculative"], r["speculative_breakeven_batch"]), "",
-                  _operators(r["speculative"]["operators"], measured, "verify pass")]
+        lines += [
+            "",
+            _speculative(r["speculative"], r["speculative_breakeven_batch"]),
+            "",
+            _operators(r["speculative"]["operators"], measured, "verify pass"),
+        ]
     lines += [f"note: {note}" for note in r["notes"]]
     return "\n".join(lines)
 
@@ -213,22 +354,24 @@ def _speculative(s: dict, knee) -> str:
     from ..fmt import rate, seconds, si
 
     k, draft = s["speculative_tokens"], s["draft_model"] or "self-drafting heads"
-    return "\n".join([
-        f"speculative decoding {k} drafted tokens, acceptance {s['acceptance']:g}:"
-        f" {s['tokens_per_verify_step']:.3g} tokens per verify pass",
-        f"  verify pass        {seconds(s['verify_step_time_s']):>10}  {s['verify_bound']}-bound,"
-        f" {si(s['verify_step_bytes'], 'B')} moved, {k + 1} positions per sequence",
-        f"  drafting           {seconds(s['draft_time_s']):>10}  {k} x"
-        f" {seconds(s['draft_step_time_s'])} ({draft})",
-        f"  per token          {seconds(s['time_per_token_s']):>10}  {rate(s['tokens_per_s'])}"
-        f" tokens/s in aggregate, {rate(s['tokens_per_s_per_sequence'])} per sequence:"
-        f" {s['speculative_speedup']:.2f}x plain decode",
-        f"  break-even batch   {'none' if knee is None else f'{knee:,}':>10}  where the speedup"
-        " falls to 1",
-        f"  memory             {si(s['memory_needed_bytes'], 'B'):>10}  with the draft and the"
-        f" drafted tokens' KV: {'fits' if s['fits'] else 'does NOT fit'}; max batch"
-        f" {int(s['max_batch']):,}",
-    ])
+    return "\n".join(
+        [
+            f"speculative decoding {k} drafted tokens, acceptance {s['acceptance']:g}:"
+            f" {s['tokens_per_verify_step']:.3g} tokens per verify pass",
+            f"  verify pass        {seconds(s['verify_step_time_s']):>10}  {s['verify_bound']}-bound,"
+            f" {si(s['verify_step_bytes'], 'B')} moved, {k + 1} positions per sequence",
+            f"  drafting           {seconds(s['draft_time_s']):>10}  {k} x"
+            f" {seconds(s['draft_step_time_s'])} ({draft})",
+            f"  per token          {seconds(s['time_per_token_s']):>10}  {rate(s['tokens_per_s'])}"
+            f" tokens/s in aggregate, {rate(s['tokens_per_s_per_sequence'])} per sequence:"
+            f" {s['speculative_speedup']:.2f}x plain decode",
+            f"  break-even batch   {'none' if knee is None else f'{knee:,}':>10}  where the speedup"
+            " falls to 1",
+            f"  memory             {si(s['memory_needed_bytes'], 'B'):>10}  with the draft and the"
+            f" drafted tokens' KV: {'fits' if s['fits'] else 'does NOT fit'}; max batch"
+            f" {int(s['max_batch']):,}",
+        ]
+    )
 
 
 def _operators(rows: list[dict], measured: bool, what: str = "step") -> str:
@@ -240,8 +383,13 @@ def _operators(rows: list[dict], measured: bool, what: str = "step") -> str:
     header += ["measured", "from"] if measured else []
     body = []
     for row in rows:
-        cells = [row["name"], str(row["calls"]), si(row["bytes"], "B"), si(row["flops"], "FLOP"),
-                 seconds(row["ceiling_s"])]
+        cells = [
+            row["name"],
+            str(row["calls"]),
+            si(row["bytes"], "B"),
+            si(row["flops"], "FLOP"),
+            seconds(row["ceiling_s"]),
+        ]
         if measured:
             cells += [seconds(row["measured_s"]), row["how"].split(":", 1)[0]]
         body.append(cells)

@@ -1,4 +1,5 @@
 """`kvlab models` and `kvlab hardware`: what the catalogues hold, with sources."""
+
 from __future__ import annotations
 
 from .args import print_json, table
@@ -33,19 +34,46 @@ def run_models(args) -> int:
             # MLA caches one latent per token and layer, not K/V heads
             "kv_heads": None if m.is_mla else m.num_kv_heads,
             "head_dim": m.qk_nope_head_dim + m.qk_rope_head_dim if m.is_mla else m.head_dim,
-            **({"kv_latent_dim": m.kv_lora_rank, "kv_rope_dim": m.qk_rope_head_dim} if m.is_mla else {}),
+            **(
+                {"kv_latent_dim": m.kv_lora_rank, "kv_rope_dim": m.qk_rope_head_dim}
+                if m.is_mla
+                else {}
+            ),
             "attention": kind,
             "kv_bytes_per_token_fp16": kv,
             "source": m.source,
         }
         heads, dims = _heads_and_dims(m)
-        rows.append([name, describe_params(p.total), describe_params(p.active_per_token(m.experts_per_token)),
-                     str(m.num_layers), heads, dims, kind, si(kv, "B")])
+        rows.append(
+            [
+                name,
+                describe_params(p.total),
+                describe_params(p.active_per_token(m.experts_per_token)),
+                str(m.num_layers),
+                heads,
+                dims,
+                kind,
+                si(kv, "B"),
+            ]
+        )
     if args.json:
         print_json(out)
     else:
-        print(table(rows, ["model", "params", "active", "layers", "heads q/kv", "head dim (KV cached)", "attention",
-                           "KV/token fp16"]))
+        print(
+            table(
+                rows,
+                [
+                    "model",
+                    "params",
+                    "active",
+                    "layers",
+                    "heads q/kv",
+                    "head dim (KV cached)",
+                    "attention",
+                    "KV/token fp16",
+                ],
+            )
+        )
     return 0
 
 
@@ -67,16 +95,28 @@ def run_hardware(args) -> int:
     from ..hardware import devices, tiers
 
     if args.json:
-        print_json({
-            "devices": {n: {k: v for k, v in vars(d).items()} for n, d in devices().items()},
-            "tiers": {n: {k: v for k, v in vars(t).items()} for n, t in tiers().items()},
-        })
+        print_json(
+            {
+                "devices": {n: {k: v for k, v in vars(d).items()} for n, d in devices().items()},
+                "tiers": {n: {k: v for k, v in vars(t).items()} for n, t in tiers().items()},
+            }
+        )
         return 0
-    rows = [[n, d.memory_type, si(d.capacity_bytes, "B"), si(d.memory_bandwidth_bytes_per_s, "B/s"),
-             si(d.bf16_flops_per_s, "FLOP/s"), si(d.fp8_flops_per_s, "FLOP/s") if d.fp8_flops_per_s else "n/a"]
-            for n, d in devices().items()]
+    rows = [
+        [
+            n,
+            d.memory_type,
+            si(d.capacity_bytes, "B"),
+            si(d.memory_bandwidth_bytes_per_s, "B/s"),
+            si(d.bf16_flops_per_s, "FLOP/s"),
+            si(d.fp8_flops_per_s, "FLOP/s") if d.fp8_flops_per_s else "n/a",
+        ]
+        for n, d in devices().items()
+    ]
     print(table(rows, ["device", "memory", "capacity", "bandwidth", "bf16 dense", "fp8 dense"]))
     print()
-    rows = [[n, t.kind, si(t.bandwidth_bytes_per_s, "B/s"), t.derivation] for n, t in tiers().items()]
+    rows = [
+        [n, t.kind, si(t.bandwidth_bytes_per_s, "B/s"), t.derivation] for n, t in tiers().items()
+    ]
     print(table(rows, ["tier", "kind", "per direction", "from the sold figure"]))
     return 0

@@ -4,6 +4,7 @@ JSON contract: block_hit_ratio, token_hit_ratio, prefill_tokens_saved (plus requ
 capacity_blocks (null = unlimited), evicted_blocks...; with --model also the TTFT and TPOT
 the ledger gives for these hits).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,10 @@ def capacity(text: str) -> float:
         return math.inf
     value = count(text)
     if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"expected a finite count such as 20000 or 20k, or 'inf' "
-                                         f"for an unlimited cache, got {text[:40]!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected a finite count such as 20000 or 20k, or 'inf' "
+            f"for an unlimited cache, got {text[:40]!r}"
+        )
     return value
 
 
@@ -36,18 +39,40 @@ def register(sub) -> None:
         "leading run of its cached blocks) under an eviction policy, and report the block hit ratio, "
         "the token hit ratio (prefill actually skipped) and the request-level hit rate side by side.",
     )
-    p.add_argument("trace", metavar="TRACE",
-                   help="a known trace (conversation, synthetic), generated[:PRESET][:SEED], or a .jsonl path")
-    p.add_argument("--policy", default="lru", choices=("lru", "lfu", "length-aware"),
-                   help="eviction policy (default lru)")
+    p.add_argument(
+        "trace",
+        metavar="TRACE",
+        help="a known trace (conversation, synthetic), generated[:PRESET][:SEED], or a .jsonl path",
+    )
+    p.add_argument(
+        "--policy",
+        default="lru",
+        choices=("lru", "lfu", "length-aware"),
+        help="eviction policy (default lru)",
+    )
     cap = p.add_mutually_exclusive_group(required=True)
-    cap.add_argument("--capacity-blocks", type=capacity, metavar="N|inf", help="cache size in blocks (10k works), or inf")
-    cap.add_argument("--capacity-tokens", type=capacity, metavar="N", help="cache size in tokens (rounded down to whole blocks)")
-    p.add_argument("--model", help="also give TTFT/TPOT from the ledger for this model (see 'kvlab models')")
+    cap.add_argument(
+        "--capacity-blocks",
+        type=capacity,
+        metavar="N|inf",
+        help="cache size in blocks (10k works), or inf",
+    )
+    cap.add_argument(
+        "--capacity-tokens",
+        type=capacity,
+        metavar="N",
+        help="cache size in tokens (rounded down to whole blocks)",
+    )
+    p.add_argument(
+        "--model", help="also give TTFT/TPOT from the ledger for this model (see 'kvlab models')"
+    )
     p.add_argument("--hardware", default="h100-sxm", help="device for TTFT/TPOT (default h100-sxm)")
-    p.add_argument("--tier", default="hbm",
-                   help="where cached KV lives: hbm (resident, no fetch) or a tier such as pcie5-x16, ib-400g "
-                   "(see 'kvlab hardware')")
+    p.add_argument(
+        "--tier",
+        default="hbm",
+        help="where cached KV lives: hbm (resident, no fetch) or a tier such as pcie5-x16, ib-400g "
+        "(see 'kvlab hardware')",
+    )
     p.add_argument("--batch", type=count, default=16, help="decode batch for TPOT (default 16)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
@@ -96,11 +121,18 @@ def _latency(args, trace, result) -> dict:
     inputs = trace.input_tokens
     with_cache = ttft_s(args.model, args.hardware, inputs, result.hit_tokens_per_request, tier)
     without = ttft_s(args.model, args.hardware, inputs, 0)
-    tpot = tpot_s(args.model, args.hardware, mean_decode_context(inputs, trace.output_tokens), args.batch)
+    tpot = tpot_s(
+        args.model, args.hardware, mean_decode_context(inputs, trace.output_tokens), args.batch
+    )
     return {
-        "model": args.model, "hardware": args.hardware, "kv_tier": args.tier, "batch": int(args.batch),
-        "mean_ttft_s": float(with_cache.mean()), "p90_ttft_s": float(_p90(with_cache)),
-        "no_cache_mean_ttft_s": float(without.mean()), "mean_tpot_s": float(tpot.mean()),
+        "model": args.model,
+        "hardware": args.hardware,
+        "kv_tier": args.tier,
+        "batch": int(args.batch),
+        "mean_ttft_s": float(with_cache.mean()),
+        "p90_ttft_s": float(_p90(with_cache)),
+        "no_cache_mean_ttft_s": float(without.mean()),
+        "mean_tpot_s": float(tpot.mean()),
     }
 
 
@@ -126,8 +158,13 @@ def tokens(n: float) -> str:
 def render(r: dict) -> str:
     from ..fmt import seconds
 
-    cap = "unlimited" if r["capacity_blocks"] is None else (
-        f"{r['capacity_blocks']:,} blocks ({tokens(r['capacity_blocks'] * r['block_tokens'])})")
+    cap = (
+        "unlimited"
+        if r["capacity_blocks"] is None
+        else (
+            f"{r['capacity_blocks']:,} blocks ({tokens(r['capacity_blocks'] * r['block_tokens'])})"
+        )
+    )
     lines = [
         f"kvlab prefix-cache: {r['trace']}, {r['requests']:,} requests, {r['block_refs']:,} block refs; "
         f"policy {r['policy']}, capacity {cap}",

@@ -8,10 +8,20 @@
 `kvlab.decoder.config` and `kvlab.decoder.ledger` do not need torch; the model and cache
 are imported on first use.
 """
+
 from .config import KV_DTYPES, PLACEMENTS, PRESETS, WEIGHT_DTYPES, DecoderConfig, get_config
 
-__all__ = ["Decoder", "DecoderConfig", "KVCache", "StepPlan", "PRESETS", "KV_DTYPES", "PLACEMENTS",
-           "WEIGHT_DTYPES", "get_config"]
+__all__ = [
+    "Decoder",
+    "DecoderConfig",
+    "KVCache",
+    "StepPlan",
+    "PRESETS",
+    "KV_DTYPES",
+    "PLACEMENTS",
+    "WEIGHT_DTYPES",
+    "get_config",
+]
 
 
 def __getattr__(name):

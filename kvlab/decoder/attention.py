@@ -12,6 +12,7 @@ enough to stay in cache, so DRAM sees int8 bytes, not a full dequantized copy; t
 per-(token, head) scales are applied to the scores and to the probabilities, never to
 the big K/V tensors.
 """
+
 from __future__ import annotations
 
 import math
@@ -48,10 +49,10 @@ def decode_attention(q, k, v, k_scale, v_scale, valid, chunk_budget_bytes: int):
         step = chunk_blocks(B * kv_heads * blk * D * q.element_size(), chunk_budget_bytes)
         scores = torch.empty(nb, B, kv_heads, g, blk, dtype=torch.float32, device=q.device)
         for c0 in range(0, nb, step):
-            kc = k[c0:c0 + step].to(work)  # (c, B, KV, blk, D) dequantized, cache-resident
+            kc = k[c0 : c0 + step].to(work)  # (c, B, KV, blk, D) dequantized, cache-resident
             sc = torch.matmul(qg, kc.transpose(-1, -2))  # (c, B, KV, g, blk)
             # x (c, B, KV, 1, blk)
-            scores[c0:c0 + step] = sc.float() * k_scale[c0:c0 + step].transpose(-1, -2).float()
+            scores[c0 : c0 + step] = sc.float() * k_scale[c0 : c0 + step].transpose(-1, -2).float()
     # (B, KV, g, n): position j*blk + i
     scores = scores.permute(1, 2, 3, 0, 4).reshape(B, kv_heads, g, n)
     if valid is not None:
@@ -66,8 +67,8 @@ def decode_attention(q, k, v, k_scale, v_scale, valid, chunk_budget_bytes: int):
         out = torch.zeros(B, kv_heads, g, D, dtype=torch.float32, device=q.device)  # (B, KV, g, D)
         for c0 in range(0, nb, step):
             # (c, B, KV, g, blk)
-            pc = (p[c0:c0 + step] * v_scale[c0:c0 + step].transpose(-1, -2).float()).to(work)
-            vc = v[c0:c0 + step].to(work)  # (c, B, KV, blk, D)
+            pc = (p[c0 : c0 + step] * v_scale[c0 : c0 + step].transpose(-1, -2).float()).to(work)
+            vc = v[c0 : c0 + step].to(work)  # (c, B, KV, blk, D)
             out += torch.matmul(pc, vc).sum(dim=0, dtype=torch.float32)  # (B, KV, g, D)
     return out.reshape(B, H, 1, D).to(q.dtype)  # (B, H, 1, D): head h = kv_head * g + j
 
@@ -109,8 +110,9 @@ def prefill_attention(q, k, v, first_pos, sdpa: bool, budget_bytes: int = 1 << 2
         visible = keys.view(1, 1, n) <= limit.unsqueeze(-1)  # (B, c, n)
         scores = scores.masked_fill(~visible.view(B, 1, 1, c, n), NEG_INF)
         p = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)  # (B, KV, g, c, n)
-        out[:, :, :, i0:i1] = torch.matmul(p.view(B, kv_heads, g * c, n),
-                                           v).view(B, kv_heads, g, c, D)
+        out[:, :, :, i0:i1] = torch.matmul(p.view(B, kv_heads, g * c, n), v).view(
+            B, kv_heads, g, c, D
+        )
     return out.view(B, H, S, D)  # (B, H, S, D): head h = kv_head * g + j
 
 

@@ -4,6 +4,7 @@ A `DecoderConfig` is the decoder's own `ModelArgs` (gpt-fast) / `GPTConfig` (nan
 frozen dataclass of shapes. It knows nothing about dtypes or placement; those belong to
 the weights (`Decoder`) and to the cache (`KVCache`).
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -38,15 +39,25 @@ class DecoderConfig:
     norm_eps: float = 1e-5
 
     def __post_init__(self):
-        for key in ("vocab_size", "num_layers", "hidden_size", "num_heads", "num_kv_heads",
-                    "head_dim", "intermediate_size"):
+        for key in (
+            "vocab_size",
+            "num_layers",
+            "hidden_size",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "intermediate_size",
+        ):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1_000_000:
-                raise KvlabError(f"decoder config: {key} must be a whole number in 1..1e6, "
-                                 f"got {value!r}")
+                raise KvlabError(
+                    f"decoder config: {key} must be a whole number in 1..1e6, got {value!r}"
+                )
         if self.num_heads % self.num_kv_heads:
-            raise KvlabError(f"decoder config: num_heads ({self.num_heads}) must be a multiple "
-                             f"of num_kv_heads ({self.num_kv_heads})")
+            raise KvlabError(
+                f"decoder config: num_heads ({self.num_heads}) must be a multiple "
+                f"of num_kv_heads ({self.num_kv_heads})"
+            )
         if self.head_dim % 2:
             raise KvlabError(f"decoder config: head_dim must be even for RoPE, got {self.head_dim}")
         if not (self.rope_theta > 1 and 0 < self.norm_eps < 1):
@@ -73,8 +84,10 @@ class DecoderConfig:
             "rms_norm_eps": self.norm_eps,
             "tie_word_embeddings": False,
             "attention_bias": False,
-            "_kvlab": {"display_name": f"kvlab toy decoder ({self.name})",
-                       "source": "kvlab.decoder.DecoderConfig"},
+            "_kvlab": {
+                "display_name": f"kvlab toy decoder ({self.name})",
+                "source": "kvlab.decoder.DecoderConfig",
+            },
         }
 
     def to_dict(self) -> dict:
@@ -87,16 +100,56 @@ class DecoderConfig:
 #: K/V head per query head, so its KV per token is large against its weights: the shape
 #: where fetching cached KV can lose to recomputing it.
 PRESETS: dict[str, DecoderConfig] = {
-    "tiny": DecoderConfig("tiny", vocab_size=256, num_layers=2, hidden_size=64, num_heads=4,
-                          num_kv_heads=2, head_dim=16, intermediate_size=160),
-    "small": DecoderConfig("small", vocab_size=4096, num_layers=4, hidden_size=512, num_heads=8,
-                           num_kv_heads=2, head_dim=64, intermediate_size=1408),
-    "cpu-bench": DecoderConfig("cpu-bench", vocab_size=32000, num_layers=8, hidden_size=2048,
-                               num_heads=16, num_kv_heads=4, head_dim=128, intermediate_size=5632),
-    "gpu-bench": DecoderConfig("gpu-bench", vocab_size=32000, num_layers=16, hidden_size=4096,
-                               num_heads=32, num_kv_heads=8, head_dim=128, intermediate_size=14336),
-    "mha-small": DecoderConfig("mha-small", vocab_size=32000, num_layers=16, hidden_size=1024,
-                               num_heads=16, num_kv_heads=16, head_dim=64, intermediate_size=2816),
+    "tiny": DecoderConfig(
+        "tiny",
+        vocab_size=256,
+        num_layers=2,
+        hidden_size=64,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        intermediate_size=160,
+    ),
+    "small": DecoderConfig(
+        "small",
+        vocab_size=4096,
+        num_layers=4,
+        hidden_size=512,
+        num_heads=8,
+        num_kv_heads=2,
+        head_dim=64,
+        intermediate_size=1408,
+    ),
+    "cpu-bench": DecoderConfig(
+        "cpu-bench",
+        vocab_size=32000,
+        num_layers=8,
+        hidden_size=2048,
+        num_heads=16,
+        num_kv_heads=4,
+        head_dim=128,
+        intermediate_size=5632,
+    ),
+    "gpu-bench": DecoderConfig(
+        "gpu-bench",
+        vocab_size=32000,
+        num_layers=16,
+        hidden_size=4096,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=14336,
+    ),
+    "mha-small": DecoderConfig(
+        "mha-small",
+        vocab_size=32000,
+        num_layers=16,
+        hidden_size=1024,
+        num_heads=16,
+        num_kv_heads=16,
+        head_dim=64,
+        intermediate_size=2816,
+    ),
 }
 
 

@@ -4,6 +4,7 @@ line instead of an out-of-memory kill half-way through a sweep.
 Host memory comes from /proc/meminfo (MemAvailable: what can be allocated without
 swapping), falling back to sysconf; device memory from `torch.cuda.mem_get_info`.
 """
+
 from __future__ import annotations
 
 import os

@@ -24,6 +24,7 @@ Placements:
 Quantized KV (int8, fp8) stores one fp16 scale per (token, KV head), i.e. per head_dim
 elements: the ledger's `int8-g<head_dim>`.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -42,12 +43,18 @@ BLOCK_TOKENS = 1024  # big blocks: fewer, larger matmuls (256: 15-20% slower ste
 
 
 def torch_dtype(name: str) -> torch.dtype:
-    table = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
-             "int8": torch.int8}
+    table = {
+        "fp32": torch.float32,
+        "bf16": torch.bfloat16,
+        "fp16": torch.float16,
+        "int8": torch.int8,
+    }
     if name == "fp8":
         if not hasattr(torch, "float8_e4m3fn"):
-            raise KvlabError("kv dtype fp8 needs torch.float8_e4m3fn (torch >= 2.1); "
-                             f"this is torch {torch.__version__}")
+            raise KvlabError(
+                "kv dtype fp8 needs torch.float8_e4m3fn (torch >= 2.1); "
+                f"this is torch {torch.__version__}"
+            )
         return torch.float8_e4m3fn
     return table[name]
 
@@ -62,9 +69,9 @@ def quantize(x: torch.Tensor, kv_dtype: str):
     # the fp16 scale must not round down, or the largest element would overflow qmax: where
     # it did, add at least one fp16 step (2^-10 relative, 2^-24 absolute for subnormals)
     # before rounding, so the nearest fp16 lies above the exact scale
-    up = torch.maximum(exact * (1 + 2.0 ** -10), exact + 2.0 ** -24).to(SCALE_DTYPE)
+    up = torch.maximum(exact * (1 + 2.0**-10), exact + 2.0**-24).to(SCALE_DTYPE)
     # (..., 1); rows of zeros get a tiny scale, not 0
-    scale = torch.where(scale.float() < exact, up, scale).clamp(min=2.0 ** -24)
+    scale = torch.where(scale.float() < exact, up, scale).clamp(min=2.0**-24)
     y = (x.float() / scale.float()).clamp(-qmax, qmax)
     if kv_dtype == "int8":
         y = y.round()
@@ -114,9 +121,16 @@ class _Streams:
             self.free[slot].record(self._compute())
 
 
-def cache_footprint(config: DecoderConfig, batch: int, max_seq_len: int, kv_dtype: str,
-                    placement: str, device_type: str, prefetch: bool = False,
-                    block_tokens: int = BLOCK_TOKENS) -> tuple[float, float]:
+def cache_footprint(
+    config: DecoderConfig,
+    batch: int,
+    max_seq_len: int,
+    kv_dtype: str,
+    placement: str,
+    device_type: str,
+    prefetch: bool = False,
+    block_tokens: int = BLOCK_TOKENS,
+) -> tuple[float, float]:
     """(host bytes, device bytes) a `KVCache` of these shapes allocates, computed without
     allocating anything (the memory check and `kvlab bench ... --plan` use it)."""
     blk = min(block_tokens, max_seq_len)
@@ -138,9 +152,18 @@ def cache_footprint(config: DecoderConfig, batch: int, max_seq_len: int, kv_dtyp
 class KVCache:
     """K and V for `batch` sequences of up to `max_seq_len` tokens in every layer."""
 
-    def __init__(self, config: DecoderConfig, batch: int, max_seq_len: int, kv_dtype: str = "bf16",
-                 placement: str = "device", device="cpu", prefetch: bool = False,
-                 block_tokens: int = BLOCK_TOKENS, chunk_budget_bytes: int | None = None):
+    def __init__(
+        self,
+        config: DecoderConfig,
+        batch: int,
+        max_seq_len: int,
+        kv_dtype: str = "bf16",
+        placement: str = "device",
+        device="cpu",
+        prefetch: bool = False,
+        block_tokens: int = BLOCK_TOKENS,
+        chunk_budget_bytes: int | None = None,
+    ):
         self.config = config
         self.kv_dtype = check_choice("kv dtype", kv_dtype, KV_DTYPES)
         self.placement = check_choice("placement", placement, PLACEMENTS)
@@ -149,8 +172,9 @@ class KVCache:
         for name, value in sizes:
             whole = isinstance(value, int) and not isinstance(value, bool)
             if not whole or not 1 <= value <= MAX_TOKENS:
-                raise KvlabError(f"KV cache: {name} must be a whole number in 1..{MAX_TOKENS:,}, "
-                                 f"got {value!r}")
+                raise KvlabError(
+                    f"KV cache: {name} must be a whole number in 1..{MAX_TOKENS:,}, got {value!r}"
+                )
         self.batch, self.max_seq_len = batch, max_seq_len
         self.block_tokens = min(block_tokens, max_seq_len)
         self.num_blocks = math.ceil(max_seq_len / self.block_tokens)
@@ -190,14 +214,24 @@ class KVCache:
 
     def _needed(self) -> tuple[float, float]:
         """(host bytes, device bytes) this cache will allocate."""
-        return cache_footprint(self.config, self.batch, self.max_seq_len, self.kv_dtype,
-                               self.placement, self.device.type, self.prefetch, self.block_tokens)
+        return cache_footprint(
+            self.config,
+            self.batch,
+            self.max_seq_len,
+            self.kv_dtype,
+            self.placement,
+            self.device.type,
+            self.prefetch,
+            self.block_tokens,
+        )
 
     def _check_memory(self) -> None:
         host, dev = self._needed()
-        what = (f"KV cache ({self.batch} x {self.max_seq_len:,} tokens x "
-                f"{si(self.bytes_per_token, 'B')}/token, "
-                f"{self.kv_dtype}, placement {self.placement})")
+        what = (
+            f"KV cache ({self.batch} x {self.max_seq_len:,} tokens x "
+            f"{si(self.bytes_per_token, 'B')}/token, "
+            f"{self.kv_dtype}, placement {self.placement})"
+        )
         hint = "lower the batch or the context, or quantize the KV (int8/fp8)"
         if host:
             fit.require(what, host, "cpu", hint)
@@ -257,8 +291,9 @@ class KVCache:
 
     def set_lengths(self, lengths: list[int]) -> None:
         if len(lengths) != self.batch or any(not 0 <= int(n) <= self.max_seq_len for n in lengths):
-            raise KvlabError(f"KV cache: need {self.batch} lengths in 0..{self.max_seq_len}, "
-                             f"got {lengths}")
+            raise KvlabError(
+                f"KV cache: need {self.batch} lengths in 0..{self.max_seq_len}, got {lengths}"
+            )
         self.lengths = [int(n) for n in lengths]
 
     def reset(self) -> None:
@@ -306,8 +341,11 @@ class KVCache:
         kq, ks = quantize(k, self.kv_dtype)
         vq, vs = quantize(v, self.kv_dtype)
         new = [kq, vq] + ([ks, vs] if self.quantized else [])
-        planes = [p[layer] for p in self.store] if self.placement == "device" else \
-            [p[layer % self._slots()] for p in self.work]
+        planes = (
+            [p[layer] for p in self.store]
+            if self.placement == "device"
+            else [p[layer % self._slots()] for p in self.work]
+        )
         for dst, x in zip(planes, new, strict=True):
             # dst (NB, B, KV, blk, D) [block, sequence, :, offset] <- x as (B, S, KV, D)
             dst[plan.block_index, plan.batch_rows, :, plan.block_offset] = x.permute(0, 2, 1, 3)

@@ -15,6 +15,7 @@ measured bandwidth and matmul rate. What each decoder choice means in ledger ter
   path (`tiers.kv_fetch_time_s` with the measured bandwidth), serially, or overlapped
   with the step when prefetching.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -33,19 +34,29 @@ from .config import DecoderConfig, get_config
 def model_spec(config: DecoderConfig | str) -> ModelSpec:
     """The decoder's shapes as a kvlab ModelSpec."""
     c = get_config(config)
-    return spec_from_config(c.to_hf_config(), name=f"kvlab-{c.name}",
-                            where=f"decoder preset {c.name}")
+    return spec_from_config(
+        c.to_hf_config(), name=f"kvlab-{c.name}", where=f"decoder preset {c.name}"
+    )
 
 
-def weight_ledger_dtype(config: DecoderConfig | str, weight_dtype: str,
-                        scale_bytes: float = 2.0) -> DType | str:
+def weight_ledger_dtype(
+    config: DecoderConfig | str, weight_dtype: str, scale_bytes: float = 2.0
+) -> DType | str:
     """The ledger dtype of the decoder's weights (int8: per-row scales as a group size)."""
     if weight_dtype != "int8":
         return weight_dtype
     c = get_config(config)
     streamed = model_spec(c).params.streamed_dense
-    rows = c.num_layers * ((c.num_heads + 2 * c.num_kv_heads) * c.head_dim + c.hidden_size
-                           + 2 * c.intermediate_size + c.hidden_size) + c.vocab_size
+    rows = (
+        c.num_layers
+        * (
+            (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
+            + c.hidden_size
+            + 2 * c.intermediate_size
+            + c.hidden_size
+        )
+        + c.vocab_size
+    )
     return DType("int8", group_size=max(1, round(streamed / rows)), scale_bytes=scale_bytes)
 
 
@@ -56,44 +67,80 @@ def kv_ledger_dtype(config: DecoderConfig | str, kv_dtype: str) -> str:
     return kv_dtype
 
 
-def measured_device(name: str, bandwidth_bytes_per_s: float, flops_per_s: float,
-                    capacity_bytes: float, source: str = "measured by kvlab bench") -> Device:
+def measured_device(
+    name: str,
+    bandwidth_bytes_per_s: float,
+    flops_per_s: float,
+    capacity_bytes: float,
+    source: str = "measured by kvlab bench",
+) -> Device:
     """A `Device` for the machine a benchmark ran on, from its measured figures."""
-    return Device(name=name, display_name=name, memory_type="measured",
-                  capacity_bytes=float(capacity_bytes),
-                  memory_bandwidth_bytes_per_s=float(bandwidth_bytes_per_s),
-                  bf16_flops_per_s=float(flops_per_s), fp8_flops_per_s=None, source=source)
+    return Device(
+        name=name,
+        display_name=name,
+        memory_type="measured",
+        capacity_bytes=float(capacity_bytes),
+        memory_bandwidth_bytes_per_s=float(bandwidth_bytes_per_s),
+        bf16_flops_per_s=float(flops_per_s),
+        fp8_flops_per_s=None,
+        source=source,
+    )
 
 
 #: The measured host -> device path; its bandwidth is passed with each call.
-MEASURED_LINK = Placement("measured-link", (), 0.0,
-                          "host -> device copies, bandwidth measured by kvlab bench")
+MEASURED_LINK = Placement(
+    "measured-link", (), 0.0, "host -> device copies, bandwidth measured by kvlab bench"
+)
 
 
 def fetch_time_s(config, tokens, link_bytes_per_s: float, kv_dtype: str):
     """The ledger's time to bring `tokens` tokens of KV over the measured link."""
-    return kv_fetch_time_s(model_spec(config), tokens, MEASURED_LINK,
-                           kv_ledger_dtype(config, kv_dtype), latency_s=0.0,
-                           bandwidth_bytes_per_s=float(link_bytes_per_s))
+    return kv_fetch_time_s(
+        model_spec(config),
+        tokens,
+        MEASURED_LINK,
+        kv_ledger_dtype(config, kv_dtype),
+        latency_s=0.0,
+        bandwidth_bytes_per_s=float(link_bytes_per_s),
+    )
 
 
-def predict_decode(config, device: Device, batch, context, weight_dtype: str, kv_dtype: str,
-                   placement: str = "device", prefetch: bool = False,
-                   link_bytes_per_s: float | None = None) -> dict:
+def predict_decode(
+    config,
+    device: Device,
+    batch,
+    context,
+    weight_dtype: str,
+    kv_dtype: str,
+    placement: str = "device",
+    prefetch: bool = False,
+    link_bytes_per_s: float | None = None,
+) -> dict:
     """The ledger's step for the decoder at (batch, context); array arguments broadcast.
 
     Returns step_bytes, predicted_step_s, memory/compute time, bound, and for `host`
     placement fetch_bytes and fetch_s (the KV history crossing the host->device link).
     """
     spec = model_spec(config)
-    step = decode_step(spec, device, batch, context, weight_ledger_dtype(config, weight_dtype),
-                       kv_ledger_dtype(config, kv_dtype),
-                       bandwidth_bytes_per_s=device.memory_bandwidth_bytes_per_s)
+    step = decode_step(
+        spec,
+        device,
+        batch,
+        context,
+        weight_ledger_dtype(config, weight_dtype),
+        kv_ledger_dtype(config, kv_dtype),
+        bandwidth_bytes_per_s=device.memory_bandwidth_bytes_per_s,
+    )
     out = {
-        "step_bytes": step.step_bytes, "weight_read_bytes": step.weight_read_bytes,
-        "kv_read_bytes": step.kv_read_bytes, "flops": step.flops,
-        "memory_time_s": step.memory_time_s, "compute_time_s": step.compute_time_s,
-        "bound": step.bound, "predicted_step_s": step.step_time_s, "fetch_bytes": 0.0,
+        "step_bytes": step.step_bytes,
+        "weight_read_bytes": step.weight_read_bytes,
+        "kv_read_bytes": step.kv_read_bytes,
+        "flops": step.flops,
+        "memory_time_s": step.memory_time_s,
+        "compute_time_s": step.compute_time_s,
+        "bound": step.bound,
+        "predicted_step_s": step.step_time_s,
+        "fetch_bytes": 0.0,
         "fetch_s": 0.0,
     }
     if placement == "host":
@@ -121,9 +168,18 @@ def _plain(x):
 def predict_prefill(config, device: Device, tokens, weight_dtype: str, kv_dtype: str) -> float:
     """The ledger's time to prefill `tokens` tokens of one sequence from scratch."""
     spec = model_spec(config)
-    return _plain(prefill(spec, device, tokens, 0, 1, weight_ledger_dtype(config, weight_dtype),
-                          kv_ledger_dtype(config, kv_dtype),
-                          flops_per_s=device.bf16_flops_per_s).time_s)
+    return _plain(
+        prefill(
+            spec,
+            device,
+            tokens,
+            0,
+            1,
+            weight_ledger_dtype(config, weight_dtype),
+            kv_ledger_dtype(config, kv_dtype),
+            flops_per_s=device.bf16_flops_per_s,
+        ).time_s
+    )
 
 
 def kv_bytes_per_token(config, kv_dtype: str) -> float:

@@ -15,6 +15,7 @@ weight by `make_linear`:
 Every class keeps `nbytes`, the bytes one pass streams (the ledger's weight bytes), and
 `backend`, its name.
 """
+
 from __future__ import annotations
 
 import torch
@@ -116,14 +117,21 @@ class Int8Linear(Linear):
         return F.linear(x, self.weight.to(x.dtype)) * self.scale  # moves more than 1 byte/weight
 
 
-def make_linear(in_features: int, out_features: int, weight_dtype: str, compute_dtype: torch.dtype,
-                device, generator: torch.Generator, backend: str = "torch") -> Linear:
+def make_linear(
+    in_features: int,
+    out_features: int,
+    weight_dtype: str,
+    compute_dtype: torch.dtype,
+    device,
+    generator: torch.Generator,
+    backend: str = "torch",
+) -> Linear:
     """A random (out, in) weight, scaled by in^-1/2, behind the best `backend` that takes it.
 
     The weight is drawn the same way whatever the backend, so one seed gives the same
     numbers through every backend."""
     w = torch.randn(out_features, in_features, generator=generator, device=device)
-    w = w * in_features ** -0.5
+    w = w * in_features**-0.5
     if weight_dtype == "int8":
         return Int8Linear(w, compute_dtype)
     w = w.to(torch_dtype(weight_dtype))
@@ -142,8 +150,11 @@ def _onednn_linear(x, packed):
 
 def _prepack_supported() -> bool:
     ops = torch.ops.mkldnn
-    return (torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight")
-            and hasattr(ops, "_linear_pointwise"))
+    return (
+        torch.backends.mkldnn.is_available()
+        and hasattr(ops, "_reorder_linear_weight")
+        and hasattr(ops, "_linear_pointwise")
+    )
 
 
 def onednn_layout(weight: torch.Tensor):
@@ -180,8 +191,11 @@ def int8_matmul_supported(device: torch.device, in_features: int, dtype: torch.d
     if key not in _INT8_PROBED:
         try:
             w = torch.zeros(32, 32, dtype=torch.int8, device=device)
-            torch._weight_int8pack_mm(torch.zeros(2, 32, dtype=dtype, device=device), w,
-                                      torch.ones(32, dtype=dtype, device=device))
+            torch._weight_int8pack_mm(
+                torch.zeros(2, 32, dtype=dtype, device=device),
+                w,
+                torch.ones(32, dtype=dtype, device=device),
+            )
             _INT8_PROBED[key] = True
         except (RuntimeError, NotImplementedError):
             _INT8_PROBED[key] = False

@@ -6,6 +6,7 @@ become device tensors before any kernel runs, so a planned decode step has no ho
 round trip and can be captured in a CUDA graph. `prefill` and `decode` are the two
 usual entry points; benchmarks call `forward_plan` with one plan over and over.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -61,8 +62,9 @@ class Block(torch.nn.Module):
         qkv_out = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
 
         def linear(in_features, out_features):
-            return make_linear(in_features, out_features, weight_dtype, compute_dtype, device, g,
-                               backend)
+            return make_linear(
+                in_features, out_features, weight_dtype, compute_dtype, device, g, backend
+            )
 
         self.attention_norm = RMSNorm(c.hidden_size, c.norm_eps, compute_dtype, device)
         self.wqkv = linear(c.hidden_size, qkv_out)  # fused q, k, v
@@ -82,9 +84,17 @@ def apply_rope(x, rot):
 class Decoder(torch.nn.Module):
     """A Llama-style decoder with random weights; KV lives in a `KVCache` passed to each call."""
 
-    def __init__(self, config: DecoderConfig | str = "tiny", weight_dtype: str = "fp32",
-                 device="cpu", compute_dtype: str | None = None, seed: int = 0,
-                 prefill_kernel: str = "auto", prepack: bool = True, kernels: str = "auto"):
+    def __init__(
+        self,
+        config: DecoderConfig | str = "tiny",
+        weight_dtype: str = "fp32",
+        device="cpu",
+        compute_dtype: str | None = None,
+        seed: int = 0,
+        prefill_kernel: str = "auto",
+        prepack: bool = True,
+        kernels: str = "auto",
+    ):
         """`kernels`: decode kernels on CPU. "native" = kvlab's C kernels (bf16 weights and KV
         streamed at memory speed), "torch" = PyTorch's, "auto" = native where it builds.
         `prepack`: CPU bf16 weights not taken by the native kernels go to oneDNN prepacked."""
@@ -92,28 +102,39 @@ class Decoder(torch.nn.Module):
         c = self.config = get_config(config)
         self.weight_dtype = check_choice("weight dtype", weight_dtype, WEIGHT_DTYPES)
         self.compute_dtype_name = compute_dtype or (
-            self.weight_dtype if self.weight_dtype in FLOAT_DTYPES else "bf16")
+            self.weight_dtype if self.weight_dtype in FLOAT_DTYPES else "bf16"
+        )
         check_choice("compute dtype", self.compute_dtype_name, FLOAT_DTYPES)
         self.compute_dtype = torch_dtype(self.compute_dtype_name)
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise KvlabError("device 'cuda' asked for, but torch sees no CUDA device")
-        self.prefill_kernel = check_choice("prefill kernel", prefill_kernel,
-                                           ("auto", "sdpa", "matmul"))
+        self.prefill_kernel = check_choice(
+            "prefill kernel", prefill_kernel, ("auto", "sdpa", "matmul")
+        )
         asked = check_choice("kernels", kernels, KERNELS)
         self.kernels, self.kernels_note = self._pick_kernels(asked)
         backend = "native" if self.kernels == "native" else "onednn" if prepack else "torch"
         self._check_memory()
         g = torch.Generator(device=self.device).manual_seed(seed)
         embeddings = torch.randn(c.vocab_size, c.hidden_size, generator=g, device=self.device)
-        self.tok_embeddings = torch.nn.Parameter(embeddings.to(self.compute_dtype),
-                                                 requires_grad=False)  # gathered, not streamed
+        self.tok_embeddings = torch.nn.Parameter(
+            embeddings.to(self.compute_dtype), requires_grad=False
+        )  # gathered, not streamed
         self.layers = torch.nn.ModuleList(
             Block(c, self.weight_dtype, self.compute_dtype, self.device, g, backend)
-            for _ in range(c.num_layers))
+            for _ in range(c.num_layers)
+        )
         self.norm = RMSNorm(c.hidden_size, c.norm_eps, self.compute_dtype, self.device)
-        self.output = make_linear(c.hidden_size, c.vocab_size, self.weight_dtype,
-                                  self.compute_dtype, self.device, g, backend)
+        self.output = make_linear(
+            c.hidden_size,
+            c.vocab_size,
+            self.weight_dtype,
+            self.compute_dtype,
+            self.device,
+            g,
+            backend,
+        )
         self._rope = torch.empty(0, dtype=torch.complex64)
         self.requires_grad_(False)
         #: how many weights went to oneDNN prepacked (0: none, or this torch cannot)
@@ -127,51 +148,77 @@ class Decoder(torch.nn.Module):
         """Which kernels a decode step runs: {"weights": ..., "attention": ...}, each
         "native" or "torch" (native attention takes bf16 or int8 KV with head_dim % 64 == 0)."""
         on_native = [isinstance(m, NativeLinear) for m in self.linears()]
-        weights = "native" if on_native and all(on_native) else \
-            "mixed" if any(on_native) else "torch"
-        attention = "native" if (self.kernels == "native" and kv_dtype in ("bf16", "int8")
-                                 and self.config.head_dim % 64 == 0
-                                 and self.config.head_dim <= native.MAX_HEAD_DIM) else "torch"
+        weights = (
+            "native" if on_native and all(on_native) else "mixed" if any(on_native) else "torch"
+        )
+        attention = (
+            "native"
+            if (
+                self.kernels == "native"
+                and kv_dtype in ("bf16", "int8")
+                and self.config.head_dim % 64 == 0
+                and self.config.head_dim <= native.MAX_HEAD_DIM
+            )
+            else "torch"
+        )
         return {"weights": weights, "attention": attention}
 
     def _pick_kernels(self, asked: str) -> tuple[str, str]:
         """("native" | "torch", one line saying why)."""
         if self.device.type != "cpu":
             if asked == "native":
-                raise KvlabError(f"kernels 'native' are CPU kernels; on {self.device.type} "
-                                 "use 'torch' or 'auto'")
+                raise KvlabError(
+                    f"kernels 'native' are CPU kernels; on {self.device.type} use 'torch' or 'auto'"
+                )
             return "torch", f"PyTorch kernels on {self.device.type}"
         if asked == "torch":
             return "torch", "PyTorch kernels (asked for)"
         if native.available():
             return "native", native.status()
         if asked == "native":
-            raise KvlabError("kernels 'native' asked for, but they are unavailable here: "
-                             f"{native.status()}")
+            raise KvlabError(
+                f"kernels 'native' asked for, but they are unavailable here: {native.status()}"
+            )
         return "torch", native.status()
 
     def _check_memory(self) -> None:
         from ..cost import weight_bytes
         from .ledger import model_spec, weight_ledger_dtype
 
-        needed = weight_bytes(model_spec(self.config),
-                              weight_ledger_dtype(self.config, self.weight_dtype))
-        fit.require(f"decoder '{self.config.name}' weights ({self.weight_dtype})", needed,
-                    self.device, "pick a smaller preset or int8 weights")
+        needed = weight_bytes(
+            model_spec(self.config), weight_ledger_dtype(self.config, self.weight_dtype)
+        )
+        fit.require(
+            f"decoder '{self.config.name}' weights ({self.weight_dtype})",
+            needed,
+            self.device,
+            "pick a smaller preset or int8 weights",
+        )
 
     # ------------------------------------------------------------ sizes
     def streamed_weight_bytes(self) -> int:
         """Bytes of weights one forward pass reads: everything but the embedding table."""
         linears = sum(m.nbytes for m in self.linears())
-        norms = sum(m.weight.numel() * m.weight.element_size()
-                    for m in self.modules() if isinstance(m, RMSNorm))
+        norms = sum(
+            m.weight.numel() * m.weight.element_size()
+            for m in self.modules()
+            if isinstance(m, RMSNorm)
+        )
         return linears + norms
 
-    def new_cache(self, batch: int, max_seq_len: int, kv_dtype: str = "bf16",
-                  placement: str = "device", prefetch: bool = False, **kwargs) -> KVCache:
+    def new_cache(
+        self,
+        batch: int,
+        max_seq_len: int,
+        kv_dtype: str = "bf16",
+        placement: str = "device",
+        prefetch: bool = False,
+        **kwargs,
+    ) -> KVCache:
         """A KV cache for this model on its device (kwargs: block_tokens, chunk_budget_bytes)."""
-        return KVCache(self.config, batch, max_seq_len, kv_dtype, placement, self.device, prefetch,
-                       **kwargs)
+        return KVCache(
+            self.config, batch, max_seq_len, kv_dtype, placement, self.device, prefetch, **kwargs
+        )
 
     # ------------------------------------------------------------ planning
     def _rope_tables(self, n: int):
@@ -192,11 +239,14 @@ class Decoder(torch.nn.Module):
         if len(hist) != B:
             raise KvlabError(f"need one history length per sequence ({B}), got {len(hist)}")
         if new_tokens < 1 or max(hist) + new_tokens > cache.max_seq_len:
-            raise KvlabError(f"{max(hist)} cached + {new_tokens} new tokens exceed the cache's "
-                             f"max_seq_len {cache.max_seq_len}; allocate a longer cache")
+            raise KvlabError(
+                f"{max(hist)} cached + {new_tokens} new tokens exceed the cache's "
+                f"max_seq_len {cache.max_seq_len}; allocate a longer cache"
+            )
         if len(set(hist)) > 1 and new_tokens != 1:
-            raise KvlabError("sequences with different cached lengths can only decode one token "
-                             "at a time")
+            raise KvlabError(
+                "sequences with different cached lengths can only decode one token at a time"
+            )
         n_total = max(hist) + new_tokens
         self._rope_tables(n_total)
         dev, blk = self.device, cache.block_tokens
@@ -207,13 +257,29 @@ class Decoder(torch.nn.Module):
         if new_tokens == 1 and (len(set(hist)) > 1 or n_total < span):
             # (B, 1, 1, nb*blk)
             valid = (torch.arange(span, device=dev).view(1, -1) <= first).view(B, 1, 1, span)
-        sdpa = new_tokens > 1 and max(hist) == 0 and (
-            self.prefill_kernel == "sdpa" or (self.prefill_kernel == "auto" and dev.type == "cuda"))
+        sdpa = (
+            new_tokens > 1
+            and max(hist) == 0
+            and (
+                self.prefill_kernel == "sdpa"
+                or (self.prefill_kernel == "auto" and dev.type == "cuda")
+            )
+        )
         touched = (min(hist) // blk, (n_total - 1) // blk + 1)
-        return StepPlan(list(hist), new_tokens, n_total, positions, first, valid, positions // blk,
-                        positions % blk,
-                        torch.arange(B, device=dev).view(B, 1).expand(B, new_tokens),
-                        touched, sdpa, (first + new_tokens).view(B))
+        return StepPlan(
+            list(hist),
+            new_tokens,
+            n_total,
+            positions,
+            first,
+            valid,
+            positions // blk,
+            positions % blk,
+            torch.arange(B, device=dev).view(B, 1).expand(B, new_tokens),
+            touched,
+            sdpa,
+            (first + new_tokens).view(B),
+        )
 
     # ------------------------------------------------------------ forward
     def forward_plan(self, tokens: torch.Tensor, cache: KVCache, plan: StepPlan) -> torch.Tensor:
@@ -243,8 +309,9 @@ class Decoder(torch.nn.Module):
                 y = decode_attention(q, kk, vv, ks, vs, plan.valid, cache.chunk_budget_bytes)
             else:
                 work = kk.dtype if ks is None else self.compute_dtype
-                y = prefill_attention(q, gather(kk, ks, work), gather(vv, vs, work),
-                                      plan.first_pos, plan.sdpa)
+                y = prefill_attention(
+                    q, gather(kk, ks, work), gather(vv, vs, work), plan.first_pos, plan.sdpa
+                )
             cache.layer_done(i)
             y = y.to(self.compute_dtype).transpose(1, 2).reshape(B, S, H * D)  # (B, S, H*D)
             x = x + layer.wo(y)
@@ -253,8 +320,9 @@ class Decoder(torch.nn.Module):
         return self.output(self.norm(x)).float()  # (B, S, vocab)
 
     @torch.no_grad()
-    def prefill(self, tokens: torch.Tensor, cache: KVCache,
-                lengths: list[int] | None = None) -> torch.Tensor:
+    def prefill(
+        self, tokens: torch.Tensor, cache: KVCache, lengths: list[int] | None = None
+    ) -> torch.Tensor:
         """Append a prompt to every sequence: tokens (B, S), right-padded when `lengths`
         (each <= S) differ. Returns logits (B, S, vocab); positions past a length are padding."""
         tokens = self._tokens(tokens, cache)
@@ -277,8 +345,9 @@ class Decoder(torch.nn.Module):
     def _tokens(self, tokens, cache: KVCache) -> torch.Tensor:
         tokens = torch.as_tensor(tokens, device=self.device).long()
         if tokens.dim() != 2 or tokens.shape[0] != cache.batch:
-            raise KvlabError(f"tokens must be (batch={cache.batch}, S), got shape "
-                             f"{tuple(tokens.shape)}")
+            raise KvlabError(
+                f"tokens must be (batch={cache.batch}, S), got shape {tuple(tokens.shape)}"
+            )
         if tokens.numel() and (tokens.min() < 0 or tokens.max() >= self.config.vocab_size):
             raise KvlabError(f"token ids must be in 0..{self.config.vocab_size - 1}")
         return tokens

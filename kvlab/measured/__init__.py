@@ -8,6 +8,7 @@ regenerates the extract (needs the optional extra `measured`).
 For a simulator: `kernels(model, hardware, weight_dtype, kv_dtype, tp).decode_step_s(batch,
 mean_context)` is a cached, scalar, numpy-free path.
 """
+
 from .tables import devices_with_data, load
 from .timing import Kernels, StepTime, kernels
 

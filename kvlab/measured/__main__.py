@@ -1,4 +1,5 @@
 """`python -m kvlab.measured extract [--out DIR]`: regenerate the measured kernel extract."""
+
 from __future__ import annotations
 
 import argparse
@@ -9,13 +10,19 @@ from ..errors import KvlabError
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kvlab.measured",
-                                     description="Regenerate kvlab's measured kernel tables "
-                                     "from aiconfigurator-core (needs the 'measured' extra).")
+    parser = argparse.ArgumentParser(
+        prog="python -m kvlab.measured",
+        description="Regenerate kvlab's measured kernel tables "
+        "from aiconfigurator-core (needs the 'measured' extra).",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     ex = sub.add_parser("extract", help="write the extract (default: kvlab/data/measured)")
-    ex.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent
-                    / "data" / "measured", help="output folder")
+    ex.add_argument(
+        "--out",
+        type=Path,
+        default=Path(__file__).resolve().parent.parent / "data" / "measured",
+        help="output folder",
+    )
     args = parser.parse_args(argv)
     from .extract import extract
 

@@ -30,6 +30,7 @@ sorted keys, latencies in microseconds rounded to 5 significant digits, null whe
 source has no measurement. Importing this module needs numpy only; pandas, pyarrow and
 aiconfigurator-core are imported when `extract` runs.
 """
+
 from __future__ import annotations
 
 import json
@@ -72,6 +73,7 @@ SIGNIFICANT = 5
 
 # ----------------------------------------------------------------------- formatting
 
+
 def _round(x) -> float | None:
     x = float(x)
     return None if not math.isfinite(x) else float(f"{x:.{SIGNIFICANT}g}")
@@ -88,7 +90,7 @@ def dumps(obj, indent: int = 0) -> str:
     if isinstance(obj, dict):
         if not obj:
             return "{}"
-        items = [f'{pad} {json.dumps(str(k))}: {dumps(obj[k], indent + 1)}' for k in sorted(obj)]
+        items = [f"{pad} {json.dumps(str(k))}: {dumps(obj[k], indent + 1)}" for k in sorted(obj)]
         return "{\n" + ",\n".join(items) + f"\n{pad}}}"
     if isinstance(obj, (list, tuple)):
         if all(not isinstance(v, (dict, list, tuple)) for v in obj):
@@ -99,12 +101,15 @@ def dumps(obj, indent: int = 0) -> str:
 
 # ------------------------------------------------------------------------ the source
 
+
 def _data_root() -> Path:
     try:
         import aiconfigurator_core
     except ImportError:
-        raise KvlabError(f"extract needs {PACKAGE}=={PACKAGE_VERSION} (pip install "
-                         f"'kvlab[measured]'), with pandas and pyarrow") from None
+        raise KvlabError(
+            f"extract needs {PACKAGE}=={PACKAGE_VERSION} (pip install "
+            f"'kvlab[measured]'), with pandas and pyarrow"
+        ) from None
     from importlib.metadata import version
 
     if version(PACKAGE) != PACKAGE_VERSION:
@@ -135,7 +140,7 @@ def _meta(df, system: str, rel: str) -> dict:
     """What every table states: where it came from and what measured it."""
     return {
         "source": f"{PACKAGE} {PACKAGE_VERSION} (PyPI, Apache-2.0), "
-                  f"aiconfigurator_core/systems/data/{system}/{rel}",
+        f"aiconfigurator_core/systems/data/{system}/{rel}",
         "framework": str(df["framework"].iloc[0]),
         "framework_version": str(df["version"].iloc[0]),
         "device_string": str(df["device"].iloc[0]),
@@ -153,6 +158,7 @@ def _catalogue_layouts():
 
 
 # ------------------------------------------------------------------------------ GEMMs
+
 
 def _bracket(grid: np.ndarray, x: float) -> tuple[int, int, float]:
     """Neighbours of x on a sorted grid and its weight between them in log space."""
@@ -177,12 +183,18 @@ def _gemm_curve(ns, ks, log_lat, n: int, k: int) -> tuple[np.ndarray, str]:
     if n_eff > ns[-1]:
         blocks = math.ceil(n_eff / ns[-1])
         n_eff = n_eff / blocks
-        how.append(f"n={n} beyond the table's largest n={ns[-1]:g}: {blocks} column blocks "
-                   f"of n={n_eff:g}, one after another")
+        how.append(
+            f"n={n} beyond the table's largest n={ns[-1]:g}: {blocks} column blocks "
+            f"of n={n_eff:g}, one after another"
+        )
     i0, i1, wn = _bracket(ns, n_eff)
     j0, j1, wk = _bracket(ks, k_eff)
-    log = ((1 - wn) * (1 - wk) * log_lat[:, i0, j0] + wn * (1 - wk) * log_lat[:, i1, j0]
-           + (1 - wn) * wk * log_lat[:, i0, j1] + wn * wk * log_lat[:, i1, j1])
+    log = (
+        (1 - wn) * (1 - wk) * log_lat[:, i0, j0]
+        + wn * (1 - wk) * log_lat[:, i1, j0]
+        + (1 - wn) * wk * log_lat[:, i0, j1]
+        + wn * wk * log_lat[:, i1, j1]
+    )
     if wn or wk:
         how.append("interpolated log-bilinearly in (n, k) between grid points")
     return blocks * np.exp(log), "; ".join(how) or "measured"
@@ -199,15 +211,20 @@ def _gemm(root: Path, system: str, version: str, shapes: set) -> dict:
         d = _one_source(d)
         ms, ns, ks = (np.array(sorted(d[c].unique()), dtype=float) for c in ("m", "n", "k"))
         lat = np.full((len(ms), len(ns), len(ks)), np.nan)
-        lat[np.searchsorted(ms, d["m"]), np.searchsorted(ns, d["n"]),
-            np.searchsorted(ks, d["k"])] = d["latency"]
+        lat[
+            np.searchsorted(ms, d["m"]), np.searchsorted(ns, d["n"]), np.searchsorted(ks, d["k"])
+        ] = d["latency"]
         log_lat = np.log(lat)
         table = {}
         for n, k in sorted(shapes):
             curve, how = _gemm_curve(ns, ks, log_lat, n, k)
             table[f"{n}x{k}"] = {"how": how, "latency_us": _us(curve)}
-        out["dtypes"][ours] = {"table_dtype": theirs, "m": [int(v) for v in ms], "shapes": table,
-                               "kernel_source": str(d["kernel_source"].iloc[0])}
+        out["dtypes"][ours] = {
+            "table_dtype": theirs,
+            "m": [int(v) for v in ms],
+            "shapes": table,
+            "kernel_source": str(d["kernel_source"].iloc[0]),
+        }
     return out
 
 
@@ -221,16 +238,17 @@ def _derived(gemm_df, device: str) -> dict:
     return {
         "kernel_floor_us": _round(1e3 * float(np.median(small["latency"]))),
         "kernel_floor_how": f"median latency of the {len(small)} bf16 GEMMs with "
-                            f"m <= {FLOOR_MAX_M} and n, k <= {FLOOR_MAX_NK}: kernels that "
-                            "move and compute almost nothing",
+        f"m <= {FLOOR_MAX_M} and n, k <= {FLOOR_MAX_NK}: kernels that "
+        "move and compute almost nothing",
         "gemv_bandwidth_bytes_per_s": _round(bandwidth),
         "gemv_fraction_of_sheet": _round(bandwidth / sheet),
         "gemv_how": f"median of weight bytes / latency over the {len(gemv)} bf16 GEMMs with "
-                    f"m = 1 and at least {GEMV_MIN_BYTES / 1e6:g} MB of weights",
+        f"m = 1 and at least {GEMV_MIN_BYTES / 1e6:g} MB of weights",
     }
 
 
 # -------------------------------------------------------------------------- attention
+
 
 def _layout_key(heads: int, kv: int, head_dim: int) -> str:
     return f"{heads}/{kv}/{head_dim}"
@@ -250,10 +268,13 @@ def _attention(root: Path, system: str, version: str, kind: str, layouts: set) -
         rows, cols = np.searchsorted(batches, g["batch_size"]), np.searchsorted(sizes, g[axis])
         lat[rows, cols] = g["latency"]
         grids[tuple(int(v) if i < 3 else v for i, v in enumerate(key))] = lat
-    out = {**_meta(df, system, rel), "kernel_source": str(df["kernel_source"].iloc[0]),
-           "batch": [int(v) for v in batches],
-           "tokens_in_cache" if kind == "generation" else "prompt_tokens": [int(v) for v in sizes],
-           "layouts": {}}
+    out = {
+        **_meta(df, system, rel),
+        "kernel_source": str(df["kernel_source"].iloc[0]),
+        "batch": [int(v) for v in batches],
+        "tokens_in_cache" if kind == "generation" else "prompt_tokens": [int(v) for v in sizes],
+        "layouts": {},
+    }
     for heads, kv, hd in sorted(layouts):
         entry = {}
         for ours, theirs in KV_DTYPES.items():
@@ -277,11 +298,14 @@ def _layout_grid(grids: dict, heads: int, kv: int, hd: int, kv_dtype: str):
     lo, hi = lo[-1], hi[0]
     w = (heads - lo) / (hi - lo)
     lat = (1 - w) * grids[lo, kv, hd, kv_dtype] + w * grids[hi, kv, hd, kv_dtype]
-    return lat, (f"{heads} query heads not measured: interpolated linearly between "
-                 f"{lo} and {hi} query heads with {kv} K/V heads")
+    return lat, (
+        f"{heads} query heads not measured: interpolated linearly between "
+        f"{lo} and {hi} query heads with {kv} K/V heads"
+    )
 
 
 # ------------------------------------------------------------------- MoE, all-reduce
+
 
 def _moe(root: Path, system: str, version: str, shapes: set) -> dict:
     rel = f"moe/{FRAMEWORK}/{version}/moe_perf.parquet"
@@ -289,9 +313,14 @@ def _moe(root: Path, system: str, version: str, shapes: set) -> dict:
     tokens = np.array(sorted(df["num_tokens"].unique()))
     out = {**_meta(df, system, rel), "tokens": [int(v) for v in tokens], "shapes": {}}
     for hidden, inter, experts, topk, tp in sorted(shapes):
-        sel = df[(df["hidden_size"] == hidden) & (df["inter_size"] == inter)
-                 & (df["num_experts"] == experts) & (df["topk"] == topk)
-                 & (df["moe_tp_size"] == tp) & (df["moe_ep_size"] == 1)]
+        sel = df[
+            (df["hidden_size"] == hidden)
+            & (df["inter_size"] == inter)
+            & (df["num_experts"] == experts)
+            & (df["topk"] == topk)
+            & (df["moe_tp_size"] == tp)
+            & (df["moe_ep_size"] == 1)
+        ]
         entry = {}
         for ours, theirs in MOE_DTYPES.items():
             d = sel[sel["moe_dtype"] == theirs]
@@ -301,8 +330,11 @@ def _moe(root: Path, system: str, version: str, shapes: set) -> dict:
             d = _one_source(d[d["distribution"] == dist])
             lat = np.full(len(tokens), np.nan)
             lat[np.searchsorted(tokens, d["num_tokens"])] = d["latency"]
-            entry[ours] = {"distribution": dist, "kernel_source": str(d["kernel_source"].iloc[0]),
-                           "latency_us": _us(lat)}
+            entry[ours] = {
+                "distribution": dist,
+                "kernel_source": str(d["kernel_source"].iloc[0]),
+                "latency_us": _us(lat),
+            }
         if entry:
             out["shapes"][f"{hidden}x{inter}/{experts}/{topk}/tp{tp}"] = entry
     return out
@@ -321,11 +353,16 @@ def _all_reduce(root: Path, system: str, version: str) -> dict:
         lat = np.full(len(sizes), np.nan)
         lat[np.searchsorted(sizes, g["message_size"])] = g["latency"]
         gpus[str(int(count))] = _us(lat)
-    return {**_meta(df, system, rel), "dtype": "bf16", "message_elements": [int(v) for v in sizes],
-            "gpus": gpus}
+    return {
+        **_meta(df, system, rel),
+        "dtype": "bf16",
+        "message_elements": [int(v) for v in sizes],
+        "gpus": gpus,
+    }
 
 
 # ------------------------------------------------------------------------ the driver
+
 
 def _wanted() -> tuple[set, set, set]:
     """GEMM shapes, attention layouts and MoE shapes of the catalogue models."""
@@ -388,8 +425,9 @@ def notice(root: Path, extracts: dict) -> str:
     lines += [f"    {line}" for line in _copyright_lines(root)]
     lines += ["", "Taken, per kvlab device (from aiconfigurator_core/systems/data/):"]
     for device, ex in sorted(extracts.items()):
-        lines.append(f"  {device}: {ex['device_string']}, "
-                     f"{ex['framework']} {ex['framework_version']}")
+        lines.append(
+            f"  {device}: {ex['device_string']}, {ex['framework']} {ex['framework_version']}"
+        )
         for kind in ("gemm", "generation_attention", "context_attention", "moe", "all_reduce"):
             lines.append(f"    {ex[kind]['source'].split('systems/data/', 1)[1]}")
     lines += [

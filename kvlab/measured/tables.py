@@ -6,6 +6,7 @@ FLOPs), so interpolating log latency linearly in log size is exact for those and
 between. Outside the measured range nothing is extrapolated: every lookup returns an
 `in_range` flag next to the value (NaN there), and callers refuse or say so.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -89,8 +90,12 @@ class Grid:
             return math.nan
         (i0, i1, wx), (j0, j1, wy) = _scalar_axis(self._lx, x), _scalar_axis(self._ly, y)
         z = self._lz
-        log = ((1 - wx) * (1 - wy) * z[i0][j0] + wx * (1 - wy) * z[i1][j0]
-               + (1 - wx) * wy * z[i0][j1] + wx * wy * z[i1][j1])
+        log = (
+            (1 - wx) * (1 - wy) * z[i0][j0]
+            + wx * (1 - wy) * z[i1][j0]
+            + (1 - wx) * wy * z[i0][j1]
+            + wx * wy * z[i1][j1]
+        )
         return math.exp(log) if math.isfinite(log) else math.nan
 
     def __call__(self, x, y):
@@ -99,8 +104,12 @@ class Grid:
         i0, i1, wx = self._axis(self.log_x, np.log(np.where(ok, x, self.x[0])))
         j0, j1, wy = self._axis(self.log_y, np.log(np.where(ok, y, self.y[0])))
         z = self.log_z
-        log = ((1 - wx) * (1 - wy) * z[i0, j0] + wx * (1 - wy) * z[i1, j0]
-               + (1 - wx) * wy * z[i0, j1] + wx * wy * z[i1, j1])
+        log = (
+            (1 - wx) * (1 - wy) * z[i0, j0]
+            + wx * (1 - wy) * z[i1, j0]
+            + (1 - wx) * wy * z[i0, j1]
+            + wx * wy * z[i1, j1]
+        )
         ok = ok & np.isfinite(log)
         return np.where(ok, np.exp(np.where(ok, log, 0.0)), np.nan), ok
 
@@ -130,8 +139,13 @@ class TableInfo:
 
 
 def _info(kind: str, entry: dict) -> TableInfo:
-    return TableInfo(kind, entry["source"], entry["framework"], entry["framework_version"],
-                     entry["device_string"])
+    return TableInfo(
+        kind,
+        entry["source"],
+        entry["framework"],
+        entry["framework_version"],
+        entry["device_string"],
+    )
 
 
 def _folder():
@@ -145,8 +159,10 @@ def devices_with_data() -> tuple[str, ...]:
 
 
 def no_data_error(device: str) -> KvlabError:
-    return KvlabError(f"no measured kernel tables for {device!r}; devices with data: "
-                      f"{', '.join(devices_with_data())}")
+    return KvlabError(
+        f"no measured kernel tables for {device!r}; devices with data: "
+        f"{', '.join(devices_with_data())}"
+    )
 
 
 class DeviceTables:
@@ -158,8 +174,10 @@ class DeviceTables:
         self.framework, self.framework_version = raw["framework"], raw["framework_version"]
         self.kernel_floor_s = raw["derived"]["kernel_floor_us"] * 1e-6
         self.gemv_bandwidth_bytes_per_s = raw["derived"]["gemv_bandwidth_bytes_per_s"]
-        self.info = {kind: _info(kind, raw[kind]) for kind in
-                     ("gemm", "generation_attention", "context_attention", "moe", "all_reduce")}
+        self.info = {
+            kind: _info(kind, raw[kind])
+            for kind in ("gemm", "generation_attention", "context_attention", "moe", "all_reduce")
+        }
         self._memo: dict = {}
 
     def _cached(self, key: tuple, build):
@@ -170,8 +188,10 @@ class DeviceTables:
 
     @property
     def label(self) -> str:
-        return (f"{self.framework} {self.framework_version} kernel tables, {self.device_string} "
-                f"({self.raw['package']})")
+        return (
+            f"{self.framework} {self.framework_version} kernel tables, {self.device_string} "
+            f"({self.raw['package']})"
+        )
 
     def gemm_dtypes(self) -> list[str]:
         return sorted(self.raw["gemm"]["dtypes"])
@@ -179,9 +199,11 @@ class DeviceTables:
     def _key(self, dtype: str, have: list[str], what: str) -> str:
         key = DTYPE_KEYS.get(dtype)
         if key not in have:
-            raise KvlabError(f"no measured {what} for {dtype} on {self.device} "
-                             f"({self.framework} {self.framework_version} tables have "
-                             f"{', '.join(have) or 'none'})")
+            raise KvlabError(
+                f"no measured {what} for {dtype} on {self.device} "
+                f"({self.framework} {self.framework_version} tables have "
+                f"{', '.join(have) or 'none'})"
+            )
         return key
 
     def gemm(self, dtype: str, n: int, k: int) -> tuple[Curve, str]:
@@ -192,24 +214,30 @@ class DeviceTables:
         table = self.raw["gemm"]["dtypes"][self._key(dtype, self.gemm_dtypes(), "GEMMs")]
         entry = table["shapes"].get(f"{n}x{k}")
         if entry is None:
-            raise KvlabError(f"no measured {n}x{k} GEMM on {self.device}: the extract holds the "
-                             "catalogue models' shapes (add a model to kvlab/data/models and run "
-                             "`python -m kvlab.measured extract`)")
+            raise KvlabError(
+                f"no measured {n}x{k} GEMM on {self.device}: the extract holds the "
+                "catalogue models' shapes (add a model to kvlab/data/models and run "
+                "`python -m kvlab.measured extract`)"
+            )
         return Curve(table["m"], np.asarray(entry["latency_us"], dtype=float) * 1e-6), entry["how"]
 
     def _layout(self, kind: str, heads: int, kv_heads: int, head_dim: int, kv_dtype: str) -> dict:
         layouts = self.raw[kind]["layouts"]
         entry = layouts.get(f"{heads}/{kv_heads}/{head_dim}")
         if entry is None:
-            raise KvlabError(f"no measured {kind.replace('_', ' ')} for {heads} query heads, "
-                             f"{kv_heads} K/V heads, head_dim {head_dim} on {self.device}")
+            raise KvlabError(
+                f"no measured {kind.replace('_', ' ')} for {heads} query heads, "
+                f"{kv_heads} K/V heads, head_dim {head_dim} on {self.device}"
+            )
         return entry[self._key(kv_dtype, sorted(entry), f"{kind.replace('_', ' ')} KV")]
 
     def attention(self, kind: str, heads, kv_heads, head_dim, kv_dtype) -> tuple[Grid, str]:
         """Latency (s) of one layer's attention: kind 'generation' over (batch, tokens in the
         cache), 'context' over (batch, prompt tokens)."""
-        return self._cached((kind, heads, kv_heads, head_dim, kv_dtype),
-                            lambda: self._attention(kind, heads, kv_heads, head_dim, kv_dtype))
+        return self._cached(
+            (kind, heads, kv_heads, head_dim, kv_dtype),
+            lambda: self._attention(kind, heads, kv_heads, head_dim, kv_dtype),
+        )
 
     def _attention(self, kind, heads, kv_heads, head_dim, kv_dtype) -> tuple[Grid, str]:
         t = self.raw[f"{kind}_attention"]
@@ -220,15 +248,19 @@ class DeviceTables:
 
     def moe(self, hidden, inter, experts, topk, tp, dtype) -> tuple[Curve, str]:
         """Latency (s) of one MoE layer's routed experts over tokens."""
-        return self._cached(("moe", hidden, inter, experts, topk, tp, dtype),
-                            lambda: self._moe(hidden, inter, experts, topk, tp, dtype))
+        return self._cached(
+            ("moe", hidden, inter, experts, topk, tp, dtype),
+            lambda: self._moe(hidden, inter, experts, topk, tp, dtype),
+        )
 
     def _moe(self, hidden, inter, experts, topk, tp, dtype) -> tuple[Curve, str]:
         t = self.raw["moe"]
         shape = t["shapes"].get(f"{hidden}x{inter}/{experts}/{topk}/tp{tp}")
         if shape is None:
-            raise KvlabError(f"no measured MoE layer {hidden}x{inter}, {experts} experts, "
-                             f"top-{topk}, tensor-parallel {tp} on {self.device}")
+            raise KvlabError(
+                f"no measured MoE layer {hidden}x{inter}, {experts} experts, "
+                f"top-{topk}, tensor-parallel {tp} on {self.device}"
+            )
         entry = shape[self._key(dtype, sorted(shape), "MoE")]
         lat = np.array([np.nan if v is None else v for v in entry["latency_us"]])
         return Curve(t["tokens"], lat * 1e-6), f"routing {entry['distribution']}"
@@ -241,8 +273,10 @@ class DeviceTables:
     def _all_reduce(self, gpus: int) -> Curve:
         t = self.raw["all_reduce"]
         if str(gpus) not in t["gpus"]:
-            raise KvlabError(f"no measured all-reduce over {gpus} GPUs on {self.device} "
-                             f"(have {', '.join(sorted(t['gpus']))})")
+            raise KvlabError(
+                f"no measured all-reduce over {gpus} GPUs on {self.device} "
+                f"(have {', '.join(sorted(t['gpus']))})"
+            )
         lat = np.array([np.nan if v is None else v for v in t["gpus"][str(gpus)]])
         return Curve(t["message_elements"], lat * 1e-6)
 

@@ -16,6 +16,7 @@ a benchmark that re-runs one GEMM on the same weights can find them in L2 (L40S'
 beat its 864 GB/s sheet figure below ~256 MB), which a decode step, streaming every layer
 once, never does. Where that floor binds, the operator says so.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -71,8 +72,17 @@ def _clamp(measured, ceiling):
 
 def _timed(name, kind, calls, per_call, ceiling_call, ok, how, limit) -> OperatorTime:
     """An operator's times over its calls: the table's, floored at the ceiling."""
-    return OperatorTime(name, kind, calls, calls * _clamp(per_call, ceiling_call),
-                        calls * ceiling_call, ok, how, limit, per_call < ceiling_call)
+    return OperatorTime(
+        name,
+        kind,
+        calls,
+        calls * _clamp(per_call, ceiling_call),
+        calls * ceiling_call,
+        ok,
+        how,
+        limit,
+        per_call < ceiling_call,
+    )
 
 
 def _range(curve: Curve, what: str) -> str:
@@ -85,8 +95,10 @@ class Kernels:
 
     def __init__(self, m: ModelSpec, dev: Device, wdt: DType, kdt: DType, tp: int = 1):
         if m.is_mla:
-            raise KvlabError(f"measured mode covers MHA/GQA attention; {m.name} uses MLA, "
-                             "whose tables are not in the extract")
+            raise KvlabError(
+                f"measured mode covers MHA/GQA attention; {m.name} uses MLA, "
+                "whose tables are not in the extract"
+            )
         self.model, self.device, self.wdt, self.kdt, self.tp = m, dev, wdt, kdt, tp
         self.tables = load(dev.name)
         self.shapes = layer_shapes(m, tp)
@@ -100,11 +112,27 @@ class Kernels:
             curve, how = self.tables.gemm(wdt.base, n, k)
             op = per_token[name]
             label = DTYPE_KEYS.get(wdt.base, wdt.base)
-            self.gemms.append((name, op.calls, curve, f"GEMM {n}x{k} {label}: {how}",
-                               float(op.bytes) / op.calls, float(op.flops) / op.calls))
-        self.small = [(op.name, op.calls, float(op.activation_bytes_per_call),
-                       float(op.bytes), float(op.flops))
-                      for op in per_token.values() if op.kind == "elementwise"]
+            self.gemms.append(
+                (
+                    name,
+                    op.calls,
+                    curve,
+                    f"GEMM {n}x{k} {label}: {how}",
+                    float(op.bytes) / op.calls,
+                    float(op.flops) / op.calls,
+                )
+            )
+        self.small = [
+            (
+                op.name,
+                op.calls,
+                float(op.activation_bytes_per_call),
+                float(op.bytes),
+                float(op.flops),
+            )
+            for op in per_token.values()
+            if op.kind == "elementwise"
+        ]
         self.experts = None
         if m.is_moe:
             curve, how = self.tables.moe(*self.shapes.moe, tp, wdt.base)
@@ -114,8 +142,10 @@ class Kernels:
         self.attn_flops_layer = m.attention_flops_per_cached_token / tp / m.num_layers
         self.all_reduce = self.tables.all_reduce(tp) if tp > 1 else None
         self.layout = (self.shapes.heads, self.shapes.kv_heads, self.shapes.head_dim, kdt.base)
-        self.layout_label = (f"{self.shapes.heads}/{self.shapes.kv_heads}/{self.shapes.head_dim} "
-                             f"KV {DTYPE_KEYS.get(kdt.base, kdt.base)}")
+        self.layout_label = (
+            f"{self.shapes.heads}/{self.shapes.kv_heads}/{self.shapes.head_dim} "
+            f"KV {DTYPE_KEYS.get(kdt.base, kdt.base)}"
+        )
         self._fixed: dict[int, float] = {}  # per batch: everything but attention
 
     @property
@@ -129,8 +159,9 @@ class Kernels:
         for name, calls, curve, how, bytes_call, flops_token in self.gemms:
             t, ok = curve(tokens)
             ceiling = np.maximum(bytes_call / self.bandwidth, flops_token * tokens / self.peak)
-            out.append(_timed(name, "gemm", calls, t, ceiling, ok, how,
-                              _range(curve, "m (tokens)")))
+            out.append(
+                _timed(name, "gemm", calls, t, ceiling, ok, how, _range(curve, "m (tokens)"))
+            )
         if self.experts:
             m = self.model
             curve, how = self.experts
@@ -140,8 +171,9 @@ class Kernels:
             flops_layer = 2.0 * tokens * m.experts_per_token * p.expert / self.tp
             ceiling = np.maximum(bytes_layer / self.bandwidth, flops_layer / self.peak)
             t, ok = curve(tokens)
-            out.append(_timed("experts", "moe", layers, t, ceiling, ok, how,
-                              _range(curve, "tokens")))
+            out.append(
+                _timed("experts", "moe", layers, t, ceiling, ok, how, _range(curve, "tokens"))
+            )
         return out
 
     def _small(self, tokens) -> list[OperatorTime]:
@@ -151,14 +183,33 @@ class Kernels:
             t = calls * (self.floor_s + act_bytes_token * tokens / self.small_bandwidth)
             ceiling = np.maximum(weight_bytes / self.bandwidth, flops_token * tokens / self.peak)
             ok = np.ones(np.shape(tokens), dtype=bool)
-            out.append(OperatorTime(name, "elementwise", calls, np.maximum(t, ceiling), ceiling,
-                                    ok, SMALL_KERNELS, "any size"))
+            out.append(
+                OperatorTime(
+                    name,
+                    "elementwise",
+                    calls,
+                    np.maximum(t, ceiling),
+                    ceiling,
+                    ok,
+                    SMALL_KERNELS,
+                    "any size",
+                )
+            )
         if self.all_reduce is not None:
             calls = 2 * self.model.num_layers
             t, ok = self.all_reduce(tokens * self.model.hidden_size)  # bf16 elements
-            out.append(OperatorTime("all_reduce", "allreduce", calls, calls * t, 0.0 * t, ok,
-                                    f"all-reduce over {self.tp} GPUs",
-                                    _range(self.all_reduce, "message elements")))
+            out.append(
+                OperatorTime(
+                    "all_reduce",
+                    "allreduce",
+                    calls,
+                    calls * t,
+                    0.0 * t,
+                    ok,
+                    f"all-reduce over {self.tp} GPUs",
+                    _range(self.all_reduce, "message elements"),
+                )
+            )
         return out
 
     @property
@@ -186,8 +237,10 @@ class Kernels:
     # --------------------------------------------------------------------- the steps
     def _ceiling_attention(self, b, ctx, q):
         """One layer's attention ceiling with q queries per sequence against ctx tokens."""
-        return np.maximum(b * (ctx + q) * self.kv_tok_layer / self.bandwidth,
-                          b * (q * ctx + q * (q - 1) / 2) * self.attn_flops_layer / self.peak)
+        return np.maximum(
+            b * (ctx + q) * self.kv_tok_layer / self.bandwidth,
+            b * (q * ctx + q * (q - 1) / 2) * self.attn_flops_layer / self.peak,
+        )
 
     def decode(self, batch, context, queries=1) -> StepTime:
         """One decode step of `batch` sequences with `context` tokens of KV each (arrays
@@ -211,10 +264,16 @@ class Kernels:
             t, ceiling, rows = t * scaled / ceiling, scaled, b * q
             how += f"; {np.max(q):g} queries per sequence: one-query time x ceiling ratio"
         attention = _timed(
-            "attention", "attention", layers, t, ceiling, ok,
+            "attention",
+            "attention",
+            layers,
+            t,
+            ceiling,
+            ok,
             f"generation attention {self.layout_label}: {how}",
             f"measured for batch {grid.x[0]:g} to {grid.x[-1]:g} and {grid.y[0]:g} to "
-            f"{grid.y[-1]:g} tokens in the cache (fewer at large batch x context)")
+            f"{grid.y[-1]:g} tokens in the cache (fewer at large batch x context)",
+        )
         ops = self._weights(rows, rows)
         return self._step(ops[:1] + [attention] + ops[1:] + self._small(rows))
 
@@ -230,21 +289,34 @@ class Kernels:
         grid, how = self.tables.attention("context", *self.layout)
         t, ok = grid(b, equal_work)
         layers = self.model.num_layers
-        ceiling = np.maximum(b * (c + n) * self.kv_tok_layer / self.bandwidth,
-                             b * pairs * self.attn_flops_layer / self.peak)
+        ceiling = np.maximum(
+            b * (c + n) * self.kv_tok_layer / self.bandwidth,
+            b * pairs * self.attn_flops_layer / self.peak,
+        )
         if np.any(c > 0):
             how += "; a cached prefix timed as a fresh prompt of equal query-key pairs"
         attention = _timed(
-            "attention", "attention", layers, t, ceiling, ok,
+            "attention",
+            "attention",
+            layers,
+            t,
+            ceiling,
+            ok,
             f"context attention {self.layout_label}: {how}",
             f"measured for batch {grid.x[0]:g} to {grid.x[-1]:g} and prompts of {grid.y[0]:g} "
-            f"to {grid.y[-1]:g} tokens (fewer at large batch x prompt)")
+            f"to {grid.y[-1]:g} tokens (fewer at large batch x prompt)",
+        )
         tokens = b * n
         ops = self._weights(tokens, b * np.maximum(n, 1))
         step = self._step(ops[:1] + [attention] + ops[1:] + self._small(tokens))
         done = n <= 0  # a full hit computes nothing
-        return StepTime(np.where(done, 0.0, step.step_time_s), step.overhead_s,
-                        step.in_range | done, step.operators, step.source)
+        return StepTime(
+            np.where(done, 0.0, step.step_time_s),
+            step.overhead_s,
+            step.in_range | done,
+            step.operators,
+            step.source,
+        )
 
     # ------------------------------------------------------------ simulator fast path
     def decode_step_s(self, batch: int, context: float) -> float:
@@ -260,10 +332,11 @@ class Kernels:
         per_layer = grid.scalar(float(batch), ctx)
         if per_layer != per_layer:  # NaN: out of the measured range
             return per_layer
-        floor = max(batch * (ctx + 1) * self.kv_tok_layer / self.bandwidth,
-                    batch * ctx * self.attn_flops_layer / self.peak)
+        floor = max(
+            batch * (ctx + 1) * self.kv_tok_layer / self.bandwidth,
+            batch * ctx * self.attn_flops_layer / self.peak,
+        )
         return fixed + self.model.num_layers * max(per_layer, floor)
-
 
     def decode_contexts_s(self, contexts) -> float:
         """One decode step of a batch whose sequences hold these contexts (one per sequence):
@@ -279,19 +352,26 @@ def _kernels(model: ModelSpec, device: Device, wdt: DType, kdt: DType, tp: int) 
 def kernels(model, hardware, weight_dtype="bf16", kv_dtype="bf16", tp: int = 1) -> Kernels:
     """The cached measured-mode interpolators for one configuration (the simulator's entry:
     `kernels(...).decode_step_s(batch, mean_context)`)."""
-    return _kernels(get_model(model), get_device(hardware), parse_dtype(weight_dtype),
-                    parse_dtype(kv_dtype), int(tp))
+    return _kernels(
+        get_model(model),
+        get_device(hardware),
+        parse_dtype(weight_dtype),
+        parse_dtype(kv_dtype),
+        int(tp),
+    )
 
 
 # ------------------------------------------------------------------ for kvlab.cost
+
 
 def _plain(x):
     """A 0-d array as a Python float, as the ledger returns scalars."""
     return x.item() if np.ndim(x) == 0 else x
 
 
-def measured_decode_fields(m, dev, wdt, kdt, batch, context, scalar: bool, tp: int = 1,
-                           queries=1) -> dict:
+def measured_decode_fields(
+    m, dev, wdt, kdt, batch, context, scalar: bool, tp: int = 1, queries=1
+) -> dict:
     """The `DecodeStep` fields measured mode replaces (a verify step at `queries` > 1). A
     scalar point outside the tables raises (naming the operators and their measured
     ranges); array points there are NaN."""
@@ -301,23 +381,36 @@ def measured_decode_fields(m, dev, wdt, kdt, batch, context, scalar: bool, tp: i
     if tp > 1:
         rows = np.asarray(batch, dtype=float) * np.asarray(queries, dtype=float)
         total, latency = kernels_.allreduce_s(rows)
-        extra = dict(allreduce_time_s=_plain(total),
-                     allreduce_latency_s=_plain(latency + 0.0 * rows))
+        extra = dict(
+            allreduce_time_s=_plain(total), allreduce_latency_s=_plain(latency + 0.0 * rows)
+        )
     if scalar and single:  # the numpy-free path; the full one only to say what is out of range
         t = kernels_.decode_step_s(batch, context)
         if t == t:
-            return dict(step_time_s=t, tokens_per_s=batch / t, tokens_per_s_per_sequence=1.0 / t,
-                        efficiency_source=kernels_.source, overhead_s=kernels_.overhead_s,
-                        **extra)
+            return dict(
+                step_time_s=t,
+                tokens_per_s=batch / t,
+                tokens_per_s_per_sequence=1.0 / t,
+                efficiency_source=kernels_.source,
+                overhead_s=kernels_.overhead_s,
+                **extra,
+            )
     step = kernels_.decode(batch, context, queries)
     if scalar and not bool(step.in_range):
-        raise KvlabError(f"{m.name} on {dev.name}, batch {batch}, context {context}: outside the "
-                         f"measured kernel tables ({'; '.join(step.out_of_range())})")
+        raise KvlabError(
+            f"{m.name} on {dev.name}, batch {batch}, context {context}: outside the "
+            f"measured kernel tables ({'; '.join(step.out_of_range())})"
+        )
     t = np.asarray(step.step_time_s, dtype=float)
     b = np.asarray(batch, dtype=float) * np.asarray(queries, dtype=float)
-    return dict(step_time_s=_plain(t), tokens_per_s=_plain(b / t),
-                tokens_per_s_per_sequence=_plain(np.asarray(queries, dtype=float) / t),
-                efficiency_source=step.source, overhead_s=step.overhead_s, **extra)
+    return dict(
+        step_time_s=_plain(t),
+        tokens_per_s=_plain(b / t),
+        tokens_per_s_per_sequence=_plain(np.asarray(queries, dtype=float) / t),
+        efficiency_source=step.source,
+        overhead_s=step.overhead_s,
+        **extra,
+    )
 
 
 def measured_prefill_time(m, dev, wdt, kdt, batch, prompt, cached, tp: int = 1) -> tuple:
@@ -325,7 +418,9 @@ def measured_prefill_time(m, dev, wdt, kdt, batch, prompt, cached, tp: int = 1) 
     step = _kernels(m, dev, wdt, kdt, tp).prefill(batch, prompt, cached)
     scalar = all(np.ndim(v) == 0 for v in (batch, prompt, cached))
     if scalar and not bool(step.in_range):
-        raise KvlabError(f"{m.name} on {dev.name}: a prefill of {prompt - cached} tokens x batch "
-                         f"{batch} is outside the measured kernel tables "
-                         f"({'; '.join(step.out_of_range())})")
+        raise KvlabError(
+            f"{m.name} on {dev.name}: a prefill of {prompt - cached} tokens x batch "
+            f"{batch} is outside the measured kernel tables "
+            f"({'; '.join(step.out_of_range())})"
+        )
     return np.asarray(step.step_time_s), step.source

@@ -11,6 +11,7 @@ under `$KVLAB_NATIVE_DIR` (default `~/.cache/kvlab/native`), and written atomica
 it cannot be built (no compiler, a CPU without AVX512-BF16, not x86-64, `KVLAB_NATIVE=0`)
 `status()` says why and the decoder keeps PyTorch's kernels: slower, same numbers.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -78,12 +79,19 @@ def build(directory: Path | None = None, cc: str | None = None) -> Path:
     cc_found, version = _compiler()
     cc = cc or cc_found
     if not cc:
-        raise KvlabError("no C compiler found (install gcc, or set CC); the decoder uses "
-                         "PyTorch's kernels")
+        raise KvlabError(
+            "no C compiler found (install gcc, or set CC); the decoder uses PyTorch's kernels"
+        )
     cpu_name, flags = _cpu()
     source = SOURCE.read_bytes()
-    parts = [source, " ".join(CFLAGS).encode(), cc.encode(), version.encode(), cpu_name.encode(),
-             " ".join(sorted(flags)).encode()]
+    parts = [
+        source,
+        " ".join(CFLAGS).encode(),
+        cc.encode(),
+        version.encode(),
+        cpu_name.encode(),
+        " ".join(sorted(flags)).encode(),
+    ]
     key = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
     directory = Path(directory) if directory else cache_dir()
     target = directory / f"kvlab-kernels-{key}.so"
@@ -93,8 +101,12 @@ def build(directory: Path | None = None, cc: str | None = None) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=directory)
     os.close(fd)
     try:
-        proc = subprocess.run([cc, *CFLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True,
-                              text=True, timeout=300)
+        proc = subprocess.run(
+            [cc, *CFLAGS, str(SOURCE), "-o", tmp, "-lm"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         if proc.returncode != 0:
             lines = proc.stderr.splitlines()
             errors = [ln for ln in lines if "error" in ln] or lines or ["?"]
@@ -133,11 +145,37 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     lib.kvlab_native_isa.restype = ctypes.c_char_p
     lib.kvlab_gemv_bf16.argtypes = [p, p, p, i64, i64, i64, ctypes.c_int]
     lib.kvlab_gemv_bf16.restype = ctypes.c_int
-    lib.kvlab_decode_attention_bf16.argtypes = [p, p, p, p, p, i64, i64, i64, i64, i64, i64,
-                                                ctypes.c_int]
+    lib.kvlab_decode_attention_bf16.argtypes = [
+        p,
+        p,
+        p,
+        p,
+        p,
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+        ctypes.c_int,
+    ]
     lib.kvlab_decode_attention_bf16.restype = ctypes.c_int
-    lib.kvlab_decode_attention_int8.argtypes = [p, p, p, p, p, p, p, i64, i64, i64, i64, i64, i64,
-                                                ctypes.c_int]
+    lib.kvlab_decode_attention_int8.argtypes = [
+        p,
+        p,
+        p,
+        p,
+        p,
+        p,
+        p,
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+        ctypes.c_int,
+    ]
     lib.kvlab_decode_attention_int8.restype = ctypes.c_int
     return lib, f"native C kernels ({lib.kvlab_native_isa().decode()}, {_compiler()[1] or 'cc'})"
 
@@ -169,8 +207,13 @@ def gemv_supported(weight) -> bool:
     """Whether `pack_weight`/`gemv_bf16` take this weight: bf16 (N, K) on CPU, K even."""
     import torch
 
-    return (weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and weight.dim() == 2
-            and weight.shape[1] % 2 == 0 and available())
+    return (
+        weight.device.type == "cpu"
+        and weight.dtype == torch.bfloat16
+        and weight.dim() == 2
+        and weight.shape[1] % 2 == 0
+        and available()
+    )
 
 
 def pack_weight(weight):
@@ -180,8 +223,10 @@ def pack_weight(weight):
 
     N, K = weight.shape
     if weight.dtype != torch.bfloat16 or K % 2:
-        raise KvlabError(f"pack_weight: need a bf16 (N, K) weight with K even, "
-                         f"got {tuple(weight.shape)} {weight.dtype}")
+        raise KvlabError(
+            f"pack_weight: need a bf16 (N, K) weight with K even, "
+            f"got {tuple(weight.shape)} {weight.dtype}"
+        )
     n32 = -(-N // 32) * 32
     padded = torch.cat([weight, weight.new_zeros(n32 - N, K)]) if n32 != N else weight
     # (N/32, K/2, 32, 2)
@@ -199,17 +244,25 @@ def gemv_bf16(x, packed, out_features: int):
     Meant for decode (a few rows); the work grows with rows x W, so prefill should unpack."""
     import torch
 
-    if packed.dim() != 4 or packed.dtype != torch.bfloat16 or packed.shape[2:] != (32, 2) \
-            or not 0 < out_features <= packed.shape[0] * 32 or not packed.is_contiguous():
-        raise KvlabError("gemv_bf16: the weight must come from pack_weight, got "
-                         f"{tuple(packed.shape)} {packed.dtype}")
+    if (
+        packed.dim() != 4
+        or packed.dtype != torch.bfloat16
+        or packed.shape[2:] != (32, 2)
+        or not 0 < out_features <= packed.shape[0] * 32
+        or not packed.is_contiguous()
+    ):
+        raise KvlabError(
+            "gemv_bf16: the weight must come from pack_weight, got "
+            f"{tuple(packed.shape)} {packed.dtype}"
+        )
     K = packed.shape[1] * 2
     if x.shape[-1] != K:
         raise KvlabError(f"gemv_bf16: x has {x.shape[-1]} features, the weight {K}")
     flat = x.reshape(-1, K).to(torch.bfloat16).contiguous()  # (M, K)
     y = torch.empty(flat.shape[0], out_features, dtype=torch.bfloat16)  # (M, N)
-    _lib().kvlab_gemv_bf16(packed.data_ptr(), flat.data_ptr(), y.data_ptr(), flat.shape[0],
-                           out_features, K, _threads())
+    _lib().kvlab_gemv_bf16(
+        packed.data_ptr(), flat.data_ptr(), y.data_ptr(), flat.shape[0], out_features, K, _threads()
+    )
     return y.view(*x.shape[:-1], out_features)
 
 
@@ -238,19 +291,30 @@ def decode_attention(q, k, v, lengths, k_scale=None, v_scale=None):
     H = q.shape[1]
     quant = k_scale is not None
     storage = torch.int8 if quant else torch.bfloat16
-    if (q.shape != (B, H, 1, D) or v.shape != k.shape or H % KV or k.dtype != storage
-            or v.dtype != storage or tuple(lengths.shape) != (B,) or D % 64 or D > MAX_HEAD_DIM):
-        raise KvlabError(f"decode_attention: shapes q {tuple(q.shape)}, k {tuple(k.shape)} "
-                         f"{k.dtype}, "
-                         f"v {tuple(v.shape)} {v.dtype}, lengths {tuple(lengths.shape)} do not fit "
-                         f"(bf16 K/V, or int8 with scales; head_dim % 64 == 0, <= {MAX_HEAD_DIM})")
+    if (
+        q.shape != (B, H, 1, D)
+        or v.shape != k.shape
+        or H % KV
+        or k.dtype != storage
+        or v.dtype != storage
+        or tuple(lengths.shape) != (B,)
+        or D % 64
+        or D > MAX_HEAD_DIM
+    ):
+        raise KvlabError(
+            f"decode_attention: shapes q {tuple(q.shape)}, k {tuple(k.shape)} "
+            f"{k.dtype}, "
+            f"v {tuple(v.shape)} {v.dtype}, lengths {tuple(lengths.shape)} do not fit "
+            f"(bf16 K/V, or int8 with scales; head_dim % 64 == 0, <= {MAX_HEAD_DIM})"
+        )
     tensors = [k, v]
     if quant:
         want = (nb, B, KV, blk, 1)
         scales = (k_scale, v_scale)
         if v_scale is None or any(t.shape != want or t.dtype != torch.float16 for t in scales):
-            raise KvlabError("decode_attention: int8 K/V need fp16 k_scale and v_scale of shape "
-                             f"{want}")
+            raise KvlabError(
+                f"decode_attention: int8 K/V need fp16 k_scale and v_scale of shape {want}"
+            )
         tensors += [k_scale, v_scale]
     if not all(t.is_contiguous() for t in tensors):
         raise KvlabError("decode_attention: K, V (and scales) must be contiguous block-major views")
@@ -261,12 +325,20 @@ def decode_attention(q, k, v, lengths, k_scale=None, v_scale=None):
     out = torch.empty(B, H, 1, D, dtype=torch.float32)
     dims = (nb, B, KV, H // KV, blk, D, _threads())
     if quant:
-        rc = _lib().kvlab_decode_attention_int8(qb.data_ptr(), k.data_ptr(), v.data_ptr(),
-                                                k_scale.data_ptr(), v_scale.data_ptr(),
-                                                lens.data_ptr(), out.data_ptr(), *dims)
+        rc = _lib().kvlab_decode_attention_int8(
+            qb.data_ptr(),
+            k.data_ptr(),
+            v.data_ptr(),
+            k_scale.data_ptr(),
+            v_scale.data_ptr(),
+            lens.data_ptr(),
+            out.data_ptr(),
+            *dims,
+        )
     else:
-        rc = _lib().kvlab_decode_attention_bf16(qb.data_ptr(), k.data_ptr(), v.data_ptr(),
-                                                lens.data_ptr(), out.data_ptr(), *dims)
+        rc = _lib().kvlab_decode_attention_bf16(
+            qb.data_ptr(), k.data_ptr(), v.data_ptr(), lens.data_ptr(), out.data_ptr(), *dims
+        )
     if rc != 0:
         raise KvlabError("decode_attention: out of memory for the per-block partial sums")
     return out

@@ -8,6 +8,7 @@ replay must be no slower (it also pins a request's own blocks and keeps counters
 It prints JSON: per capacity, the median and spread of both replays' seconds, and the hits
 (which must agree: pinning changes which blocks are evicted mid-request, not LRU's hits).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,8 +59,10 @@ def replay_speed(trace="conversation", capacities=(1000, 10000, 100000), repeats
             hits = ordered_dict_replay(trace, cap)
             ref.append(time.perf_counter() - t)
         out["capacities"][str(cap)] = {
-            "kvlab_s": statistics.median(ours), "kvlab_spread_s": max(ours) - min(ours),
-            "ordered_dict_s": statistics.median(ref), "ordered_dict_spread_s": max(ref) - min(ref),
+            "kvlab_s": statistics.median(ours),
+            "kvlab_spread_s": max(ours) - min(ours),
+            "ordered_dict_s": statistics.median(ref),
+            "ordered_dict_spread_s": max(ref) - min(ref),
             "hits_agree": result.hit_blocks_per_request.tolist() == hits,
             "block_hit_ratio": result.block_hit_ratio,
         }
@@ -67,7 +70,9 @@ def replay_speed(trace="conversation", capacities=(1000, 10000, 100000), repeats
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kvlab.prefix.bench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m kvlab.prefix.bench", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("trace", nargs="?", default="conversation")
     parser.add_argument("--capacities", default="1000,10000,100000")
     parser.add_argument("--repeats", type=int, default=5)

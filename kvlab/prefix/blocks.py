@@ -14,6 +14,7 @@ Policies (eviction order, first evicted first):
                 block deepest in its chain (a later block is useless without the earlier
                 ones), then least recently used.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,7 +32,9 @@ from ..prompt import served_from_blocks
 POLICIES = ("lru", "lfu", "length-aware")
 
 
-def capacity_in_blocks(capacity_blocks=None, capacity_tokens=None, block_tokens: int = 512) -> float:
+def capacity_in_blocks(
+    capacity_blocks=None, capacity_tokens=None, block_tokens: int = 512
+) -> float:
     """Capacity as a number of blocks (math.inf for unlimited). Tokens round down to whole
     blocks: a paged KV store reserves a full block for a partial one."""
     if (capacity_blocks is None) == (capacity_tokens is None):
@@ -39,12 +42,22 @@ def capacity_in_blocks(capacity_blocks=None, capacity_tokens=None, block_tokens:
     if capacity_tokens is not None:
         if capacity_tokens == math.inf:
             return math.inf
-        tokens = check_number("capacity_tokens", capacity_tokens, minimum=0, allow_equal_min=True, maximum=1e15)
+        tokens = check_number(
+            "capacity_tokens", capacity_tokens, minimum=0, allow_equal_min=True, maximum=1e15
+        )
         return float(int(tokens // block_tokens))
     if capacity_blocks == math.inf:
         return math.inf
-    return float(check_number("capacity_blocks", capacity_blocks, minimum=0, allow_equal_min=True,
-                              maximum=1e12, integer=True))
+    return float(
+        check_number(
+            "capacity_blocks",
+            capacity_blocks,
+            minimum=0,
+            allow_equal_min=True,
+            maximum=1e12,
+            integer=True,
+        )
+    )
 
 
 class BlockPrefixCache:
@@ -56,8 +69,12 @@ class BlockPrefixCache:
     (a simulator can demote it to a slower tier).
     """
 
-    def __init__(self, capacity_blocks=math.inf, policy: str = "lru",
-                 on_evict: Callable[[int], None] | None = None):
+    def __init__(
+        self,
+        capacity_blocks=math.inf,
+        policy: str = "lru",
+        on_evict: Callable[[int], None] | None = None,
+    ):
         if policy not in POLICIES:
             raise unknown_name("cache policy", policy, POLICIES)
         self.capacity_blocks = capacity_in_blocks(capacity_blocks=capacity_blocks)
@@ -246,6 +263,7 @@ _ONE_USE = 1 << 20
 
 # ---------------------------------------------------------------------- replay
 
+
 @dataclass(frozen=True)
 class ReplayResult:
     """Hit statistics of one trace replayed through one cache. Both hit-rate definitions:
@@ -274,8 +292,14 @@ class ReplayResult:
     hit_tokens_per_request: np.ndarray = dataclasses.field(repr=False, compare=False)
 
     def to_dict(self) -> dict:
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if not f.name.endswith("_per_request")}
-        d["capacity_blocks"] = None if d["capacity_blocks"] == math.inf else int(d["capacity_blocks"])
+        d = {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if not f.name.endswith("_per_request")
+        }
+        d["capacity_blocks"] = (
+            None if d["capacity_blocks"] == math.inf else int(d["capacity_blocks"])
+        )
         return d
 
 
@@ -302,24 +326,41 @@ def _result(trace, cache: BlockPrefixCache, hit_blocks: np.ndarray) -> ReplayRes
     hit_tokens = served_from_blocks(hit_blocks, trace.block_tokens, inputs)
     saved, total = int(hit_tokens.sum()), int(inputs.sum())
     return ReplayResult(
-        trace=trace.label, generated=trace.generated, policy=cache.policy, capacity_blocks=cache.capacity_blocks,
-        block_tokens=trace.block_tokens, requests=len(trace), block_refs=cache.lookup_blocks,
-        hit_blocks=cache.hit_blocks, block_hit_ratio=cache.block_hit_ratio, input_tokens=total,
-        prefill_tokens_saved=saved, token_hit_ratio=saved / total,
-        request_hit_rate=float(np.count_nonzero(hit_blocks)) / len(trace), evicted_blocks=cache.evicted_blocks,
-        hit_blocks_per_request=hit_blocks, hit_tokens_per_request=hit_tokens,
+        trace=trace.label,
+        generated=trace.generated,
+        policy=cache.policy,
+        capacity_blocks=cache.capacity_blocks,
+        block_tokens=trace.block_tokens,
+        requests=len(trace),
+        block_refs=cache.lookup_blocks,
+        hit_blocks=cache.hit_blocks,
+        block_hit_ratio=cache.block_hit_ratio,
+        input_tokens=total,
+        prefill_tokens_saved=saved,
+        token_hit_ratio=saved / total,
+        request_hit_rate=float(np.count_nonzero(hit_blocks)) / len(trace),
+        evicted_blocks=cache.evicted_blocks,
+        hit_blocks_per_request=hit_blocks,
+        hit_tokens_per_request=hit_tokens,
     )
 
 
-def default_capacities(trace, fractions: Iterable[float] = (0.01, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0)) -> np.ndarray:
+def default_capacities(
+    trace, fractions: Iterable[float] = (0.01, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0)
+) -> np.ndarray:
     """Capacities (blocks) as fractions of the trace's distinct blocks: a cache as large as
     all distinct blocks never evicts, so the curve ends at the infinite-cache hit ratio."""
     unique = len({h for r in trace.requests for h in r.hash_ids})
     return np.unique(np.maximum(1, np.round(np.asarray(list(fractions)) * unique))).astype(np.int64)
 
 
-def hit_ratio_curve(trace, capacities_blocks=None, policies: Iterable[str] = POLICIES, model=None,
-                    kv_dtype: str = "fp16") -> dict:
+def hit_ratio_curve(
+    trace,
+    capacities_blocks=None,
+    policies: Iterable[str] = POLICIES,
+    model=None,
+    kv_dtype: str = "fp16",
+) -> dict:
     """Plot-ready hit ratio against cache capacity, one curve per policy.
 
     Returns {"trace", "generated", "capacity_blocks", "capacity_tokens", ["capacity_bytes"],
@@ -330,13 +371,22 @@ def hit_ratio_curve(trace, capacities_blocks=None, policies: Iterable[str] = POL
     from ..traces import load_trace
 
     trace = load_trace(trace)
-    caps = default_capacities(trace) if capacities_blocks is None else np.asarray(capacities_blocks, dtype=np.int64)
+    caps = (
+        default_capacities(trace)
+        if capacities_blocks is None
+        else np.asarray(capacities_blocks, dtype=np.int64)
+    )
     policies = tuple(policies)
     for p in policies:
         if p not in POLICIES:
             raise unknown_name("cache policy", p, POLICIES)
-    out = {"trace": trace.label, "generated": trace.generated, "capacity_blocks": caps,
-           "capacity_tokens": caps * trace.block_tokens, "policies": {}}
+    out = {
+        "trace": trace.label,
+        "generated": trace.generated,
+        "capacity_blocks": caps,
+        "capacity_tokens": caps * trace.block_tokens,
+        "policies": {},
+    }
     if model is not None:
         from ..cost import kv_bytes_per_token
 

@@ -13,6 +13,7 @@ Whole-request caching finds an entry for nearly every request that shares a syst
 but can reuse an entry only whole, so little prefill is skipped; a radix tree reuses every
 shared token. TTFT follows the second number (kvlab.prefix.latency).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -47,8 +48,11 @@ class GranularityResult:
     reused_tokens_per_request: np.ndarray = dataclasses.field(repr=False, compare=False)
 
     def to_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.name != "reused_tokens_per_request"}
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name != "reused_tokens_per_request"
+        }
 
 
 def _make(kind: str, capacity_tokens):
@@ -61,10 +65,23 @@ def _make(kind: str, capacity_tokens):
     raise unknown_name("cache kind", kind, CACHES, also="'page-N' (radix rounded to N-token pages)")
 
 
-def compare_granularity(workload=None, *, caches=CACHES, capacity_tokens=math.inf, key_tokens: int = 512,
-                        preset: str = "shared-prefix", seed: int = 0, model=DEFAULT_MODEL,
-                        hardware=DEFAULT_HARDWARE, tier=None, batch: int = 16, kv_dtype="fp16",
-                        weight_dtype="fp16", efficiency=1.0, **workload_overrides) -> dict:
+def compare_granularity(
+    workload=None,
+    *,
+    caches=CACHES,
+    capacity_tokens=math.inf,
+    key_tokens: int = 512,
+    preset: str = "shared-prefix",
+    seed: int = 0,
+    model=DEFAULT_MODEL,
+    hardware=DEFAULT_HARDWARE,
+    tier=None,
+    batch: int = 16,
+    kv_dtype="fp16",
+    weight_dtype="fp16",
+    efficiency=1.0,
+    **workload_overrides,
+) -> dict:
     """Run each cache over the same workload; returns plot- and table-ready results.
 
     `workload` is a `kvlab.traces_gen.Workload`; without one, `generate_workload(preset,
@@ -76,7 +93,9 @@ def compare_granularity(workload=None, *, caches=CACHES, capacity_tokens=math.in
 
     if workload is None:
         workload = generate_workload(preset, seed=seed, **workload_overrides)
-    key_tokens = check_number("key_tokens", key_tokens, minimum=1, allow_equal_min=True, maximum=1e9, integer=True)
+    key_tokens = check_number(
+        "key_tokens", key_tokens, minimum=1, allow_equal_min=True, maximum=1e9, integer=True
+    )
     n = len(workload)
     inputs = np.fromiter((r.input_tokens for r in workload.requests), np.int64, n)
     outputs = np.fromiter((r.output_tokens for r in workload.requests), np.int64, n)
@@ -98,23 +117,42 @@ def compare_granularity(workload=None, *, caches=CACHES, capacity_tokens=math.in
         ttft = ttft_s(model, hardware, inputs, reused[kind], tier, **kw)
         hit = (found[kind] >= np.minimum(key_tokens, inputs)) | (reused[kind] > 0)
         results[cache.kind] = GranularityResult(
-            cache=cache.kind, requests=n, input_tokens=int(inputs.sum()),
-            request_hit_rate=float(hit.mean()), token_hit_ratio=float(reused[kind].sum() / inputs.sum()),
-            prefill_tokens_saved=int(reused[kind].sum()), mean_ttft_s=float(ttft.mean()),
-            p50_ttft_s=float(np.median(ttft)), p90_ttft_s=float(np.percentile(ttft, 90)), mean_tpot_s=tpot,
-            stored_tokens=int(cache.stored_tokens), reused_tokens_per_request=reused[kind],
+            cache=cache.kind,
+            requests=n,
+            input_tokens=int(inputs.sum()),
+            request_hit_rate=float(hit.mean()),
+            token_hit_ratio=float(reused[kind].sum() / inputs.sum()),
+            prefill_tokens_saved=int(reused[kind].sum()),
+            mean_ttft_s=float(ttft.mean()),
+            p50_ttft_s=float(np.median(ttft)),
+            p90_ttft_s=float(np.percentile(ttft, 90)),
+            mean_tpot_s=tpot,
+            stored_tokens=int(cache.stored_tokens),
+            reused_tokens_per_request=reused[kind],
         )
     return {
-        "workload": f"{workload.source} (generated)", "generated": True, "requests": n,
-        "key_tokens": key_tokens, "capacity_tokens": capacity_tokens, "model": str(model),
-        "hardware": str(hardware), "tier": tier,
+        "workload": f"{workload.source} (generated)",
+        "generated": True,
+        "requests": n,
+        "key_tokens": key_tokens,
+        "capacity_tokens": capacity_tokens,
+        "model": str(model),
+        "hardware": str(hardware),
+        "tier": tier,
         "no_cache_mean_ttft_s": float(ttft_s(model, hardware, inputs, 0, **kw).mean()),
         "caches": results,
     }
 
 
-def granularity_sweep(param: str = "first_message_tokens", values=(250, 500, 1000, 2000, 4000, 8000), *,
-                      preset: str = "shared-prefix", seed: int = 0, requests: int = 600, **kwargs) -> dict:
+def granularity_sweep(
+    param: str = "first_message_tokens",
+    values=(250, 500, 1000, 2000, 4000, 8000),
+    *,
+    preset: str = "shared-prefix",
+    seed: int = 0,
+    requests: int = 600,
+    **kwargs,
+) -> dict:
     """The comparison over one workload knob, for a slider: one run per value.
 
     `param` is any `WorkloadSpec` field (default: the mean length of the unique user
@@ -126,19 +164,35 @@ def granularity_sweep(param: str = "first_message_tokens", values=(250, 500, 100
     from ..traces_gen import WorkloadSpec
 
     if param not in {f.name for f in dataclasses.fields(WorkloadSpec)}:
-        raise unknown_name("workload knob", param, [f.name for f in dataclasses.fields(WorkloadSpec)])
+        raise unknown_name(
+            "workload knob", param, [f.name for f in dataclasses.fields(WorkloadSpec)]
+        )
     keys = ("request_hit_rate", "token_hit_ratio", "mean_ttft_s", "p90_ttft_s", "mean_tpot_s")
     wl_keys = {f.name for f in dataclasses.fields(WorkloadSpec)}
     overrides = {k: kwargs.pop(k) for k in list(kwargs) if k in wl_keys}
-    runs = [compare_granularity(preset=preset, seed=seed, requests=requests, **{param: v}, **overrides, **kwargs)
-            for v in values]
+    runs = [
+        compare_granularity(
+            preset=preset, seed=seed, requests=requests, **{param: v}, **overrides, **kwargs
+        )
+        for v in values
+    ]
     kinds = list(runs[0]["caches"])
     out = {
-        "param": param, "values": np.asarray(values), "workload": runs[0]["workload"], "generated": True,
-        "caches": {k: {m: np.array([getattr(r["caches"][k], m) for r in runs]) for m in keys} for k in kinds},
+        "param": param,
+        "values": np.asarray(values),
+        "workload": runs[0]["workload"],
+        "generated": True,
+        "caches": {
+            k: {m: np.array([getattr(r["caches"][k], m) for r in runs]) for m in keys}
+            for k in kinds
+        },
         "no_cache_mean_ttft_s": np.array([r["no_cache_mean_ttft_s"] for r in runs]),
-        "mean_input_tokens": np.array([r["caches"][kinds[0]].input_tokens / r["requests"] for r in runs]),
+        "mean_input_tokens": np.array(
+            [r["caches"][kinds[0]].input_tokens / r["requests"] for r in runs]
+        ),
     }
     if "token" in out["caches"] and "whole-request" in out["caches"]:
-        out["ttft_ratio"] = out["caches"]["token"]["mean_ttft_s"] / out["caches"]["whole-request"]["mean_ttft_s"]
+        out["ttft_ratio"] = (
+            out["caches"]["token"]["mean_ttft_s"] / out["caches"]["whole-request"]["mean_ttft_s"]
+        )
     return out

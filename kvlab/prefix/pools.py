@@ -5,6 +5,7 @@ pool or on node i % nodes (a load balancer that ignores caches). Each node of th
 separate design sees only its share of the traffic and keeps its own copies of shared
 prefixes, so at the same total capacity it serves fewer prompt tokens from cache.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,7 +30,12 @@ def global_vs_local(trace, nodes: int, capacity_blocks_per_node, policy: str = "
         pool = BlockPrefixCache(cap * nodes, policy)
         glob.append(served([pool.access(r.hash_ids) for r in trace.requests]))
         caches = [BlockPrefixCache(cap, policy) for _ in range(nodes)]
-        local.append(served([caches[i % nodes].access(r.hash_ids) for i, r in enumerate(trace.requests)]))
+        local.append(
+            served([caches[i % nodes].access(r.hash_ids) for i, r in enumerate(trace.requests)])
+        )
     infinite = BlockPrefixCache(math.inf)
-    return {"global_token_hit_ratio": np.array(glob), "local_token_hit_ratio": np.array(local),
-            "infinite_token_hit_ratio": served([infinite.access(r.hash_ids) for r in trace.requests])}
+    return {
+        "global_token_hit_ratio": np.array(glob),
+        "local_token_hit_ratio": np.array(local),
+        "infinite_token_hit_ratio": served([infinite.access(r.hash_ids) for r in trace.requests]),
+    }

@@ -15,6 +15,7 @@ Both answer `lookup(prompt) -> (found_tokens, reused_tokens)`: how many leading 
 tokens agree with something cached (what a request-level "hit" counts), and how many
 tokens' prefill the cache actually lets the engine skip.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -107,7 +108,11 @@ class _RadixIndex:
 def _capacity(capacity_tokens) -> float:
     if capacity_tokens is None or capacity_tokens == math.inf:
         return math.inf
-    return float(check_number("capacity_tokens", capacity_tokens, minimum=0, allow_equal_min=True, maximum=1e15))
+    return float(
+        check_number(
+            "capacity_tokens", capacity_tokens, minimum=0, allow_equal_min=True, maximum=1e15
+        )
+    )
 
 
 class RadixCache:
@@ -117,8 +122,14 @@ class RadixCache:
 
     def __init__(self, capacity_tokens=math.inf, page_tokens: int = 1):
         self.capacity_tokens = _capacity(capacity_tokens)
-        self.page_tokens = check_number("page_tokens", page_tokens, minimum=1, allow_equal_min=True,
-                                        maximum=1 << 20, integer=True)
+        self.page_tokens = check_number(
+            "page_tokens",
+            page_tokens,
+            minimum=1,
+            allow_equal_min=True,
+            maximum=1 << 20,
+            integer=True,
+        )
         self.index = _RadixIndex()
         self.stored_tokens = 0
         self.evicted_tokens = 0
@@ -157,7 +168,9 @@ class RadixCache:
         while self.stored_tokens > self.capacity_tokens and heap:
             stamp, _, node = heapq.heappop(heap)
             if node.parent is None or node.children or node.last_access != stamp:
-                if node.parent is not None and not node.children:  # stale stamp: requeue at its real age
+                if (
+                    node.parent is not None and not node.children
+                ):  # stale stamp: requeue at its real age
                     self._push(node)
                 continue
             parent = node.parent

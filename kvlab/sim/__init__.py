@@ -14,11 +14,11 @@ from .cluster import Simulation, simulate
 from .config import ARCH_DEFAULTS, ARCHS, PREFIX_CACHES, SimConfig, engine_chunk_tokens
 from .cost_model import make_cost
 from .costs import LedgerCost, MeasuredCost, pipeline_time_s
+from .kernel_cost import KernelCost
 from .loop import EventLoop, SimulationError
 from .results import RECORD_DTYPE, SUMMARY_KEYS, SimResult
 from .routers import DECODE_ROUTERS, PREFILL_ROUTERS
 from .schedulers import PREEMPTION_MODES, SCHEDULERS
-from .kernel_cost import KernelCost
 from .workload import DONE, REJECTED, UNFINISHED, trace_at_rate, trace_slice
 
 __all__ = [

@@ -34,9 +34,9 @@ from __future__ import annotations
 import numpy as np
 
 from .. import cost
+from ..dtypes import parse_dtype
 from ..errors import KvlabError, check_number
 from ..hardware import get_device
-from ..dtypes import parse_dtype
 from ..models import get_model
 from ..prompt import served_tokens
 
@@ -106,10 +106,13 @@ class LedgerCost:
             dense_bytes = p.streamed_dense * wdt.bytes_per_element
             active = p.active_per_token(m.experts_per_token)
             self._terms = dict(
-                dense_s=dense_bytes / bw, dense_per_token_s=2.0 * p.streamed_dense / pk,
-                dense_bytes=dense_bytes, bandwidth=bw,
+                dense_s=dense_bytes / bw,
+                dense_per_token_s=2.0 * p.streamed_dense / pk,
+                dense_bytes=dense_bytes,
+                bandwidth=bw,
                 experts_per_token_s=2.0 * (active - p.streamed_dense) / pk,
-                kv_s=self.kv_bytes_per_token / bw, pair_s=m.attention_flops_per_cached_token / pk,
+                kv_s=self.kv_bytes_per_token / bw,
+                pair_s=m.attention_flops_per_cached_token / pk,
             )
         return self._terms
 
@@ -128,8 +131,9 @@ class LedgerCost:
     def _gemm_s(self, tokens: int) -> float:
         """The weight groups of one pass over `tokens` tokens: max(memory, compute) each."""
         g = self._groups()
-        return (max(g["dense_s"], g["dense_per_token_s"] * tokens)
-                + max(self._experts_s(tokens), g["experts_per_token_s"] * tokens))
+        return max(g["dense_s"], g["dense_per_token_s"] * tokens) + max(
+            self._experts_s(tokens), g["experts_per_token_s"] * tokens
+        )
 
     def _remote_tables(self):
         if self._remote is None:
@@ -173,7 +177,9 @@ class LedgerCost:
         """Seconds of one decode step of `batch` sequences at each mean KV history length."""
         self._check_batch(batch)
         g = self._groups()
-        ctx = np.asarray(self.model.effective_context(np.asarray(mean_context, dtype=float)), dtype=float)
+        ctx = np.asarray(
+            self.model.effective_context(np.asarray(mean_context, dtype=float)), dtype=float
+        )
         attention = np.maximum(batch * (ctx + 1.0) * g["kv_s"], batch * ctx * g["pair_s"])
         return self._gemm_s(batch) + attention
 

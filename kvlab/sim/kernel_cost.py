@@ -52,10 +52,19 @@ class KernelCost(LedgerCost):
     The ledger's terms (efficiency 1) remain for the ceilings and for remote KV's network
     time; `remote_link` as in `LedgerCost`."""
 
-    def __init__(self, model, hardware, weight_dtype="fp16", kv_dtype="fp16", remote_link=None,
-                 link_efficiency=1.0, max_batch=256):
-        super().__init__(model, hardware, weight_dtype, kv_dtype, 1.0, remote_link,
-                         link_efficiency, max_batch)
+    def __init__(
+        self,
+        model,
+        hardware,
+        weight_dtype="fp16",
+        kv_dtype="fp16",
+        remote_link=None,
+        link_efficiency=1.0,
+        max_batch=256,
+    ):
+        super().__init__(
+            model, hardware, weight_dtype, kv_dtype, 1.0, remote_link, link_efficiency, max_batch
+        )
         from ..measured import kernels
 
         self.kernels = kernels(self.model, self.device, weight_dtype, kv_dtype)
@@ -116,7 +125,8 @@ class KernelCost(LedgerCost):
         if bad.any():
             ctx_edge, step_edge, ratio = self._edge(batch)
             extra = self._attention_ceiling_s(batch, contexts[bad]) - self._attention_ceiling_s(
-                batch, ctx_edge)
+                batch, ctx_edge
+            )
             out[bad] = step_edge + ratio * extra
         return out, int(bad.sum())
 
@@ -193,8 +203,9 @@ class KernelCost(LedgerCost):
             ref = self._reference_prompt()
             at_ref, _ = self._context_attention_s(ref, 0)
             pairs_ref = ref * (ref + 1) / 2
-            floor_ref = max(ref * k.kv_tok_layer / k.bandwidth,
-                            pairs_ref * k.attn_flops_layer / k.peak)
+            floor_ref = max(
+                ref * k.kv_tok_layer / k.bandwidth, pairs_ref * k.attn_flops_layer / k.peak
+            )
             self._attention_ratio = at_ref / (self.model.num_layers * floor_ref)
         return self.model.num_layers * floor * self._attention_ratio, True
 

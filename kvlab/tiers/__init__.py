@@ -13,8 +13,16 @@ KV bytes come from and how fast that path is:
 
 All functions broadcast over their numeric arguments, like the ledger.
 """
+
 from .capacity import KVFootprint, SpillCost, kv_footprint, spill, spill_cost
-from .decode import MoveOnce, TieredStep, move_once, move_once_vs_every_step, tiered_decode_step, tiered_step
+from .decode import (
+    MoveOnce,
+    TieredStep,
+    move_once,
+    move_once_vs_every_step,
+    tiered_decode_step,
+    tiered_step,
+)
 from .hit import HitValue, breakeven_prompt_tokens, hit_value, hit_value_of, mean_prefill_time_s
 from .placement import (
     HBM,
@@ -30,9 +38,30 @@ from .placement import (
 )
 
 __all__ = [
-    "HBM", "LINK_LATENCY_S", "PLACEMENT_NAMES", "PLACEMENTS", "Placement", "get_placement", "placements",
-    "transfer_time_s", "kv_fetch_time_s",
-    "TierPath", "TieredStep", "tiered_decode_step", "tiered_step", "MoveOnce", "move_once_vs_every_step", "move_once",
-    "HitValue", "hit_value", "hit_value_of", "mean_prefill_time_s", "breakeven_prompt_tokens",
-    "KVFootprint", "kv_footprint", "SpillCost", "spill_cost", "spill",
+    "HBM",
+    "LINK_LATENCY_S",
+    "PLACEMENT_NAMES",
+    "PLACEMENTS",
+    "Placement",
+    "get_placement",
+    "placements",
+    "transfer_time_s",
+    "kv_fetch_time_s",
+    "TierPath",
+    "TieredStep",
+    "tiered_decode_step",
+    "tiered_step",
+    "MoveOnce",
+    "move_once_vs_every_step",
+    "move_once",
+    "HitValue",
+    "hit_value",
+    "hit_value_of",
+    "mean_prefill_time_s",
+    "breakeven_prompt_tokens",
+    "KVFootprint",
+    "kv_footprint",
+    "SpillCost",
+    "spill_cost",
+    "spill",
 ]

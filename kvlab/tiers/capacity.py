@@ -4,6 +4,7 @@ KV grows with batch x context; once weights + KV pass the device's capacity the 
 must live in a lower tier. Spilled KV is still read every decode step, so tokens/s falls
 to the speed of the slower path; capping the batch instead keeps everything in HBM.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -51,7 +52,9 @@ def kv_footprint(
     capacity_bytes=None,
 ) -> KVFootprint:
     """KV bytes for batch x context, and how much of it overflows the device."""
-    step = cost.decode_step(model, hardware, batch, context, weight_dtype, kv_dtype, capacity_bytes=capacity_bytes)
+    step = cost.decode_step(
+        model, hardware, batch, context, weight_dtype, kv_dtype, capacity_bytes=capacity_bytes
+    )
     fit = cost.memory_fit(model, hardware, batch, context, weight_dtype, kv_dtype, capacity_bytes)
     kv = np.asarray(step.kv_cache_bytes, dtype=float)
     room = max(step.capacity_bytes - step.weight_bytes, 0.0)
@@ -62,12 +65,21 @@ def kv_footprint(
         fraction = np.ones_like(fraction)
     per_request = kv / np.asarray(step.batch, dtype=float)
     return KVFootprint(
-        model=step.model, hardware=step.hardware, batch=step.batch, context=step.context,
-        kv_bytes_per_token=step.kv_bytes_per_token, kv_bytes_per_request=_out(per_request),
-        kv_cache_bytes=step.kv_cache_bytes, weight_bytes=step.weight_bytes,
-        capacity_bytes=step.capacity_bytes, kv_room_bytes=room, fits=step.fits,
-        overflow_bytes=_out(overflow), overflow_fraction=_out(fraction),
-        max_batch=fit.max_batch, max_context=fit.max_context,
+        model=step.model,
+        hardware=step.hardware,
+        batch=step.batch,
+        context=step.context,
+        kv_bytes_per_token=step.kv_bytes_per_token,
+        kv_bytes_per_request=_out(per_request),
+        kv_cache_bytes=step.kv_cache_bytes,
+        weight_bytes=step.weight_bytes,
+        capacity_bytes=step.capacity_bytes,
+        kv_room_bytes=room,
+        fits=step.fits,
+        overflow_bytes=_out(overflow),
+        overflow_fraction=_out(fraction),
+        max_batch=fit.max_batch,
+        max_context=fit.max_context,
     )
 
 
@@ -101,7 +113,9 @@ def spill_cost(
     overlap=False,
 ) -> SpillCost:
     """The long-form signature of `spill` (what the CLI and the book call)."""
-    sc = Scenario(model, hardware, weight_dtype, kv_dtype, efficiency, capacity_bytes=capacity_bytes)
+    sc = Scenario(
+        model, hardware, weight_dtype, kv_dtype, efficiency, capacity_bytes=capacity_bytes
+    )
     return spill(sc, batch, context, TierPath(tier, tier_efficiency), overlap)
 
 
@@ -111,14 +125,22 @@ def spill(sc: Scenario, batch, context, path: TierPath, overlap=False) -> SpillC
     The overflow share of every sequence's KV is read over the tier (KV of all running
     sequences is touched every step, so which blocks spill does not matter).
     """
-    fp = kv_footprint(sc.model, sc.hardware, batch, context, sc.weight_dtype, sc.kv_dtype, sc.capacity_bytes)
+    fp = kv_footprint(
+        sc.model, sc.hardware, batch, context, sc.weight_dtype, sc.kv_dtype, sc.capacity_bytes
+    )
     spilled = tiered_step(sc, batch, context, path, fp.overflow_fraction, overlap)
     capped = np.minimum(np.asarray(fp.batch), np.asarray(fp.max_batch))
     capped_step = sc.decode_step(np.maximum(capped, 1), context)
     capped_tps = np.where(capped >= 1, np.asarray(capped_step.tokens_per_s, dtype=float), 0.0)
     return SpillCost(
-        placement=spilled.placement, batch=fp.batch, context=fp.context, fits=fp.fits,
-        overflow_fraction=fp.overflow_fraction, tokens_per_s_spilled=spilled.tokens_per_s,
-        tokens_per_s_unlimited=spilled.hbm_tokens_per_s, capped_batch=_out(capped.astype(np.int64)),
-        tokens_per_s_capped=_out(capped_tps), step_time_s=spilled.step_time_s,
+        placement=spilled.placement,
+        batch=fp.batch,
+        context=fp.context,
+        fits=fp.fits,
+        overflow_fraction=fp.overflow_fraction,
+        tokens_per_s_spilled=spilled.tokens_per_s,
+        tokens_per_s_unlimited=spilled.hbm_tokens_per_s,
+        capped_batch=_out(capped.astype(np.int64)),
+        tokens_per_s_capped=_out(capped_tps),
+        step_time_s=spilled.step_time_s,
     )

@@ -4,6 +4,7 @@ A hit served from a slow placement can cost more than recomputing the prefix fro
 HBM-resident weights; then a higher hit rate makes prefill slower (the article's
 "99% hit rate, slower than a miss").
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,8 +21,8 @@ from ..prompt import served_tokens
 from ..scenario import Scenario
 from .placement import Placement, TierPath, transfer_time_s
 
-
 # ------------------------------------------------------------- the value of a hit
+
 
 @dataclass(frozen=True)
 class HitValue(Result):
@@ -57,8 +58,12 @@ def hit_value(
     latency_s=None,
 ) -> HitValue:
     """The long-form signature of `hit_value_of` (what the CLI and the book call)."""
-    return hit_value_of(Scenario(model, hardware, weight_dtype, kv_dtype, efficiency), prompt_tokens,
-                        TierPath(tier, tier_efficiency, tier_bandwidth_bytes_per_s, latency_s), hit_fraction)
+    return hit_value_of(
+        Scenario(model, hardware, weight_dtype, kv_dtype, efficiency),
+        prompt_tokens,
+        TierPath(tier, tier_efficiency, tier_bandwidth_bytes_per_s, latency_s),
+        hit_fraction,
+    )
 
 
 def hit_value_of(sc: Scenario, prompt_tokens, path: TierPath, hit_fraction=1.0) -> HitValue:
@@ -68,8 +73,14 @@ def hit_value_of(sc: Scenario, prompt_tokens, path: TierPath, hit_fraction=1.0) 
     output token needs one forward pass (vLLM recomputes the last token of a full hit
     for the same reason; kvlab.prompt). The miss recomputes everything in HBM.
     """
-    prompt = check_number("prompt_tokens", prompt_tokens, minimum=1, allow_equal_min=True,
-                          maximum=cost.MAX_CONTEXT_TOKENS, integer=True)
+    prompt = check_number(
+        "prompt_tokens",
+        prompt_tokens,
+        minimum=1,
+        allow_equal_min=True,
+        maximum=cost.MAX_CONTEXT_TOKENS,
+        integer=True,
+    )
     frac = check_number("hit_fraction", hit_fraction, minimum=0, allow_equal_min=True, maximum=1.0)
     p_arr = np.asarray(prompt, dtype=float)
     cached = served_tokens(np.floor(np.asarray(frac) * p_arr), p_arr)
@@ -77,20 +88,33 @@ def hit_value_of(sc: Scenario, prompt_tokens, path: TierPath, hit_fraction=1.0) 
     miss, rest = sc.prefill(p_arr, 0), sc.prefill(p_arr, cached)
     p, bandwidth, latency = path.resolve(sc.hardware)
     fetch_bytes = cached * sc.kv_bytes_per_token
-    fetch = np.where(cached > 0, transfer_time_s(fetch_bytes, bandwidth, path.efficiency, latency), 0.0)
+    fetch = np.where(
+        cached > 0, transfer_time_s(fetch_bytes, bandwidth, path.efficiency, latency), 0.0
+    )
     miss_t, rest_t = np.asarray(miss.time_s, dtype=float), np.asarray(rest.time_s, dtype=float)
     saved = miss_t - rest_t
     value = saved - fetch
     with np.errstate(divide="ignore", invalid="ignore"):
         room = saved - latency
-        breakeven = np.where((room > 0) & (fetch_bytes > 0),
-                             fetch_bytes / (np.where(room > 0, room, 1.0) * np.asarray(path.efficiency)), np.inf)
+        breakeven = np.where(
+            (room > 0) & (fetch_bytes > 0),
+            fetch_bytes / (np.where(room > 0, room, 1.0) * np.asarray(path.efficiency)),
+            np.inf,
+        )
     return HitValue(
-        placement=p.name, prompt_tokens=prompt, cached_tokens=_out(cached), fetch_bytes=_out(fetch_bytes),
+        placement=p.name,
+        prompt_tokens=prompt,
+        cached_tokens=_out(cached),
+        fetch_bytes=_out(fetch_bytes),
         tier_bandwidth_bytes_per_s=_out(np.asarray(bandwidth, dtype=float)),
-        miss_time_s=_out(miss_t), hit_compute_time_s=_out(rest_t), fetch_time_s=_out(fetch),
-        hit_time_s=_out(fetch + rest_t), saved_s=_out(saved), value_s=_out(value),
-        liability=_out(value < 0), speedup=_out(miss_t / (fetch + rest_t)),
+        miss_time_s=_out(miss_t),
+        hit_compute_time_s=_out(rest_t),
+        fetch_time_s=_out(fetch),
+        hit_time_s=_out(fetch + rest_t),
+        saved_s=_out(saved),
+        value_s=_out(value),
+        liability=_out(value < 0),
+        speedup=_out(miss_t / (fetch + rest_t)),
         breakeven_bandwidth_bytes_per_s=_out(breakeven),
     )
 
@@ -125,15 +149,36 @@ def breakeven_prompt_tokens(
     """
     m = get_model(model)
     limit = max_tokens or m.max_position_embeddings or 1 << 20
-    limit = int(check_number("max_tokens", limit, minimum=1, allow_equal_min=True,
-                             maximum=cost.MAX_CONTEXT_TOKENS, integer=True))
-    bw = None if tier_bandwidth_bytes_per_s is None else np.atleast_1d(
-        check_number("tier bandwidth (bytes/s)", tier_bandwidth_bytes_per_s, maximum=cost.MAX_BANDWIDTH_BYTES_PER_S))
+    limit = int(
+        check_number(
+            "max_tokens",
+            limit,
+            minimum=1,
+            allow_equal_min=True,
+            maximum=cost.MAX_CONTEXT_TOKENS,
+            integer=True,
+        )
+    )
+    bw = (
+        None
+        if tier_bandwidth_bytes_per_s is None
+        else np.atleast_1d(
+            check_number(
+                "tier bandwidth (bytes/s)",
+                tier_bandwidth_bytes_per_s,
+                maximum=cost.MAX_BANDWIDTH_BYTES_PER_S,
+            )
+        )
+    )
     columns = 1 if bw is None else bw.size
 
     def value(tokens):  # tokens: (rows, columns)
-        return np.asarray(hit_value(m, hardware, tokens, tier, hit_fraction, tier_bandwidth_bytes_per_s=bw,
-                                    **kwargs).value_s, dtype=float).reshape(tokens.shape)
+        return np.asarray(
+            hit_value(
+                m, hardware, tokens, tier, hit_fraction, tier_bandwidth_bytes_per_s=bw, **kwargs
+            ).value_s,
+            dtype=float,
+        ).reshape(tokens.shape)
 
     grid = np.unique(np.geomspace(1, limit, 200).astype(np.int64))
     vals = value(np.broadcast_to(grid[:, None], (grid.size, columns)).astype(float))

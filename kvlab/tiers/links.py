@@ -7,6 +7,7 @@ size = latency x bandwidth (the "half-bandwidth message size"): small KV blocks 
 latency, a whole request's KV sees the bandwidth. Measured transfers are plotted against
 these curves; `fit_link_model` turns measured points back into (latency, bandwidth).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -22,8 +23,13 @@ MODEL_LINKS = ("ethernet-10g", "ib-200g", "ib-400g", "nvlink4")
 DEFAULT_SIZES_BYTES = 2.0 ** np.arange(12, 30)
 
 
-def link_model(link: Tier | str, sizes_bytes=DEFAULT_SIZES_BYTES, efficiency=1.0, latency_s=None,
-               bandwidth_bytes_per_s=None) -> dict:
+def link_model(
+    link: Tier | str,
+    sizes_bytes=DEFAULT_SIZES_BYTES,
+    efficiency=1.0,
+    latency_s=None,
+    bandwidth_bytes_per_s=None,
+) -> dict:
     """Model time and effective bandwidth of one message per size over `link`.
 
     Returns plain data: name, peak bandwidth, latency, half-bandwidth size, and arrays
@@ -32,7 +38,9 @@ def link_model(link: Tier | str, sizes_bytes=DEFAULT_SIZES_BYTES, efficiency=1.0
     place = get_placement(link)
     peak = place.bandwidth_bytes_per_s() if bandwidth_bytes_per_s is None else bandwidth_bytes_per_s
     latency = LINK_LATENCY_S.get(place.name, place.latency_s) if latency_s is None else latency_s
-    sizes = np.atleast_1d(check_number("message size (bytes)", sizes_bytes, maximum=1e15)).astype(float)
+    sizes = np.atleast_1d(check_number("message size (bytes)", sizes_bytes, maximum=1e15)).astype(
+        float
+    )
     time_s = np.asarray(transfer_time_s(sizes, peak, efficiency, latency), dtype=float)
     return {
         "link": place.name,
@@ -49,7 +57,10 @@ def link_model(link: Tier | str, sizes_bytes=DEFAULT_SIZES_BYTES, efficiency=1.0
 def link_model_curves(links=MODEL_LINKS, sizes_bytes=DEFAULT_SIZES_BYTES, efficiency=1.0) -> dict:
     """`link_model` for several links on one size axis: {"sizes_bytes", "links": {name: model}}."""
     sizes = np.atleast_1d(np.asarray(sizes_bytes, dtype=float))
-    return {"sizes_bytes": sizes, "links": {str(link): link_model(link, sizes, efficiency) for link in links}}
+    return {
+        "sizes_bytes": sizes,
+        "links": {str(link): link_model(link, sizes, efficiency) for link in links},
+    }
 
 
 def fit_link_model(sizes_bytes, time_s) -> dict:
@@ -69,4 +80,7 @@ def fit_link_model(sizes_bytes, time_s) -> dict:
     (latency, seconds_per_byte), *_ = np.linalg.lstsq(design, times * weights, rcond=None)
     if seconds_per_byte <= 0:
         raise KvlabError("the measured times do not grow with size; cannot fit a bandwidth")
-    return {"latency_s": float(max(latency, 0.0)), "bandwidth_bytes_per_s": float(1.0 / seconds_per_byte)}
+    return {
+        "latency_s": float(max(latency, 0.0)),
+        "bandwidth_bytes_per_s": float(1.0 / seconds_per_byte),
+    }

@@ -3,6 +3,7 @@
 A fetch costs `latency + bytes / (bandwidth x efficiency)`; a placement's bandwidth is
 its slowest hop's (host DRAM reaches the GPU through PCIe, a remote node through its NIC).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -53,7 +54,9 @@ class Placement:
         """Peak bytes/s of the slowest hop (the device's memory bandwidth for HBM)."""
         if not self.hops:
             if hardware is None:
-                raise KvlabError(f"placement {self.name!r} is the device's own memory: pass hardware=")
+                raise KvlabError(
+                    f"placement {self.name!r} is the device's own memory: pass hardware="
+                )
             return get_device(hardware).memory_bandwidth_bytes_per_s
         return min(_hop(h).bandwidth_bytes_per_s for h in self.hops)
 
@@ -73,18 +76,42 @@ PLACEMENTS = {
     p.name: p
     for p in (
         Placement(HBM, (), 0.0, "the decode GPU's own memory"),
-        Placement("peer-nvlink4", ("hbm3", "nvlink4"), LINK_LATENCY_S["nvlink4"],
-                  "another GPU's HBM in the same node, over NVLink 4"),
-        Placement("host-pcie5", ("ddr5", "pcie5-x16"), LINK_LATENCY_S["pcie5-x16"],
-                  "host DRAM (8-channel DDR5) over PCIe 5.0 x16"),
-        Placement("host-pcie4", ("ddr5", "pcie4-x16"), LINK_LATENCY_S["pcie4-x16"],
-                  "host DRAM over PCIe 4.0 x16 (the article's ~32 GB/s)"),
-        Placement("remote-ib-400g", ("ddr5", "pcie5-x16", "ib-400g", "pcie5-x16"), LINK_LATENCY_S["ib-400g"],
-                  "another node's memory over one 400 Gb/s NIC (NDR InfiniBand / RoCE)"),
-        Placement("remote-ib-200g", ("ddr5", "pcie4-x16", "ib-200g", "pcie4-x16"), LINK_LATENCY_S["ib-200g"],
-                  "another node's memory over one 200 Gb/s NIC (HDR InfiniBand / RoCE)"),
-        Placement("remote-10gbe", ("ddr5", "pcie4-x16", "ethernet-10g", "pcie4-x16"), LINK_LATENCY_S["ethernet-10g"],
-                  "another node's memory over commodity 10 GbE"),
+        Placement(
+            "peer-nvlink4",
+            ("hbm3", "nvlink4"),
+            LINK_LATENCY_S["nvlink4"],
+            "another GPU's HBM in the same node, over NVLink 4",
+        ),
+        Placement(
+            "host-pcie5",
+            ("ddr5", "pcie5-x16"),
+            LINK_LATENCY_S["pcie5-x16"],
+            "host DRAM (8-channel DDR5) over PCIe 5.0 x16",
+        ),
+        Placement(
+            "host-pcie4",
+            ("ddr5", "pcie4-x16"),
+            LINK_LATENCY_S["pcie4-x16"],
+            "host DRAM over PCIe 4.0 x16 (the article's ~32 GB/s)",
+        ),
+        Placement(
+            "remote-ib-400g",
+            ("ddr5", "pcie5-x16", "ib-400g", "pcie5-x16"),
+            LINK_LATENCY_S["ib-400g"],
+            "another node's memory over one 400 Gb/s NIC (NDR InfiniBand / RoCE)",
+        ),
+        Placement(
+            "remote-ib-200g",
+            ("ddr5", "pcie4-x16", "ib-200g", "pcie4-x16"),
+            LINK_LATENCY_S["ib-200g"],
+            "another node's memory over one 200 Gb/s NIC (HDR InfiniBand / RoCE)",
+        ),
+        Placement(
+            "remote-10gbe",
+            ("ddr5", "pcie4-x16", "ethernet-10g", "pcie4-x16"),
+            LINK_LATENCY_S["ethernet-10g"],
+            "another node's memory over commodity 10 GbE",
+        ),
     )
 }
 #: Every catalogued placement, closest first: the ladder the book's figures compare.
@@ -116,7 +143,11 @@ def _path(where, hardware, bandwidth_bytes_per_s, latency_s):
     if bandwidth_bytes_per_s is None:
         bandwidth = p.bandwidth_bytes_per_s(hardware)
     else:
-        bandwidth = check_number("tier bandwidth (bytes/s)", bandwidth_bytes_per_s, maximum=cost.MAX_BANDWIDTH_BYTES_PER_S)
+        bandwidth = check_number(
+            "tier bandwidth (bytes/s)",
+            bandwidth_bytes_per_s,
+            maximum=cost.MAX_BANDWIDTH_BYTES_PER_S,
+        )
     latency = p.latency_s if latency_s is None else latency_s
     return p, bandwidth, latency
 
@@ -147,16 +178,21 @@ class TierPath:
 
 # ------------------------------------------------------------------------ fetching
 
+
 def transfer_time_s(nbytes, bandwidth_bytes_per_s, efficiency=1.0, latency_s=0.0):
     """Seconds to move `nbytes` once: latency + bytes / (bandwidth x efficiency).
 
     The one fetch formula of kvlab; every tier and link model goes through it.
     """
     nbytes = check_number("bytes", nbytes, minimum=0, allow_equal_min=True, maximum=1e18)
-    bandwidth = check_number("bandwidth (bytes/s)", bandwidth_bytes_per_s, maximum=cost.MAX_BANDWIDTH_BYTES_PER_S)
+    bandwidth = check_number(
+        "bandwidth (bytes/s)", bandwidth_bytes_per_s, maximum=cost.MAX_BANDWIDTH_BYTES_PER_S
+    )
     efficiency = check_number("efficiency", efficiency, maximum=1.0)
     latency_s = check_number("latency_s", latency_s, minimum=0, allow_equal_min=True, maximum=3600)
-    seconds = latency_s + np.asarray(nbytes, dtype=float) / (np.asarray(bandwidth) * np.asarray(efficiency))
+    seconds = latency_s + np.asarray(nbytes, dtype=float) / (
+        np.asarray(bandwidth) * np.asarray(efficiency)
+    )
     return _out(np.asarray(seconds))
 
 
@@ -180,5 +216,3 @@ def kv_fetch_time_s(
     _, bandwidth, latency = _path(tier, hardware, bandwidth_bytes_per_s, latency_s)
     moved = np.asarray(tokens, dtype=float) * kv_bytes_per_token(model, kv_dtype)
     return transfer_time_s(moved, bandwidth, efficiency, latency)
-
-

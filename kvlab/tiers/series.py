@@ -2,6 +2,7 @@
 over a grid of contexts, hit rates or links. Plain numpy arrays in dicts, no plotting
 library; the book's figures draw them (kvlab.viz.tier_panels).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -16,36 +17,77 @@ from .placement import PLACEMENT_NAMES, get_placement, kv_fetch_time_s
 CONTEXTS = 2 ** np.arange(9, 18)  # 512 .. 131072 tokens
 
 
-def tier_throughput_series(model, hardware, batch, contexts=CONTEXTS, placements=PLACEMENT_NAMES,
-                           tier_efficiency=1.0, overlap=False) -> dict:
+def tier_throughput_series(
+    model,
+    hardware,
+    batch,
+    contexts=CONTEXTS,
+    placements=PLACEMENT_NAMES,
+    tier_efficiency=1.0,
+    overlap=False,
+) -> dict:
     """Tokens/s when every sequence's KV is read from each placement every step."""
     c = np.asarray(contexts, dtype=np.int64)
     fits = np.asarray(kv_footprint(model, hardware, batch, c).fits)
-    out = {"model": model, "hardware": hardware, "batch": batch, "contexts": c, "fits_in_hbm": fits,
-           "placements": {}}
+    out = {
+        "model": model,
+        "hardware": hardware,
+        "batch": batch,
+        "contexts": c,
+        "fits_in_hbm": fits,
+        "placements": {},
+    }
     for name in placements:
         p = get_placement(name)
-        step = tiered_decode_step(model, hardware, batch, c, p, tier_efficiency=tier_efficiency, overlap=overlap)
+        step = tiered_decode_step(
+            model, hardware, batch, c, p, tier_efficiency=tier_efficiency, overlap=overlap
+        )
         out["placements"][name] = {
-            "description": p.description, "bottleneck": p.bottleneck,
+            "description": p.description,
+            "bottleneck": p.bottleneck,
             "bandwidth_bytes_per_s": p.bandwidth_bytes_per_s(hardware),
-            "tokens_per_s": np.asarray(step.tokens_per_s), "step_time_s": np.asarray(step.step_time_s),
-            "slowdown": np.asarray(step.slowdown), "bound": np.asarray(step.bound),
+            "tokens_per_s": np.asarray(step.tokens_per_s),
+            "step_time_s": np.asarray(step.step_time_s),
+            "slowdown": np.asarray(step.slowdown),
+            "bound": np.asarray(step.bound),
         }
     return out
 
 
-def hit_rate_series(model, hardware, prompt_tokens, hit_rates, placements=PLACEMENT_NAMES, efficiency=1.0,
-                    tier_efficiency=1.0) -> dict:
+def hit_rate_series(
+    model,
+    hardware,
+    prompt_tokens,
+    hit_rates,
+    placements=PLACEMENT_NAMES,
+    efficiency=1.0,
+    tier_efficiency=1.0,
+) -> dict:
     """Mean prefill time against hit rate: falls for a cache worth having, rises for a liability."""
     rates = np.asarray(hit_rates, dtype=float)
-    out = {"model": model, "hardware": hardware, "prompt_tokens": prompt_tokens, "hit_rates": rates,
-           "placements": {}}
+    out = {
+        "model": model,
+        "hardware": hardware,
+        "prompt_tokens": prompt_tokens,
+        "hit_rates": rates,
+        "placements": {},
+    }
     for name in placements:
-        h = hit_value(model, hardware, prompt_tokens, name, efficiency=efficiency, tier_efficiency=tier_efficiency)
+        h = hit_value(
+            model,
+            hardware,
+            prompt_tokens,
+            name,
+            efficiency=efficiency,
+            tier_efficiency=tier_efficiency,
+        )
         out["miss_time_s"] = h.miss_time_s
-        out["placements"][name] = {"mean_prefill_time_s": np.asarray(mean_prefill_time_s(h, rates)),
-                                   "hit_time_s": h.hit_time_s, "value_s": h.value_s, "liability": h.liability}
+        out["placements"][name] = {
+            "mean_prefill_time_s": np.asarray(mean_prefill_time_s(h, rates)),
+            "hit_time_s": h.hit_time_s,
+            "value_s": h.value_s,
+            "liability": h.liability,
+        }
     return out
 
 
@@ -59,18 +101,43 @@ def pd_series(model, hardware, context, batch, links, tier_efficiency=1.0) -> di
     """
     step = decode_step(model, hardware, batch, context)
     kv = batch * context * kv_bytes_per_token(model)
-    out = {"model": model, "hardware": hardware, "context": context, "batch": batch, "kv_bytes": kv,
-           "decode_step_s": step.step_time_s, "local_tokens_per_s": step.tokens_per_s, "links": {}}
+    out = {
+        "model": model,
+        "hardware": hardware,
+        "context": context,
+        "batch": batch,
+        "kv_bytes": kv,
+        "decode_step_s": step.step_time_s,
+        "local_tokens_per_s": step.tokens_per_s,
+        "links": {},
+    }
     for name, (where, bw) in links.items():
-        where = get_tier(where) if isinstance(where, str) and where not in PLACEMENT_NAMES else where
-        transfer = kv_fetch_time_s(model, batch * context, where, bandwidth_bytes_per_s=bw,
-                                   efficiency=tier_efficiency, latency_s=None)
-        remote = tiered_decode_step(model, hardware, batch, context, where, tier_efficiency=tier_efficiency,
-                                    tier_bandwidth_bytes_per_s=bw)
+        where = (
+            get_tier(where) if isinstance(where, str) and where not in PLACEMENT_NAMES else where
+        )
+        transfer = kv_fetch_time_s(
+            model,
+            batch * context,
+            where,
+            bandwidth_bytes_per_s=bw,
+            efficiency=tier_efficiency,
+            latency_s=None,
+        )
+        remote = tiered_decode_step(
+            model,
+            hardware,
+            batch,
+            context,
+            where,
+            tier_efficiency=tier_efficiency,
+            tier_bandwidth_bytes_per_s=bw,
+        )
         out["links"][name] = {
             "bandwidth_bytes_per_s": bw or get_placement(where).bandwidth_bytes_per_s(hardware),
-            "transfer_s": transfer, "decode_steps_per_transfer": transfer / step.step_time_s,
-            "every_step_time_s": remote.step_time_s, "every_step_tokens_per_s": remote.tokens_per_s,
+            "transfer_s": transfer,
+            "decode_steps_per_transfer": transfer / step.step_time_s,
+            "every_step_time_s": remote.step_time_s,
+            "every_step_tokens_per_s": remote.tokens_per_s,
             "every_step_slowdown": remote.slowdown,
         }
     return out

@@ -6,6 +6,7 @@ medians and spread per case, checksums from both sides and the environment;
 `save_results` merges it into results/<machine>/kv_transfer.json. Importing this package
 does not import torch or mooncake; only the child processes do.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,9 +28,20 @@ from .config import (
 
 RESULT_KIND = "kv_transfer"
 
-__all__ = ["TransferConfig", "quick_config", "run_benchmark", "save_results", "PeerError",
-           "ENGINES", "LAYOUTS", "DEFAULT_SIZES", "QUICK_SIZES", "parse_size", "parse_sizes",
-           "RESULT_KIND"]
+__all__ = [
+    "TransferConfig",
+    "quick_config",
+    "run_benchmark",
+    "save_results",
+    "PeerError",
+    "ENGINES",
+    "LAYOUTS",
+    "DEFAULT_SIZES",
+    "QUICK_SIZES",
+    "parse_size",
+    "parse_sizes",
+    "RESULT_KIND",
+]
 
 
 def run_benchmark(configs, progress=None) -> dict:
@@ -76,18 +88,26 @@ def _run_all(configs, result, progress, reporter) -> dict:
         bad = [r for r in measured["rows"] if not r["checksum_ok"]]
         if bad:
             r = bad[0]
-            raise KvlabError(f"kv-transfer ({config.label}): {r['layout']} {r['bytes']} bytes "
-                             f"arrived corrupted (prefill {r['checksum']['prefill']}, decode "
-                             f"{r['checksum']['decode']})")
+            raise KvlabError(
+                f"kv-transfer ({config.label}): {r['layout']} {r['bytes']} bytes "
+                f"arrived corrupted (prefill {r['checksum']['prefill']}, decode "
+                f"{r['checksum']['decode']})"
+            )
         settings = {k: v for k, v in asdict(config).items() if k != "fault"}
         result["engines"][config.label] = {
-            "engine": config.engine, "backend": config.backend, "config": settings,
-            "processes": measured["processes"], "pids": measured["pids"],
-            "launcher": measured.get("launcher", "spawn"), "wall_s": time.monotonic() - start,
+            "engine": config.engine,
+            "backend": config.backend,
+            "config": settings,
+            "processes": measured["processes"],
+            "pids": measured["pids"],
+            "launcher": measured.get("launcher", "spawn"),
+            "wall_s": time.monotonic() - start,
             # other work on the machine skews timings: the 1/5/15-minute load after this engine ran
-            "load_average_after": ([round(x, 2) for x in os.getloadavg()]
-                                   if hasattr(os, "getloadavg") else None),
-            "summary": summary(measured["rows"]), "rows": measured["rows"],
+            "load_average_after": (
+                [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
+            ),
+            "summary": summary(measured["rows"]),
+            "rows": measured["rows"],
         }
     return result if reporter else {}
 
@@ -101,12 +121,18 @@ def _check_cuda(configs) -> None:
     except ImportError:
         raise KvlabError("--device cuda needs torch with CUDA") from None
     if not torch.cuda.is_available():
-        raise KvlabError("--device cuda: torch sees no CUDA device (is this the CPU build of "
-                         "torch?)")
-    if (not under_torchrun() and torch.cuda.device_count() < 2
-            and any(c.engine == "torch" for c in configs)):
-        raise KvlabError("NCCL needs one GPU per process and this machine has one: use --engine "
-                         "mooncake --device cuda, or --device cpu, or two GPUs")
+        raise KvlabError(
+            "--device cuda: torch sees no CUDA device (is this the CPU build of torch?)"
+        )
+    if (
+        not under_torchrun()
+        and torch.cuda.device_count() < 2
+        and any(c.engine == "torch" for c in configs)
+    ):
+        raise KvlabError(
+            "NCCL needs one GPU per process and this machine has one: use --engine "
+            "mooncake --device cuda, or --device cpu, or two GPUs"
+        )
 
 
 def summary(rows: list[dict]) -> dict:
@@ -125,8 +151,9 @@ def summary(rows: list[dict]) -> dict:
         }
         if len(sel) >= 2:
             try:
-                entry["fit"] = fit_link_model([r["bytes"] for r in sel],
-                                              [r["time_s"]["median"] for r in sel])
+                entry["fit"] = fit_link_model(
+                    [r["bytes"] for r in sel], [r["time_s"]["median"] for r in sel]
+                )
             except KvlabError:
                 pass
         out[layout] = entry

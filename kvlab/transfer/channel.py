@@ -9,6 +9,7 @@ exited is reported as such instead of as a timeout.
 - `DistChannel`: objects over a gloo process group, for processes started by torchrun
   (one per node); waits are bounded by the group's timeout.
 """
+
 from __future__ import annotations
 
 from ..errors import KvlabError
@@ -37,8 +38,9 @@ class PipeChannel:
         timeout = self.timeout_s if timeout_s is None else timeout_s
         try:
             if not self.conn.poll(timeout):
-                raise PeerError(f"timed out after {timeout:g} s waiting for {what} from the "
-                                f"{self.peer} process")
+                raise PeerError(
+                    f"timed out after {timeout:g} s waiting for {what} from the {self.peer} process"
+                )
             return self.conn.recv()
         except (EOFError, ConnectionResetError, BrokenPipeError, OSError):
             raise PeerError(f"the {self.peer} process exited while we waited for {what}") from None
@@ -76,8 +78,9 @@ class DistChannel:
         try:
             dist.recv_object_list(box, src=self.peer_rank, group=self.group)
         except RuntimeError as exc:
-            raise PeerError(f"waiting for {what} from the {self.peer} process failed: "
-                            f"{_first_line(exc)}") from None
+            raise PeerError(
+                f"waiting for {what} from the {self.peer} process failed: {_first_line(exc)}"
+            ) from None
         return box[0]
 
     def check_peer(self) -> None:

@@ -3,6 +3,7 @@
 Started by `kvlab.transfer.runner`, never by hand. It receives its configuration over
 the report socket, runs its role, and reports "ready", rows, "done" or "error" back.
 """
+
 from __future__ import annotations
 
 import os

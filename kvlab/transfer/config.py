@@ -3,6 +3,7 @@
 Pure data and validation (no torch): the parent checks a configuration before it
 spawns anything, so bad input fails in a line instead of in two child processes.
 """
+
 from __future__ import annotations
 
 import re
@@ -18,8 +19,18 @@ COMPLETIONS = ("notify", "flag")
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 #: 4 KiB (a few tokens of one layer) .. 512 MiB (a 4K request of the article's 7B).
-DEFAULT_SIZES = (4 * KIB, 16 * KIB, 64 * KIB, 256 * KIB, MIB, 4 * MIB, 16 * MIB, 64 * MIB,
-                 256 * MIB, 512 * MIB)
+DEFAULT_SIZES = (
+    4 * KIB,
+    16 * KIB,
+    64 * KIB,
+    256 * KIB,
+    MIB,
+    4 * MIB,
+    16 * MIB,
+    64 * MIB,
+    256 * MIB,
+    512 * MIB,
+)
 QUICK_SIZES = (4 * KIB, 256 * KIB, 2 * MIB)
 #: 16 tokens x one layer's K and V of the article's 7B (8 KV heads x 128 x fp16):
 #: the unit a paged KV cache (vLLM's default block of 16 tokens) moves per layer.
@@ -117,47 +128,89 @@ class TransferConfig:
 
     def validate(self) -> "TransferConfig":
         if self.engine not in ENGINES:
-            raise KvlabError(f"unknown transfer engine {self.engine!r}. "
-                             f"Valid: {', '.join(ENGINES)}")
+            raise KvlabError(
+                f"unknown transfer engine {self.engine!r}. Valid: {', '.join(ENGINES)}"
+            )
         if not (self.device == "cpu" or re.fullmatch(r"cuda(:\d+)?", self.device)):
             raise KvlabError(f"device must be cpu or cuda, got {self.device!r}")
         bad = [x for x in self.layouts if x not in LAYOUTS]
         if bad or not self.layouts:
-            raise KvlabError(f"layouts must be among {', '.join(LAYOUTS)}, "
-                             f"got {', '.join(self.layouts) or 'none'}")
+            raise KvlabError(
+                f"layouts must be among {', '.join(LAYOUTS)}, "
+                f"got {', '.join(self.layouts) or 'none'}"
+            )
         if self.completion not in COMPLETIONS:
-            raise KvlabError(f"completion must be one of {', '.join(COMPLETIONS)}, "
-                             f"got {self.completion!r}")
+            raise KvlabError(
+                f"completion must be one of {', '.join(COMPLETIONS)}, got {self.completion!r}"
+            )
         if not self.sizes_bytes:
             raise KvlabError("no transfer sizes given")
         for size in self.sizes_bytes:
-            check_number("transfer size (bytes)", size, minimum=8, allow_equal_min=True,
-                         maximum=MAX_SIZE_BYTES, integer=True)
-        check_number("block size (bytes)", self.block_bytes, minimum=8, allow_equal_min=True,
-                     maximum=MAX_SIZE_BYTES, integer=True)
-        check_number("warmup", self.warmup, minimum=0, allow_equal_min=True, maximum=1000,
-                     integer=True)
-        check_number("min_repeats", self.min_repeats, minimum=1, allow_equal_min=True,
-                     maximum=100000, integer=True)
-        check_number("max_repeats", self.max_repeats, minimum=self.min_repeats,
-                     allow_equal_min=True, maximum=100000, integer=True)
+            check_number(
+                "transfer size (bytes)",
+                size,
+                minimum=8,
+                allow_equal_min=True,
+                maximum=MAX_SIZE_BYTES,
+                integer=True,
+            )
+        check_number(
+            "block size (bytes)",
+            self.block_bytes,
+            minimum=8,
+            allow_equal_min=True,
+            maximum=MAX_SIZE_BYTES,
+            integer=True,
+        )
+        check_number(
+            "warmup", self.warmup, minimum=0, allow_equal_min=True, maximum=1000, integer=True
+        )
+        check_number(
+            "min_repeats",
+            self.min_repeats,
+            minimum=1,
+            allow_equal_min=True,
+            maximum=100000,
+            integer=True,
+        )
+        check_number(
+            "max_repeats",
+            self.max_repeats,
+            minimum=self.min_repeats,
+            allow_equal_min=True,
+            maximum=100000,
+            integer=True,
+        )
         for name in ("seconds_per_size", "timeout_s", "time_limit_s", "startup_timeout_s"):
             check_number(name, getattr(self, name), maximum=86400)
-        check_number("threads", self.threads, minimum=1, allow_equal_min=True, maximum=1024,
-                     integer=True)
+        check_number(
+            "threads", self.threads, minimum=1, allow_equal_min=True, maximum=1024, integer=True
+        )
         check_number("poll_s", self.poll_s, minimum=0, allow_equal_min=True, maximum=1.0)
         if not self.cases():
-            raise KvlabError(f"nothing to measure: paged transfers need sizes of at least two "
-                             f"{self.block_bytes}-byte blocks, in whole blocks")
+            raise KvlabError(
+                f"nothing to measure: paged transfers need sizes of at least two "
+                f"{self.block_bytes}-byte blocks, in whole blocks"
+            )
         if self.fault and not re.fullmatch(r"(prefill|decode):(exit|hang)@\d+", self.fault):
-            raise KvlabError(f"fault must look like decode:exit@1 or prefill:hang@0, "
-                             f"got {self.fault!r}")
+            raise KvlabError(
+                f"fault must look like decode:exit@1 or prefill:hang@0, got {self.fault!r}"
+            )
         return self
 
 
 def quick_config(**overrides) -> TransferConfig:
     """A few small sizes, few repeats, short time bounds: for tests and smoke runs."""
-    base = TransferConfig(sizes_bytes=QUICK_SIZES, block_bytes=QUICK_BLOCK_BYTES, warmup=1,
-                          min_repeats=3, max_repeats=5, seconds_per_size=0.2, timeout_s=20.0,
-                          time_limit_s=120.0, startup_timeout_s=90.0, quick=True)
+    base = TransferConfig(
+        sizes_bytes=QUICK_SIZES,
+        block_bytes=QUICK_BLOCK_BYTES,
+        warmup=1,
+        min_repeats=3,
+        max_repeats=5,
+        seconds_per_size=0.2,
+        timeout_s=20.0,
+        time_limit_s=120.0,
+        startup_timeout_s=90.0,
+        quick=True,
+    )
     return replace(base, **overrides).validate()

@@ -15,6 +15,7 @@ then `ack`. So one iteration = the KV crossing + one small acknowledgement back.
 
 torch and mooncake are imported only inside these classes (in the child processes).
 """
+
 from __future__ import annotations
 
 import time
@@ -66,14 +67,16 @@ class TorchEngine(Engine):
         self.own_group = not dist.is_initialized()
         if self.own_group:  # spawned by kvlab's runner: rendezvous through the control channel
             if self.role == PREFILL:
-                store = dist.TCPStore(self.config.host, 0, 2, True, timeout=self.timeout,
-                                      wait_for_workers=False)
+                store = dist.TCPStore(
+                    self.config.host, 0, 2, True, timeout=self.timeout, wait_for_workers=False
+                )
                 self.channel.send({"store_port": store.port})
             else:
                 port = self.channel.recv("the rendezvous port")["store_port"]
                 store = dist.TCPStore(self.config.host, port, 2, False, timeout=self.timeout)
-            dist.init_process_group(self.config.backend, store=store, rank=self.rank, world_size=2,
-                                    timeout=self.timeout)
+            dist.init_process_group(
+                self.config.backend, store=store, rank=self.rank, world_size=2, timeout=self.timeout
+            )
         self.device = torch.device(self.config.device)
         self.ack_buf = torch.zeros(1, dtype=torch.int64, device=self.device)
         return {"engine": "torch.distributed", "backend": dist.get_backend()}
@@ -82,13 +85,15 @@ class TorchEngine(Engine):
         try:
             return fn()
         except RuntimeError as exc:
-            raise PeerError(f"{what} failed, the {self.peer_name} process is unreachable: "
-                            f"{_first_line(exc)}") from None
+            raise PeerError(
+                f"{what} failed, the {self.peer_name} process is unreachable: {_first_line(exc)}"
+            ) from None
 
     def _recv(self, tensor, what: str) -> None:
         def go():
             work = self.dist.irecv(tensor, self.peer_rank)
             work.wait(timeout=self.timeout)
+
         self._op(f"receiving {what}", go)
 
     def open_case(self, pool, table) -> None:
@@ -96,13 +101,15 @@ class TorchEngine(Engine):
         self.first = int(table[0])
         self.staging = None
         if table.numel() > 1:
-            self.staging = self.torch.empty((table.numel(), pool.shape[1]), dtype=pool.dtype,
-                                            device=pool.device)
+            self.staging = self.torch.empty(
+                (table.numel(), pool.shape[1]), dtype=pool.dtype, device=pool.device
+            )
 
     def push(self, seq: int) -> None:
         if self.staging is None:
-            self._op("sending the KV",
-                     lambda: self.dist.send(self.pool[self.first], self.peer_rank))
+            self._op(
+                "sending the KV", lambda: self.dist.send(self.pool[self.first], self.peer_rank)
+            )
         else:
             self.torch.index_select(self.pool, 0, self.table, out=self.staging)  # gather the blocks
             self._op("sending the KV", lambda: self.dist.send(self.staging, self.peer_rank))
@@ -146,27 +153,34 @@ class MooncakeEngine(Engine):
         except ImportError as exc:
             raise KvlabError(
                 "the Mooncake engine needs mooncake-transfer-engine-non-cuda (CPU) or "
-                f"mooncake-transfer-engine (CUDA), and Debian's libibverbs1: {_first_line(exc)}") \
-                from None
+                f"mooncake-transfer-engine (CUDA), and Debian's libibverbs1: {_first_line(exc)}"
+            ) from None
         self.torch, self.Notify, self.Write = torch, TransferNotify, TransferOpcode.Write
         self.engine = TransferEngine()
         protocol = self.config.mooncake_protocol
         rc = self.engine.initialize(self.config.host, "P2PHANDSHAKE", protocol, "")
         if rc != 0:
-            raise KvlabError(f"Mooncake could not start ({protocol} on {self.config.host}, "
-                             f"rc={rc})")
+            raise KvlabError(
+                f"Mooncake could not start ({protocol} on {self.config.host}, rc={rc})"
+            )
         self.signal = torch.zeros(16, dtype=torch.int64)  # doorbells the peer writes into
         self.signal_src = torch.zeros(16, dtype=torch.int64)  # what we write into the peer's
         self.registered = []
         for buf in (self.signal, self.signal_src):
             self._register(buf.data_ptr(), buf.numel() * 8, "cpu")
-        mine = {"session": f"{self.config.host}:{self.engine.get_rpc_port()}",
-                "signal": self.signal.data_ptr()}
+        mine = {
+            "session": f"{self.config.host}:{self.engine.get_rpc_port()}",
+            "signal": self.signal.data_ptr(),
+        }
         theirs = exchange(self.channel, self.role, mine, "the Mooncake session id")
         self.peer, self.peer_signal = theirs["session"], theirs["signal"]
         self.notes: set[str] = set()
-        return {"engine": "mooncake", "backend": protocol, "handshake": "P2PHANDSHAKE",
-                "completion": self.config.completion}
+        return {
+            "engine": "mooncake",
+            "backend": protocol,
+            "handshake": "P2PHANDSHAKE",
+            "completion": self.config.completion,
+        }
 
     def _register(self, ptr: int, nbytes: int, location: str) -> None:
         rc = self.engine.register_memory(ptr, nbytes, location if location != "cpu" else "*")
@@ -176,8 +190,10 @@ class MooncakeEngine(Engine):
 
     def _check(self, rc: int, what: str) -> None:
         if rc != 0:
-            raise PeerError(f"Mooncake {what} to the {self.peer_name} process failed (rc={rc}): "
-                            "the peer is gone or unreachable")
+            raise PeerError(
+                f"Mooncake {what} to the {self.peer_name} process failed (rc={rc}): "
+                "the peer is gone or unreachable"
+            )
 
     def _wait(self, ready, what: str) -> None:
         timeout = self.config.timeout_s
@@ -186,8 +202,10 @@ class MooncakeEngine(Engine):
         while not ready():
             now = time.monotonic()
             if now > deadline:
-                raise PeerError(f"timed out after {timeout:g} s waiting for the {what} from the "
-                                f"{self.peer_name} process")
+                raise PeerError(
+                    f"timed out after {timeout:g} s waiting for the {what} from the "
+                    f"{self.peer_name} process"
+                )
             if now > next_check:
                 self.channel.check_peer()
                 next_check = now + 0.05
@@ -202,8 +220,9 @@ class MooncakeEngine(Engine):
 
     def _doorbell(self, slot: int, seq: int) -> None:
         self.signal_src[slot] = seq
-        rc = self.engine.transfer_sync_write(self.peer, self.signal_src.data_ptr() + 8 * slot,
-                                             self.peer_signal + 8 * slot, 8)
+        rc = self.engine.transfer_sync_write(
+            self.peer, self.signal_src.data_ptr() + 8 * slot, self.peer_signal + 8 * slot, 8
+        )
         self._check(rc, "doorbell write")
 
     def open_case(self, pool, table) -> None:
@@ -221,16 +240,22 @@ class MooncakeEngine(Engine):
     def push(self, seq: int) -> None:
         note = self.Notify("kvlab", f"kv {seq}") if self.config.completion == "notify" else None
         if len(self.src) == 1:
-            rc = self.engine.transfer_sync(self.peer, self.src[0], self.dst[0], self.lengths[0],
-                                           self.Write, note)
+            rc = self.engine.transfer_sync(
+                self.peer, self.src[0], self.dst[0], self.lengths[0], self.Write, note
+            )
             self._check(rc, "write of the KV")
         else:
             n = self.MAX_BATCH
             for i in range(0, len(self.src), n):  # chunks complete in order; the last one notifies
                 last = i + n >= len(self.src)
-                rc = self.engine.batch_transfer_sync(self.peer, self.src[i:i + n],
-                                                     self.dst[i:i + n], self.lengths[i:i + n],
-                                                     self.Write, note if last else None)
+                rc = self.engine.batch_transfer_sync(
+                    self.peer,
+                    self.src[i : i + n],
+                    self.dst[i : i + n],
+                    self.lengths[i : i + n],
+                    self.Write,
+                    note if last else None,
+                )
                 self._check(rc, "write of the KV")
         if note is None:
             self._doorbell(self.DATA, seq)
@@ -244,9 +269,14 @@ class MooncakeEngine(Engine):
     def ack(self, seq: int) -> None:
         if self.config.completion == "notify":
             self.signal_src[self.ACK] = seq
-            rc = self.engine.transfer_sync(self.peer, self.signal_src.data_ptr() + 8 * self.ACK,
-                                           self.peer_signal + 8 * self.ACK, 8, self.Write,
-                                           self.Notify("kvlab", f"ack {seq}"))
+            rc = self.engine.transfer_sync(
+                self.peer,
+                self.signal_src.data_ptr() + 8 * self.ACK,
+                self.peer_signal + 8 * self.ACK,
+                8,
+                self.Write,
+                self.Notify("kvlab", f"ack {seq}"),
+            )
             self._check(rc, "acknowledgement")
         else:
             self._doorbell(self.ACK, seq)

@@ -13,6 +13,7 @@ errors). The parent owns every bound:
 The children's stdout/stderr (C++ logging from gloo/Mooncake) go to a log file that an
 error message points at; the parent's stderr carries one progress line per case.
 """
+
 from __future__ import annotations
 
 import os
@@ -60,8 +61,13 @@ def run_local(config: TransferConfig, progress=None) -> dict:
             fds = (peer_socks[role].fileno(), child_sock.fileno())
             procs[role] = subprocess.Popen(
                 [sys.executable, "-m", "kvlab.transfer.child", role, *map(str, fds)],
-                pass_fds=fds, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
-                close_fds=True)
+                pass_fds=fds,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                env=env,
+                close_fds=True,
+            )
             child_sock.close()  # the child holds it now; our copy would hide its exit
             reader.send(asdict(config))
         for sock in peer_socks.values():
@@ -76,8 +82,11 @@ def run_local(config: TransferConfig, progress=None) -> dict:
             sock.close()
         if ok:
             shutil.rmtree(log_dir, ignore_errors=True)
-    return {"rows": state["rows"], "processes": state["ready"],
-            "pids": {role: p.pid for role, p in procs.items()}}
+    return {
+        "rows": state["rows"],
+        "processes": state["ready"],
+        "pids": {role: p.pid for role, p in procs.items()},
+    }
 
 
 def _monitor(config, procs, readers, state, progress) -> None:
@@ -93,13 +102,17 @@ def _monitor(config, procs, readers, state, progress) -> None:
         if failed_at is not None and (now > failed_at + GRACE_S or all_exited):
             raise KvlabError(_failure_message(config, state))
         if now > deadline:
-            raise KvlabError(f"kv-transfer ({config.label}) did not finish within its time limit "
-                             f"of {config.time_limit_s:g} s; both processes were stopped")
+            raise KvlabError(
+                f"kv-transfer ({config.label}) did not finish within its time limit "
+                f"of {config.time_limit_s:g} s; both processes were stopped"
+            )
         if len(state["ready"]) < len(ROLES) and now > startup_deadline and failed_at is None:
             missing = [r for r in ROLES if r not in state["ready"]]
-            raise KvlabError(f"kv-transfer ({config.label}): the {' and '.join(missing)} process "
-                             f"did not start within {config.startup_timeout_s:g} s; logs in "
-                             f"{state['log_dir']}")
+            raise KvlabError(
+                f"kv-transfer ({config.label}): the {' and '.join(missing)} process "
+                f"did not start within {config.startup_timeout_s:g} s; logs in "
+                f"{state['log_dir']}"
+            )
         ready = wait(list(open_readers.values()), timeout=0.1)
         for handle in ready:
             role = next(r for r, c in open_readers.items() if c is handle)
@@ -130,8 +143,11 @@ def _monitor(config, procs, readers, state, progress) -> None:
 
 def _failure_message(config, state) -> str:
     """Name the process that failed first: a silent death beats the error it caused."""
-    dead = [r for r in ROLES
-            if r in state["exits"] and r not in state["errors"] and r not in state["done"]]
+    dead = [
+        r
+        for r in ROLES
+        if r in state["exits"] and r not in state["errors"] and r not in state["done"]
+    ]
     parts = []
     if dead:
         role = dead[0]
@@ -146,9 +162,11 @@ def _failure_message(config, state) -> str:
         if other in state["errors"]:
             parts.append(f"the {other} process then reported: {state['errors'][other][1]}")
     done = len(state["rows"])
-    return (f"kv-transfer ({config.label}) stopped after {done} of {len(config.cases())} cases: "
-            + "; ".join(parts)
-            + f". Both processes were stopped; their logs are in {state['log_dir']}")
+    return (
+        f"kv-transfer ({config.label}) stopped after {done} of {len(config.cases())} cases: "
+        + "; ".join(parts)
+        + f". Both processes were stopped; their logs are in {state['log_dir']}"
+    )
 
 
 def _progress_line(config, row, n, total) -> str:
@@ -158,10 +176,12 @@ def _progress_line(config, row, n, total) -> str:
     t = row["time_s"]
     check = "ok" if row["checksum_ok"] else "CHECKSUM MISMATCH"
     bandwidth = si(row["bandwidth_bytes_per_s"]["median"], "B/s")
-    return (f"kv-transfer {config.label} [{n}/{total}] {row['layout']:<10} "
-            f"{format_size(row['bytes']):>8}  {row['repeats']:>3} x  median "
-            f"{seconds(t['median']):>9}  (p10 {seconds(t['p10'])}, p90 {seconds(t['p90'])})  "
-            f"{bandwidth:>10}  {check}")
+    return (
+        f"kv-transfer {config.label} [{n}/{total}] {row['layout']:<10} "
+        f"{format_size(row['bytes']):>8}  {row['repeats']:>3} x  median "
+        f"{seconds(t['median']):>9}  (p10 {seconds(t['p10'])}, p90 {seconds(t['p90'])})  "
+        f"{bandwidth:>10}  {check}"
+    )
 
 
 def _stop(procs) -> None:

@@ -14,6 +14,7 @@ Mooncake across nodes: add `--engine mooncake --mooncake-protocol rdma` (CUDA bu
 mooncake-transfer-engine) and `--host` set to each node's address. Rank 0 writes the
 results file; a failing peer surfaces as an error on the other rank after `--timeout`.
 """
+
 from __future__ import annotations
 
 import os
@@ -46,8 +47,9 @@ def init_torchrun(configs) -> None:
         return
     world = int(os.environ["WORLD_SIZE"])
     if world != 2:
-        raise KvlabError(f"kv-transfer under torchrun needs exactly 2 processes (prefill, "
-                         f"decode), got {world}")
+        raise KvlabError(
+            f"kv-transfer under torchrun needs exactly 2 processes (prefill, decode), got {world}"
+        )
     first = configs[0]
     if first.host.startswith("127."):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")

@@ -9,6 +9,7 @@ Timed loop: warm-up, then as many repeats as fit in `seconds_per_size` (within
 runs, and both sides checksum the request's blocks in block-table order; the prefill
 side reports both checksums.
 """
+
 from __future__ import annotations
 
 import os
@@ -29,11 +30,23 @@ def summarise(times_s: list[float], nbytes: int) -> dict:
     t = np.asarray(times_s, dtype=float)
     q10, q25, q50, q75, q90 = np.percentile(t, [10, 25, 50, 75, 90])
     return {
-        "time_s": {"median": q50, "p10": q10, "p25": q25, "p75": q75, "p90": q90,
-                   "min": float(t.min()), "max": float(t.max()), "mean": float(t.mean())},
+        "time_s": {
+            "median": q50,
+            "p10": q10,
+            "p25": q25,
+            "p75": q75,
+            "p90": q90,
+            "min": float(t.min()),
+            "max": float(t.max()),
+            "mean": float(t.mean()),
+        },
         # percentiles of bandwidth: the 10th percentile comes from the 90th of time
-        "bandwidth_bytes_per_s": {"median": nbytes / q50, "p10": nbytes / q90, "p90": nbytes / q10,
-                                  "max": nbytes / float(t.min())},
+        "bandwidth_bytes_per_s": {
+            "median": nbytes / q50,
+            "p10": nbytes / q90,
+            "p90": nbytes / q10,
+            "max": nbytes / float(t.min()),
+        },
     }
 
 
@@ -49,8 +62,9 @@ def _fill(torch, pool, case_index: int, seed: int) -> None:
     """Random bytes (one tile repeated) with each block's first 8 bytes = its own stamp."""
     gen = torch.Generator().manual_seed(seed * 1000 + case_index)
     flat = pool.view(-1)
-    tile = torch.randint(0, 256, (min(TILE_BYTES, flat.numel()),), dtype=torch.uint8,
-                         generator=gen).to(pool.device)
+    tile = torch.randint(
+        0, 256, (min(TILE_BYTES, flat.numel()),), dtype=torch.uint8, generator=gen
+    ).to(pool.device)
     for start in range(0, flat.numel(), tile.numel()):
         end = min(start + tile.numel(), flat.numel())
         flat[start:end].copy_(tile[: end - start])
@@ -117,8 +131,16 @@ def run_role(role: str, config: TransferConfig, channel, report) -> None:
             _maybe_fault(config, role, index)  # test hook: fail mid-transfer, peers connected
             if role == PREFILL:
                 row, seq = _prefill_case(engine, channel, config, pool, table, seq)
-                report("row", {"layout": layout, "bytes": size, "block_bytes": block,
-                               "blocks": blocks, **row})
+                report(
+                    "row",
+                    {
+                        "layout": layout,
+                        "bytes": size,
+                        "block_bytes": block,
+                        "blocks": blocks,
+                        **row,
+                    },
+                )
             else:
                 seq = _decode_case(engine, channel, config, pool, table, seq)
             engine.close_case()
@@ -138,17 +160,24 @@ def _prefill_case(engine, channel, config, pool, table, seq):
 
     warm = [once() for _ in range(config.warmup)]
     estimate = min(warm) if warm else once()
-    repeats = int(np.clip(config.seconds_per_size / max(estimate, 1e-9), config.min_repeats,
-                          config.max_repeats))
+    repeats = int(
+        np.clip(
+            config.seconds_per_size / max(estimate, 1e-9), config.min_repeats, config.max_repeats
+        )
+    )
     channel.send({"repeats": repeats, "warmup_done": bool(warm)})
     times = [once() for _ in range(repeats)]
     channel.recv("word that the decode pool is zeroed")
     once()  # the verification transfer
     mine = checksum(pool, table)
     theirs = exchange(channel, PREFILL, mine, "the decode side's checksum")
-    row = {"warmup": len(warm) if warm else 1, "repeats": repeats,
-           **summarise(times, pool.shape[1] * table.numel()),
-           "checksum": {"prefill": mine, "decode": theirs}, "checksum_ok": mine == theirs}
+    row = {
+        "warmup": len(warm) if warm else 1,
+        "repeats": repeats,
+        **summarise(times, pool.shape[1] * table.numel()),
+        "checksum": {"prefill": mine, "decode": theirs},
+        "checksum_ok": mine == theirs,
+    }
     return row, seq
 
 

@@ -10,6 +10,7 @@
 `show(obj)` picks the face: static while the book is being built (KVLAB_BOOK_BUILD=1),
 live otherwise. Only this package imports bokeh and ipywidgets.
 """
+
 from .panel import Control, Panel, show
 
 __all__ = ["Control", "Panel", "show"]

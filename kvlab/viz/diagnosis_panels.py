@@ -1,5 +1,6 @@
 """Chapter 5 figures: the TPOT budget and the memory limit against batch (pitfall 1), and
 diagnosis reports."""
+
 from __future__ import annotations
 
 import html
@@ -29,13 +30,17 @@ SLO_READOUT = (
 )
 #: Kept while chapter 5's prose quotes them: the batch both limits allow, and its tokens/s.
 SLO_GLUE = (("slo_batch", "count"), ("slo_tokens_per_s", "rate"))
-LIMIT_LABELS = ("largest batch within the TPOT budget", "memory limit: largest batch that fits",
-                "the batch both allow")
+LIMIT_LABELS = (
+    "largest batch within the TPOT budget",
+    "memory limit: largest batch that fits",
+    "the batch both allow",
+)
 
 
 def tpot_batch(model, hardware, context, slo_s, **dtypes) -> int:
     """The largest batch whose TPOT stays within `slo_s`, memory aside (0 if not even one
     sequence does): the ledger's step time grows with the batch, so a bisection finds it."""
+
     def within(b):
         return cost.decode_step(model, hardware, b, context, **dtypes).step_time_s <= slo_s
 
@@ -87,48 +92,116 @@ def tpot_budget_panel() -> Panel:
             return at[b].step_time_s
 
         sources = {
-            "curve": {"batch": batches, "tpot_s": tpot,
-                      "tokens_per_s": [s.tokens_per_s for s in steps]},
+            "curve": {
+                "batch": batches,
+                "tpot_s": tpot,
+                "tokens_per_s": [s.tokens_per_s for s in steps],
+            },
             "slo": {"batch": [batches[0], batches[-1]], "tpot_s": [slo, slo]},
             "budget": _mark(budget, tpot_s=time, budget_label=LIMIT_LABELS[0]),
-            "memory": _mark(memory, low=min(tpot), high=max(max(tpot), slo),
-                            memory_label=LIMIT_LABELS[1]),
-            "allowed": _mark(allowed, tpot_s=time, allowed_label=LIMIT_LABELS[2])}
-        return {"sources": sources, "values": {
-            "tpot_batch": budget, "max_batch": memory, "allowed_batch": allowed,
-            "limited_by": _limit(budget, memory),
-            "allowed_tpot_s": chosen.step_time_s if chosen else math.nan,
-            "allowed_tokens_per_s": tps,
-            "knee_batch": float(BATCH_GRID[cost.batch_knee(grid)]),
-            "slo_batch": allowed, "slo_tokens_per_s": tps}}
+            "memory": _mark(
+                memory, low=min(tpot), high=max(max(tpot), slo), memory_label=LIMIT_LABELS[1]
+            ),
+            "allowed": _mark(allowed, tpot_s=time, allowed_label=LIMIT_LABELS[2]),
+        }
+        return {
+            "sources": sources,
+            "values": {
+                "tpot_batch": budget,
+                "max_batch": memory,
+                "allowed_batch": allowed,
+                "limited_by": _limit(budget, memory),
+                "allowed_tpot_s": chosen.step_time_s if chosen else math.nan,
+                "allowed_tokens_per_s": tps,
+                "knee_batch": float(BATCH_GRID[cost.batch_knee(grid)]),
+                "slo_batch": allowed,
+                "slo_tokens_per_s": tps,
+            },
+        }
 
     def figures(src):
-        fig = style.new_figure("TPOT budget and memory: two limits on the batch",
-                               "batch (sequences)", "TPOT", x_axis_type="log", y_axis_type="log",
-                               height=340)
-        fig.line("batch", "tpot_s", source=src["curve"], color=style.GREEN, width=2.5, legend_label="TPOT")
-        fig.line("batch", "tpot_s", source=src["slo"], color=style.VERMILION, width=2, line_dash="dashed",
-                 legend_label="TPOT budget")
+        fig = style.new_figure(
+            "TPOT budget and memory: two limits on the batch",
+            "batch (sequences)",
+            "TPOT",
+            x_axis_type="log",
+            y_axis_type="log",
+            height=340,
+        )
+        fig.line(
+            "batch",
+            "tpot_s",
+            source=src["curve"],
+            color=style.GREEN,
+            width=2.5,
+            legend_label="TPOT",
+        )
+        fig.line(
+            "batch",
+            "tpot_s",
+            source=src["slo"],
+            color=style.VERMILION,
+            width=2,
+            line_dash="dashed",
+            legend_label="TPOT budget",
+        )
         # each mark is absent (no glyph, no legend entry) when its batch is 0
-        fig.segment("batch", "low", "batch", "high", source=src["memory"], color=style.GREY,
-                    width=2.5, line_dash="dotted", legend_field="memory_label")
-        fig.scatter("batch", "tpot_s", source=src["budget"], size=10, color=style.VERMILION,
-                    legend_field="budget_label")
-        fig.scatter("batch", "tpot_s", source=src["allowed"], size=15, fill_color=None,
-                    line_color=style.BLUE, line_width=3, legend_field="allowed_label")
+        fig.segment(
+            "batch",
+            "low",
+            "batch",
+            "high",
+            source=src["memory"],
+            color=style.GREY,
+            width=2.5,
+            line_dash="dotted",
+            legend_field="memory_label",
+        )
+        fig.scatter(
+            "batch",
+            "tpot_s",
+            source=src["budget"],
+            size=10,
+            color=style.VERMILION,
+            legend_field="budget_label",
+        )
+        fig.scatter(
+            "batch",
+            "tpot_s",
+            source=src["allowed"],
+            size=15,
+            fill_color=None,
+            line_color=style.BLUE,
+            line_width=3,
+            legend_field="allowed_label",
+        )
         fig.xaxis.formatter = style.count_ticks()
         fig.yaxis.formatter = style.seconds_ticks()
         fig.legend.location = "top_left"
         fig.legend.label_text_font_size = "10px"
         return fig
 
-    slo = Control("slo", "TPOT budget", SLO_GRID, 0.05, kind="slider", integer=False, live_range=(0.005, 0.5),
-                  option_labels=tuple(f"{round(v * 1000)} ms" for v in SLO_GRID))
+    slo = Control(
+        "slo",
+        "TPOT budget",
+        SLO_GRID,
+        0.05,
+        kind="slider",
+        integer=False,
+        live_range=(0.005, 0.5),
+        option_labels=tuple(f"{round(v * 1000)} ms" for v in SLO_GRID),
+    )
     controls = (model_control(), hardware_control(), context_control(8192), slo)
-    terms = {**ledger_terms(models(), devices()), "batches": list(BATCH_GRID),
-             "dtypes_used": DTYPES_USED, "max_batch": cost.MAX_BATCH, "labels": list(LIMIT_LABELS)}
-    return Panel("tpot-budget", controls, compute, figures, "tpot-budget", terms, SLO_READOUT,
-                 glue=SLO_GLUE)
+    terms = {
+        **ledger_terms(models(), devices()),
+        "batches": list(BATCH_GRID),
+        "dtypes_used": DTYPES_USED,
+        "max_batch": cost.MAX_BATCH,
+        "labels": list(LIMIT_LABELS),
+    }
+    return Panel(
+        "tpot-budget", controls, compute, figures, "tpot-budget", terms, SLO_READOUT, glue=SLO_GLUE
+    )
 
 
 class DiagnosisReport:
@@ -142,10 +215,15 @@ class DiagnosisReport:
         items = []
         for f in d.findings:
             advice = "".join(f"<li>{html.escape(a)}</li>" for a in f.advice)
-            items.append(f"<li><b>{html.escape(f.check)}</b>: {html.escape(f.verdict)}"
-                         + (f"<ul>{advice}</ul>" if advice else "") + "</li>")
-        return (f'<div class="kvlab-diagnosis"><p><b>{html.escape(self.title)}</b> — diagnosis: '
-                f"<b>{html.escape(d.bound)}-bound</b></p><ol>{''.join(items)}</ol></div>")
+            items.append(
+                f"<li><b>{html.escape(f.check)}</b>: {html.escape(f.verdict)}"
+                + (f"<ul>{advice}</ul>" if advice else "")
+                + "</li>"
+            )
+        return (
+            f'<div class="kvlab-diagnosis"><p><b>{html.escape(self.title)}</b> — diagnosis: '
+            f"<b>{html.escape(d.bound)}-bound</b></p><ol>{''.join(items)}</ol></div>"
+        )
 
     def __repr__(self) -> str:
         return f"{self.title}\n{self.diagnosis.report()}"

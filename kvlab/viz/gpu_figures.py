@@ -1,6 +1,7 @@
 """Figures of published GPU kernel measurements (the measured chapter): what real kernels
 reach on each GPU, and the ledger against them. Pure: each takes the data that
 kvlab.book.gpu_tables computed; every figure names its source in a note under the plot."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -27,8 +28,15 @@ def _source_note(fig, sources: list[str]):
     from bokeh.models import Title
 
     for i, line in enumerate(sources):
-        fig.add_layout(Title(text=("Data: " if i == 0 else "") + line, text_font_size="10px",
-                             text_font_style="italic", text_color=style.GREY), "below")
+        fig.add_layout(
+            Title(
+                text=("Data: " if i == 0 else "") + line,
+                text_font_size="10px",
+                text_font_style="italic",
+                text_color=style.GREY,
+            ),
+            "below",
+        )
     fig.height += 14 * len(sources)
 
 
@@ -37,15 +45,24 @@ def _ticks_125(lo: float, hi: float):
     from bokeh.models import FixedTicker
 
     decades = range(int(np.floor(np.log10(lo))), int(np.ceil(np.log10(hi))) + 1)
-    return FixedTicker(ticks=[m * 10.0 ** e for e in decades for m in (1, 2, 5) if lo <= m * 10.0 ** e <= hi])
+    return FixedTicker(
+        ticks=[m * 10.0**e for e in decades for m in (1, 2, 5) if lo <= m * 10.0**e <= hi]
+    )
 
 
 def _band(fig, x_range):
     from bokeh.models import BoxAnnotation
 
-    fig.add_layout(BoxAnnotation(bottom=BAND[0], top=BAND[1], fill_color=style.GREY, fill_alpha=0.12))
-    fig.line(list(x_range), [BAND[0]] * 2, color=style.GREY, line_dash="dashed",
-             legend_label=f"the article's {BAND[0]:.0%}–{BAND[1]:.0%} of peak")
+    fig.add_layout(
+        BoxAnnotation(bottom=BAND[0], top=BAND[1], fill_color=style.GREY, fill_alpha=0.12)
+    )
+    fig.line(
+        list(x_range),
+        [BAND[0]] * 2,
+        color=style.GREY,
+        line_dash="dashed",
+        legend_label=f"the article's {BAND[0]:.0%}–{BAND[1]:.0%} of peak",
+    )
 
 
 def gemv_band_figure(bands: list[dict], names: dict, sources: list[str]):
@@ -54,15 +71,26 @@ def gemv_band_figure(bands: list[dict], names: dict, sources: list[str]):
     lo = min(float(b["weight_bytes"].min()) for b in bands)
     hi = max(float(b["weight_bytes"].max()) for b in bands)
     top = max(1.5, 1.05 * max(float(b["fraction_of_sheet"].max()) for b in bands))
-    fig = style.new_figure("One token through a weight matrix: share of the sheet bandwidth",
-                           "weight bytes of the matrix", "achieved / sheet bandwidth", x_axis_type="log",
-                           y_range=(0, top), height=360)
+    fig = style.new_figure(
+        "One token through a weight matrix: share of the sheet bandwidth",
+        "weight bytes of the matrix",
+        "achieved / sheet bandwidth",
+        x_axis_type="log",
+        y_range=(0, top),
+        height=360,
+    )
     _band(fig, (lo, hi))
     fig.line([lo, hi], [1.0, 1.0], color="black", width=1, legend_label="the data sheet")
     for i, b in enumerate(bands):
         color = style.PALETTE[i % len(style.PALETTE)]
-        fig.scatter(b["weight_bytes"], b["fraction_of_sheet"], size=6, color=color, alpha=0.8,
-                    legend_label=names[b["device"]])
+        fig.scatter(
+            b["weight_bytes"],
+            b["fraction_of_sheet"],
+            size=6,
+            color=color,
+            alpha=0.8,
+            legend_label=names[b["device"]],
+        )
     fig.xaxis.formatter = style.si_ticks("B")
     fig.xaxis.ticker = _ticks_125(lo, hi)
     fig.yaxis.formatter = style.percent_ticks()
@@ -74,12 +102,22 @@ def gemv_band_figure(bands: list[dict], names: dict, sources: list[str]):
 def gemm_batch_figure(curves: list[dict], names: dict, sources: list[str], nk: tuple[int, int]):
     """One projection GEMM over the tokens it multiplies: the ledger's ceiling time over
     the measured time (1 = the ceiling), per GPU."""
-    fig = style.new_figure(f"A {nk[1]:,} x {nk[0]:,} weight matrix over the batch: ceiling / measured",
-                           "tokens multiplied at once (m)", "ceiling time / measured time", x_axis_type="log",
-                           y_range=(0, 1.1), height=340)
+    fig = style.new_figure(
+        f"A {nk[1]:,} x {nk[0]:,} weight matrix over the batch: ceiling / measured",
+        "tokens multiplied at once (m)",
+        "ceiling time / measured time",
+        x_axis_type="log",
+        y_range=(0, 1.1),
+        height=340,
+    )
     for i, c in enumerate(curves):
-        fig.line(c["m"], c["efficiency"], color=style.PALETTE[i % len(style.PALETTE)], width=2.5,
-                 legend_label=names[c["device"]])
+        fig.line(
+            c["m"],
+            c["efficiency"],
+            color=style.PALETTE[i % len(style.PALETTE)],
+            width=2.5,
+            legend_label=names[c["device"]],
+        )
     fig.xaxis.formatter = style.count_ticks()
     fig.yaxis.formatter = style.percent_ticks()
     _legend_below(fig)
@@ -87,23 +125,38 @@ def gemm_batch_figure(curves: list[dict], names: dict, sources: list[str], nk: t
     return fig
 
 
-def attention_figure(curves: list[dict], names: dict, sources: list[str], layout: tuple[int, int, int]):
+def attention_figure(
+    curves: list[dict], names: dict, sources: list[str], layout: tuple[int, int, int]
+):
     """Decode attention of one layer: KV bytes read per second over the tokens in the cache,
     as a share of the sheet bandwidth, per GPU and batch (line style)."""
     heads, kv, dim = layout
     top = max(float(np.max(c["fraction_of_sheet"])) for c in curves)
-    fig = style.new_figure(f"Decode attention ({heads} query heads, {kv} K/V heads of {dim}): KV read per second",
-                           "tokens in the cache per sequence", "KV bytes per second / sheet bandwidth",
-                           x_axis_type="log", y_range=(0, max(1.2, 1.05 * top)), height=380)
-    x = [min(float(c["tokens"].min()) for c in curves), max(float(c["tokens"].max()) for c in curves)]
+    fig = style.new_figure(
+        f"Decode attention ({heads} query heads, {kv} K/V heads of {dim}): KV read per second",
+        "tokens in the cache per sequence",
+        "KV bytes per second / sheet bandwidth",
+        x_axis_type="log",
+        y_range=(0, max(1.2, 1.05 * top)),
+        height=380,
+    )
+    x = [
+        min(float(c["tokens"].min()) for c in curves),
+        max(float(c["tokens"].max()) for c in curves),
+    ]
     fig.line(x, [1.0, 1.0], color="black", width=1, legend_label="the data sheet")
     devices = list(dict.fromkeys(c["device"] for c in curves))
     batches = list(dict.fromkeys(c["batch"] for c in curves))
     for c in curves:
         color = style.PALETTE[devices.index(c["device"]) % len(style.PALETTE)]
-        fig.line(c["tokens"], c["fraction_of_sheet"], color=color, width=2,
-                 line_dash=DASHES[batches.index(c["batch"]) % len(DASHES)],
-                 legend_label=f"{names[c['device']]}, batch {c['batch']}")
+        fig.line(
+            c["tokens"],
+            c["fraction_of_sheet"],
+            color=color,
+            width=2,
+            line_dash=DASHES[batches.index(c["batch"]) % len(DASHES)],
+            legend_label=f"{names[c['device']]}, batch {c['batch']}",
+        )
     fig.xaxis.formatter = style.count_ticks()
     fig.yaxis.formatter = style.percent_ticks()
     _legend_below(fig)
@@ -114,10 +167,14 @@ def attention_figure(curves: list[dict], names: dict, sources: list[str], layout
 def ledger_figure(curves: list[dict], names: dict, sources: list[str], model_name: str):
     """A decode step in measured mode over its ceiling, against the batch, per GPU."""
     first = curves[0]
-    fig = style.new_figure(f"Decode step of {model_name} at {first['context']:,} tokens: measured / ceiling",
-                           "batch (sequences)", "measured step time / ceiling", x_axis_type="log",
-                           y_range=(0.9, max(2.0, 1.05 * max(float(np.max(c["ratio"])) for c in curves))),
-                           height=340)
+    fig = style.new_figure(
+        f"Decode step of {model_name} at {first['context']:,} tokens: measured / ceiling",
+        "batch (sequences)",
+        "measured step time / ceiling",
+        x_axis_type="log",
+        y_range=(0.9, max(2.0, 1.05 * max(float(np.max(c["ratio"])) for c in curves))),
+        height=340,
+    )
     for i, c in enumerate(curves):
         color = style.PALETTE[i % len(style.PALETTE)]
         fig.line(c["batch"], c["ratio"], color=color, width=2.5, legend_label=names[c["device"]])

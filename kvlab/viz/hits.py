@@ -1,5 +1,6 @@
 """Chapter 1 panel: what a prefix/KV-cache hit saves (prefill compute) and what it does
 not (the bytes every decode step moves)."""
+
 from __future__ import annotations
 
 import math
@@ -11,7 +12,14 @@ from ..hardware import devices
 from ..models import models
 from ..prompt import served_tokens
 from . import style
-from .controls import HIT_GRID, batch_control, context_control, hardware_control, hit_control, model_control
+from .controls import (
+    HIT_GRID,
+    batch_control,
+    context_control,
+    hardware_control,
+    hit_control,
+    model_control,
+)
 from .panel import Panel
 from .terms import ledger_terms
 
@@ -44,64 +52,138 @@ def hit_panel() -> Panel:
         cached = served_tokens(np.floor(hits * prompt), prompt)
         curve = cost.prefill(model, hw, prompt, cached_tokens=cached, **DTYPES_USED)
         miss = cost.prefill(model, hw, prompt, **DTYPES_USED)
-        here = cost.prefill(model, hw, prompt, cached_tokens=cached_tokens(state["hit"], prompt),
-                            **DTYPES_USED)
+        here = cost.prefill(
+            model, hw, prompt, cached_tokens=cached_tokens(state["hit"], prompt), **DTYPES_USED
+        )
         step = cost.decode_step(model, hw, batch, prompt, **DTYPES_USED)
         tpot = np.full(hits.shape, step.step_time_s)
         return {
             "sources": {
-                "curve": {"hit": (100 * hits).tolist(), "ttft_s": np.asarray(curve.ttft_s).tolist(), "tpot_s": tpot.tolist()},
-                "here": {"hit": [100 * state["hit"]], "ttft_s": [here.ttft_s], "tpot_s": [step.step_time_s]},
-                "work": _work_sources(miss.flops, here.flops, step.weight_read_bytes, step.kv_read_bytes),
+                "curve": {
+                    "hit": (100 * hits).tolist(),
+                    "ttft_s": np.asarray(curve.ttft_s).tolist(),
+                    "tpot_s": tpot.tolist(),
+                },
+                "here": {
+                    "hit": [100 * state["hit"]],
+                    "ttft_s": [here.ttft_s],
+                    "tpot_s": [step.step_time_s],
+                },
+                "work": _work_sources(
+                    miss.flops, here.flops, step.weight_read_bytes, step.kv_read_bytes
+                ),
             },
-            "values": {"cached_tokens": here.cached_tokens, "ttft_s": here.ttft_s, "ttft_miss_s": miss.ttft_s,
-                       "prefill_flops_saved": 1.0 - here.flops / miss.flops, "step_bytes": step.step_bytes,
-                       "step_time_s": step.step_time_s, "tokens_per_s": step.tokens_per_s},
+            "values": {
+                "cached_tokens": here.cached_tokens,
+                "ttft_s": here.ttft_s,
+                "ttft_miss_s": miss.ttft_s,
+                "prefill_flops_saved": 1.0 - here.flops / miss.flops,
+                "step_bytes": step.step_bytes,
+                "step_time_s": step.step_time_s,
+                "tokens_per_s": step.tokens_per_s,
+            },
         }
 
     def figures(src):
         from bokeh.layouts import column, row
 
-        fig = style.new_figure("A hit moves TTFT, not TPOT", "prefix-cache hit (% of the prompt)", "seconds",
-                               y_axis_type="log", height=300)
-        a = fig.line("hit", "ttft_s", source=src["curve"], color=style.VERMILION, width=2.5,
-                     legend_label="time to first token")
-        b = fig.line("hit", "tpot_s", source=src["curve"], color=style.BLUE, width=2.5, line_dash="dashed",
-                     legend_label="time per output token")
+        fig = style.new_figure(
+            "A hit moves TTFT, not TPOT",
+            "prefix-cache hit (% of the prompt)",
+            "seconds",
+            y_axis_type="log",
+            height=300,
+        )
+        a = fig.line(
+            "hit",
+            "ttft_s",
+            source=src["curve"],
+            color=style.VERMILION,
+            width=2.5,
+            legend_label="time to first token",
+        )
+        b = fig.line(
+            "hit",
+            "tpot_s",
+            source=src["curve"],
+            color=style.BLUE,
+            width=2.5,
+            line_dash="dashed",
+            legend_label="time per output token",
+        )
         fig.scatter("hit", "ttft_s", source=src["here"], size=10, color=style.VERMILION)
         fig.scatter("hit", "tpot_s", source=src["here"], size=10, color=style.BLUE)
         fig.yaxis.formatter = style.seconds_ticks()
         fig.legend.location = "bottom_left"
-        style.hover(fig, [("hit", "@hit{0}%"), ("TTFT", "@ttft_s{0.000000} s"), ("TPOT", "@tpot_s{0.000000} s")],
-                    [a, b], mode="vline")
-        flops = style.new_figure("Prefill FLOPs", "", "FLOPs", width=330, height=260,
-                                 x_range=list(WORK_LABELS["kind"]), y_range=style.from_zero())
+        style.hover(
+            fig,
+            [("hit", "@hit{0}%"), ("TTFT", "@ttft_s{0.000000} s"), ("TPOT", "@tpot_s{0.000000} s")],
+            [a, b],
+            mode="vline",
+        )
+        flops = style.new_figure(
+            "Prefill FLOPs",
+            "",
+            "FLOPs",
+            width=330,
+            height=260,
+            x_range=list(WORK_LABELS["kind"]),
+            y_range=style.from_zero(),
+        )
         flops.vbar(x="kind", top="flops", width=0.6, color="color", source=src["work"])
         flops.yaxis.formatter = style.si_ticks("FLOP")
-        moved = style.new_figure("Bytes per decode step", "", "bytes", width=330, height=260,
-                                 x_range=list(WORK_LABELS["part"]), y_range=style.from_zero())
+        moved = style.new_figure(
+            "Bytes per decode step",
+            "",
+            "bytes",
+            width=330,
+            height=260,
+            x_range=list(WORK_LABELS["part"]),
+            y_range=style.from_zero(),
+        )
         moved.vbar(x="part", top="bytes", width=0.6, color="part_color", source=src["work"])
         moved.yaxis.formatter = style.si_ticks("B")
         return column(fig, row(flops, moved))
 
-    controls = (model_control(), hardware_control(), context_control(8192, "Prompt (tokens)"), hit_control(),
-                batch_control())
+    controls = (
+        model_control(),
+        hardware_control(),
+        context_control(8192, "Prompt (tokens)"),
+        hit_control(),
+        batch_control(),
+    )
 
     def budget(state):
-        return {"model": state["model"], "hardware": state["hardware"], "batch": state["batch"],
-                "context": state["context"], "cached": cached_tokens(state["hit"], state["context"])}
+        return {
+            "model": state["model"],
+            "hardware": state["hardware"],
+            "batch": state["batch"],
+            "context": state["context"],
+            "cached": cached_tokens(state["hit"], state["context"]),
+        }
 
-    terms = {**ledger_terms(models(), devices()), "hits": list(HIT_GRID),
-             "dtypes_used": DTYPES_USED, "work": WORK_LABELS}
+    terms = {
+        **ledger_terms(models(), devices()),
+        "hits": list(HIT_GRID),
+        "dtypes_used": DTYPES_USED,
+        "work": WORK_LABELS,
+    }
     return Panel("hits", controls, compute, figures, "hits", terms, HIT_READOUT, budget)
 
 
 #: The work bars' categories and colors: prefill FLOPs (computed, skipped), decode bytes by kind.
-WORK_LABELS = {"kind": ("computed", "skipped"), "color": (style.VERMILION, style.GREY),
-               "part": ("weights", "KV history"), "part_color": (style.WEIGHTS, style.KV_READ)}
+WORK_LABELS = {
+    "kind": ("computed", "skipped"),
+    "color": (style.VERMILION, style.GREY),
+    "part": ("weights", "KV history"),
+    "part_color": (style.WEIGHTS, style.KV_READ),
+}
 
 
 def _work_sources(miss_flops, here_flops, weight_bytes, kv_bytes) -> dict:
     """The work bars: prefill FLOPs computed and skipped, decode bytes by kind."""
-    return {**{k: list(v) for k, v in WORK_LABELS.items()},
-            "flops": [here_flops, miss_flops - here_flops], "bytes": [weight_bytes, kv_bytes]}
+    return {
+        **{k: list(v) for k, v in WORK_LABELS.items()},
+        "flops": [here_flops, miss_flops - here_flops],
+        "bytes": [weight_bytes, kv_bytes],
+    }

@@ -17,6 +17,7 @@ Exact entries live in `kvlab/viz/i18n_zh.py` (ZH), templates with `{name}` slots
 PATTERNS there (each slot is translated in turn). Names of products, models, dtypes and
 catalogue ids stay as they are (`exempt`).
 """
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,9 @@ LANG_ENV = "KVLAB_BOOK_LANG"
 CHINESE = "zh_CN"
 
 #: Data columns that are never shown as text (colours, markers).
-HIDDEN_COLUMNS = frozenset({"color", "colour", "marker", "line_dash", "fill_color", "line_color",
-                            "hatch_pattern"})
+HIDDEN_COLUMNS = frozenset(
+    {"color", "colour", "marker", "line_dash", "fill_color", "line_color", "hatch_pattern"}
+)
 
 
 def language() -> str:
@@ -84,9 +86,15 @@ def _name_token(token: str) -> bool:
 def exempt(text: str) -> bool:
     """Text that stays as it is: numbers with units, catalogue names, ids, product names."""
     text = text.strip()
-    return (not text or not re.search(r"[A-Za-z]", text) or bool(_NUMERIC.match(text))
-            or text in _names() or bool(_IDENTIFIER.match(text)) or text.startswith(("@", "#"))
-            or all(_name_token(token) for token in text.split()))
+    return (
+        not text
+        or not re.search(r"[A-Za-z]", text)
+        or bool(_NUMERIC.match(text))
+        or text in _names()
+        or bool(_IDENTIFIER.match(text))
+        or text.startswith(("@", "#"))
+        or all(_name_token(token) for token in text.split())
+    )
 
 
 def zh(text: str) -> str | None:
@@ -155,17 +163,22 @@ def rewrite(layout, fn) -> None:
         elif isinstance(model, HoverTool) and isinstance(model.tooltips, list):
             model.tooltips = [(fn(label), fn(template)) for label, template in model.tooltips]
         elif isinstance(model, FactorRange):
-            model.factors = [fn(f) if isinstance(f, str) else tuple(fn(x) for x in f)
-                             for f in model.factors]
+            model.factors = [
+                fn(f) if isinstance(f, str) else tuple(fn(x) for x in f) for f in model.factors
+            ]
         elif isinstance(model, ColumnDataSource):
-            model.data = {name: ([fn(v) for v in col]
-                                 if name not in HIDDEN_COLUMNS and _strings(col) else col)
-                          for name, col in model.data.items()}
+            model.data = {
+                name: (
+                    [fn(v) for v in col] if name not in HIDDEN_COLUMNS and _strings(col) else col
+                )
+                for name, col in model.data.items()
+            }
         elif isinstance(model, (Slider, Select)):
             model.title = fn(model.title)
             if isinstance(model, Select):  # options: values, or (value, label)
-                model.options = [(o[0], fn(o[1])) if isinstance(o, tuple) else o
-                                 for o in model.options]
+                model.options = [
+                    (o[0], fn(o[1])) if isinstance(o, tuple) else o for o in model.options
+                ]
 
 
 def localize(layout):
@@ -236,7 +249,8 @@ def browser_js() -> str:
     if not chinese():
         return ""
     table, patterns = _table()
-    js_patterns = [[regex.pattern, names, chinese_text]
-                   for regex, names, chinese_text, _english in patterns]
+    js_patterns = [
+        [regex.pattern, names, chinese_text] for regex, names, chinese_text, _english in patterns
+    ]
     dump = lambda value: json.dumps(value, ensure_ascii=False, separators=(",", ":"))  # noqa: E731
     return _BROWSER % (dump(table), dump(js_patterns), dump(sorted(HIDDEN_COLUMNS)))

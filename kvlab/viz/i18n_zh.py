@@ -3,14 +3,26 @@ English (kvlab/viz/i18n.py applies it; tests/test_i18n.py fails on a label missi
 
 Habits kept: TTFT, TPOT, ITL, KV, KV cache, GQA, MoE, MLA, roofline, FLOP/s, p50/p99,
 product and model names, dtypes and catalogue ids stay in English."""
+
 from __future__ import annotations
 
 #: Names that stay as they are in every language (besides catalogue names and ids,
 #: numbers with units and all-capital product names, which kvlab.viz.i18n.exempt knows).
-KEEP = frozenset({
-    "conversation", "synthetic", "toolagent", "lru", "lfu", "KV", "TTFT", "TPOT", "ITL", "e.g.",
-    "aiconfigurator-core 0.12.0",
-})
+KEEP = frozenset(
+    {
+        "conversation",
+        "synthetic",
+        "toolagent",
+        "lru",
+        "lfu",
+        "KV",
+        "TTFT",
+        "TPOT",
+        "ITL",
+        "e.g.",
+        "aiconfigurator-core 0.12.0",
+    }
+)
 
 ZH: dict[str, str] = {
     # ------------------------------------------- the decode-step panel, its speed, the limits
@@ -197,15 +209,13 @@ ZH: dict[str, str] = {
     "Mean time to first token": "平均首 token 延迟",
     "Memory bandwidth against working-set size": "内存带宽随工作集大小的变化",
     "Moving a request's KV from prefill to decode": "把请求的 KV 从预填充节点搬到解码节点",
-    "One token through a weight matrix: share of the sheet bandwidth":
-        "一个 token 过一次权重矩阵：占规格带宽的比例",
+    "One token through a weight matrix: share of the sheet bandwidth": "一个 token 过一次权重矩阵：占规格带宽的比例",
     "Peak bandwidth of each tier (per direction)": "各层的峰值带宽（单向）",
     "Prefill FLOPs": "预填充 FLOP",
     "Prefix-cache hit ratio against capacity": "前缀缓存命中率随容量的变化",
     "Quantize what dominates the bytes": "量化占字节大头的部分",
     "Raise the batch while watching TPOT": "盯着 TPOT 加大批",
-    "Roofline: attainable FLOP/s against arithmetic intensity":
-        "Roofline：可达 FLOP/s 随算术强度的变化",
+    "Roofline: attainable FLOP/s against arithmetic intensity": "Roofline：可达 FLOP/s 随算术强度的变化",
     "The hit ratio moves TTFT, never TPOT": "命中率改变 TTFT，从不改变 TPOT",
     "Throughput against batch": "吞吐随批大小的变化",
     "Time per output token against batch": "每输出 token 时间随批大小的变化",
@@ -215,8 +225,7 @@ ZH: dict[str, str] = {
     "Two hit rates": "两种命中率",
     "Who does what, when": "谁在何时做什么",
     "Who sets the pace: memory or cores": "谁定节奏：内存还是核心",
-    "light: peak · solid: the 60–85% real code reaches":
-        "浅色：峰值 · 深色：实际代码能达到的 60–85%",
+    "light: peak · solid: the 60–85% real code reaches": "浅色：峰值 · 深色：实际代码能达到的 60–85%",
     # ---------------------------------------------------------------- axis labels
     "FLOPs": "FLOP",
     "KV bytes per second / sheet bandwidth": "每秒 KV 字节 / 规格带宽",
@@ -270,13 +279,10 @@ ZH: dict[str, str] = {
     "achieved = copy bandwidth": "实际 = 拷贝带宽",
     "another GPU's HBM in the same node, over NVLink 4": "同一节点另一块 GPU 的 HBM，经 NVLink 4",
     "another node's memory over commodity 10 GbE": "另一节点的内存，经普通 10 GbE",
-    "another node's memory over one 200 Gb/s NIC (HDR InfiniBand / RoCE)":
-        "另一节点的内存，经一块 200 Gb/s 网卡（HDR InfiniBand / RoCE）",
-    "another node's memory over one 400 Gb/s NIC (NDR InfiniBand / RoCE)":
-        "另一节点的内存，经一块 400 Gb/s 网卡（NDR InfiniBand / RoCE）",
+    "another node's memory over one 200 Gb/s NIC (HDR InfiniBand / RoCE)": "另一节点的内存，经一块 200 Gb/s 网卡（HDR InfiniBand / RoCE）",
+    "another node's memory over one 400 Gb/s NIC (NDR InfiniBand / RoCE)": "另一节点的内存，经一块 400 Gb/s 网卡（NDR InfiniBand / RoCE）",
     "host DRAM (8-channel DDR5) over PCIe 5.0 x16": "主机 DRAM（8 通道 DDR5），经 PCIe 5.0 x16",
-    "host DRAM over PCIe 4.0 x16 (the article's ~32 GB/s)":
-        "主机 DRAM，经 PCIe 4.0 x16（原文的约 32 GB/s）",
+    "host DRAM over PCIe 4.0 x16 (the article's ~32 GB/s)": "主机 DRAM，经 PCIe 4.0 x16（原文的约 32 GB/s）",
     "the GPU's own HBM": "GPU 自己的 HBM",
     "the article's 60%–85% of peak": "原文说的峰值的 60%–85%",
     "ledger's prediction": "账本的预测",
@@ -348,15 +354,13 @@ ZH: dict[str, str] = {
     "bytes moved": "搬运的字节",
     "decode step reading it remotely": "远程读取它的解码步",
     "@kind on @worker": "@kind（@worker）",
-    "@tokens{0,0} tokens (@gb{0.0} GB for Llama 3.1 8B)":
-        "@tokens{0,0} token（Llama 3.1 8B 为 @gb{0.0} GB）",
+    "@tokens{0,0} tokens (@gb{0.0} GB for Llama 3.1 8B)": "@tokens{0,0} token（Llama 3.1 8B 为 @gb{0.0} GB）",
     # ------------------------------------------ past the per-user ceiling (levers_panels.py)
     "Acceptance per drafted token": "每个草稿 token 的接受率",
     "Drafted tokens per round (K)": "每轮草稿 token 数（K）",
     "Model, GPUs and drafter": "模型、GPU 与草稿器",
     "Llama 3.1 8B, one H100, draft head": "Llama 3.1 8B，一块 H100，草稿头",
-    "Llama 3.1 70B, 8 H100s (TP8), Llama 3.1 8B drafts":
-        "Llama 3.1 70B，8 块 H100（TP8），由 Llama 3.1 8B 起草",
+    "Llama 3.1 70B, 8 H100s (TP8), Llama 3.1 8B drafts": "Llama 3.1 70B，8 块 H100（TP8），由 Llama 3.1 8B 起草",
     "Llama 3.1 70B, 8 H100s (TP8), draft head": "Llama 3.1 70B，8 块 H100（TP8），草稿头",
     "DeepSeek-V3 (fp8), 8 H200s (TP8), MTP head": "DeepSeek-V3（fp8），8 块 H200（TP8），MTP 头",
     "Tokens per verify pass (expected)": "每次验证得到的 token（期望值）",
@@ -369,8 +373,7 @@ ZH: dict[str, str] = {
     "Speculative over plain": "投机解码相对普通解码",
     "Stops paying from batch": "从该批大小起不再划算",
     "Each user's speed: plain against speculative": "每个用户的速度：普通解码与投机解码",
-    "The whole batch: where the dashed line drops below, speculation costs throughput":
-        "整批：虚线落到实线之下处，投机解码反而损失吞吐",
+    "The whole batch: where the dashed line drops below, speculation costs throughput": "整批：虚线落到实线之下处，投机解码反而损失吞吐",
     "tokens/s, each sequence": "tokens/s（每个序列）",
     "tokens/s, whole batch": "tokens/s（整批）",
     "plain decode": "普通解码",
@@ -394,42 +397,32 @@ ZH: dict[str, str] = {
     "Time per step, measured kernels": "每步时间，实测内核",
     "All-reduce share, measured": "all-reduce 占比，实测",
     "n/a (outside the tables)": "无（超出实测表范围）",
-    "One step at the chosen batch: work on each GPU and all-reduces":
-        "所选批大小下的一步：每块 GPU 上的计算与 all-reduce",
+    "One step at the chosen batch: work on each GPU and all-reduces": "所选批大小下的一步：每块 GPU 上的计算与 all-reduce",
     "Each user's speed against batch (solid: ceiling, dashed: measured kernels; dots: the batch "
     "fits)": "每个用户的速度随批大小（实线：上限；虚线：实测内核；圆点：放得下）",
     "weights and KV on each GPU": "每块 GPU 上的权重与 KV",
     "all-reduces": "all-reduce",
     # ---------------------------------------------------------------- the tiers' catalogue (hover)
-    "GPU <-> GPU inside an H100/H200 HGX node (18 links x 25 GB/s per direction)":
-        "H100/H200 HGX 节点内 GPU <-> GPU（18 条链路 × 每方向 25 GB/s）",
+    "GPU <-> GPU inside an H100/H200 HGX node (18 links x 25 GB/s per direction)": "H100/H200 HGX 节点内 GPU <-> GPU（18 条链路 × 每方向 25 GB/s）",
     "host <-> GPU on A100 / L40S / RTX class systems": "A100 / L40S / RTX 级系统上的主机 <-> GPU",
-    "host <-> GPU on A100 / L40S / RTX class systems; GPU <-> GPU where there is no NVLink":
-        "A100 / L40S / RTX 级系统上的主机 <-> GPU；没有 NVLink 时的 GPU <-> GPU",
-    "GPU <-> GPU inside a B200 HGX node (18 links x 50 GB/s per direction)":
-        "B200 HGX 节点内 GPU <-> GPU（18 条链路 × 每方向 50 GB/s）",
-    "GPU <-> GPU inside an A100 HGX node (12 links x 25 GB/s per direction)":
-        "A100 HGX 节点内 GPU <-> GPU（12 条链路 × 每方向 25 GB/s）",
+    "host <-> GPU on A100 / L40S / RTX class systems; GPU <-> GPU where there is no NVLink": "A100 / L40S / RTX 级系统上的主机 <-> GPU；没有 NVLink 时的 GPU <-> GPU",
+    "GPU <-> GPU inside a B200 HGX node (18 links x 50 GB/s per direction)": "B200 HGX 节点内 GPU <-> GPU（18 条链路 × 每方向 50 GB/s）",
+    "GPU <-> GPU inside an A100 HGX node (12 links x 25 GB/s per direction)": "A100 HGX 节点内 GPU <-> GPU（12 条链路 × 每方向 25 GB/s）",
     "GPU <-> GPU on an 8 x MI300X platform (each GPU linked to its 7 peers, 7 x 64 GB/s per "
     "direction)": "8 × MI300X 平台上的 GPU <-> GPU（每块 GPU 连向其余 7 块，7 × 每方向 64 GB/s）",
     "host <-> GPU on H100 / H200 systems": "H100 / H200 系统上的主机 <-> GPU",
     "one HDR InfiniBand or 200G RoCE NIC": "一块 HDR InfiniBand 或 200G RoCE 网卡",
     "one NDR InfiniBand or 400G RoCE NIC": "一块 NDR InfiniBand 或 400G RoCE 网卡",
     "one server socket with 8 channels of DDR5-4800 (e.g. Xeon Sapphire Rapids); two channels "
-    "give the 77 GB/s of a desktop":
-        "一个服务器插槽，8 通道 DDR5-4800（如 Xeon Sapphire Rapids）；两通道即台式机的 77 GB/s",
-    "L4 (mid-range; L40S reaches 864 GB/s on a wider bus)":
-        "L4（中端；L40S 总线更宽，可达 864 GB/s）",
+    "give the 77 GB/s of a desktop": "一个服务器插槽，8 通道 DDR5-4800（如 Xeon Sapphire Rapids）；两通道即台式机的 77 GB/s",
+    "L4 (mid-range; L40S reaches 864 GB/s on a wider bus)": "L4（中端；L40S 总线更宽，可达 864 GB/s）",
     "H100 SXM (5 stacks)": "H100 SXM（5 个堆栈）",
     "H200 (6 stacks)": "H200（6 个堆栈）",
     "RTX 4090 (21 Gbps x 384 bits)": "RTX 4090（21 Gbps × 384 位）",
     "A100 80GB SXM": "A100 80GB SXM",
-    "16 GT/s x 16 lanes x 128/130 encoding / 8 bits = 31.5 GB/s":
-        "16 GT/s × 16 通道 × 128/130 编码 / 8 位 = 31.5 GB/s",
-    "32 GT/s x 16 lanes x 128/130 encoding / 8 bits = 63.0 GB/s":
-        "32 GT/s × 16 通道 × 128/130 编码 / 8 位 = 63.0 GB/s",
-    "4800 MT/s x 8 channels x 64 bits / 8 = 307.2 GB/s":
-        "4800 MT/s × 8 通道 × 64 位 / 8 = 307.2 GB/s",
+    "16 GT/s x 16 lanes x 128/130 encoding / 8 bits = 31.5 GB/s": "16 GT/s × 16 通道 × 128/130 编码 / 8 位 = 31.5 GB/s",
+    "32 GT/s x 16 lanes x 128/130 encoding / 8 bits = 63.0 GB/s": "32 GT/s × 16 通道 × 128/130 编码 / 8 位 = 63.0 GB/s",
+    "4800 MT/s x 8 channels x 64 bits / 8 = 307.2 GB/s": "4800 MT/s × 8 通道 × 64 位 / 8 = 307.2 GB/s",
 }
 
 #: Templates: each {slot} matches any text and is translated in turn (first match wins,
@@ -438,12 +431,18 @@ PATTERNS: list[tuple[str, str]] = [
     ("{trace} (generated)", "{trace}（生成的）"),
     ("{title}: {trace} [{window}]", "{title}：{trace} [{window}]"),
     ("{arch}: every output token of {n} requests", "{arch}：{n} 个请求的每个输出 token"),
-    ("Decode step of {model} at {n} tokens: measured / ceiling",
-     "{model} 在 {n} token 时的解码步：实测 / 上限"),
-    ("A {m} x {n} weight matrix over the batch: ceiling / measured",
-     "{m} × {n} 权重矩阵随批大小：上限 / 实测"),
-    ("Decode attention ({q} query heads, {kv} K/V heads of {d}): KV read per second",
-     "解码注意力（{q} 个 query 头，{kv} 个 K/V 头，每头 {d} 维）：每秒读取的 KV"),
+    (
+        "Decode step of {model} at {n} tokens: measured / ceiling",
+        "{model} 在 {n} token 时的解码步：实测 / 上限",
+    ),
+    (
+        "A {m} x {n} weight matrix over the batch: ceiling / measured",
+        "{m} × {n} 权重矩阵随批大小：上限 / 实测",
+    ),
+    (
+        "Decode attention ({q} query heads, {kv} K/V heads of {d}): KV read per second",
+        "解码注意力（{q} 个 query 头，{kv} 个 K/V 头，每头 {d} 维）：每秒读取的 KV",
+    ),
     ("One global pool or {n} separate caches", "一个全局池，还是 {n} 个独立缓存"),
     ("Same bytes, lower latency", "字节不变，延迟更低"),
     ("{fw} kernel tables, {gpu}", "{fw} 内核表，{gpu}"),
@@ -475,8 +474,10 @@ PATTERNS: list[tuple[str, str]] = [
     ("{n} requests/s", "{n} 请求/秒"),
     ("{n} (vLLM's default)", "{n}（vLLM 的默认值）"),
     ("{arch} saturates at", "{arch} 的饱和点"),
-    ("Decode speed when the KV is read from a tier every step ({src}, {gpu})",
-     "每步都从某一层读取 KV 时的解码速度（{src}，{gpu}）"),
+    (
+        "Decode speed when the KV is read from a tier every step ({src}, {gpu})",
+        "每步都从某一层读取 KV 时的解码速度（{src}，{gpu}）",
+    ),
     ("Time per step ({where})", "每步时间（{where}）"),
     ("whole batch ({src})", "整批（{src}）"),
     ("each sequence ({src})", "每个序列（{src}）"),

@@ -64,19 +64,36 @@ class SpecSetup:
     kv_dtype: str = "bf16"
 
     def settings(self) -> dict:
-        return dict(draft_model=self.draft_model, weight_dtype=self.weight_dtype,
-                    kv_dtype=self.kv_dtype, tensor_parallel=self.tensor_parallel)
+        return dict(
+            draft_model=self.draft_model,
+            weight_dtype=self.weight_dtype,
+            kv_dtype=self.kv_dtype,
+            tensor_parallel=self.tensor_parallel,
+        )
 
 
 SPEC_SETUPS = {
-    "8b-h100-head": SpecSetup("Llama 3.1 8B, one H100, draft head", "llama-3.1-8b", "h100-sxm",
-                              1, None),
-    "70b-8xh100-8b": SpecSetup("Llama 3.1 70B, 8 H100s (TP8), Llama 3.1 8B drafts",
-                               "llama-3.1-70b", "h100-sxm", 8, "llama-3.1-8b"),
-    "70b-8xh100-head": SpecSetup("Llama 3.1 70B, 8 H100s (TP8), draft head", "llama-3.1-70b",
-                                 "h100-sxm", 8, None),
-    "v3-8xh200-mtp": SpecSetup("DeepSeek-V3 (fp8), 8 H200s (TP8), MTP head", "deepseek-v3",
-                               "h200", 8, None, weight_dtype="fp8"),
+    "8b-h100-head": SpecSetup(
+        "Llama 3.1 8B, one H100, draft head", "llama-3.1-8b", "h100-sxm", 1, None
+    ),
+    "70b-8xh100-8b": SpecSetup(
+        "Llama 3.1 70B, 8 H100s (TP8), Llama 3.1 8B drafts",
+        "llama-3.1-70b",
+        "h100-sxm",
+        8,
+        "llama-3.1-8b",
+    ),
+    "70b-8xh100-head": SpecSetup(
+        "Llama 3.1 70B, 8 H100s (TP8), draft head", "llama-3.1-70b", "h100-sxm", 8, None
+    ),
+    "v3-8xh200-mtp": SpecSetup(
+        "DeepSeek-V3 (fp8), 8 H200s (TP8), MTP head",
+        "deepseek-v3",
+        "h200",
+        8,
+        None,
+        weight_dtype="fp8",
+    ),
 }
 SPEC_CONTEXTS = (256, 1024, 4096, 32768)
 SPEC_TOKENS = (1, 2, 3, 4, 6, 8)
@@ -99,12 +116,15 @@ SPEC_READOUT = (
 def spec_times(setup: str, context, speculative_tokens) -> dict:
     """Step times over BATCH_GRID (s): plain decode, one drafted token, one verify pass."""
     s = SPEC_SETUPS[setup]
-    step = speculative_step(s.model, s.hardware, np.array(BATCH_GRID), context,
-                            speculative_tokens, 0.5, **s.settings())
-    return {"base": np.asarray(step.baseline_step_time_s, dtype=float),
-            "draft": np.asarray(step.draft_step_time_s, dtype=float),
-            "verify": np.asarray(step.verify_step_time_s, dtype=float),
-            "max_batch": int(np.ravel(step.max_batch)[0])}
+    step = speculative_step(
+        s.model, s.hardware, np.array(BATCH_GRID), context, speculative_tokens, 0.5, **s.settings()
+    )
+    return {
+        "base": np.asarray(step.baseline_step_time_s, dtype=float),
+        "draft": np.asarray(step.draft_step_time_s, dtype=float),
+        "verify": np.asarray(step.verify_step_time_s, dtype=float),
+        "max_batch": int(np.ravel(step.max_batch)[0]),
+    }
 
 
 def spec_breakeven(setup: str, context, speculative_tokens, acceptance, fit: int) -> int | None:
@@ -112,8 +132,15 @@ def spec_breakeven(setup: str, context, speculative_tokens, acceptance, fit: int
     if fit < 1:
         return None
     s = SPEC_SETUPS[setup]
-    return breakeven_batch(s.model, s.hardware, context, speculative_tokens, acceptance,
-                           max_batch=min(fit, cost.MAX_BATCH), **s.settings())
+    return breakeven_batch(
+        s.model,
+        s.hardware,
+        context,
+        speculative_tokens,
+        acceptance,
+        max_batch=min(fit, cost.MAX_BATCH),
+        **s.settings(),
+    )
 
 
 @lru_cache(maxsize=1)
@@ -126,15 +153,24 @@ def spec_terms() -> dict:
             runs = {k: spec_times(key, ctx, k) for k in SPEC_TOKENS}
             first = runs[SPEC_TOKENS[0]]
             fits[key][str(ctx)] = first["max_batch"]
-            times[key][str(ctx)] = {"base": _rounded(first["base"]),
-                                    "draft": _rounded(first["draft"]),
-                                    "verify": {str(k): _rounded(r["verify"])
-                                               for k, r in runs.items()}}
+            times[key][str(ctx)] = {
+                "base": _rounded(first["base"]),
+                "draft": _rounded(first["draft"]),
+                "verify": {str(k): _rounded(r["verify"]) for k, r in runs.items()},
+            }
             breakeven[key][str(ctx)] = {
-                str(k): [spec_breakeven(key, ctx, k, a, first["max_batch"])
-                         for a in SPEC_ACCEPTANCES] for k in SPEC_TOKENS}
-    return {"batches": list(BATCH_GRID), "acceptances": list(SPEC_ACCEPTANCES), "times": times,
-            "breakeven": breakeven, "max_batch": fits}
+                str(k): [
+                    spec_breakeven(key, ctx, k, a, first["max_batch"]) for a in SPEC_ACCEPTANCES
+                ]
+                for k in SPEC_TOKENS
+            }
+    return {
+        "batches": list(BATCH_GRID),
+        "acceptances": list(SPEC_ACCEPTANCES),
+        "times": times,
+        "breakeven": breakeven,
+        "max_batch": fits,
+    }
 
 
 def _spec_inputs(state: dict) -> tuple:
@@ -150,15 +186,25 @@ def _spec_inputs(state: dict) -> tuple:
         t = spec_terms()
         run = t["times"][setup][str(ctx)]
         fit = t["max_batch"][setup][str(ctx)]
-        return (batches, run["base"], run["draft"], run["verify"][str(k)],
-                t["breakeven"][setup][str(ctx)][str(k)][SPEC_ACCEPTANCES.index(a)], fit)
+        return (
+            batches,
+            run["base"],
+            run["draft"],
+            run["verify"][str(k)],
+            t["breakeven"][setup][str(ctx)][str(k)][SPEC_ACCEPTANCES.index(a)],
+            fit,
+        )
     s = SPEC_SETUPS[setup]
     step = speculative_step(s.model, s.hardware, np.array(batches), ctx, k, a, **s.settings())
     fit = int(np.ravel(step.max_batch)[0])
-    return (batches, np.asarray(step.baseline_step_time_s, float).tolist(),
-            np.asarray(step.draft_step_time_s, float).tolist(),
-            np.asarray(step.verify_step_time_s, float).tolist(),
-            spec_breakeven(setup, ctx, k, a, fit), fit)
+    return (
+        batches,
+        np.asarray(step.baseline_step_time_s, float).tolist(),
+        np.asarray(step.draft_step_time_s, float).tolist(),
+        np.asarray(step.verify_step_time_s, float).tolist(),
+        spec_breakeven(setup, ctx, k, a, fit),
+        fit,
+    )
 
 
 def spec_compute(state: dict) -> dict:
@@ -175,16 +221,28 @@ def spec_compute(state: dict) -> dict:
     i = batches.index(state["batch"])
     return {
         "sources": {
-            "curve": {"batch": batches, "plain_each": plain_each, "spec_each": spec_each,
-                      "plain_all": plain_all, "spec_all": spec_all,
-                      "speedup": [tau * t / c for t, c in zip(base, cycle, strict=True)]},
+            "curve": {
+                "batch": batches,
+                "plain_each": plain_each,
+                "spec_each": spec_each,
+                "plain_all": plain_all,
+                "spec_all": spec_all,
+                "speedup": [tau * t / c for t, c in zip(base, cycle, strict=True)],
+            },
             "here": {"batch": [batches[i]], "spec_each": [spec_each[i]], "spec_all": [spec_all[i]]},
         },
-        "values": {"tokens_per_verify_step": tau, "verify_over_decode": verify[i] / base[i],
-                   "draft_share": k * draft[i] / cycle[i], "plain_each": plain_each[i],
-                   "spec_each": spec_each[i], "plain_all": plain_all[i], "spec_all": spec_all[i],
-                   "speedup": tau * base[i] / cycle[i], "breakeven_batch": breakeven,
-                   "max_batch": fit},
+        "values": {
+            "tokens_per_verify_step": tau,
+            "verify_over_decode": verify[i] / base[i],
+            "draft_share": k * draft[i] / cycle[i],
+            "plain_each": plain_each[i],
+            "spec_each": spec_each[i],
+            "plain_all": plain_all[i],
+            "spec_all": spec_all[i],
+            "speedup": tau * base[i] / cycle[i],
+            "breakeven_batch": breakeven,
+            "max_batch": fit,
+        },
     }
 
 
@@ -192,25 +250,57 @@ def spec_figures(src):
     from bokeh.layouts import column
 
     def pair(title, y_label, plain, spec, height):
-        fig = style.new_figure(title, "batch (sequences)", y_label, x_axis_type="log",
-                               y_axis_type="log", height=height)
-        a = fig.line("batch", plain, source=src["curve"], color=style.BLUE, width=2.5,
-                     legend_label="plain decode")
-        b = fig.line("batch", spec, source=src["curve"], color=style.ORANGE, width=2.5,
-                     line_dash="dashed", legend_label="speculative")
+        fig = style.new_figure(
+            title, "batch (sequences)", y_label, x_axis_type="log", y_axis_type="log", height=height
+        )
+        a = fig.line(
+            "batch",
+            plain,
+            source=src["curve"],
+            color=style.BLUE,
+            width=2.5,
+            legend_label="plain decode",
+        )
+        b = fig.line(
+            "batch",
+            spec,
+            source=src["curve"],
+            color=style.ORANGE,
+            width=2.5,
+            line_dash="dashed",
+            legend_label="speculative",
+        )
         fig.scatter("batch", spec, source=src["here"], size=10, color=style.VERMILION)
         fig.xaxis.formatter = style.count_ticks()
         fig.yaxis.formatter = style.count_ticks()
-        style.hover(fig, [("batch", "@batch{0,0}"), ("plain", f"@{plain}{{0,0.0}}"),
-                          ("speculative", f"@{spec}{{0,0.0}}"), ("speedup", "@speedup{0.00}x")],
-                    [a, b], mode="vline")
+        style.hover(
+            fig,
+            [
+                ("batch", "@batch{0,0}"),
+                ("plain", f"@{plain}{{0,0.0}}"),
+                ("speculative", f"@{spec}{{0,0.0}}"),
+                ("speedup", "@speedup{0.00}x"),
+            ],
+            [a, b],
+            mode="vline",
+        )
         return fig
 
-    each = pair("Each user's speed: plain against speculative", "tokens/s, each sequence",
-                "plain_each", "spec_each", 300)
+    each = pair(
+        "Each user's speed: plain against speculative",
+        "tokens/s, each sequence",
+        "plain_each",
+        "spec_each",
+        300,
+    )
     each.legend.location = "bottom_left"
-    whole = pair("The whole batch: where the dashed line drops below, speculation costs throughput",
-                 "tokens/s, whole batch", "plain_all", "spec_all", 260)
+    whole = pair(
+        "The whole batch: where the dashed line drops below, speculation costs throughput",
+        "tokens/s, whole batch",
+        "plain_all",
+        "spec_all",
+        260,
+    )
     whole.x_range = each.x_range
     whole.legend.location = "top_left"
     return column(each, whole)
@@ -220,19 +310,51 @@ def speculative_panel() -> Panel:
     """Per-user and aggregate tokens/s with and without speculation, against the batch."""
     acceptance_labels = tuple(f"{round(100 * a)}%" for a in SPEC_ACCEPTANCES)
     controls = (
-        Control("setup", "Model, GPUs and drafter", tuple(SPEC_SETUPS), "8b-h100-head",
-                option_labels=tuple(s.label for s in SPEC_SETUPS.values())),
-        Control("context", "Context (tokens)", SPEC_CONTEXTS, 4096, kind="slider",
-                live_range=(128, 131072), log=True),
-        Control("speculative_tokens", "Drafted tokens per round (K)", SPEC_TOKENS, 4,
-                kind="slider", live_range=(1, cost.MAX_SPECULATIVE_TOKENS)),
-        Control("acceptance", "Acceptance per drafted token", SPEC_ACCEPTANCES, 0.7,
-                kind="slider", option_labels=acceptance_labels, live_range=(0.0, 1.0),
-                integer=False),
+        Control(
+            "setup",
+            "Model, GPUs and drafter",
+            tuple(SPEC_SETUPS),
+            "8b-h100-head",
+            option_labels=tuple(s.label for s in SPEC_SETUPS.values()),
+        ),
+        Control(
+            "context",
+            "Context (tokens)",
+            SPEC_CONTEXTS,
+            4096,
+            kind="slider",
+            live_range=(128, 131072),
+            log=True,
+        ),
+        Control(
+            "speculative_tokens",
+            "Drafted tokens per round (K)",
+            SPEC_TOKENS,
+            4,
+            kind="slider",
+            live_range=(1, cost.MAX_SPECULATIVE_TOKENS),
+        ),
+        Control(
+            "acceptance",
+            "Acceptance per drafted token",
+            SPEC_ACCEPTANCES,
+            0.7,
+            kind="slider",
+            option_labels=acceptance_labels,
+            live_range=(0.0, 1.0),
+            integer=False,
+        ),
         batch_control(1),
     )
-    return Panel("speculative", controls, spec_compute, spec_figures, "speculative",
-                 _page_terms("speculative", spec_terms()), SPEC_READOUT)
+    return Panel(
+        "speculative",
+        controls,
+        spec_compute,
+        spec_figures,
+        "speculative",
+        _page_terms("speculative", spec_terms()),
+        SPEC_READOUT,
+    )
 
 
 # ======================================================== tensor parallelism
@@ -276,11 +398,15 @@ def tp_run(model: str, hardware: str, tp: int, batches=TP_BATCHES) -> dict:
     def full(x):  # one GPU: a scalar 0 s of all-reduces
         return np.broadcast_to(np.asarray(x, dtype=float), b.shape)
 
-    return {"ceiling_s": full(ceiling.step_time_s), "allreduce_s": full(ceiling.allreduce_time_s),
-            "measured_s": full(m_step), "measured_allreduce_s": full(m_reduce),
-            "weight_bytes": float(ceiling.weight_bytes),
-            "kv_bytes_per_token": float(ceiling.kv_bytes_per_token),
-            "capacity_bytes": float(ceiling.capacity_bytes)}
+    return {
+        "ceiling_s": full(ceiling.step_time_s),
+        "allreduce_s": full(ceiling.allreduce_time_s),
+        "measured_s": full(m_step),
+        "measured_allreduce_s": full(m_reduce),
+        "weight_bytes": float(ceiling.weight_bytes),
+        "kv_bytes_per_token": float(ceiling.kv_bytes_per_token),
+        "capacity_bytes": float(ceiling.capacity_bytes),
+    }
 
 
 TIMES = ("ceiling_s", "allreduce_s", "measured_s", "measured_allreduce_s")  # arrays over batch
@@ -296,10 +422,16 @@ def tp_terms() -> dict:
             runs[model][hw] = {}
             for tp in TP_DEGREES:
                 r = tp_run(model, hw, tp)
-                runs[model][hw][str(tp)] = {**{k: _rounded(r[k]) for k in TIMES},
-                                            **{k: r[k] for k in SIZES}}
-    return {"batches": list(TP_BATCHES), "degrees": list(TP_DEGREES), "context": TP_CONTEXT,
-            "runs": runs}
+                runs[model][hw][str(tp)] = {
+                    **{k: _rounded(r[k]) for k in TIMES},
+                    **{k: r[k] for k in SIZES},
+                }
+    return {
+        "batches": list(TP_BATCHES),
+        "degrees": list(TP_DEGREES),
+        "context": TP_CONTEXT,
+        "runs": runs,
+    }
 
 
 def _tp_runs(state: dict) -> tuple[list, dict]:
@@ -333,8 +465,10 @@ def tp_compute(state: dict) -> dict:
     w, kv, cap = r["weight_bytes"], r["kv_bytes_per_token"], r["capacity_bytes"]
     bars = {"y": [], "work_s": [], "allreduce_s": []}
     for tp in TP_DEGREES:
-        for kind, step, reduce in (("ceiling", "ceiling_s", "allreduce_s"),
-                                   ("measured", "measured_s", "measured_allreduce_s")):
+        for kind, step, reduce in (
+            ("ceiling", "ceiling_s", "allreduce_s"),
+            ("measured", "measured_s", "measured_allreduce_s"),
+        ):
             t, ar = runs[tp][step][i], runs[tp][reduce][i]
             bars["y"].append(f"TP {tp}, {kind}")
             bars["work_s"].append(t - ar if _finite(t) and _finite(ar) else math.nan)
@@ -348,23 +482,32 @@ def tp_compute(state: dict) -> dict:
         for x, t in zip(batches, run["ceiling_s"], strict=True):
             kv_x = x * TP_CONTEXT * run["kv_bytes_per_token"]
             fit_batch.append(x)
-            fit_tps.append(1.0 / t if run["weight_bytes"] + kv_x <= run["capacity_bytes"]
-                           else math.nan)
+            fit_tps.append(
+                1.0 / t if run["weight_bytes"] + kv_x <= run["capacity_bytes"] else math.nan
+            )
     step, reduce, measured = r["ceiling_s"][i], r["allreduce_s"][i], r["measured_s"][i]
     speedup = one["ceiling_s"][i] / step
     return {
-        "sources": {"bars": bars, "curve": curve,
-                    "fits": {"batch": fit_batch, "tokens_per_s": fit_tps},
-                    "here": {"batch": [b], "tokens_per_s": [1.0 / step]}},
-        "values": {"weight_bytes": w, "fits": w + b * TP_CONTEXT * kv <= cap,
-                   "max_batch": math.floor(max(cap - w, 0.0) / (TP_CONTEXT * kv)),
-                   "step_time_s": step, "allreduce_time_s": reduce,
-                   "allreduce_share": _share_text(reduce, step),
-                   "tokens_per_s_per_sequence": 1.0 / step, "tokens_per_s": b / step,
-                   "speedup": speedup, "share_of_ideal": speedup / n,
-                   "measured_step_time_s": measured if _finite(measured) else None,
-                   "measured_allreduce_share": _share_text(r["measured_allreduce_s"][i],
-                                                           measured)},
+        "sources": {
+            "bars": bars,
+            "curve": curve,
+            "fits": {"batch": fit_batch, "tokens_per_s": fit_tps},
+            "here": {"batch": [b], "tokens_per_s": [1.0 / step]},
+        },
+        "values": {
+            "weight_bytes": w,
+            "fits": w + b * TP_CONTEXT * kv <= cap,
+            "max_batch": math.floor(max(cap - w, 0.0) / (TP_CONTEXT * kv)),
+            "step_time_s": step,
+            "allreduce_time_s": reduce,
+            "allreduce_share": _share_text(reduce, step),
+            "tokens_per_s_per_sequence": 1.0 / step,
+            "tokens_per_s": b / step,
+            "speedup": speedup,
+            "share_of_ideal": speedup / n,
+            "measured_step_time_s": measured if _finite(measured) else None,
+            "measured_allreduce_share": _share_text(r["measured_allreduce_s"][i], measured),
+        },
     }
 
 
@@ -372,47 +515,103 @@ def tp_figures(src):
     from bokeh.layouts import column
 
     factors = [f"TP {tp}, {kind}" for tp in TP_DEGREES for kind in ("ceiling", "measured")]
-    bars = style.new_figure("One step at the chosen batch: work on each GPU and all-reduces",
-                            "seconds", "", height=250, y_range=factors[::-1],
-                            x_range=style.from_zero())
-    bars.hbar_stack(["work_s", "allreduce_s"], y="y", height=0.7, source=src["bars"],
-                    color=[style.BLUE, style.VERMILION],
-                    legend_label=["weights and KV on each GPU", "all-reduces"])
+    bars = style.new_figure(
+        "One step at the chosen batch: work on each GPU and all-reduces",
+        "seconds",
+        "",
+        height=250,
+        y_range=factors[::-1],
+        x_range=style.from_zero(),
+    )
+    bars.hbar_stack(
+        ["work_s", "allreduce_s"],
+        y="y",
+        height=0.7,
+        source=src["bars"],
+        color=[style.BLUE, style.VERMILION],
+        legend_label=["weights and KV on each GPU", "all-reduces"],
+    )
     bars.xaxis.formatter = style.seconds_ticks()
     bars.legend.orientation = "horizontal"
     bars.add_layout(bars.legend[0], "above")
-    speed = style.new_figure("Each user's speed against batch (solid: ceiling, dashed: measured "
-                             "kernels; dots: the batch fits)", "batch (sequences)",
-                             "tokens/s, each sequence", x_axis_type="log", y_axis_type="log",
-                             height=320)
+    speed = style.new_figure(
+        "Each user's speed against batch (solid: ceiling, dashed: measured "
+        "kernels; dots: the batch fits)",
+        "batch (sequences)",
+        "tokens/s, each sequence",
+        x_axis_type="log",
+        y_axis_type="log",
+        height=320,
+    )
     lines = []
     for tp, color in zip(TP_DEGREES, TP_COLORS, strict=True):
-        lines.append(speed.line("batch", f"tp{tp}", source=src["curve"], color=color, width=2.5,
-                                legend_label=f"TP {tp}"))
-        speed.line("batch", f"m{tp}", source=src["curve"], color=color, width=2,
-                   line_dash="dashed", legend_label=f"TP {tp}")
+        lines.append(
+            speed.line(
+                "batch",
+                f"tp{tp}",
+                source=src["curve"],
+                color=color,
+                width=2.5,
+                legend_label=f"TP {tp}",
+            )
+        )
+        speed.line(
+            "batch",
+            f"m{tp}",
+            source=src["curve"],
+            color=color,
+            width=2,
+            line_dash="dashed",
+            legend_label=f"TP {tp}",
+        )
     speed.scatter("batch", "tokens_per_s", source=src["fits"], size=5, color=style.GREY)
     speed.scatter("batch", "tokens_per_s", source=src["here"], size=11, color=style.VERMILION)
     speed.xaxis.formatter = style.count_ticks()
     speed.yaxis.formatter = style.count_ticks()
     speed.legend.location = "bottom_left"
-    style.hover(speed, [("batch", "@batch{0,0}")]
-                + [(f"TP {tp}", f"@tp{tp}{{0,0.0}}") for tp in TP_DEGREES], lines[:1],
-                mode="vline")
+    style.hover(
+        speed,
+        [("batch", "@batch{0,0}")] + [(f"TP {tp}", f"@tp{tp}{{0,0.0}}") for tp in TP_DEGREES],
+        lines[:1],
+        mode="vline",
+    )
     return column(bars, speed)
 
 
 def tensor_parallel_panel() -> Panel:
     """Step time and per-user tokens/s against the tensor-parallel degree and the batch."""
     controls = (
-        Control("model", "Model (weights)", tuple(TP_MODELS), "llama-3.1-70b",
-                option_labels=tuple(f"{get_model(m).display_name} ({d})"
-                                    for m, d in TP_MODELS.items())),
-        Control("hardware", "GPU", TP_DEVICES, "h100-sxm",
-                option_labels=tuple(get_device(d).display_name for d in TP_DEVICES)),
+        Control(
+            "model",
+            "Model (weights)",
+            tuple(TP_MODELS),
+            "llama-3.1-70b",
+            option_labels=tuple(f"{get_model(m).display_name} ({d})" for m, d in TP_MODELS.items()),
+        ),
+        Control(
+            "hardware",
+            "GPU",
+            TP_DEVICES,
+            "h100-sxm",
+            option_labels=tuple(get_device(d).display_name for d in TP_DEVICES),
+        ),
         Control("tensor_parallel", "GPUs (tensor parallel)", TP_DEGREES, 8, kind="slider"),
-        Control("batch", "Batch (sequences)", TP_BATCHES, 1, kind="slider",
-                live_range=(1, 4096), log=True),
+        Control(
+            "batch",
+            "Batch (sequences)",
+            TP_BATCHES,
+            1,
+            kind="slider",
+            live_range=(1, 4096),
+            log=True,
+        ),
     )
-    return Panel("tensor-parallel", controls, tp_compute, tp_figures, "tensor-parallel",
-                 _page_terms("tensor-parallel", tp_terms()), TP_READOUT)
+    return Panel(
+        "tensor-parallel",
+        controls,
+        tp_compute,
+        tp_figures,
+        "tensor-parallel",
+        _page_terms("tensor-parallel", tp_terms()),
+        TP_READOUT,
+    )

@@ -1,5 +1,6 @@
 """Measured against predicted: figures over every machine's recorded benchmark results
 (results/<machine>/*.json, read through kvlab.bench.report)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -14,8 +15,17 @@ MARKERS = ("circle", "triangle", "square", "diamond", "inverted_triangle", "star
 def _note(fig, text: str):
     from bokeh.models import Label
 
-    fig.add_layout(Label(x=10, y=10, x_units="screen", y_units="screen", text=text, text_font_size="12px",
-                         text_color=style.GREY))
+    fig.add_layout(
+        Label(
+            x=10,
+            y=10,
+            x_units="screen",
+            y_units="screen",
+            text=text,
+            text_font_size="12px",
+            text_color=style.GREY,
+        )
+    )
     return fig
 
 
@@ -35,7 +45,9 @@ def _ticks_125(lo: float, hi: float):
     from bokeh.models import FixedTicker
 
     decades = range(int(np.floor(np.log10(lo))), int(np.ceil(np.log10(hi))) + 1)
-    return FixedTicker(ticks=[m * 10.0 ** e for e in decades for m in (1, 2, 5) if lo <= m * 10.0 ** e <= hi])
+    return FixedTicker(
+        ticks=[m * 10.0**e for e in decades for m in (1, 2, 5) if lo <= m * 10.0**e <= hi]
+    )
 
 
 def _context_ticks(contexts):
@@ -50,8 +62,14 @@ def decode_figure():
     measured bandwidth), per machine, placement and KV dtype; the diagonal is 'exact'."""
     from bokeh.models import ColumnDataSource
 
-    fig = style.new_figure("Decode step: measured against the ledger", "predicted step time (ledger, measured bandwidth)",
-                           "measured step time", x_axis_type="log", y_axis_type="log", height=420)
+    fig = style.new_figure(
+        "Decode step: measured against the ledger",
+        "predicted step time (ledger, measured bandwidth)",
+        "measured step time",
+        x_axis_type="log",
+        y_axis_type="log",
+        height=420,
+    )
     entries = report.decode_comparison()
     lo, hi = np.inf, 0.0
     k = 0
@@ -62,20 +80,52 @@ def decode_figure():
             continue
         for placement in sorted(set(p["placement"].tolist())):
             for kv in sorted(set(p["kv_dtype"].tolist())):
-                sel = (p["placement"] == placement) & (p["kv_dtype"] == kv) & (p["prefetch"] == False)  # noqa: E712
+                sel = (
+                    (p["placement"] == placement) & (p["kv_dtype"] == kv) & (p["prefetch"] == False)
+                )  # noqa: E712
                 if not sel.any():
                     continue
-                src = ColumnDataSource({c: p[c][sel] for c in ("batch", "context", "measured_step_s", "predicted_step_s",
-                                                                "error", "fraction_of_bandwidth")})
+                src = ColumnDataSource(
+                    {
+                        c: p[c][sel]
+                        for c in (
+                            "batch",
+                            "context",
+                            "measured_step_s",
+                            "predicted_step_s",
+                            "error",
+                            "fraction_of_bandwidth",
+                        )
+                    }
+                )
                 color = style.PALETTE[k % len(style.PALETTE)]
-                renderers.append(fig.scatter("predicted_step_s", "measured_step_s", source=src, size=8, color=color,
-                                             marker=MARKERS[k % len(MARKERS)], alpha=0.85,
-                                             legend_label=f"{entry['device_name']}: KV {placement}, {kv}"))
-                lo = min(lo, float(np.nanmin(p["predicted_step_s"][sel])), float(np.nanmin(p["measured_step_s"][sel])))
-                hi = max(hi, float(np.nanmax(p["predicted_step_s"][sel])), float(np.nanmax(p["measured_step_s"][sel])))
+                renderers.append(
+                    fig.scatter(
+                        "predicted_step_s",
+                        "measured_step_s",
+                        source=src,
+                        size=8,
+                        color=color,
+                        marker=MARKERS[k % len(MARKERS)],
+                        alpha=0.85,
+                        legend_label=f"{entry['device_name']}: KV {placement}, {kv}",
+                    )
+                )
+                lo = min(
+                    lo,
+                    float(np.nanmin(p["predicted_step_s"][sel])),
+                    float(np.nanmin(p["measured_step_s"][sel])),
+                )
+                hi = max(
+                    hi,
+                    float(np.nanmax(p["predicted_step_s"][sel])),
+                    float(np.nanmax(p["measured_step_s"][sel])),
+                )
                 k += 1
     if not renderers:
-        return _note(fig, "no decode results recorded yet: run `make bench` (CPU) or `make bench-gpu`")
+        return _note(
+            fig, "no decode results recorded yet: run `make bench` (CPU) or `make bench-gpu`"
+        )
     line = np.array([lo / 1.2, hi * 1.2])
     fig.line(line, line, color="black", width=1.5, legend_label="measured = predicted")
     fig.line(line, line * 1.1, color=style.GREY, line_dash="dashed", legend_label="±10%")
@@ -85,9 +135,18 @@ def decode_figure():
     fig.xaxis.ticker = fig.yaxis.ticker = _ticks_125(lo / 1.2, hi * 1.2)
     fig.legend.location = "top_left"
     fig.legend.label_text_font_size = "10px"
-    style.hover(fig, [("batch", "@batch"), ("context", "@context{0,0}"), ("measured", "@measured_step_s{0.000000} s"),
-                      ("predicted", "@predicted_step_s{0.000000} s"), ("error", "@error{+0.0%}"),
-                      ("share of copy bandwidth", "@fraction_of_bandwidth{0%}")], renderers)
+    style.hover(
+        fig,
+        [
+            ("batch", "@batch"),
+            ("context", "@context{0,0}"),
+            ("measured", "@measured_step_s{0.000000} s"),
+            ("predicted", "@predicted_step_s{0.000000} s"),
+            ("error", "@error{+0.0%}"),
+            ("share of copy bandwidth", "@fraction_of_bandwidth{0%}"),
+        ],
+        renderers,
+    )
     return fig
 
 
@@ -97,8 +156,13 @@ def bandwidth_figure():
     decoder's own kernels, dashed with PyTorch's CPU kernels where that run was recorded."""
     from bokeh.models import ColumnDataSource
 
-    fig = style.new_figure("How much of the memory bandwidth decode uses", "context (tokens)",
-                           "share of measured copy bandwidth", x_axis_type="log", height=360)
+    fig = style.new_figure(
+        "How much of the memory bandwidth decode uses",
+        "context (tokens)",
+        "share of measured copy bandwidth",
+        x_axis_type="log",
+        height=360,
+    )
     colors: dict[tuple, str] = {}
     drawn, contexts = 0, set()
     for kernels, dash in (("default", "solid"), ("torch", "dashed")):
@@ -112,12 +176,27 @@ def bandwidth_figure():
                         continue
                     key = (entry["machine"], kv, int(batch))
                     color = colors.setdefault(key, style.PALETTE[len(colors) % len(style.PALETTE)])
-                    src = ColumnDataSource({"context": p["context"][sel], "share": p["fraction_of_bandwidth"][sel]})
+                    src = ColumnDataSource(
+                        {"context": p["context"][sel], "share": p["fraction_of_bandwidth"][sel]}
+                    )
                     contexts.update(p["context"][sel].tolist())
-                    fig.line("context", "share", source=src, color=color, width=2, line_dash=dash,
-                             legend_label=f"{entry['device_name']}: batch {int(batch)}, KV {kv}, {who}")
-                    fig.scatter("context", "share", source=src, color=color, size=6,
-                                fill_color=color if dash == "solid" else "white")
+                    fig.line(
+                        "context",
+                        "share",
+                        source=src,
+                        color=color,
+                        width=2,
+                        line_dash=dash,
+                        legend_label=f"{entry['device_name']}: batch {int(batch)}, KV {kv}, {who}",
+                    )
+                    fig.scatter(
+                        "context",
+                        "share",
+                        source=src,
+                        color=color,
+                        size=6,
+                        fill_color=color if dash == "solid" else "white",
+                    )
                     drawn += 1
     if drawn == 0:
         return _note(fig, "no decode results recorded yet")
@@ -134,8 +213,12 @@ def pace_figure():
     do. A shared machine's bandwidth drifts, which makes this a free experiment."""
     from bokeh.models import ColumnDataSource
 
-    fig = style.new_figure("Who sets the pace: memory or cores", "copy bandwidth measured around the step",
-                           "achieved (ledger bytes / step time)", height=380)
+    fig = style.new_figure(
+        "Who sets the pace: memory or cores",
+        "copy bandwidth measured around the step",
+        "achieved (ledger bytes / step time)",
+        height=380,
+    )
     colors: dict[tuple, str] = {}
     hi = 0.0
     renderers = []
@@ -145,49 +228,114 @@ def pace_figure():
             who = KERNEL_LEGEND.get(entry["kernels"], entry["kernels"])
             for kv in sorted(set(p["kv_dtype"].tolist())):
                 for batch in sorted(set(p["batch"].tolist())):
-                    sel = (p["kv_dtype"] == kv) & (p["batch"] == batch) & np.isfinite(p["bandwidth_bytes_per_s"])
+                    sel = (
+                        (p["kv_dtype"] == kv)
+                        & (p["batch"] == batch)
+                        & np.isfinite(p["bandwidth_bytes_per_s"])
+                    )
                     if not sel.any():  # results older than per-point bandwidths have none to plot
                         continue
-                    color = colors.setdefault((entry["machine"], kv, int(batch)),
-                                              style.PALETTE[len(colors) % len(style.PALETTE)])
-                    src = ColumnDataSource({c: p[c][sel] for c in ("bandwidth_bytes_per_s", "achieved_bytes_per_s",
-                                                                    "context", "batch", "fraction_of_bandwidth")})
-                    renderers.append(fig.scatter(
-                        "bandwidth_bytes_per_s", "achieved_bytes_per_s", source=src, size=8, color=color,
-                        fill_color=color if kernels == "default" else "white", marker="circle" if kernels == "default"
-                        else "square", legend_label=f"{entry['device_name']}: batch {int(batch)}, KV {kv}, {who}"))
+                    color = colors.setdefault(
+                        (entry["machine"], kv, int(batch)),
+                        style.PALETTE[len(colors) % len(style.PALETTE)],
+                    )
+                    src = ColumnDataSource(
+                        {
+                            c: p[c][sel]
+                            for c in (
+                                "bandwidth_bytes_per_s",
+                                "achieved_bytes_per_s",
+                                "context",
+                                "batch",
+                                "fraction_of_bandwidth",
+                            )
+                        }
+                    )
+                    renderers.append(
+                        fig.scatter(
+                            "bandwidth_bytes_per_s",
+                            "achieved_bytes_per_s",
+                            source=src,
+                            size=8,
+                            color=color,
+                            fill_color=color if kernels == "default" else "white",
+                            marker="circle" if kernels == "default" else "square",
+                            legend_label=f"{entry['device_name']}: batch {int(batch)}, KV {kv}, {who}",
+                        )
+                    )
                     hi = max(hi, float(p["bandwidth_bytes_per_s"][sel].max()))
     if not renderers:
         return _note(fig, "no decode results recorded yet")
-    fig.line([0, hi * 1.05], [0, hi * 1.05], color="black", width=1.5, legend_label="achieved = copy bandwidth")
+    fig.line(
+        [0, hi * 1.05],
+        [0, hi * 1.05],
+        color="black",
+        width=1.5,
+        legend_label="achieved = copy bandwidth",
+    )
     fig.xaxis.formatter = style.si_ticks("B/s")
     fig.yaxis.formatter = style.si_ticks("B/s")
     _legend_below(fig)
-    style.hover(fig, [("batch", "@batch"), ("context", "@context{0,0}"),
-                      ("share of copy bandwidth", "@fraction_of_bandwidth{0%}")], renderers)
+    style.hover(
+        fig,
+        [
+            ("batch", "@batch"),
+            ("context", "@context{0,0}"),
+            ("share of copy bandwidth", "@fraction_of_bandwidth{0%}"),
+        ],
+        renderers,
+    )
     return fig
 
 
 def recompute_figure():
     """Prefill N tokens (recompute) against bringing their KV from host memory (fetch)."""
-    fig = style.new_figure("A hit can be slower than a miss: recompute against fetch", "tokens",
-                           "seconds", x_axis_type="log", y_axis_type="log", height=380)
+    fig = style.new_figure(
+        "A hit can be slower than a miss: recompute against fetch",
+        "tokens",
+        "seconds",
+        x_axis_type="log",
+        y_axis_type="log",
+        height=380,
+    )
     k = 0
     for curve in report.recompute_curves():
         if curve["tokens"] is None:
             continue
         name = f"{curve['device_name']} ({curve['preset']})"
         c1, c2 = style.PALETTE[(2 * k) % 8], style.PALETTE[(2 * k + 1) % 8]
-        fig.line(curve["tokens"], curve["recompute_s"], color=c1, width=2.5, legend_label=f"recompute, {name}")
-        fig.line(curve["tokens"], curve["fetch_s"], color=c2, width=2.5, legend_label=f"fetch from host, {name}")
+        fig.line(
+            curve["tokens"],
+            curve["recompute_s"],
+            color=c1,
+            width=2.5,
+            legend_label=f"recompute, {name}",
+        )
+        fig.line(
+            curve["tokens"],
+            curve["fetch_s"],
+            color=c2,
+            width=2.5,
+            legend_label=f"fetch from host, {name}",
+        )
         if curve["predicted_recompute_s"] is not None:
-            fig.line(curve["tokens"], curve["predicted_recompute_s"], color=c1, line_dash="dashed",
-                     legend_label="ledger's prediction")
+            fig.line(
+                curve["tokens"],
+                curve["predicted_recompute_s"],
+                color=c1,
+                line_dash="dashed",
+                legend_label="ledger's prediction",
+            )
             fig.line(curve["tokens"], curve["predicted_fetch_s"], color=c2, line_dash="dashed")
         if curve["crossover_tokens"]:
-            fig.scatter([curve["crossover_tokens"]], [np.interp(curve["crossover_tokens"], curve["tokens"],
-                                                                curve["recompute_s"])],
-                        size=12, color="black", marker="x", legend_label="measured crossover")
+            fig.scatter(
+                [curve["crossover_tokens"]],
+                [np.interp(curve["crossover_tokens"], curve["tokens"], curve["recompute_s"])],
+                size=12,
+                color="black",
+                marker="x",
+                legend_label="measured crossover",
+            )
         k += 1
     if k == 0:
         return _note(fig, "no recompute-vs-fetch results recorded yet")
@@ -200,19 +348,36 @@ def recompute_figure():
 
 def memory_figure():
     """Copy/read/write bandwidth against array size: the caches, then main memory."""
-    fig = style.new_figure("Memory bandwidth against working-set size", "array size", "bytes per second",
-                           x_axis_type="log", y_axis_type="log", height=340)
+    fig = style.new_figure(
+        "Memory bandwidth against working-set size",
+        "array size",
+        "bytes per second",
+        x_axis_type="log",
+        y_axis_type="log",
+        height=340,
+    )
     k = 0
     for m in report.memory_bandwidth():
         for kernel, data in m["kernels"].items():
-            fig.line(data["size_bytes"], data["bandwidth_bytes_per_s"], color=style.PALETTE[k % 8], width=2,
-                     legend_label=f"{m['device_name']}: {kernel}")
+            fig.line(
+                data["size_bytes"],
+                data["bandwidth_bytes_per_s"],
+                color=style.PALETTE[k % 8],
+                width=2,
+                legend_label=f"{m['device_name']}: {kernel}",
+            )
             k += 1
         if m.get("last_level_cache_bytes"):
             from bokeh.models import Span
 
-            fig.add_layout(Span(location=m["last_level_cache_bytes"], dimension="height", line_dash="dotted",
-                                line_color=style.GREY))
+            fig.add_layout(
+                Span(
+                    location=m["last_level_cache_bytes"],
+                    dimension="height",
+                    line_dash="dotted",
+                    line_color=style.GREY,
+                )
+            )
     if k == 0:
         return _note(fig, "no memory results recorded yet")
     fig.xaxis.formatter = style.si_ticks("B")

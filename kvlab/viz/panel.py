@@ -9,6 +9,7 @@ ColumnDataSources. The static face embeds the default state computed in Python a
 the JS recompute on change; the live face calls `compute` on every change for any value.
 tests/test_js.py runs every twin under node against `compute` over the panel's grid.
 """
+
 from __future__ import annotations
 
 import html
@@ -38,7 +39,8 @@ FORMATS: dict[str, Callable] = {
     "count_or_never": lambda v: "never" if v is None else fmt.fixed(v, 0),  # None: unbounded
     # None or infinity: a sliding window caps the KV, so no context is too long
     "count_or_unbounded": lambda v: (
-        "unbounded" if v is None or not math.isfinite(v) else fmt.fixed(v, 0)),
+        "unbounded" if v is None or not math.isfinite(v) else fmt.fixed(v, 0)
+    ),
     "ratio": lambda v: "n/a" if v is None or not math.isfinite(v) else f"{fmt.sig(v, 3)}×",
     "intensity": lambda v: f"{fmt.sig(v, 3)} FLOP/B",
     "yesno": lambda v: "yes" if v else "no",
@@ -72,7 +74,11 @@ def readout_html(spec, values: dict) -> str:
             value = value.item()
         if isinstance(value, float) and not math.isfinite(value):
             value = None  # as a page sees it (JSON has no infinity)
-        raw = repr(float(value)) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+        raw = (
+            repr(float(value))
+            if isinstance(value, (int, float)) and not isinstance(value, bool)
+            else str(value)
+        )
         if isinstance(value, bool):
             raw = "true" if value else "false"
         parts.append(  # the words in the edition's language (i18n.t), the data-value as computed
@@ -142,14 +148,22 @@ class Panel:
         from bokeh.embed import components
         from bokeh.layouts import column, row
         from bokeh.models import (
-            ColumnDataSource, CustomJS, CustomJSTickFormatter, Div, InlineStyleSheet, Select, Slider,
+            ColumnDataSource,
+            CustomJS,
+            CustomJSTickFormatter,
+            Div,
+            InlineStyleSheet,
+            Select,
+            Slider,
         )
 
         if not self.js:
             raise ValueError(f"panel {self.key!r} is live only (it has no JavaScript twin)")
         result = self.compute(self.default_state)
-        sources = {name: ColumnDataSource(data=data, name=f"{self.key}.source.{name}")
-                   for name, data in result["sources"].items()}
+        sources = {
+            name: ColumnDataSource(data=data, name=f"{self.key}.source.{name}")
+            for name, data in result["sources"].items()
+        }
         widgets, grids = {}, {}
         for c in self.controls:
             name = f"{self.key}.{c.key}"
@@ -157,25 +171,48 @@ class Panel:
                 grids[c.key] = list(c.options)
                 labels = [c.label_of(v) for v in c.options]
                 widgets[c.key] = Slider(
-                    start=0, end=len(c.options) - 1, step=1, value=c.options.index(c.default), title=c.label,
-                    name=name, width=175,
-                    format=CustomJSTickFormatter(code=f"return {json.dumps(labels)}[Math.round(tick)];"),
+                    start=0,
+                    end=len(c.options) - 1,
+                    step=1,
+                    value=c.options.index(c.default),
+                    title=c.label,
+                    name=name,
+                    width=175,
+                    format=CustomJSTickFormatter(
+                        code=f"return {json.dumps(labels)}[Math.round(tick)];"
+                    ),
                 )
             else:  # values are option indices: options need not be strings (JS maps them back)
                 grids[c.key] = list(c.options)
                 options = [(str(i), c.label_of(v)) for i, v in enumerate(c.options)]
-                widgets[c.key] = Select(title=c.label, value=str(c.options.index(c.default)), options=options,
-                                        name=name, width=175)
-        readout = Div(text=readout_html(self.readout, result["values"]), name=f"{self.key}.readout", width=280,
-                      stylesheets=[InlineStyleSheet(css=CSS)])
+                widgets[c.key] = Select(
+                    title=c.label,
+                    value=str(c.options.index(c.default)),
+                    options=options,
+                    name=name,
+                    width=175,
+                )
+        readout = Div(
+            text=readout_html(self.readout, result["values"]),
+            name=f"{self.key}.readout",
+            width=280,
+            stylesheets=[InlineStyleSheet(css=CSS)],
+        )
         figures = self.figures(sources)
         titles = _titles(figures, result)
         callback = CustomJS(
-            args=dict(controls=widgets, grids=grids, terms=self.terms, sources=sources, readout=readout,
-                      spec=[list(r) for r in self.readout], titles=titles),
+            args=dict(
+                controls=widgets,
+                grids=grids,
+                terms=self.terms,
+                sources=sources,
+                readout=readout,
+                spec=[list(r) for r in self.readout],
+                titles=titles,
+            ),
             code=f"const K = window.KVLAB, twin = K.panels[{json.dumps(self.js)}];\n"
-                 "const result = twin(K, terms, K.state(controls, grids));\n"
-                 "K.apply(result, sources, readout, spec, titles);",
+            "const result = twin(K, terms, K.state(controls, grids));\n"
+            "K.apply(result, sources, readout, spec, titles);",
         )
         for c in self.controls:
             widgets[c.key].js_on_change("value", callback)
@@ -200,7 +237,9 @@ class Panel:
         state = self.default_state
         result = self.compute(state)
         sources = {name: ColumnDataSource(data=data) for name, data in result["sources"].items()}
-        readout = w.HTML(readout_html(self.readout, result["values"]), layout=w.Layout(width="380px"))
+        readout = w.HTML(
+            readout_html(self.readout, result["values"]), layout=w.Layout(width="380px")
+        )
         widgets = {c.key: _live_widget(c) for c in self.controls}
 
         def update(_change=None):
@@ -245,21 +284,47 @@ def _live_widget(c: Control):
     layout = w.Layout(width="360px")
     if c.kind == "select":
         options = [(c.label_of(v), v) for v in c.options]
-        return w.Dropdown(options=options, value=c.default, description=c.label, style=style, layout=layout)
+        return w.Dropdown(
+            options=options, value=c.default, description=c.label, style=style, layout=layout
+        )
     if c.live_range and c.log:
         low, high = (math.log2(v) for v in c.live_range)
-        return w.FloatLogSlider(value=c.default, base=2, min=low, max=high, step=0.01, description=c.label,
-                                readout_format=".0f" if c.integer else ".3g", style=style, layout=layout)
+        return w.FloatLogSlider(
+            value=c.default,
+            base=2,
+            min=low,
+            max=high,
+            step=0.01,
+            description=c.label,
+            readout_format=".0f" if c.integer else ".3g",
+            style=style,
+            layout=layout,
+        )
     if c.live_range:
         cls = w.IntSlider if c.integer else w.FloatSlider
-        return cls(value=c.default, min=c.live_range[0], max=c.live_range[1], description=c.label, style=style,
-                   layout=layout)
-    return w.SelectionSlider(options=[(c.label_of(v), v) for v in c.options], value=c.default,
-                             description=c.label, style=style, layout=layout)
+        return cls(
+            value=c.default,
+            min=c.live_range[0],
+            max=c.live_range[1],
+            description=c.label,
+            style=style,
+            layout=layout,
+        )
+    return w.SelectionSlider(
+        options=[(c.label_of(v), v) for v in c.options],
+        value=c.default,
+        description=c.label,
+        style=style,
+        layout=layout,
+    )
 
 
 def _live_value(c: Control, value):
-    return int(round(value)) if c.kind == "slider" and c.integer and isinstance(value, float) else value
+    return (
+        int(round(value))
+        if c.kind == "slider" and c.integer and isinstance(value, float)
+        else value
+    )
 
 
 _LIVE_READY = False
@@ -337,6 +402,7 @@ def show(obj) -> None:
 def state_key(controls, state: dict) -> str:
     """The key a lookup panel files a state under: what JSON.stringify makes of the values,
     in order (JavaScript writes 4e11 as 400000000000, not 400000000000.0)."""
+
     def js(v):
         return int(v) if isinstance(v, float) and v.is_integer() else v
 
@@ -346,9 +412,16 @@ def state_key(controls, state: dict) -> str:
 LOOKUP_DIGITS = 7  # significant digits kept in lookup tables
 
 
-def lookup_panel(key: str, controls: tuple, compute: Callable[[dict], dict], figures, readout,
-                 budget_keys=None, js_sources: tuple[str, dict] | None = None,
-                 glue: tuple = ()) -> Panel:
+def lookup_panel(
+    key: str,
+    controls: tuple,
+    compute: Callable[[dict], dict],
+    figures,
+    readout,
+    budget_keys=None,
+    js_sources: tuple[str, dict] | None = None,
+    glue: tuple = (),
+) -> Panel:
     """A panel whose every grid state kvlab computes at build time; the page only looks
     results up (`KVLAB.panels.lookup`, kvlab/viz/js/lookup.js). For small grids whose
     results are expensive (trace replays, simulations).
@@ -358,7 +431,10 @@ def lookup_panel(key: str, controls: tuple, compute: Callable[[dict], dict], fig
     smaller pages)."""
     import itertools
 
-    grid = [dict(zip([c.key for c in controls], combo)) for combo in itertools.product(*(c.options for c in controls))]
+    grid = [
+        dict(zip([c.key for c in controls], combo))
+        for combo in itertools.product(*(c.options for c in controls))
+    ]
     results = {state_key(controls, s): jsonable(compute(s), LOOKUP_DIGITS) for s in grid}
     keys = [k for k, _, _ in readout] + [k for k, _ in glue]
     if js_sources:  # values only, in readout order: the page rebuilds the sources
@@ -371,8 +447,12 @@ def lookup_panel(key: str, controls: tuple, compute: Callable[[dict], dict], fig
         return results[k] if k in results else jsonable(compute(state))
 
     # The table travels as one JSON string, parsed once per page.
-    terms = {"key": key, "order": [c.key for c in controls], "keys": keys,
-             "table": json.dumps(table, separators=(",", ":")),
-             "sources": js_sources[0] if js_sources else None,
-             "source_terms": js_sources[1] if js_sources else None}
+    terms = {
+        "key": key,
+        "order": [c.key for c in controls],
+        "keys": keys,
+        "table": json.dumps(table, separators=(",", ":")),
+        "sources": js_sources[0] if js_sources else None,
+        "source_terms": js_sources[1] if js_sources else None,
+    }
     return Panel(key, controls, cached, figures, "lookup", terms, readout, budget_keys, glue)

@@ -3,6 +3,7 @@
 Trace replays are too heavy to redo in the browser, so these are lookup panels: kvlab
 replays every grid state at build time and the page looks results up.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -37,34 +38,75 @@ def capacity_panel():
         trace = trace_or_generated(state["trace"])
         curve = prefix.hit_ratio_curve(trace, model="llama-3.1-8b")
         caps = curve["capacity_tokens"].astype(float)
-        half = int(np.argmin(np.abs(curve["capacity_blocks"] / curve["capacity_blocks"].max() - 0.5)))
+        half = int(
+            np.argmin(np.abs(curve["capacity_blocks"] / curve["capacity_blocks"].max() - 0.5))
+        )
         from ..traces import trace_stats
 
         stats = trace_stats(trace)
-        sources = {p: {"tokens": caps.tolist(), "gb": (curve["capacity_bytes"] / 1e9).tolist(),
-                       "token_hit": v["token_hit_ratio"].tolist(), "request_hit": v["request_hit_rate"].tolist()}
-                   for p, v in curve["policies"].items()}
-        return {"sources": sources, "values": {
-            "trace": trace.label, "requests_sharing": stats.shared_prefix_share,
-            "unlimited_token_hit_ratio": curve["infinite"]["token_hit_ratio"],
-            "unlimited_request_hit_rate": curve["infinite"]["request_hit_rate"],
-            "half_capacity_lru": float(curve["policies"]["lru"]["token_hit_ratio"][half])}}
+        sources = {
+            p: {
+                "tokens": caps.tolist(),
+                "gb": (curve["capacity_bytes"] / 1e9).tolist(),
+                "token_hit": v["token_hit_ratio"].tolist(),
+                "request_hit": v["request_hit_rate"].tolist(),
+            }
+            for p, v in curve["policies"].items()
+        }
+        return {
+            "sources": sources,
+            "values": {
+                "trace": trace.label,
+                "requests_sharing": stats.shared_prefix_share,
+                "unlimited_token_hit_ratio": curve["infinite"]["token_hit_ratio"],
+                "unlimited_request_hit_rate": curve["infinite"]["request_hit_rate"],
+                "half_capacity_lru": float(curve["policies"]["lru"]["token_hit_ratio"][half]),
+            },
+        }
 
     def figures(src):
-        fig = style.new_figure("Prefix-cache hit ratio against capacity", "cache capacity (tokens of KV)",
-                               "share of prompt tokens served", x_axis_type="log", y_range=(0, 1), height=340)
+        fig = style.new_figure(
+            "Prefix-cache hit ratio against capacity",
+            "cache capacity (tokens of KV)",
+            "share of prompt tokens served",
+            x_axis_type="log",
+            y_range=(0, 1),
+            height=340,
+        )
         renderers = []
         for policy, color in POLICY_COLORS.items():
-            renderers.append(fig.line("tokens", "token_hit", source=src[policy], color=color, width=2.5,
-                                      legend_label=f"{policy}: token hit ratio"))
-        fig.line("tokens", "request_hit", source=src["lru"], color=style.GREY, width=2, line_dash="dashed",
-                 legend_label="lru: request-level hit rate")
+            renderers.append(
+                fig.line(
+                    "tokens",
+                    "token_hit",
+                    source=src[policy],
+                    color=color,
+                    width=2.5,
+                    legend_label=f"{policy}: token hit ratio",
+                )
+            )
+        fig.line(
+            "tokens",
+            "request_hit",
+            source=src["lru"],
+            color=style.GREY,
+            width=2,
+            line_dash="dashed",
+            legend_label="lru: request-level hit rate",
+        )
         fig.xaxis.formatter = style.count_ticks()
         fig.yaxis.formatter = style.percent_ticks()
         fig.legend.location = "top_left"
-        style.hover(fig, [("capacity", "@tokens{0,0} tokens (@gb{0.0} GB for Llama 3.1 8B)"),
-                          ("token hit ratio", "@token_hit{0.0%}"), ("request hit rate", "@request_hit{0.0%}")],
-                    renderers, mode="vline")
+        style.hover(
+            fig,
+            [
+                ("capacity", "@tokens{0,0} tokens (@gb{0.0} GB for Llama 3.1 8B)"),
+                ("token hit ratio", "@token_hit{0.0%}"),
+                ("request hit rate", "@request_hit{0.0%}"),
+            ],
+            renderers,
+            mode="vline",
+        )
         return fig
 
     readout = (("trace", "Trace", "text"),) + CAPACITY_READOUT
@@ -87,24 +129,52 @@ def latency_panel():
         trace = trace_or_generated(state["trace"])
         out = prefix.latency_vs_hit_ratio(trace)
         hit = out["token_hit_ratio"]
-        sources = {f"tier{i}": {"hit": hit.tolist(), "ttft": v.tolist()} for i, v in enumerate(out["mean_ttft_s"].values())}
+        sources = {
+            f"tier{i}": {"hit": hit.tolist(), "ttft": v.tolist()}
+            for i, v in enumerate(out["mean_ttft_s"].values())
+        }
         sources["tpot"] = {"hit": hit.tolist(), "tpot": out["mean_tpot_s"].tolist()}
         ttfts = list(out["mean_ttft_s"].values())
-        return {"sources": sources, "values": {
-            "no_cache_ttft_s": out["no_cache_mean_ttft_s"], "hbm_ttft_s": float(ttfts[0][-1]),
-            "remote_ttft_s": float(ttfts[-1][-1]), "tpot_s": float(out["mean_tpot_s"][0])}}
+        return {
+            "sources": sources,
+            "values": {
+                "no_cache_ttft_s": out["no_cache_mean_ttft_s"],
+                "hbm_ttft_s": float(ttfts[0][-1]),
+                "remote_ttft_s": float(ttfts[-1][-1]),
+                "tpot_s": float(out["mean_tpot_s"][0]),
+            },
+        }
 
     labels = list(prefix.KV_TIERS)
 
     def figures(src):
-        fig = style.new_figure("The hit ratio moves TTFT, never TPOT", "token hit ratio", "seconds",
-                               y_axis_type="log", height=330)
+        fig = style.new_figure(
+            "The hit ratio moves TTFT, never TPOT",
+            "token hit ratio",
+            "seconds",
+            y_axis_type="log",
+            height=330,
+        )
         colors = (style.VERMILION, style.PURPLE, style.SKY)
         for i, (label, color) in enumerate(zip(labels, colors)):
-            fig.line("hit", "ttft", source=src[f"tier{i}"], color=color, width=2.5, legend_label=f"mean TTFT, {label}")
+            fig.line(
+                "hit",
+                "ttft",
+                source=src[f"tier{i}"],
+                color=color,
+                width=2.5,
+                legend_label=f"mean TTFT, {label}",
+            )
             fig.scatter("hit", "ttft", source=src[f"tier{i}"], color=color, size=6)
-        fig.line("hit", "tpot", source=src["tpot"], color=style.BLUE, width=2.5, line_dash="dashed",
-                 legend_label="TPOT")
+        fig.line(
+            "hit",
+            "tpot",
+            source=src["tpot"],
+            color=style.BLUE,
+            width=2.5,
+            line_dash="dashed",
+            legend_label="TPOT",
+        )
         fig.xaxis.formatter = style.percent_ticks()
         fig.yaxis.formatter = style.seconds_ticks()
         fig.legend.location = "bottom_left"
@@ -135,44 +205,94 @@ def granularity_panel():
         return sweep_cache["s"]
 
     def compute(state):
-        s = sweep() if state["suffix"] in SWEEP_VALUES else prefix.granularity_sweep(
-            "first_message_tokens", (state["suffix"],))
+        s = (
+            sweep()
+            if state["suffix"] in SWEEP_VALUES
+            else prefix.granularity_sweep("first_message_tokens", (state["suffix"],))
+        )
         i = list(s["values"]).index(state["suffix"])
         whole, token = s["caches"]["whole-request"], s["caches"]["token"]
         metrics = ["request-level hit rate", "tokens skipped"]
-        return {"sources": {
-            "hits": {"metric": metrics, "whole": [whole["request_hit_rate"][i], whole["token_hit_ratio"][i]],
-                     "token": [token["request_hit_rate"][i], token["token_hit_ratio"][i]]},
-            "ttft": {"cache": ["no cache", "whole-request", "token-granular"],
-                     "ttft": [s["no_cache_mean_ttft_s"][i], whole["mean_ttft_s"][i], token["mean_ttft_s"][i]],
-                     "color": [style.GREY, style.ORANGE, style.BLUE]},
-        }, "values": {
-            "whole_request_hit_rate": whole["request_hit_rate"][i], "whole_token_hit_ratio": whole["token_hit_ratio"][i],
-            "token_request_hit_rate": token["request_hit_rate"][i], "token_token_hit_ratio": token["token_hit_ratio"][i],
-            "whole_ttft_s": whole["mean_ttft_s"][i], "token_ttft_s": token["mean_ttft_s"][i],
-            "ttft_ratio": s["ttft_ratio"][i]}}
+        return {
+            "sources": {
+                "hits": {
+                    "metric": metrics,
+                    "whole": [whole["request_hit_rate"][i], whole["token_hit_ratio"][i]],
+                    "token": [token["request_hit_rate"][i], token["token_hit_ratio"][i]],
+                },
+                "ttft": {
+                    "cache": ["no cache", "whole-request", "token-granular"],
+                    "ttft": [
+                        s["no_cache_mean_ttft_s"][i],
+                        whole["mean_ttft_s"][i],
+                        token["mean_ttft_s"][i],
+                    ],
+                    "color": [style.GREY, style.ORANGE, style.BLUE],
+                },
+            },
+            "values": {
+                "whole_request_hit_rate": whole["request_hit_rate"][i],
+                "whole_token_hit_ratio": whole["token_hit_ratio"][i],
+                "token_request_hit_rate": token["request_hit_rate"][i],
+                "token_token_hit_ratio": token["token_hit_ratio"][i],
+                "whole_ttft_s": whole["mean_ttft_s"][i],
+                "token_ttft_s": token["mean_ttft_s"][i],
+                "ttft_ratio": s["ttft_ratio"][i],
+            },
+        }
 
     def figures(src):
         from bokeh.layouts import row
         from bokeh.transform import dodge
 
-        hits = style.new_figure("Two hit rates", "", "share", x_range=["request-level hit rate", "tokens skipped"],
-                                y_range=(0, 1.05), width=340, height=300)
-        hits.vbar(x=dodge("metric", -0.17, range=hits.x_range), top="whole", width=0.3, source=src["hits"],
-                  color=style.ORANGE, legend_label="whole-request")
-        hits.vbar(x=dodge("metric", 0.17, range=hits.x_range), top="token", width=0.3, source=src["hits"],
-                  color=style.BLUE, legend_label="token-granular")
+        hits = style.new_figure(
+            "Two hit rates",
+            "",
+            "share",
+            x_range=["request-level hit rate", "tokens skipped"],
+            y_range=(0, 1.05),
+            width=340,
+            height=300,
+        )
+        hits.vbar(
+            x=dodge("metric", -0.17, range=hits.x_range),
+            top="whole",
+            width=0.3,
+            source=src["hits"],
+            color=style.ORANGE,
+            legend_label="whole-request",
+        )
+        hits.vbar(
+            x=dodge("metric", 0.17, range=hits.x_range),
+            top="token",
+            width=0.3,
+            source=src["hits"],
+            color=style.BLUE,
+            legend_label="token-granular",
+        )
         hits.yaxis.formatter = style.percent_ticks()
         hits.legend.orientation = "horizontal"
         hits.add_layout(hits.legend[0], "below")
-        ttft = style.new_figure("Mean time to first token", "", "seconds",
-                                x_range=["no cache", "whole-request", "token-granular"], y_range=style.from_zero(),
-                                width=340, height=300)
+        ttft = style.new_figure(
+            "Mean time to first token",
+            "",
+            "seconds",
+            x_range=["no cache", "whole-request", "token-granular"],
+            y_range=style.from_zero(),
+            width=340,
+            height=300,
+        )
         ttft.vbar(x="cache", top="ttft", width=0.6, color="color", source=src["ttft"])
         ttft.yaxis.formatter = style.seconds_ticks()
         return row(hits, ttft)
 
-    control = Control("suffix", "Unique first message (tokens)", SWEEP_VALUES, 1000, kind="slider",
-                      live_range=(100, 16000), log=True)
+    control = Control(
+        "suffix",
+        "Unique first message (tokens)",
+        SWEEP_VALUES,
+        1000,
+        kind="slider",
+        live_range=(100, 16000),
+        log=True,
+    )
     return lookup_panel("granularity", (control,), compute, figures, GRANULARITY_READOUT)
-

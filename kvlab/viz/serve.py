@@ -6,6 +6,7 @@ one without those two links, so the page makes no request off the machine.
 
     python -m kvlab.viz.serve [--port N] [NOTEBOOK]
 """
+
 from __future__ import annotations
 
 import json
@@ -30,7 +31,9 @@ def offline_template(build_dir: Path = ROOT / "_build" / "voila") -> Path:
     labs = [Path(p) / "voila" / "templates" / "lab" for p in jupyter_path()]
     lab = next((p for p in labs if (p / "index.html.j2").is_file()), None)
     if lab is None:
-        raise RuntimeError("Voila's lab template was not found: is voila installed in this environment?")
+        raise RuntimeError(
+            "Voila's lab template was not found: is voila installed in this environment?"
+        )
     target = build_dir / "voila" / "templates" / TEMPLATE
     target.mkdir(parents=True, exist_ok=True)
     source = (lab / "index.html.j2").read_text()
@@ -61,8 +64,9 @@ def parse_port(text: str) -> int:
     except ValueError:
         port = -1
     if not 0 <= port <= 65535:
-        raise ValueError(f"expected a port from 1 to 65535 (0: any free port), "
-                         f"got {str(text)[:40]!r}")
+        raise ValueError(
+            f"expected a port from 1 to 65535 (0: any free port), got {str(text)[:40]!r}"
+        )
     return port
 
 
@@ -74,11 +78,15 @@ def _check_free(port: int) -> None:
         try:
             s.bind(("127.0.0.1", port))
         except OSError as exc:
-            raise KvlabError(f"port {port} on 127.0.0.1 is not available ({exc.strerror}); "
-                             f"choose another with --port or {PORT_ENV}=") from None
+            raise KvlabError(
+                f"port {port} on 127.0.0.1 is not available ({exc.strerror}); "
+                f"choose another with --port or {PORT_ENV}="
+            ) from None
 
 
-def start(notebook: Path = DASHBOARD, port: int | None = None, home: str | None = None) -> tuple[subprocess.Popen, str]:
+def start(
+    notebook: Path = DASHBOARD, port: int | None = None, home: str | None = None
+) -> tuple[subprocess.Popen, str]:
     """Start Voila in the background, in a process group of its own; returns the process and
     its URL once it answers on exactly that port (Voila may not move to another one)."""
     from ..errors import KvlabError
@@ -88,8 +96,12 @@ def start(notebook: Path = DASHBOARD, port: int | None = None, home: str | None 
         raise KvlabError(f"notebook {str(notebook)[:200]!r} does not exist")
     port = port or free_port()
     _check_free(port)
-    env = {**os.environ, "JUPYTER_PATH": os.pathsep.join(filter(None, [str(offline_template()),
-                                                                         os.environ.get("JUPYTER_PATH")]))}
+    env = {
+        **os.environ,
+        "JUPYTER_PATH": os.pathsep.join(
+            filter(None, [str(offline_template()), os.environ.get("JUPYTER_PATH")])
+        ),
+    }
     env.pop("KVLAB_BOOK_BUILD", None)  # the dashboard is always live
     if home:
         env["HOME"] = home
@@ -97,9 +109,19 @@ def start(notebook: Path = DASHBOARD, port: int | None = None, home: str | None 
     log_path = ROOT / "_build" / "voila" / f"voila-{port}.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            [str(voila), str(notebook), "--no-browser", f"--port={port}", "--Voila.port_retries=0",
-             "--Voila.ip=127.0.0.1", f"--template={TEMPLATE}"],
-            env=env, stdout=subprocess.DEVNULL, stderr=log, cwd=str(notebook.parent),
+            [
+                str(voila),
+                str(notebook),
+                "--no-browser",
+                f"--port={port}",
+                "--Voila.port_retries=0",
+                "--Voila.ip=127.0.0.1",
+                f"--template={TEMPLATE}",
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            cwd=str(notebook.parent),
             start_new_session=True,
         )
     url = f"http://127.0.0.1:{port}/"
@@ -178,8 +200,9 @@ def main(argv=None) -> int:
 
     parser = Parser(prog="python -m kvlab.viz.serve", description=__doc__.splitlines()[0])
     parser.add_argument("notebook", nargs="?", default=str(DASHBOARD))
-    parser.add_argument("--port", help=f"port on 127.0.0.1 (default ${PORT_ENV}, else "
-                        f"{DEFAULT_PORT}; 0: any free)")
+    parser.add_argument(
+        "--port", help=f"port on 127.0.0.1 (default ${PORT_ENV}, else {DEFAULT_PORT}; 0: any free)"
+    )
     args = parser.parse_args(argv)
     source = "--port" if args.port is not None else PORT_ENV
     try:

@@ -4,6 +4,7 @@ book computed (kvlab.book.sim_runs) and draws it.
 Simulations are too heavy for the browser, so the interactive ones are lookup panels:
 kvlab runs every grid state when the book is built and the page looks results up.
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -17,14 +18,25 @@ from . import style
 from .panel import Control, Panel, lookup_panel
 
 ARCH_COLORS = {"colocated": style.GREY, "disaggregated": style.ORANGE, "kv-centric": style.BLUE}
-KIND_COLORS = {"fetch": style.PURPLE, "prefill": style.VERMILION, "transfer": style.YELLOW, "decode": style.BLUE}
+KIND_COLORS = {
+    "fetch": style.PURPLE,
+    "prefill": style.VERMILION,
+    "transfer": style.YELLOW,
+    "decode": style.BLUE,
+}
 
 
 def cdf_figure(data: dict, metric: str, title: str):
     """The distribution of a per-request metric for each architecture (percentile curves);
     `data` from kvlab.book.sim_runs.compare_architectures."""
-    fig = style.new_figure(f"{title}: {data['trace']}", "seconds (log scale)", "share of requests",
-                           x_axis_type="log", y_range=(0, 1), height=300)
+    fig = style.new_figure(
+        f"{title}: {data['trace']}",
+        "seconds (log scale)",
+        "share of requests",
+        x_axis_type="log",
+        y_range=(0, 1),
+        height=300,
+    )
     q = np.asarray(data["quantiles"]) / 100
     for arch in data["archs"]:
         values = np.asarray(data[metric][arch], dtype=float)
@@ -38,11 +50,16 @@ def cdf_figure(data: dict, metric: str, title: str):
 
 # ---------------------------------------------------------------- the sweep
 #: What the sweep shows of each architecture: (metric key, readout label).
-SWEEP_SHOWN = (("ttft_p50_s", "TTFT p50"), ("ttft_p90_s", "TTFT p90"), ("tpot_p50_s", "TPOT p50"),
-               ("itl_p99_s", "ITL p99"))
+SWEEP_SHOWN = (
+    ("ttft_p50_s", "TTFT p50"),
+    ("ttft_p90_s", "TTFT p90"),
+    ("tpot_p50_s", "TPOT p50"),
+    ("itl_p99_s", "ITL p99"),
+)
 SWEEP_METRICS = tuple(k for k, _ in SWEEP_SHOWN)
-SWEEP_READOUT = tuple((f"{arch}_{k}", f"{arch}: {label}", "seconds")
-                      for arch in ARCHS for k, label in SWEEP_SHOWN)
+SWEEP_READOUT = tuple(
+    (f"{arch}_{k}", f"{arch}: {label}", "seconds") for arch in ARCHS for k, label in SWEEP_SHOWN
+)
 
 
 def sweep_panel(s: dict, run_point: Callable[[dict], dict] | None = None):
@@ -55,14 +72,23 @@ def sweep_panel(s: dict, run_point: Callable[[dict], dict] | None = None):
 
     def compute(state):
         try:
-            idx = (links.index(state["link"]), pools.index(float(state["pool"])),
-                   list(s["prefill_workers"]).index(state["prefill"]), list(s["decode_workers"]).index(state["decode"]))
-            values = {arch: {k: float(s["metrics"][arch][k][idx]) for k in s["keys"]} for arch in ARCHS}
+            idx = (
+                links.index(state["link"]),
+                pools.index(float(state["pool"])),
+                list(s["prefill_workers"]).index(state["prefill"]),
+                list(s["decode_workers"]).index(state["decode"]),
+            )
+            values = {
+                arch: {k: float(s["metrics"][arch][k][idx]) for k in s["keys"]} for arch in ARCHS
+            }
         except ValueError:  # a value off the grid (live widgets): simulate that one point
             if run_point is None:
                 raise KvlabError("that setting is off the simulated grid") from None
             one = run_point(state)
-            values = {arch: {k: float(one["metrics"][arch][k].ravel()[0]) for k in one["keys"]} for arch in ARCHS}
+            values = {
+                arch: {k: float(one["metrics"][arch][k].ravel()[0]) for k in one["keys"]}
+                for arch in ARCHS
+            }
         out = {f"{arch}_{k}": values[arch][k] for arch in ARCHS for k in SWEEP_METRICS}
         # the page rebuilds the bars from these values (js_sources below): keep the two in step
         bars = {"arch": list(ARCHS), "color": [ARCH_COLORS[a] for a in ARCHS]}
@@ -73,20 +99,45 @@ def sweep_panel(s: dict, run_point: Callable[[dict], dict] | None = None):
     def figures(src):
         from bokeh.layouts import row
 
-        return row(_paired_bars("Time to first token", src["bars"], ("ttft_p50_s", "p50"), ("ttft_p90_s", "p90")),
-                   _paired_bars("Between tokens", src["bars"], ("tpot_p50_s", "TPOT p50"), ("itl_p99_s", "ITL p99")))
+        return row(
+            _paired_bars(
+                "Time to first token", src["bars"], ("ttft_p50_s", "p50"), ("ttft_p90_s", "p90")
+            ),
+            _paired_bars(
+                "Between tokens", src["bars"], ("tpot_p50_s", "TPOT p50"), ("itl_p99_s", "ITL p99")
+            ),
+        )
 
     controls = (
-        Control("link", "Network between nodes", links,
-                SimConfig().link if SimConfig().link in links else links[0]),
-        Control("pool", "Prefix pool per node", pools, pools[-1],
-                option_labels=tuple("none" if p == 0 else f"{p / 1e9:.0f} GB" for p in pools)),
-        Control("prefill", "Prefill GPUs", tuple(int(p) for p in s["prefill_workers"]), 2, kind="slider"),
-        Control("decode", "Decode GPUs", tuple(int(d) for d in s["decode_workers"]), 2, kind="slider"),
+        Control(
+            "link",
+            "Network between nodes",
+            links,
+            SimConfig().link if SimConfig().link in links else links[0],
+        ),
+        Control(
+            "pool",
+            "Prefix pool per node",
+            pools,
+            pools[-1],
+            option_labels=tuple("none" if p == 0 else f"{p / 1e9:.0f} GB" for p in pools),
+        ),
+        Control(
+            "prefill", "Prefill GPUs", tuple(int(p) for p in s["prefill_workers"]), 2, kind="slider"
+        ),
+        Control(
+            "decode", "Decode GPUs", tuple(int(d) for d in s["decode_workers"]), 2, kind="slider"
+        ),
     )
     # the page rebuilds the bars from the values: KVLAB.sources.sweep (js/sim_panels.js)
-    js_sources = ("sweep", {"archs": list(ARCHS), "colors": [ARCH_COLORS[a] for a in ARCHS],
-                            "metrics": list(SWEEP_METRICS)})
+    js_sources = (
+        "sweep",
+        {
+            "archs": list(ARCHS),
+            "colors": [ARCH_COLORS[a] for a in ARCHS],
+            "metrics": list(SWEEP_METRICS),
+        },
+    )
     return lookup_panel("sweep", controls, compute, figures, SWEEP_READOUT, js_sources=js_sources)
 
 
@@ -94,10 +145,19 @@ def _paired_bars(title: str, source, first: tuple[str, str], second: tuple[str, 
     """Two bars per architecture (a solid and a light one), in seconds."""
     from bokeh.transform import dodge
 
-    fig = style.new_figure(title, "", "seconds", x_range=list(ARCHS), y_range=style.from_zero(), width=340, height=300)
+    fig = style.new_figure(
+        title, "", "seconds", x_range=list(ARCHS), y_range=style.from_zero(), width=340, height=300
+    )
     for (column, label), offset, alpha in ((first, -0.17, 1.0), (second, 0.17, 0.45)):
-        fig.vbar(x=dodge("arch", offset, range=fig.x_range), top=column, width=0.3, color="color", alpha=alpha,
-                 source=source, legend_label=label)
+        fig.vbar(
+            x=dodge("arch", offset, range=fig.x_range),
+            top=column,
+            width=0.3,
+            color="color",
+            alpha=alpha,
+            source=source,
+            legend_label=label,
+        )
     fig.yaxis.formatter = style.seconds_ticks()
     fig.legend.location = "top_left"
     fig.xaxis.major_label_text_font_size = "10px"
@@ -107,16 +167,21 @@ def _paired_bars(title: str, source, first: tuple[str, str], second: tuple[str, 
 # ------------------------------------------------------------- capacity under load
 #: Design -> readout stem (glue keys: capacity_<stem>_<metric>).
 DESIGN_KEYS = {
-    "colocated": "colocated", "disaggregated": "disaggregated", "kv-centric": "kv_centric"
+    "colocated": "colocated",
+    "disaggregated": "disaggregated",
+    "kv-centric": "kv_centric",
 }
 #: What the capacity panel reads of each design at the chosen load: (key, label, format).
-CAPACITY_SHOWN = (("slo_attainment", "requests within both SLOs", "percent"),
-                  ("goodput_requests_per_s", "goodput (requests/s)", "rate"),
-                  ("ttft_p90_s", "TTFT p90", "seconds"),
-                  ("itl_p99_s", "TBT p99 (all token gaps)", "seconds"))
+CAPACITY_SHOWN = (
+    ("slo_attainment", "requests within both SLOs", "percent"),
+    ("goodput_requests_per_s", "goodput (requests/s)", "rate"),
+    ("ttft_p90_s", "TTFT p90", "seconds"),
+    ("itl_p99_s", "TBT p99 (all token gaps)", "seconds"),
+)
 CAPACITY_READOUT = tuple(
     (f"{DESIGN_KEYS[d]}_{k}", f"{d}: {label}", kind)
-    for d in ARCHS for k, label, kind in CAPACITY_SHOWN
+    for d in ARCHS
+    for k, label, kind in CAPACITY_SHOWN
 ) + tuple((f"{DESIGN_KEYS[d]}_saturation", f"{d} saturates at", "text") for d in ARCHS)
 EARLY_REJECT_OPTIONS = ("on", "off")
 
@@ -124,8 +189,9 @@ EARLY_REJECT_OPTIONS = ("on", "off")
 def saturation_text(rate: float, status: str, level: float) -> str:
     """A design's saturation rate as the readout says it."""
     where = {"crossed": "", "above": "above ", "below": "below "}[status]
-    return f"{where}{fmt.sig(rate, 2)} requests/s" + (f" (never under {fmt.percent(level, 2)})"
-                                                       if status == "above" else "")
+    return f"{where}{fmt.sig(rate, 2)} requests/s" + (
+        f" (never under {fmt.percent(level, 2)})" if status == "above" else ""
+    )
 
 
 def capacity_panel(data: dict, level: float) -> Panel:
@@ -141,51 +207,89 @@ def capacity_panel(data: dict, level: float) -> Panel:
     the page stores them once, not once per load as a lookup panel's table would."""
     rates = [float(r) for r in data["rates"]]
     settings = data["settings"]
-    colocated = {str(cfg["chunk_tokens"]): name for name, cfg in settings.items()
-                 if cfg["arch"] == "colocated" and not cfg["early_reject"]}
-    kv = {("on" if cfg["early_reject"] else "off"): name for name, cfg in settings.items()
-          if cfg["arch"] == "kv-centric"}
-    plain = next(name for name, cfg in settings.items()
-                 if cfg["arch"] == "disaggregated" and not cfg["early_reject"])
+    colocated = {
+        str(cfg["chunk_tokens"]): name
+        for name, cfg in settings.items()
+        if cfg["arch"] == "colocated" and not cfg["early_reject"]
+    }
+    kv = {
+        ("on" if cfg["early_reject"] else "off"): name
+        for name, cfg in settings.items()
+        if cfg["arch"] == "kv-centric"
+    }
+    plain = next(
+        name
+        for name, cfg in settings.items()
+        if cfg["arch"] == "disaggregated" and not cfg["early_reject"]
+    )
     used = sorted({*colocated.values(), *kv.values(), plain})
     keys = [k for k, _, _ in CAPACITY_SHOWN]
     terms = {
-        "rates": rates, "designs": [DESIGN_KEYS[d] for d in ARCHS],
-        "colors": [ARCH_COLORS[d] for d in ARCHS], "keys": keys,
-        "colocated": colocated, "disaggregated": plain, "kv_centric": kv,
-        "curves": {name: {k: [float(v) for v in data["metrics"][name][k]] for k in keys}
-                   for name in used},
+        "rates": rates,
+        "designs": [DESIGN_KEYS[d] for d in ARCHS],
+        "colors": [ARCH_COLORS[d] for d in ARCHS],
+        "keys": keys,
+        "colocated": colocated,
+        "disaggregated": plain,
+        "kv_centric": kv,
+        "curves": {
+            name: {k: [float(v) for v in data["metrics"][name][k]] for k in keys} for name in used
+        },
         "saturation": {name: saturation_text(*data["saturation"][name], level) for name in used},
     }
     budgets = tuple(sorted(int(c) for c in colocated))
-    default_budget = (settings["colocated"]["chunk_tokens"] if "colocated" in settings
-                      else budgets[-1])
+    default_budget = (
+        settings["colocated"]["chunk_tokens"] if "colocated" in settings else budgets[-1]
+    )
 
     def compute(state):
         return _capacity_state(terms, state)
 
     controls = (
-        Control("rate", "Offered load (requests/s)", tuple(rates), rates[len(rates) // 2],
-                kind="slider", integer=False),
-        Control("chunk", "Colocated token budget", budgets, default_budget,
-                option_labels=tuple(f"{b:,}" + (" (vLLM's default)" if b == default_budget else "")
-                                    for b in budgets)),
+        Control(
+            "rate",
+            "Offered load (requests/s)",
+            tuple(rates),
+            rates[len(rates) // 2],
+            kind="slider",
+            integer=False,
+        ),
+        Control(
+            "chunk",
+            "Colocated token budget",
+            budgets,
+            default_budget,
+            option_labels=tuple(
+                f"{b:,}" + (" (vLLM's default)" if b == default_budget else "") for b in budgets
+            ),
+        ),
         Control("early_reject", "KV-centric early rejection", EARLY_REJECT_OPTIONS, "on"),
     )
-    return Panel("load-capacity", controls, compute,
-                 lambda src: _capacity_figures(src, rates, level), "load_capacity", terms,
-                 CAPACITY_READOUT)
+    return Panel(
+        "load-capacity",
+        controls,
+        compute,
+        lambda src: _capacity_figures(src, rates, level),
+        "load_capacity",
+        terms,
+        CAPACITY_READOUT,
+    )
 
 
 def _capacity_state(terms: dict, state: dict) -> dict:
     """The figures' sources and the readout of one state: lookups only (the JS twin's)."""
     i = terms["rates"].index(float(state["rate"]))
-    picked = {"colocated": terms["colocated"][str(state["chunk"])],
-              "disaggregated": terms["disaggregated"],
-              "kv_centric": terms["kv_centric"][state["early_reject"]]}
+    picked = {
+        "colocated": terms["colocated"][str(state["chunk"])],
+        "disaggregated": terms["disaggregated"],
+        "kv_centric": terms["kv_centric"][state["early_reject"]],
+    }
     curves, values = {"rate": list(terms["rates"])}, {}
-    at = {"design": list(terms["designs"]), "color": list(terms["colors"]),
-          "rate": [terms["rates"][i]] * len(terms["designs"])}
+    at = {
+        "design": list(terms["designs"]),
+        "color": list(terms["colors"]),
+        "rate": [terms["rates"][i]] * len(terms["designs"]),
+    }
     at["slo_attainment"], at["goodput_requests_per_s"] = [], []
     for d in terms["designs"]:
         c = terms["curves"][picked[d]]
@@ -204,20 +308,51 @@ def _capacity_figures(src, rates: list[float], level: float):
     from bokeh.models import ColumnDataSource
 
     top = max(rates) * 1.05
-    att = style.new_figure("Requests within both SLOs", "offered load (requests/s)",
-                           "share of requests", x_range=(0, top), y_range=(0, 1.02), width=340,
-                           height=320)
-    good = style.new_figure("Goodput", "offered load (requests/s)", "requests/s within both SLOs",
-                            x_range=(0, top), y_range=(0, top), width=340, height=320)
+    att = style.new_figure(
+        "Requests within both SLOs",
+        "offered load (requests/s)",
+        "share of requests",
+        x_range=(0, top),
+        y_range=(0, 1.02),
+        width=340,
+        height=320,
+    )
+    good = style.new_figure(
+        "Goodput",
+        "offered load (requests/s)",
+        "requests/s within both SLOs",
+        x_range=(0, top),
+        y_range=(0, top),
+        width=340,
+        height=320,
+    )
     limit = ColumnDataSource({"rate": [0.0, top], "level": [level, level], "offered": [0.0, top]})
-    att.line("rate", "level", source=limit, color=style.GREY, line_dash="dashed",
-             legend_label=f"{fmt.percent(level, 2)}: saturation")
-    good.line("rate", "offered", source=limit, color=style.GREY, line_dash="dashed",
-              legend_label="every request served")
+    att.line(
+        "rate",
+        "level",
+        source=limit,
+        color=style.GREY,
+        line_dash="dashed",
+        legend_label=f"{fmt.percent(level, 2)}: saturation",
+    )
+    good.line(
+        "rate",
+        "offered",
+        source=limit,
+        color=style.GREY,
+        line_dash="dashed",
+        legend_label="every request served",
+    )
     for design, key in DESIGN_KEYS.items():
         for fig, metric in ((att, "slo_attainment"), (good, "goodput_requests_per_s")):
-            fig.line("rate", f"{key}_{metric}", source=src["curves"], color=ARCH_COLORS[design],
-                     width=2.5, legend_label=design)
+            fig.line(
+                "rate",
+                f"{key}_{metric}",
+                source=src["curves"],
+                color=ARCH_COLORS[design],
+                width=2.5,
+                legend_label=design,
+            )
     for fig, metric in ((att, "slo_attainment"), (good, "goodput_requests_per_s")):
         fig.scatter("rate", metric, source=src["at"], color="color", size=9)
         fig.legend.location = "bottom_left" if fig is att else "top_left"
@@ -236,31 +371,74 @@ def critical_path_figure(data: dict):
     exposed = [sum(data[v]["exposed_s"].values()) for v in variants]
     hidden = [sum(data[v]["hidden_s"].values()) for v in variants]
     moved = [sum(data[v]["bytes"].values()) for v in variants]
-    src = ColumnDataSource({"variant": variants, "exposed": exposed, "hidden": hidden, "bytes": moved})
-    fig = style.new_figure(f"Same bytes, lower latency: {data['trace']}", "seconds of transfer, summed over requests",
-                           "", y_range=variants[::-1], x_range=style.from_zero(), height=240)
-    bars = fig.hbar_stack(["exposed", "hidden"], y="variant", height=0.6, source=src,
-                          color=[style.VERMILION, style.GREEN],
-                          legend_label=["on the critical path", "hidden behind compute"])
+    src = ColumnDataSource(
+        {"variant": variants, "exposed": exposed, "hidden": hidden, "bytes": moved}
+    )
+    fig = style.new_figure(
+        f"Same bytes, lower latency: {data['trace']}",
+        "seconds of transfer, summed over requests",
+        "",
+        y_range=variants[::-1],
+        x_range=style.from_zero(),
+        height=240,
+    )
+    bars = fig.hbar_stack(
+        ["exposed", "hidden"],
+        y="variant",
+        height=0.6,
+        source=src,
+        color=[style.VERMILION, style.GREEN],
+        legend_label=["on the critical path", "hidden behind compute"],
+    )
     fig.xaxis.formatter = style.seconds_ticks()
     fig.legend.orientation = "horizontal"
     fig.add_layout(fig.legend[0], "below")
-    style.hover(fig, [("", "@variant"), ("bytes moved", "@bytes{0.00a}B"), ("exposed", "@exposed{0.0} s"),
-                      ("hidden", "@hidden{0.0} s")], bars)
+    style.hover(
+        fig,
+        [
+            ("", "@variant"),
+            ("bytes moved", "@bytes{0.00a}B"),
+            ("exposed", "@exposed{0.0} s"),
+            ("hidden", "@hidden{0.0} s"),
+        ],
+        bars,
+    )
     return fig
 
 
 def global_vs_local_figure(data: dict):
     """Prefix hit ratio of one global pool against per-node caches of the same total size;
     `data` from kvlab.book.sim_runs.hit_rate_global_vs_local."""
-    fig = style.new_figure(f"One global pool or {data['nodes']} separate caches: {data['trace']}",
-                           "cache per node (bytes of KV)", "prompt tokens served", x_axis_type="log", y_range=(0, 1),
-                           height=300)
+    fig = style.new_figure(
+        f"One global pool or {data['nodes']} separate caches: {data['trace']}",
+        "cache per node (bytes of KV)",
+        "prompt tokens served",
+        x_axis_type="log",
+        y_range=(0, 1),
+        height=300,
+    )
     pools = data["pool_bytes_per_node"]
-    fig.line(pools, data["global_token_hit_ratio"], color=style.BLUE, width=2.5, legend_label="global pool")
-    fig.line(pools, data["local_token_hit_ratio"], color=style.ORANGE, width=2.5, legend_label="per-node caches")
-    fig.line(pools, np.full(pools.shape, data["infinite_token_hit_ratio"]), color=style.GREY, line_dash="dashed",
-             legend_label="unlimited cache")
+    fig.line(
+        pools,
+        data["global_token_hit_ratio"],
+        color=style.BLUE,
+        width=2.5,
+        legend_label="global pool",
+    )
+    fig.line(
+        pools,
+        data["local_token_hit_ratio"],
+        color=style.ORANGE,
+        width=2.5,
+        legend_label="per-node caches",
+    )
+    fig.line(
+        pools,
+        np.full(pools.shape, data["infinite_token_hit_ratio"]),
+        color=style.GREY,
+        line_dash="dashed",
+        legend_label="unlimited cache",
+    )
     fig.xaxis.formatter = style.si_ticks("B")
     fig.yaxis.formatter = style.percent_ticks()
     fig.legend.location = "top_left"
@@ -268,9 +446,11 @@ def global_vs_local_figure(data: dict):
 
 
 # ------------------------------------------------------------------ timeline
-TIMELINE_READOUT = (("ttft_p50_s", "TTFT p50 in this slice", "seconds"),
-                    ("tpot_p50_s", "TPOT p50 in this slice", "seconds"),
-                    ("requests", "Requests in the slice", "count"))
+TIMELINE_READOUT = (
+    ("ttft_p50_s", "TTFT p50 in this slice", "seconds"),
+    ("tpot_p50_s", "TPOT p50 in this slice", "seconds"),
+    ("requests", "Requests in the slice", "count"),
+)
 
 
 def timeline_panel(timeline_of: Callable[[str], dict], duration_s: float):
@@ -282,28 +462,72 @@ def timeline_panel(timeline_of: Callable[[str], dict], duration_s: float):
         t = timeline_of(state["arch"])
         rows = [r for r in t["rows"] if r[3] != "decode"]
         decode = [r for r in t["rows"] if r[3] == "decode"]
-        return {"sources": {
-            "spans": {"worker": [r[0] for r in rows], "start": [r[1] for r in rows], "end": [r[2] for r in rows],
-                      "kind": [r[3] for r in rows], "request": [r[4] for r in rows],
-                      "color": [KIND_COLORS[r[3]] for r in rows]},
-            "decode": {"worker": [r[0] for r in decode], "start": [r[1] for r in decode], "end": [r[2] for r in decode],
-                       "request": [r[4] for r in decode]}},
-            "values": {"ttft_p50_s": t["summary"]["ttft_p50_s"], "tpot_p50_s": t["summary"]["tpot_p50_s"],
-                       "requests": t["summary"]["requests"]}}
+        return {
+            "sources": {
+                "spans": {
+                    "worker": [r[0] for r in rows],
+                    "start": [r[1] for r in rows],
+                    "end": [r[2] for r in rows],
+                    "kind": [r[3] for r in rows],
+                    "request": [r[4] for r in rows],
+                    "color": [KIND_COLORS[r[3]] for r in rows],
+                },
+                "decode": {
+                    "worker": [r[0] for r in decode],
+                    "start": [r[1] for r in decode],
+                    "end": [r[2] for r in decode],
+                    "request": [r[4] for r in decode],
+                },
+            },
+            "values": {
+                "ttft_p50_s": t["summary"]["ttft_p50_s"],
+                "tpot_p50_s": t["summary"]["tpot_p50_s"],
+                "requests": t["summary"]["requests"],
+            },
+        }
 
     def figures(src):
         from bokeh.transform import dodge
 
-        fig = style.new_figure("Who does what, when", "seconds from the start of the slice", "",
-                               y_range=list(lanes)[::-1], height=360, x_range=(0, duration_s * 1.5))
-        fig.hbar(y=dodge("worker", 0.18, range=fig.y_range), left="start", right="end", height=0.06,
-                 color=style.BLUE, alpha=0.35, source=src["decode"], legend_label="decode (one line per request)")
-        spans = fig.hbar(y=dodge("worker", -0.12, range=fig.y_range), left="start", right="end", height=0.4,
-                         color="color", source=src["spans"], legend_field="kind")
+        fig = style.new_figure(
+            "Who does what, when",
+            "seconds from the start of the slice",
+            "",
+            y_range=list(lanes)[::-1],
+            height=360,
+            x_range=(0, duration_s * 1.5),
+        )
+        fig.hbar(
+            y=dodge("worker", 0.18, range=fig.y_range),
+            left="start",
+            right="end",
+            height=0.06,
+            color=style.BLUE,
+            alpha=0.35,
+            source=src["decode"],
+            legend_label="decode (one line per request)",
+        )
+        spans = fig.hbar(
+            y=dodge("worker", -0.12, range=fig.y_range),
+            left="start",
+            right="end",
+            height=0.4,
+            color="color",
+            source=src["spans"],
+            legend_field="kind",
+        )
         fig.legend.location = "bottom_right"
         fig.legend.label_text_font_size = "10px"
-        style.hover(fig, [("", "@kind on @worker"), ("request", "@request"), ("from", "@start{0.000} s"),
-                          ("to", "@end{0.000} s")], [spans])
+        style.hover(
+            fig,
+            [
+                ("", "@kind on @worker"),
+                ("request", "@request"),
+                ("from", "@start{0.000} s"),
+                ("to", "@end{0.000} s"),
+            ],
+            [spans],
+        )
         return fig
 
     control = Control("arch", "Architecture", tuple(ARCHS), "kv-centric")
@@ -318,13 +542,24 @@ def token_stream_figure(data: dict):
 
     figs = []
     for arch in data["archs"]:
-        fig = style.new_figure(f"{arch}: every output token of {len(data[arch])} requests",
-                               "seconds since the request arrived", "request", height=220,
-                               y_range=[str(r["request"]) for r in data[arch]][::-1])
+        fig = style.new_figure(
+            f"{arch}: every output token of {len(data[arch])} requests",
+            "seconds since the request arrived",
+            "request",
+            height=220,
+            y_range=[str(r["request"]) for r in data[arch]][::-1],
+        )
         for row in data[arch]:
             times = np.asarray(row["token_times_s"], dtype=float)
-            fig.scatter(times, [str(row["request"])] * len(times), marker="dash", angle=np.pi / 2, size=9,
-                        color=ARCH_COLORS.get(arch, style.BLUE), alpha=0.7)
+            fig.scatter(
+                times,
+                [str(row["request"])] * len(times),
+                marker="dash",
+                angle=np.pi / 2,
+                size=9,
+                color=ARCH_COLORS.get(arch, style.BLUE),
+                alpha=0.7,
+            )
         fig.xaxis.formatter = style.seconds_ticks()
         figs.append(fig)
     return column(*figs)

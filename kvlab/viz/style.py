@@ -1,4 +1,5 @@
 """House style for figures: a colour-blind-safe palette, readable axes, SI tick labels."""
+
 from __future__ import annotations
 
 from bokeh.models import CustomJSTickFormatter, HoverTool
@@ -44,7 +45,9 @@ def seconds_ticks() -> CustomJSTickFormatter:
 
 def count_ticks() -> CustomJSTickFormatter:
     """Whole-number ticks with separators: 1, 1,024, 131,072."""
-    return CustomJSTickFormatter(code="const K = window.KVLAB; return tick >= 1 ? K.fixed(tick, 0) : K.sig(tick, 1);")
+    return CustomJSTickFormatter(
+        code="const K = window.KVLAB; return tick >= 1 ? K.fixed(tick, 0) : K.sig(tick, 1);"
+    )
 
 
 def hover(fig, rows: list[tuple[str, str]], renderers=None, mode: str = "mouse") -> None:
@@ -63,4 +66,6 @@ def from_zero():
 
 
 def percent_ticks() -> CustomJSTickFormatter:
-    return CustomJSTickFormatter(code="return window.KVLAB ? window.KVLAB.percent(tick, 2) : (100 * tick) + '%';")
+    return CustomJSTickFormatter(
+        code="return window.KVLAB ? window.KVLAB.percent(tick, 2) : (100 * tick) + '%';"
+    )

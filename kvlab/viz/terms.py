@@ -3,6 +3,7 @@
 Everything here is read off kvlab's catalogues and ledger, so the browser recomputes
 with exactly the figures Python uses; the JS twin of the ledger lives in js/kvlab.js.
 """
+
 from __future__ import annotations
 
 from .. import cost

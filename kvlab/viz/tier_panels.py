@@ -5,6 +5,7 @@ The footprint panel recombines ledger terms in the browser (js/tier_panels.js); 
 are lookup panels (kvlab computes every grid state at build time) because tier paths carry
 latencies and break-even searches that belong in Python only.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -24,14 +25,31 @@ from .panel import Control, Panel, lookup_panel
 from .terms import ledger_terms
 
 SHOWN_PLACEMENTS = PLACEMENT_NAMES
-PLACEMENT_COLORS = dict(zip(SHOWN_PLACEMENTS, (style.BLUE, style.SKY, style.GREEN, style.YELLOW, style.ORANGE,
-                                               style.PURPLE, style.VERMILION)))
+PLACEMENT_COLORS = dict(
+    zip(
+        SHOWN_PLACEMENTS,
+        (
+            style.BLUE,
+            style.SKY,
+            style.GREEN,
+            style.YELLOW,
+            style.ORANGE,
+            style.PURPLE,
+            style.VERMILION,
+        ),
+    )
+)
 SMALL_MODELS = ("article-7b", "llama-2-7b", "llama-3.1-8b", "qwen2.5-7b")
 
 
 def small_model_control(default="article-7b") -> Control:
-    return Control("model", "Model", SMALL_MODELS, default,
-                   option_labels=tuple(get_model(m).display_name for m in SMALL_MODELS))
+    return Control(
+        "model",
+        "Model",
+        SMALL_MODELS,
+        default,
+        option_labels=tuple(get_model(m).display_name for m in SMALL_MODELS),
+    )
 
 
 # ------------------------------------------------------------------ footprint
@@ -60,25 +78,53 @@ def footprint_panel() -> Panel:
         at4k = tiers.kv_footprint(model, hw, batch, REQUEST_TOKENS, **DTYPES_USED)
         # no room at all (the weights fill or overflow the device): no line on a log axis
         shown = grid.size if fp.kv_room_bytes > 0 else 0
-        room = {"context": grid.tolist()[:shown], "room": [fp.kv_room_bytes] * shown,
-                "room_label": [ROOM_LABEL] * shown}
+        room = {
+            "context": grid.tolist()[:shown],
+            "room": [fp.kv_room_bytes] * shown,
+            "room_label": [ROOM_LABEL] * shown,
+        }
         kv = {"context": grid.tolist(), "kv": np.asarray(fp.kv_cache_bytes).tolist()}
-        return {"sources": {"kv": kv, "room": room},
-                "values": {"kv_bytes_per_token": fp.kv_bytes_per_token,
-                           "request_4k_bytes": REQUEST_TOKENS * fp.kv_bytes_per_token,
-                           "batch_4k_bytes": at4k.kv_cache_bytes,
-                           "weight_bytes": fp.weight_bytes,
-                           "weights_fit": fp.weight_bytes <= fp.capacity_bytes,
-                           "room_bytes": fp.kv_room_bytes,
-                           "max_batch_4k": at4k.max_batch, "max_context": at4k.max_context}}
+        return {
+            "sources": {"kv": kv, "room": room},
+            "values": {
+                "kv_bytes_per_token": fp.kv_bytes_per_token,
+                "request_4k_bytes": REQUEST_TOKENS * fp.kv_bytes_per_token,
+                "batch_4k_bytes": at4k.kv_cache_bytes,
+                "weight_bytes": fp.weight_bytes,
+                "weights_fit": fp.weight_bytes <= fp.capacity_bytes,
+                "room_bytes": fp.kv_room_bytes,
+                "max_batch_4k": at4k.max_batch,
+                "max_context": at4k.max_context,
+            },
+        }
 
     def figures(src):
-        fig = style.new_figure("How fat the KV cache gets", "context (tokens per sequence)", "bytes",
-                               x_axis_type="log", y_axis_type="log", height=330)
-        a = fig.line("context", "kv", source=src["kv"], color=style.KV_READ, width=3, legend_label="KV of the batch")
+        fig = style.new_figure(
+            "How fat the KV cache gets",
+            "context (tokens per sequence)",
+            "bytes",
+            x_axis_type="log",
+            y_axis_type="log",
+            height=330,
+        )
+        a = fig.line(
+            "context",
+            "kv",
+            source=src["kv"],
+            color=style.KV_READ,
+            width=3,
+            legend_label="KV of the batch",
+        )
         # absent, legend entry too, where nothing is left
-        fig.line("context", "room", source=src["room"], color=style.GREY, width=2,
-                 line_dash="dashed", legend_field="room_label")
+        fig.line(
+            "context",
+            "room",
+            source=src["room"],
+            color=style.GREY,
+            width=2,
+            line_dash="dashed",
+            legend_field="room_label",
+        )
         fig.xaxis.formatter = style.count_ticks()
         fig.yaxis.formatter = style.si_ticks("B")
         fig.legend.location = "top_left"
@@ -86,8 +132,13 @@ def footprint_panel() -> Panel:
         return fig
 
     controls = (model_control("article-7b"), hardware_control(), batch_control(32))
-    terms = {**ledger_terms(models(), devices()), "contexts": list(CONTEXT_GRID),
-             "request_tokens": REQUEST_TOKENS, "dtypes_used": DTYPES_USED, "room_label": ROOM_LABEL}
+    terms = {
+        **ledger_terms(models(), devices()),
+        "contexts": list(CONTEXT_GRID),
+        "request_tokens": REQUEST_TOKENS,
+        "dtypes_used": DTYPES_USED,
+        "room_label": ROOM_LABEL,
+    }
     return Panel("footprint", controls, compute, figures, "footprint", terms, FOOTPRINT_READOUT)
 
 
@@ -115,8 +166,12 @@ def _tier_times(state: dict) -> tuple[dict, np.ndarray, bool]:
 
     model, batch = state["model"], state["batch"]
     measured = state["speed"] == "measured"
-    kernel_s = np.array([speed.measured_time(model, TIER_HARDWARE, "fp16", "fp16", batch, int(c))[0]
-                         for c in TIER_CONTEXTS])
+    kernel_s = np.array(
+        [
+            speed.measured_time(model, TIER_HARDWARE, "fp16", "fp16", batch, int(c))[0]
+            for c in TIER_CONTEXTS
+        ]
+    )
     out, local = {}, None
     for name in SHOWN_PLACEMENTS:
         step = tiers.tiered_decode_step(model, TIER_HARDWARE, batch, TIER_CONTEXTS, name)
@@ -136,35 +191,63 @@ def tier_read_panel():
         c = TIER_CONTEXTS.astype(float)
         i4k = int(np.flatnonzero(c == 4096)[0])
         tps = {name: state["batch"] / t for name, t in times.items()}
-        sources = {name: {"context": c[np.isfinite(v)].tolist(),
-                          "tokens_per_s": v[np.isfinite(v)].tolist()} for name, v in tps.items()}
+        sources = {
+            name: {
+                "context": c[np.isfinite(v)].tolist(),
+                "tokens_per_s": v[np.isfinite(v)].tolist(),
+            }
+            for name, v in tps.items()
+        }
         why = speed.why_not(state["model"], TIER_HARDWARE, "fp16", "fp16") if measured else ""
         if measured and not why and not np.isfinite(local[i4k]):
             why = speed.NO_RANGE
         title = TIER_TITLE
         if measured:
             title = f"{TIER_TITLE} ({speed.short_source(TIER_HARDWARE)}, H100 SXM)"
-        return {"sources": sources, "titles": {"tier-read": title}, "values": {
-            "hbm_4k": tps["hbm"][i4k], "host_4k": tps["host-pcie5"][i4k],
-            "remote_400g_4k": tps[REMOTE][i4k],
-            "host_slowdown": times["host-pcie5"][i4k] / local[i4k],
-            "speed": speed.speed_text(measured, why, 1.0, TIER_HARDWARE),
-            "remote_200g_4k": tps["remote-ib-200g"][i4k], "remote_4k": tps["remote-ib-200g"][i4k]}}
+        return {
+            "sources": sources,
+            "titles": {"tier-read": title},
+            "values": {
+                "hbm_4k": tps["hbm"][i4k],
+                "host_4k": tps["host-pcie5"][i4k],
+                "remote_400g_4k": tps[REMOTE][i4k],
+                "host_slowdown": times["host-pcie5"][i4k] / local[i4k],
+                "speed": speed.speed_text(measured, why, 1.0, TIER_HARDWARE),
+                "remote_200g_4k": tps["remote-ib-200g"][i4k],
+                "remote_4k": tps["remote-ib-200g"][i4k],
+            },
+        }
 
     def figures(src):
-        fig = style.new_figure(TIER_TITLE, "context (tokens)", "tokens per second, whole batch",
-                               x_axis_type="log", y_axis_type="log", height=380)
+        fig = style.new_figure(
+            TIER_TITLE,
+            "context (tokens)",
+            "tokens per second, whole batch",
+            x_axis_type="log",
+            y_axis_type="log",
+            height=380,
+        )
         fig.name = "tier-read"
         for name in SHOWN_PLACEMENTS:
-            fig.line("context", "tokens_per_s", source=src[name], color=PLACEMENT_COLORS[name], width=2.5,
-                     legend_label=tiers.get_placement(name).description if name != "hbm" else "the GPU's own HBM")
+            fig.line(
+                "context",
+                "tokens_per_s",
+                source=src[name],
+                color=PLACEMENT_COLORS[name],
+                width=2.5,
+                legend_label=tiers.get_placement(name).description
+                if name != "hbm"
+                else "the GPU's own HBM",
+            )
         fig.xaxis.formatter = style.count_ticks()
         fig.yaxis.formatter = style.count_ticks()
         fig.legend.location = "bottom_left"
         fig.legend.label_text_font_size = "10px"
         return fig
 
-    batch = Control("batch", "Batch (sequences)", (1, 8, 32), 8, kind="slider", live_range=(1, 512), log=True)
+    batch = Control(
+        "batch", "Batch (sequences)", (1, 8, 32), 8, kind="slider", live_range=(1, 512), log=True
+    )
     controls = (small_model_control(), batch, speed.speed_control())
     return lookup_panel("tier-read", controls, compute, figures, TIER_READOUT, glue=TIER_GLUE)
 
@@ -184,46 +267,94 @@ def hit_miss_panel():
     """Mean prefill time against hit rate per placement: a cache can be a liability."""
 
     def compute(state):
-        s = hit_rate_series(state["model"], "h100-sxm", state["prompt"], HIT_RATES, placements=SHOWN_PLACEMENTS)
+        s = hit_rate_series(
+            state["model"], "h100-sxm", state["prompt"], HIT_RATES, placements=SHOWN_PLACEMENTS
+        )
         rates = s["hit_rates"]
-        sources = {p: {"rate": rates.tolist(), "time": v["mean_prefill_time_s"].tolist()}
-                   for p, v in s["placements"].items()}
-        sources["miss"] = {"rate": rates.tolist(), "time": np.full(rates.shape, s["miss_time_s"]).tolist()}
+        sources = {
+            p: {"rate": rates.tolist(), "time": v["mean_prefill_time_s"].tolist()}
+            for p, v in s["placements"].items()
+        }
+        sources["miss"] = {
+            "rate": rates.tolist(),
+            "time": np.full(rates.shape, s["miss_time_s"]).tolist(),
+        }
         pl = s["placements"]
         i99 = int(np.argmin(np.abs(rates - 0.99)))
         breakeven = tiers.breakeven_prompt_tokens(state["model"], "h100-sxm", "host-pcie4")
-        return {"sources": sources, "values": {
-            "miss_s": float(s["miss_time_s"]), "hit_host4_s": float(pl["host-pcie4"]["hit_time_s"]),
-            "hit_10gbe_s": float(pl["remote-10gbe"]["hit_time_s"]),
-            "mean_99_host4_s": float(pl["host-pcie4"]["mean_prefill_time_s"][i99]),
-            "breakeven_host4": float(np.asarray(breakeven).ravel()[0])}}
+        return {
+            "sources": sources,
+            "values": {
+                "miss_s": float(s["miss_time_s"]),
+                "hit_host4_s": float(pl["host-pcie4"]["hit_time_s"]),
+                "hit_10gbe_s": float(pl["remote-10gbe"]["hit_time_s"]),
+                "mean_99_host4_s": float(pl["host-pcie4"]["mean_prefill_time_s"][i99]),
+                "breakeven_host4": float(np.asarray(breakeven).ravel()[0]),
+            },
+        }
 
     def figures(src):
-        fig = style.new_figure("Mean prefill time against hit rate", "prefix-cache hit rate", "seconds",
-                               y_axis_type="log", height=380)
-        fig.line("rate", "time", source=src["miss"], color="black", width=2, line_dash="dashed",
-                 legend_label="every request a miss")
+        fig = style.new_figure(
+            "Mean prefill time against hit rate",
+            "prefix-cache hit rate",
+            "seconds",
+            y_axis_type="log",
+            height=380,
+        )
+        fig.line(
+            "rate",
+            "time",
+            source=src["miss"],
+            color="black",
+            width=2,
+            line_dash="dashed",
+            legend_label="every request a miss",
+        )
         for name in SHOWN_PLACEMENTS:
-            fig.line("rate", "time", source=src[name], color=PLACEMENT_COLORS[name], width=2.5,
-                     legend_label=f"hits served from {name}")
+            fig.line(
+                "rate",
+                "time",
+                source=src[name],
+                color=PLACEMENT_COLORS[name],
+                width=2.5,
+                legend_label=f"hits served from {name}",
+            )
         fig.xaxis.formatter = style.percent_ticks()
         fig.yaxis.formatter = style.seconds_ticks()
         fig.legend.location = "top_left"
         fig.legend.label_text_font_size = "10px"
         return fig
 
-    prompt = Control("prompt", "Prompt (tokens)", (512, 2048, 4096, 16384), 4096, kind="slider",
-                     live_range=(64, 131072), log=True)
-    return lookup_panel("hit-miss", (small_model_control("llama-2-7b"), prompt), compute, figures, HIT_READOUT)
+    prompt = Control(
+        "prompt",
+        "Prompt (tokens)",
+        (512, 2048, 4096, 16384),
+        4096,
+        kind="slider",
+        live_range=(64, 131072),
+        log=True,
+    )
+    return lookup_panel(
+        "hit-miss", (small_model_control("llama-2-7b"), prompt), compute, figures, HIT_READOUT
+    )
 
 
 # ---------------------------------------------------------- PD transfers
 #: The links a request's KV may cross from prefill to decode: {name: (path, bandwidth override)}.
-PD_LINKS = {"ethernet-10g": ("ethernet-10g", None), "ib-200g": ("ib-200g", None),
-            "article-200GB/s": ("remote-ib-200g", ARTICLE_IB_BYTES_PER_S), "ib-400g": ("ib-400g", None),
-            "nvlink4": ("nvlink4", None)}
-PD_LABELS = {"ethernet-10g": "10 GbE", "ib-200g": "one 200 Gb/s NIC", "article-200GB/s": "200 GB/s (the article)",
-             "ib-400g": "one 400 Gb/s NIC, one per GPU", "nvlink4": "NVLink 4 (in a node)"}
+PD_LINKS = {
+    "ethernet-10g": ("ethernet-10g", None),
+    "ib-200g": ("ib-200g", None),
+    "article-200GB/s": ("remote-ib-200g", ARTICLE_IB_BYTES_PER_S),
+    "ib-400g": ("ib-400g", None),
+    "nvlink4": ("nvlink4", None),
+}
+PD_LABELS = {
+    "ethernet-10g": "10 GbE",
+    "ib-200g": "one 200 Gb/s NIC",
+    "article-200GB/s": "200 GB/s (the article)",
+    "ib-400g": "one 400 Gb/s NIC, one per GPU",
+    "nvlink4": "NVLink 4 (in a node)",
+}
 PD_READOUT = (
     ("kv_bytes", "KV of the batch at this context", "bytes"),
     ("decode_step_s", "One decode step (KV local)", "seconds"),
@@ -244,37 +375,85 @@ def pd_panel():
         s = pd_series(state["model"], TIER_HARDWARE, state["context"], state["batch"], PD_LINKS)
         names = list(s["links"])
         rows = s["links"]
-        sources = {"links": {
-            "link": [PD_LABELS[n] for n in names], "transfer": [rows[n]["transfer_s"] for n in names],
-            "every_step": [rows[n]["every_step_time_s"] for n in names],
-            "color": [style.PALETTE[i % len(style.PALETTE)] for i in range(len(names))]},
-            "step": {"link": [PD_LABELS[n] for n in names], "step": [s["decode_step_s"]] * len(names)}}
-        return {"sources": sources, "values": {
-            "kv_bytes": s["kv_bytes"], "decode_step_s": s["decode_step_s"],
-            "t_10g_s": rows["ethernet-10g"]["transfer_s"], "t_200g_s": rows["ib-200g"]["transfer_s"],
-            "t_400g_s": rows["ib-400g"]["transfer_s"],
-            "t_article_s": rows["article-200GB/s"]["transfer_s"], "t_nvlink_s": rows["nvlink4"]["transfer_s"],
-            "remote_slowdown_400g": rows["ib-400g"]["every_step_slowdown"],
-            "remote_slowdown_200g": rows["ib-200g"]["every_step_slowdown"]}}
+        sources = {
+            "links": {
+                "link": [PD_LABELS[n] for n in names],
+                "transfer": [rows[n]["transfer_s"] for n in names],
+                "every_step": [rows[n]["every_step_time_s"] for n in names],
+                "color": [style.PALETTE[i % len(style.PALETTE)] for i in range(len(names))],
+            },
+            "step": {
+                "link": [PD_LABELS[n] for n in names],
+                "step": [s["decode_step_s"]] * len(names),
+            },
+        }
+        return {
+            "sources": sources,
+            "values": {
+                "kv_bytes": s["kv_bytes"],
+                "decode_step_s": s["decode_step_s"],
+                "t_10g_s": rows["ethernet-10g"]["transfer_s"],
+                "t_200g_s": rows["ib-200g"]["transfer_s"],
+                "t_400g_s": rows["ib-400g"]["transfer_s"],
+                "t_article_s": rows["article-200GB/s"]["transfer_s"],
+                "t_nvlink_s": rows["nvlink4"]["transfer_s"],
+                "remote_slowdown_400g": rows["ib-400g"]["every_step_slowdown"],
+                "remote_slowdown_200g": rows["ib-200g"]["every_step_slowdown"],
+            },
+        }
 
     def figures(src):
         labels = list(src["links"].data["link"])
-        fig = style.new_figure("Moving a request's KV from prefill to decode", "seconds (log scale)", "",
-                               y_range=labels, x_axis_type="log", height=300, x_range=(1e-5, 100))
-        bars = fig.hbar(y="link", left=1e-5, right="transfer", height=0.6, color="color", source=src["links"])
-        fig.scatter("step", "link", source=src["step"], marker="dash", size=26, color="black", line_width=3,
-                    legend_label="one decode step")
+        fig = style.new_figure(
+            "Moving a request's KV from prefill to decode",
+            "seconds (log scale)",
+            "",
+            y_range=labels,
+            x_axis_type="log",
+            height=300,
+            x_range=(1e-5, 100),
+        )
+        bars = fig.hbar(
+            y="link", left=1e-5, right="transfer", height=0.6, color="color", source=src["links"]
+        )
+        fig.scatter(
+            "step",
+            "link",
+            source=src["step"],
+            marker="dash",
+            size=26,
+            color="black",
+            line_width=3,
+            legend_label="one decode step",
+        )
         fig.xaxis.formatter = style.seconds_ticks()
         fig.legend.location = "bottom_right"
-        style.hover(fig, [("", "@link"), ("transfer", "@transfer{0.000000} s"),
-                          ("decode step reading it remotely", "@every_step{0.000000} s")], [bars])
+        style.hover(
+            fig,
+            [
+                ("", "@link"),
+                ("transfer", "@transfer{0.000000} s"),
+                ("decode step reading it remotely", "@every_step{0.000000} s"),
+            ],
+            [bars],
+        )
         return fig
 
-    context = Control("context", "Context (tokens)", (1024, 4096, 32768), 4096, kind="slider",
-                      live_range=(128, 131072), log=True)
-    batch = Control("batch", "Requests moved together", (1, 8), 1, kind="slider", live_range=(1, 256), log=True)
-    return lookup_panel("pd", (small_model_control(), context, batch), compute, figures, PD_READOUT,
-                        glue=PD_GLUE)
+    context = Control(
+        "context",
+        "Context (tokens)",
+        (1024, 4096, 32768),
+        4096,
+        kind="slider",
+        live_range=(128, 131072),
+        log=True,
+    )
+    batch = Control(
+        "batch", "Requests moved together", (1, 8), 1, kind="slider", live_range=(1, 256), log=True
+    )
+    return lookup_panel(
+        "pd", (small_model_control(), context, batch), compute, figures, PD_READOUT, glue=PD_GLUE
+    )
 
 
 # ------------------------------------------------------ measured transfers
@@ -282,22 +461,50 @@ def transfers_figure():
     """Measured KV transfers of every recorded machine next to the link model."""
     from bokeh.models import ColumnDataSource
 
-    data = {"model": link_model_curves(MODEL_LINKS, 2.0 ** np.arange(12, 30)), "measured": kv_transfer_series()}
-    fig = style.new_figure("KV transfer: effective bandwidth against message size", "message size",
-                           "effective bandwidth (bytes/s)", x_axis_type="log", y_axis_type="log", height=400)
+    data = {
+        "model": link_model_curves(MODEL_LINKS, 2.0 ** np.arange(12, 30)),
+        "measured": kv_transfer_series(),
+    }
+    fig = style.new_figure(
+        "KV transfer: effective bandwidth against message size",
+        "message size",
+        "effective bandwidth (bytes/s)",
+        x_axis_type="log",
+        y_axis_type="log",
+        height=400,
+    )
     for i, (name, curve) in enumerate(data["model"]["links"].items()):
-        fig.line(curve["sizes_bytes"], curve["bandwidth_bytes_per_s"], color=style.PALETTE[i], width=2,
-                 line_dash="dashed", legend_label=f"model: {name}")
+        fig.line(
+            curve["sizes_bytes"],
+            curve["bandwidth_bytes_per_s"],
+            color=style.PALETTE[i],
+            width=2,
+            line_dash="dashed",
+            legend_label=f"model: {name}",
+        )
     markers = ("circle", "triangle", "square", "diamond")
     k = 0
     for machine, payload in data["measured"].items():
         for engine, entry in payload["engines"].items():
             for layout, rows in entry["layouts"].items():
-                src = ColumnDataSource({"bytes": rows["bytes"], "bw": rows["bandwidth_bytes_per_s_median"],
-                                        "p10": rows["bandwidth_bytes_per_s_p10"], "p90": rows["bandwidth_bytes_per_s_p90"]})
+                src = ColumnDataSource(
+                    {
+                        "bytes": rows["bytes"],
+                        "bw": rows["bandwidth_bytes_per_s_median"],
+                        "p10": rows["bandwidth_bytes_per_s_p10"],
+                        "p90": rows["bandwidth_bytes_per_s_p90"],
+                    }
+                )
                 color = style.PALETTE[(4 + k) % len(style.PALETTE)]
-                fig.scatter("bytes", "bw", source=src, size=8, marker=markers[k % len(markers)], color=color,
-                            legend_label=f"measured: {engine}, {layout} ({machine})")
+                fig.scatter(
+                    "bytes",
+                    "bw",
+                    source=src,
+                    size=8,
+                    marker=markers[k % len(markers)],
+                    color=color,
+                    legend_label=f"measured: {engine}, {layout} ({machine})",
+                )
                 fig.segment("bytes", "p10", "bytes", "p90", source=src, color=color)
                 k += 1
     fig.xaxis.formatter = style.si_ticks("B")
