@@ -462,3 +462,26 @@ def test_past_the_ceiling_numbers_glue_every_role(ceiling_numbers):
     assert ceiling_numbers["tp1_fits"] == "no" and ceiling_numbers["v3_h100_fits"] == "no"
     assert ceiling_numbers["spec_short_breakeven_batch"] == "180"
     assert ceiling_numbers["speculative_breakeven_batch"] == "never"
+
+
+def test_pitfall_one_prose_names_the_limit_that_binds():
+    """Chapter 5's pitfall 1 says memory binds at the panel's starting budget and the TPOT
+    budget binds at the tightest one; the panel must agree, or the prose must change."""
+    from kvlab.book import metrics_and_diagnosis
+
+    n = metrics_and_diagnosis.numbers()
+    assert n["tpot-budget_limited_by"] == "device memory"
+    assert n["tpot-budget-tight_limited_by"] == "TPOT budget"
+    assert int(n["tpot-budget_tpot_batch"]) > int(n["tpot-budget_max_batch"])
+    assert int(n["tpot-budget-tight_allowed_batch"]) < int(n["tpot-budget_max_batch"])
+    assert int(n["tpot-budget_knee_batch"]) < int(n["tpot-budget-tight_allowed_batch"])
+
+
+def test_chapter_3_measured_tier_gap_narrows_but_stays_large():
+    """The prose: with measured kernels HBM slows, the link-bound tiers hardly move, and the
+    gap to host memory narrows but stays about an order of magnitude."""
+    from kvlab.book import beyond_hbm
+
+    n = beyond_hbm.numbers()
+    ratio = lambda k: float(n[k].rstrip("×"))  # noqa: E731
+    assert 5 < ratio("tier-read-measured_host_slowdown") < ratio("tier-read_host_slowdown")

@@ -38,16 +38,11 @@ def article_steps() -> tuple[cost.DecodeStep, cost.DecodeStep]:
 
 @functools.cache
 def panels() -> dict:
-    """The chapter's panels, built once per kernel: ledger, batch, context, quantization, roofline."""
+    """The chapter's panels, built once per kernel: the decode step (one control bar for the
+    ledger, the batch and context sweeps and the roofline) and quantization."""
     from ..viz import ledger, roofline
 
-    return {
-        "ledger": ledger.ledger_panel(),
-        "batch": ledger.batch_panel(),
-        "context": ledger.context_panel(),
-        "quantization": roofline.quantization_panel(),
-        "roofline": roofline.roofline_panel(),
-    }
+    return {"ledger": ledger.ledger_panel(), "quantization": roofline.quantization_panel()}
 
 
 def tiers_figure():
@@ -93,7 +88,7 @@ def numbers() -> dict[str, str]:
             "art16_each": fmt.rate(art16.tokens_per_s_per_sequence),
         }
     )
-    for name in ("batch", "context", "quantization", "roofline"):
+    for name in ("ledger", "quantization"):
         out.update(p[name].readout_texts())
     base = p["ledger"].default_state
     ridge = cost.decode_step(base["model"], base["hardware"], 1, 1).ridge_flops_per_byte
@@ -112,24 +107,23 @@ def numbers() -> dict[str, str]:
     )
     out.update({k: fmt.sig(v, 2) for k, v in tier_step_ratios().items()})
     out.update(_moe_and_quantization_numbers())
-    roof = p["roofline"].default_state
     short, long_ = (
-        flash_attention_effect(roof["model"], roof["hardware"], ctx)
-        for ctx in (roof["context"], 32768)
+        flash_attention_effect(base["model"], base["hardware"], ctx)
+        for ctx in (base["context"], 32768)
     )
     out.update(
         {
             "flash_attn_naive": fmt.sig(short["attention_intensity_naive"], 2),
-            "flash_context": fmt.fixed(roof["context"], 0),
+            "flash_context": fmt.fixed(base["context"], 0),
             "flash_ratio": f"{fmt.sig(short['time_ratio'], 3)}×",
             "flash_ratio_32k": f"{fmt.sig(long_['time_ratio'], 3)}×",
         }
     )
-    knee, quant = p["batch"].default_state, p["quantization"].default_state
+    quant = p["quantization"].default_state
     out.update(
         {
-            "knee_model": get_model(knee["model"]).display_name,
-            "knee_device": get_device(knee["hardware"]).display_name,
+            "ledger_model_name": get_model(base["model"]).display_name,
+            "ledger_device_name": get_device(base["hardware"]).display_name,
             "quant_context": fmt.fixed(quant["context"], 0),
             "quant_batch": fmt.fixed(quant["batch"], 0),
         }

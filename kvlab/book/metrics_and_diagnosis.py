@@ -97,6 +97,11 @@ def numbers() -> dict[str, str]:
     budget, quant = p["budget"], p["quantization"]
     out.update(budget.readout_texts())
     out["budget_slo"] = fmt.seconds(budget.default_state["slo"])
+    # the tightest budget the panel offers, where the budget binds before memory does
+    tight = min(next(c for c in budget.controls if c.key == "slo").options)
+    out["budget_tight_slo"] = fmt.seconds(tight)
+    out.update(budget.readout_texts("tpot-budget-tight", slo=tight))
+    out["budget_context"] = fmt.fixed(budget.default_state["context"], 0)
     out.update(quant.readout_texts("q16"))
     out.update(quant.readout_texts("q4k", context=4096))
     out["q_batch"] = fmt.fixed(quant.default_state["batch"], 0)
