@@ -24,15 +24,8 @@ def panels() -> dict[str, Callable[[], object]]:
     return _unique(
         [
             ("hits", what_a_hit_saves.hit_panel),
-            (
-                "ledger",
-                pick(bandwidth_wall, "ledger"),
-            ),  # the decode step: bytes, time, sweeps, roofline
-            # chapter 2 still shows these three; the ledger panel draws all they draw: remove
-            # them here when the chapter's notebook stops showing them
-            ("knee", pick(bandwidth_wall, "batch")),
-            ("context", pick(bandwidth_wall, "context")),
-            ("roofline", pick(bandwidth_wall, "roofline")),
+            # the decode step: bytes, time, the batch and context sweeps, the roofline
+            ("ledger", pick(bandwidth_wall, "ledger")),
             ("quantization", pick(bandwidth_wall, "quantization")),
             ("speculative", pick(past_the_ceiling, "speculative")),
             ("tensor-parallel", pick(past_the_ceiling, "tensor_parallel")),
