@@ -10,6 +10,7 @@ import numpy as np
 
 from .. import cost, tiers
 from ..hardware import get_tier
+from ..sim import SimConfig
 from . import style
 from .controls import (
     batch_control,
@@ -171,7 +172,8 @@ def dashboard_panel() -> Panel:
         dtype_control("kv_dtype", "KV cache"),
         efficiency_control(),
         Control("kv_tier", "KV read from", PLACEMENTS, "hbm"),
-        Control("link", "Prefill→decode link", LINKS, "ib-200g"),
+        # one 400 Gb/s NIC per GPU, as in current nodes and the simulator's default
+        Control("link", "Prefill→decode link", LINKS, SimConfig().link),
         hit_control(0.9),
     )
     return Panel("dashboard", controls, compute, figures, js="", readout=DASHBOARD_READOUT)
