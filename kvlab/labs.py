@@ -238,7 +238,7 @@ def _tp2_max_batch():
     "the message (batch x hidden bf16 elements), the measured all-reduce over 8 GPUs at that "
     "size, and the ring's 2 (N - 1) / N of the message over the link's sheet bandwidth",
     hint_zh="消息大小（批大小 × hidden 个 bf16 元素）、8 块 GPU 在该大小下实测的 all-reduce 时间，"
-    "以及环形算法的 2 (N - 1) / N 倍消息量除以链路的手册带宽",
+    "以及环形算法的 2 (N - 1) / N 倍消息量除以链路的规格带宽",
 )
 def _allreduce_over_sheet():
     from .measured import load

@@ -29,7 +29,6 @@ from kvlab.viz import i18n  # noqa: E402
 PENDING = [
     "notebooks/02_bandwidth_wall",
     "notebooks/02b_measured",
-    "notebooks/02c_past_the_ceiling",
     "notebooks/03_beyond_hbm",
     "notebooks/05_metrics_and_diagnosis",
 ]
