@@ -9,6 +9,7 @@ from .. import fmt
 from ..bench import report
 from ..hardware import get_device
 from ..models import get_model
+from ..viz import i18n
 from . import gpu_tables
 from .lang import clauses, join, pick, sentences
 
@@ -68,7 +69,17 @@ def bandwidth_range() -> str:
 def kernels_notes() -> str:
     """How each recorded run with kvlab's kernels built them (compiler, instruction set)."""
     runs = report.decode_comparison("device")
-    return "; ".join(sorted({e["kernels_note"] for e in runs if e["kernels"] == "native"}))
+    notes = sorted({e["kernels_note"] for e in runs if e["kernels"] == "native"})
+    return clauses(_kernels_note(note) for note in notes)
+
+
+def _kernels_note(note: str) -> str:
+    """'native C kernels (<isa>, <compiler>)' (kvlab.native's wording) in the edition's
+    language; the instruction sets and the compiler's own version line stay as recorded."""
+    head = "native C kernels ("
+    if not (note.startswith(head) and note.endswith(")")):
+        return note
+    return pick(note, f"原生 C 内核（{note[len(head) : -1]}）")
 
 
 def pace_summary() -> str:
@@ -193,13 +204,16 @@ def cpu_numbers() -> dict[str, str]:
         or pick("No int8 results are recorded yet.", "尚未记录 int8 的结果。"),
         "torch_summary": decode_summary("torch")
         or pick(
-            "no comparison run with PyTorch's kernels is recorded yet (`make bench` records one)",
-            "尚未记录与 PyTorch 内核的对比（`make bench` 会记录一次）",
+            "No comparison run with PyTorch's kernels is recorded yet (`make bench` records one).",
+            "尚未记录与 PyTorch 内核的对比运行（`make bench` 会记录一次）。",
         ),
         "bracket_bw": bandwidth_range() or _na(),
         "pace_note": pace_summary() or _no_decode(),
         "kernels_note": kernels_notes()
-        or pick("no run with kvlab's kernels is recorded yet", "尚未记录使用 kvlab 内核的运行"),
+        or pick(
+            "none of them yet (no run with kvlab's kernels is recorded)",
+            "尚无使用 kvlab 内核的运行",
+        ),
         "copy_bw": clauses(
             pick(f"{m['device_name']}: ", f"{m['device_name']}：")
             + fmt.si(m["bandwidth_bytes_per_s"], "B/s")
@@ -303,7 +317,7 @@ def gpu_numbers() -> dict[str, str]:
             {names[d]: fmt.percent(_derived(d)["gemv_fraction_of_sheet"]) for d in above}
         )
         or pick("none", "无"),
-        "gemv_how": _derived(h100)["gemv_how"],
+        "gemv_how": i18n.t(_derived(h100)["gemv_how"]),  # the extract's sentence (kvlab.measured)
         "gemm_m1_h100": fmt.percent(float(gemm[h100]["efficiency"][0])),
         "gemm_best_h100": fmt.percent(float(np.max(gemm[h100]["efficiency"]))),
         "attn_best_h100": fmt.percent(float(attention[h100]["fraction_of_sheet"].max())),

@@ -298,10 +298,11 @@ def recompute_figure():
         y_axis_type="log",
         height=380,
     )
-    k = 0
+    k, lengths = 0, set()
     for curve in report.recompute_curves():
         if curve["tokens"] is None:
             continue
+        lengths.update(curve["tokens"].tolist())
         name = f"{curve['device_name']} ({curve['preset']})"
         c1, c2 = style.PALETTE[(2 * k) % 8], style.PALETTE[(2 * k + 1) % 8]
         fig.line(
@@ -339,6 +340,7 @@ def recompute_figure():
         k += 1
     if k == 0:
         return _note(fig, "no recompute-vs-fetch results recorded yet")
+    fig.xaxis.ticker = _context_ticks(lengths)  # bokeh's log ticks leave most lengths unlabelled
     fig.xaxis.formatter = style.count_ticks()
     fig.yaxis.formatter = style.seconds_ticks()
     fig.legend.location = "top_left"
