@@ -153,7 +153,7 @@ class DecodeStep(Result):
     tokens_per_s_per_sequence: object
     kv_cache_bytes: object  # KV held in memory for the batch
     memory_needed_bytes: object
-    capacity_bytes: float
+    capacity_bytes: float  # what weights + KV may fill (hardware.USABLE_MEMORY_FRACTION)
     fits: object
     max_batch: object  # largest batch whose KV fits beside the weights at this context
     ceiling_step_time_s: object  # sum over operators of max(bytes/bandwidth, FLOPs/peak)
@@ -237,6 +237,8 @@ def decode_step(
     only; a scalar point outside the tables raises, array points there are NaN).
     `tensor_parallel` (1, 2, 4, 8) splits the step over that many GPUs of one server
     (`allreduce_link` says how its all-reduces are costed); bytes and memory are per GPU.
+    Memory: weights + KV must fit in the device's usable capacity (`capacity_bytes`
+    overrides it), as the simulator's do.
     """
     return _step(
         model,
@@ -345,7 +347,7 @@ def _step(
     )
     eff = 1.0 if measured else _check_efficiency(efficiency)
     capacity = (
-        dev.capacity_bytes
+        dev.usable_capacity_bytes
         if capacity_bytes is None
         else check_number("capacity (bytes)", capacity_bytes, maximum=MAX_CAPACITY_BYTES)
     )

@@ -326,7 +326,8 @@ def render(r: dict) -> str:
         f" {rate(r['tokens_per_s_per_sequence'])} per sequence",
         f"first token (TTFT)   {ttft:>10}  prefill of a {int(r['context']):,}-token prompt,"
         f" {int(r['cached_tokens']):,} of them from the prefix cache ({r['prefill_bound']}-bound)",
-        f"memory               {si(r['memory_needed_bytes'], 'B'):>10}  of {si(r['capacity_bytes'], 'B')}: {fit};"
+        f"memory               {si(r['memory_needed_bytes'], 'B'):>10}  of"
+        f" {si(r['capacity_bytes'], 'B')} usable: {fit};"
         f" max batch at this context {int(r['max_batch']):,}, max context at this batch {max_ctx}",
     ]
     if r["tensor_parallel"] > 1:
