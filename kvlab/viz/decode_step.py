@@ -84,7 +84,10 @@ def _kw(state: dict) -> dict:
 def _measured_times(state: dict, batches, contexts) -> list[float]:
     """Measured seconds at each (batch, context) pair (NaN where the tables have none)."""
     args = (state["model"], state["hardware"], state["weight_dtype"], state["kv_dtype"])
-    return [speed.measured_time(*args, int(b), int(c))[0] for b, c in zip(batches, contexts)]
+    return [
+        speed.measured_time(*args, int(b), int(c))[0]
+        for b, c in zip(batches, contexts, strict=True)
+    ]
 
 
 def _main(state: dict, ceiling_s, batches, contexts) -> tuple[list[float], bool]:
@@ -98,7 +101,7 @@ def _main(state: dict, ceiling_s, batches, contexts) -> tuple[list[float], bool]
 
 
 def _rows(columns: dict, keep: list[bool]) -> dict:
-    return {k: [v for v, ok in zip(col, keep) if ok] for k, col in columns.items()}
+    return {k: [v for v, ok in zip(col, keep, strict=True) if ok] for k, col in columns.items()}
 
 
 def _empty(*names) -> dict:
@@ -131,7 +134,7 @@ def _batch_part(state: dict, short: str) -> tuple[dict, dict, int]:
     times, measured = _main(state, s.step_time_s, BATCHES, [state["context"]] * len(BATCHES))
     keep = [t == t for t in times]
     b = BATCHES.tolist()
-    tps = [x / t for x, t in zip(b, times)]
+    tps = [x / t for x, t in zip(b, times, strict=True)]
     label = f" ({short})" if measured else ""
     main = {
         "batch": b,

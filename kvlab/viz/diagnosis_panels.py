@@ -84,7 +84,7 @@ def tpot_budget_panel() -> Panel:
         batches = sorted(set(BATCH_GRID) | {b for b in marks if b >= 1})
         steps = [cost.decode_step(m, hw, b, ctx, **DTYPES_USED) for b in batches]
         tpot = [s.step_time_s for s in steps]
-        at = dict(zip(batches, steps))
+        at = dict(zip(batches, steps, strict=True))
         chosen = at.get(allowed)
         tps = chosen.tokens_per_s if chosen else 0.0
 

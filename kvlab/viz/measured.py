@@ -81,8 +81,10 @@ def decode_figure():
         for placement in sorted(set(p["placement"].tolist())):
             for kv in sorted(set(p["kv_dtype"].tolist())):
                 sel = (
-                    (p["placement"] == placement) & (p["kv_dtype"] == kv) & (p["prefetch"] == False)
-                )  # noqa: E712
+                    (p["placement"] == placement)
+                    & (p["kv_dtype"] == kv)
+                    & ~p["prefetch"].astype(bool)
+                )
                 if not sel.any():
                     continue
                 src = ColumnDataSource(
@@ -260,7 +262,9 @@ def pace_figure():
                             color=color,
                             fill_color=color if kernels == "default" else "white",
                             marker="circle" if kernels == "default" else "square",
-                            legend_label=f"{entry['device_name']}: batch {int(batch)}, KV {kv}, {who}",
+                            legend_label=(
+                                f"{entry['device_name']}: batch {int(batch)}, KV {kv}, {who}"
+                            ),
                         )
                     )
                     hi = max(hi, float(p["bandwidth_bytes_per_s"][sel].max()))

@@ -156,7 +156,7 @@ def latency_panel():
             height=330,
         )
         colors = (style.VERMILION, style.PURPLE, style.SKY)
-        for i, (label, color) in enumerate(zip(labels, colors)):
+        for i, (label, color) in enumerate(zip(labels, colors, strict=True)):
             fig.line(
                 "hit",
                 "ttft",

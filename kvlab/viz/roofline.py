@@ -298,7 +298,7 @@ def quantization_panel() -> Panel:
 
 def _quant_labels():
     colors = (style.GREY, style.BLUE, style.ORANGE, style.GREEN, style.PURPLE)
-    return [(f"W {w} · KV {k}", c) for (w, k), c in zip(QUANT_CONFIGS, colors)]
+    return [(f"W {w} · KV {k}", c) for (w, k), c in zip(QUANT_CONFIGS, colors, strict=True)]
 
 
 def _quant_bars(speeds, kv_shares) -> dict:

@@ -37,6 +37,7 @@ PLACEMENT_COLORS = dict(
             style.PURPLE,
             style.VERMILION,
         ),
+        strict=True,
     )
 )
 SMALL_MODELS = ("article-7b", "llama-2-7b", "llama-3.1-8b", "qwen2.5-7b")
