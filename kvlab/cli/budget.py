@@ -155,8 +155,7 @@ def budget(
     them served by a prefix hit. In measured mode a prompt outside the prefill tables gives
     `ttft_s: null` and says why in `notes` (the decode step itself must be inside them).
     With `speculative_tokens` K > 0 the speculation round is added (`speculative_round`)."""
-    from ..cost import decode_step, memory_fit, prefill
-    from ..errors import KvlabError
+    from ..cost import decode_step, memory_fit
 
     kwargs = dict(weight_dtype=weight_dtype, kv_dtype=kv_dtype)
     tp = dict(tensor_parallel=tensor_parallel)
@@ -172,25 +171,7 @@ def budget(
     )
     fit = memory_fit(model, hardware, batch, context, **kwargs, **tp)
     notes = list(step.notes)
-    try:
-        first = prefill(
-            model,
-            hardware,
-            max(context, 1),
-            cached_tokens=cached,
-            efficiency=efficiency,
-            bandwidth_bytes_per_s=bandwidth,
-            **kwargs,
-            **tp,
-        ).to_dict()
-    except KvlabError as exc:
-        if efficiency != "measured":
-            raise
-        notes.append(f"TTFT not measured: {exc}")
-        first = prefill(
-            model, hardware, max(context, 1), cached_tokens=cached, **kwargs, **tp
-        ).to_dict()
-        first["ttft_s"] = None
+    first = _first_token(model, hardware, context, cached, efficiency, bandwidth, kwargs, tp, notes)
     from ..ledger_rows import operator_table
 
     operators = operator_table(
@@ -219,6 +200,34 @@ def budget(
         **spec,
         "notes": notes,
     }
+
+
+def _first_token(model, hardware, context, cached, efficiency, bandwidth, kwargs, tp, notes):
+    """The prefill of one `context`-token prompt as a dict; in measured mode a prompt outside
+    the tables gets the ledger's prefill with `ttft_s: None`, and a note says why."""
+    from ..cost import prefill
+    from ..errors import KvlabError
+
+    try:
+        return prefill(
+            model,
+            hardware,
+            max(context, 1),
+            cached_tokens=cached,
+            efficiency=efficiency,
+            bandwidth_bytes_per_s=bandwidth,
+            **kwargs,
+            **tp,
+        ).to_dict()
+    except KvlabError as exc:
+        if efficiency != "measured":
+            raise
+        notes.append(f"TTFT not measured: {exc}")
+        first = prefill(
+            model, hardware, max(context, 1), cached_tokens=cached, **kwargs, **tp
+        ).to_dict()
+        first["ttft_s"] = None
+        return first
 
 
 def speculative_round(

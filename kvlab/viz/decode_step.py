@@ -373,6 +373,11 @@ def _step_figures(src):
 def _batch_figures(src):
     from bokeh.layouts import column
 
+    tps = _batch_throughput_figure(src)
+    return column(tps, _batch_tpot_figure(src, tps.x_range))
+
+
+def _batch_throughput_figure(src):
     tps = style.new_figure(
         "Throughput against batch",
         "batch (sequences)",
@@ -448,13 +453,17 @@ def _batch_figures(src):
         [a, b],
         mode="vline",
     )
+    return tps
+
+
+def _batch_tpot_figure(src, x_range):
     tpot = style.new_figure(
         "Time per output token against batch",
         "batch (sequences)",
         "TPOT",
         x_axis_type="log",
         height=220,
-        x_range=tps.x_range,
+        x_range=x_range,
     )
     tpot.line("batch", "tpot_s", source=src["batch_ref"], color=style.GREY, width=1.5)
     c = tpot.line("batch", "tpot_s", source=src["batch"], color=style.GREEN, width=2.5)
@@ -473,7 +482,7 @@ def _batch_figures(src):
     style.hover(
         tpot, [("batch", "@batch{0,0}"), ("TPOT", "@tpot_s{0.000000} s")], [c], mode="vline"
     )
-    return column(tps, tpot)
+    return tpot
 
 
 def _context_figures(src):

@@ -148,15 +148,7 @@ class Panel:
         """Bokeh components for the built book: the default state drawn by Python."""
         from bokeh.embed import components
         from bokeh.layouts import column, row
-        from bokeh.models import (
-            ColumnDataSource,
-            CustomJS,
-            CustomJSTickFormatter,
-            Div,
-            InlineStyleSheet,
-            Select,
-            Slider,
-        )
+        from bokeh.models import ColumnDataSource, CustomJS, Div, InlineStyleSheet
 
         if not self.js:
             raise ValueError(f"panel {self.key!r} is live only (it has no JavaScript twin)")
@@ -165,34 +157,7 @@ class Panel:
             name: ColumnDataSource(data=data, name=f"{self.key}.source.{name}")
             for name, data in result["sources"].items()
         }
-        widgets, grids = {}, {}
-        for c in self.controls:
-            name = f"{self.key}.{c.key}"
-            if c.kind == "slider":
-                grids[c.key] = list(c.options)
-                labels = [c.label_of(v) for v in c.options]
-                widgets[c.key] = Slider(
-                    start=0,
-                    end=len(c.options) - 1,
-                    step=1,
-                    value=c.options.index(c.default),
-                    title=c.label,
-                    name=name,
-                    width=175,
-                    format=CustomJSTickFormatter(
-                        code=f"return {json.dumps(labels)}[Math.round(tick)];"
-                    ),
-                )
-            else:  # values are option indices: options need not be strings (JS maps them back)
-                grids[c.key] = list(c.options)
-                options = [(str(i), c.label_of(v)) for i, v in enumerate(c.options)]
-                widgets[c.key] = Select(
-                    title=c.label,
-                    value=str(c.options.index(c.default)),
-                    options=options,
-                    name=name,
-                    width=175,
-                )
+        widgets, grids = _static_widgets(self.key, self.controls)
         readout = Div(
             text=readout_html(self.readout, result["values"]),
             name=f"{self.key}.readout",
@@ -268,6 +233,41 @@ class Panel:
         figures = self.figures(sources)
         titles = _titles(figures, result)
         return w.VBox([w.HBox([controls, readout]), BokehModel(figures)])
+
+
+def _static_widgets(key: str, controls) -> tuple[dict, dict]:
+    """The static page's bokeh widgets ({control key: widget}) and their option grids."""
+    from bokeh.models import CustomJSTickFormatter, Select, Slider
+
+    widgets, grids = {}, {}
+    for c in controls:
+        name = f"{key}.{c.key}"
+        if c.kind == "slider":
+            grids[c.key] = list(c.options)
+            labels = [c.label_of(v) for v in c.options]
+            widgets[c.key] = Slider(
+                start=0,
+                end=len(c.options) - 1,
+                step=1,
+                value=c.options.index(c.default),
+                title=c.label,
+                name=name,
+                width=175,
+                format=CustomJSTickFormatter(
+                    code=f"return {json.dumps(labels)}[Math.round(tick)];"
+                ),
+            )
+        else:  # values are option indices: options need not be strings (JS maps them back)
+            grids[c.key] = list(c.options)
+            options = [(str(i), c.label_of(v)) for i, v in enumerate(c.options)]
+            widgets[c.key] = Select(
+                title=c.label,
+                value=str(c.options.index(c.default)),
+                options=options,
+                name=name,
+                width=175,
+            )
+    return widgets, grids
 
 
 def _titles(figures, result: dict) -> dict:
