@@ -570,25 +570,7 @@ def prefill(
     """
     m, dev = get_model(model), get_device(hardware)
     wdt, kdt = _dtype(weight_dtype), _dtype(kv_dtype)
-    prompt = check_number(
-        "prompt_tokens",
-        prompt_tokens,
-        minimum=1,
-        allow_equal_min=True,
-        maximum=MAX_CONTEXT_TOKENS,
-        integer=True,
-    )
-    cached = check_number(
-        "cached_tokens",
-        cached_tokens,
-        minimum=0,
-        allow_equal_min=True,
-        maximum=MAX_CONTEXT_TOKENS,
-        integer=True,
-    )
-    batch = check_number(
-        "batch", batch, minimum=1, allow_equal_min=True, maximum=MAX_BATCH, integer=True
-    )
+    prompt, cached, batch = _prefill_counts(prompt_tokens, cached_tokens, batch)
     measured = _is_measured(efficiency)
     overrides = flops_per_s is not None or bandwidth_bytes_per_s is not None
     if measured and (overrides or not flash_attention):
@@ -599,38 +581,10 @@ def prefill(
         )
     eff = 1.0 if measured else _check_efficiency(efficiency)
     p_arr, c_arr, b = (np.asarray(x, dtype=float) for x in (prompt, cached, batch))
-    if np.any(c_arr > p_arr):
-        bad = int(np.max(c_arr - p_arr))
-        raise KvlabError(
-            f"cached_tokens cannot exceed prompt_tokens (by {bad:,} tokens here); "
-            "a prefix hit covers at most the whole prompt"
-        )
-    # the last prompt token is always computed (its logits give the first output token)
-    c_arr = np.asarray(served_tokens(c_arr, p_arr), dtype=float)
+    c_arr = _served(p_arr, c_arr)
     cached = int(c_arr) if c_arr.ndim == 0 else c_arr.astype(np.int64)
     n = p_arr - c_arr
-    peak = (
-        dev.peak_flops_per_s(wdt.compute)
-        if flops_per_s is None
-        else check_number(
-            "flops_per_s",
-            flops_per_s,
-            minimum=MIN_FLOPS_PER_S,
-            allow_equal_min=True,
-            maximum=MAX_FLOPS_PER_S,
-        )
-    )
-    bandwidth = (
-        dev.memory_bandwidth_bytes_per_s
-        if bandwidth_bytes_per_s is None
-        else check_number(
-            "bandwidth (bytes/s)",
-            bandwidth_bytes_per_s,
-            minimum=MIN_BANDWIDTH_BYTES_PER_S,
-            allow_equal_min=True,
-            maximum=MAX_BANDWIDTH_BYTES_PER_S,
-        )
-    )
+    peak, bandwidth = _prefill_rates(dev, wdt, flops_per_s, bandwidth_bytes_per_s)
     tp = (
         1
         if type(tensor_parallel) is int and tensor_parallel == 1
@@ -668,6 +622,69 @@ def prefill(
         ceiling_time_s=_out(ceiling),
         efficiency_source=source,
     )
+
+
+def _prefill_counts(prompt_tokens, cached_tokens, batch) -> tuple:
+    """prefill's token counts and batch, checked (in that order)."""
+    prompt = check_number(
+        "prompt_tokens",
+        prompt_tokens,
+        minimum=1,
+        allow_equal_min=True,
+        maximum=MAX_CONTEXT_TOKENS,
+        integer=True,
+    )
+    cached = check_number(
+        "cached_tokens",
+        cached_tokens,
+        minimum=0,
+        allow_equal_min=True,
+        maximum=MAX_CONTEXT_TOKENS,
+        integer=True,
+    )
+    batch = check_number(
+        "batch", batch, minimum=1, allow_equal_min=True, maximum=MAX_BATCH, integer=True
+    )
+    return prompt, cached, batch
+
+
+def _served(p_arr, c_arr):
+    """The cached tokens a prefill serves (as floats): never more than the prompt, and the
+    last prompt token is always computed (its logits give the first output token)."""
+    if np.any(c_arr > p_arr):
+        bad = int(np.max(c_arr - p_arr))
+        raise KvlabError(
+            f"cached_tokens cannot exceed prompt_tokens (by {bad:,} tokens here); "
+            "a prefix hit covers at most the whole prompt"
+        )
+    return np.asarray(served_tokens(c_arr, p_arr), dtype=float)
+
+
+def _prefill_rates(dev, wdt, flops_per_s, bandwidth_bytes_per_s) -> tuple:
+    """(peak FLOP/s, bandwidth): the device's, or the checked overrides."""
+    peak = (
+        dev.peak_flops_per_s(wdt.compute)
+        if flops_per_s is None
+        else check_number(
+            "flops_per_s",
+            flops_per_s,
+            minimum=MIN_FLOPS_PER_S,
+            allow_equal_min=True,
+            maximum=MAX_FLOPS_PER_S,
+        )
+    )
+    bandwidth = (
+        dev.memory_bandwidth_bytes_per_s
+        if bandwidth_bytes_per_s is None
+        else check_number(
+            "bandwidth (bytes/s)",
+            bandwidth_bytes_per_s,
+            minimum=MIN_BANDWIDTH_BYTES_PER_S,
+            allow_equal_min=True,
+            maximum=MAX_BANDWIDTH_BYTES_PER_S,
+        )
+    )
+    return peak, bandwidth
 
 
 def _prefill_work(m, wdt, kdt, b, prompt, cached, flash, bandwidth, peak) -> tuple:

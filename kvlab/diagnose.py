@@ -222,7 +222,8 @@ def _memory_fit(d: _Inputs, step) -> Finding:
     verdict = (
         f"does NOT fit: {needed} needed (weights {fmt.si(step.weight_bytes, 'B')}, KV "
         f"{fmt.si(step.kv_cache_bytes, 'B')}), the {d.device.name} gives weights + KV "
-        f"{capacity} ({fmt.percent(USABLE_MEMORY_FRACTION, 2)} of {fmt.si(d.device.capacity_bytes, 'B')}); this "
+        f"{capacity} ({fmt.percent(USABLE_MEMORY_FRACTION, 2)} of "
+        f"{fmt.si(d.device.capacity_bytes, 'B')}); this "
         "deployment cannot run as described, so the steps below say what it would do if "
         "it could"
     )

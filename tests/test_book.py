@@ -21,7 +21,7 @@ MiB, GiB = 2**20, 2**30
 
 @pytest.fixture(scope="module")
 def gen():
-    """A generated conversation workload: 250 requests over ~105 s, long prompts, shared prefixes."""
+    """A generated conversation workload: 250 requests over ~105 s, long prompts, shared prefix."""
     return generate_trace("conversation", seed=0, requests=250)
 
 

@@ -6,10 +6,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvlab import cost
-from kvlab.hardware import USABLE_MEMORY_FRACTION
 from kvlab.dtypes import bytes_per_element, parse_dtype
 from kvlab.errors import KvlabError
-from kvlab.hardware import get_device, get_tier, tiers
+from kvlab.hardware import USABLE_MEMORY_FRACTION, get_device, get_tier, tiers
 from kvlab.models import models
 
 MODELS = sorted(models())

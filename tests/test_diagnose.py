@@ -1,4 +1,4 @@
-"""The five-step diagnosis: verdicts follow the article's thresholds, numbers come from the ledger."""
+"""Five-step diagnosis: verdicts follow the article's thresholds, numbers come from the ledger."""
 
 import json
 

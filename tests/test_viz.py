@@ -57,7 +57,7 @@ def test_panels_compute_on_every_grid_corner(key):
     panel = panels()[key]()
     sliders = [c for c in panel.controls if c.kind == "slider"]
     for corner in itertools.product(*[(c.options[0], c.options[-1]) for c in sliders]):
-        state = {**panel.default_state, **{c.key: v for c, v in zip(sliders, corner)}}
+        state = {**panel.default_state, **{c.key: v for c, v in zip(sliders, corner, strict=True)}}
         values = panel.compute(state)["values"]
         for v in values.values():
             if isinstance(v, float):
@@ -394,7 +394,7 @@ def legend_states(panel) -> list[dict]:
     keys = [c.key for c in panel.controls]
     options = [c.options for c in panel.controls]
     if math.prod(len(o) for o in options) <= 4000:
-        return [dict(zip(keys, combo)) for combo in itertools.product(*options)]
+        return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*options)]
     rows = covering_rows([len(o) for o in options], strength=2)
     states = [panel.default_state] + [
         {k: o[i] for k, o, i in zip(keys, options, row, strict=True)} for row in rows
@@ -446,7 +446,7 @@ def test_texts_that_only_some_states_show_have_their_chinese():
                 if kind == "text"
             }
             texts |= set(out.get("titles", {}).values())
-            for name, data in out["sources"].items():
+            for _name, data in out["sources"].items():
                 texts |= {
                     v
                     for col, values in data.items()

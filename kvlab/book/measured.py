@@ -32,10 +32,12 @@ def decode_summary(kernels: str = "default", kv_dtype: str = "bf16") -> str:
         }.get(t["kernels"], t["kernels"])
         parts = [
             pick(
-                f"at batch {r['batch']} the steps used at least {fmt.percent(r['fraction_of_bandwidth_min'])} "
-                f"of the copy bandwidth and the ledger was within {fmt.percent(r['max_abs_error'])}",
+                f"at batch {r['batch']} the steps used at least "
+                f"{fmt.percent(r['fraction_of_bandwidth_min'])} of the copy bandwidth and the "
+                f"ledger was within {fmt.percent(r['max_abs_error'])}",
                 f"批大小 {r['batch']} 时，解码步至少用到拷贝带宽的 "
-                f"{fmt.percent(r['fraction_of_bandwidth_min'])}，账本误差在 {fmt.percent(r['max_abs_error'])} 以内",
+                f"{fmt.percent(r['fraction_of_bandwidth_min'])}，账本误差在 "
+                f"{fmt.percent(r['max_abs_error'])} 以内",
             )
             for r in rows
         ]
@@ -102,8 +104,9 @@ def pace_summary() -> str:
                 pick(
                     f"In the recorded run on {name} the copy bandwidth around these steps "
                     f"stayed between {low} and {high}, and the cores kept up with it; on a "
-                    "machine with more bandwidth per core the arithmetic starts to show, and the third figure "
-                    "below (each step's achieved bandwidth against the bandwidth around it) is where it would.",
+                    "machine with more bandwidth per core the arithmetic starts to show, and the "
+                    "third figure below (each step's achieved bandwidth against the bandwidth "
+                    "around it) is where it would.",
                     f"在 {name} 的记录中，这些解码步前后的拷贝带宽保持在 {low} 到 {high} 之间，"
                     "核心跟得上；在每核带宽更高的机器上，计算开销就会显现出来，"
                     "下面第三张图（每步实际带宽对比其前后的带宽）就是它会出现的地方。",
@@ -121,10 +124,12 @@ def pace_summary() -> str:
                 pick(
                     f"On {name} some steps ran while the copy bandwidth was up to "
                     f"{top} instead of {low} to {high}: those used {fast_lo} to {fast_hi} of it, "
-                    f"the others {slow_lo} to {slow_hi}. There the cores, not the memory, set the pace; the third "
-                    "figure below shows each step's achieved bandwidth against the bandwidth around it.",
+                    f"the others {slow_lo} to {slow_hi}. There the cores, not the memory, set the "
+                    "pace; the third figure below shows each step's achieved bandwidth against "
+                    "the bandwidth around it.",
                     f"在 {name} 上，有些解码步运行时拷贝带宽高达 {top}，而平时是 {low} 到 {high}："
-                    f"这些步只用到其中的 {fast_lo} 到 {fast_hi}，其余步则是 {slow_lo} 到 {slow_hi}。"
+                    f"这些步只用到其中的 {fast_lo} 到 {fast_hi}，"
+                    f"其余步则是 {slow_lo} 到 {slow_hi}。"
                     "这时定节奏的是核心，而不是内存；下面第三张图画出了每步实际带宽与其前后带宽的对比。",
                 )
             )
@@ -142,8 +147,8 @@ def gpu_status() -> str:
     if gpus:
         return pick("GPUs recorded: " + join(gpus) + ".", "已记录的 GPU：" + join(gpus) + "。")
     return pick(
-        "No GPU has been recorded yet: the figures show this CPU only until someone runs `make bench-gpu` on a "
-        "GPU box and commits its results.",
+        "No GPU has been recorded yet: the figures show this CPU only until someone runs "
+        "`make bench-gpu` on a GPU box and commits its results.",
         "还没有记录任何 GPU：在有人到 GPU 机器上运行 `make bench-gpu` 并提交结果之前，"
         "图中只有这台 CPU。",
     )
@@ -159,16 +164,19 @@ def crossover_findings() -> str:
             findings.append(
                 pick(
                     f"on {where} the curves cross at {tokens} tokens: where the "
-                    "fetch curve lies above the recompute curve, a prefix hit served from host memory is a liability",
-                    f"在 {where} 上，两条曲线在 {tokens} 个 token 处相交：取回曲线高于重算曲线的地方，"
+                    "fetch curve lies above the recompute curve, a prefix hit served from host "
+                    "memory is a liability",
+                    f"在 {where} 上，两条曲线在 {tokens} 个 token 处相交："
+                    "取回曲线高于重算曲线的地方，"
                     "从主机内存提供的前缀命中反而是负担",
                 )
             )
         elif c["tokens"] is not None and c["fetch_s"][-1] < c["recompute_s"][-1]:
             findings.append(
                 pick(
-                    f"on {where} fetching is faster than recomputing at every measured length: host memory "
-                    "sits close to this CPU, which is why the liability appears behind a PCIe link",
+                    f"on {where} fetching is faster than recomputing at every measured length: "
+                    "host memory sits close to this CPU, which is why the liability appears "
+                    "behind a PCIe link",
                     f"在 {where} 上，每个测过的长度都是取回比重算快：主机内存就在这颗 CPU 旁边，"
                     "所以这种负担要隔着一条 PCIe 链路才会出现",
                 )

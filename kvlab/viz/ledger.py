@@ -82,102 +82,104 @@ KNEE_READOUT = (
 )
 
 
+def _knee_compute(state):
+    grid = np.array(BATCH_GRID, dtype=float)
+    s = _step({**state, "batch": grid})
+    k = cost.batch_knee(s)
+    return {
+        "sources": {
+            "curve": {
+                "batch": grid.tolist(),
+                "tokens_per_s": s.tokens_per_s.tolist(),
+                "per_sequence": s.tokens_per_s_per_sequence.tolist(),
+                "tpot_s": s.step_time_s.tolist(),
+                "fits": [bool(f) for f in s.fits],
+            },
+            "knee": {
+                "batch": [grid[k]],
+                "tokens_per_s": [s.tokens_per_s[k]],
+                "tpot_s": [s.step_time_s[k]],
+            },
+        },
+        "values": {
+            "knee_batch": float(grid[k]),
+            "knee_tokens_per_s": float(s.tokens_per_s[k]),
+            "knee_tpot_s": float(s.step_time_s[k]),
+            "batch1_tokens_per_s": float(s.tokens_per_s[0]),
+            "max_tokens_per_s": float(s.tokens_per_s[-1]),
+            "max_batch": int(np.ravel(s.max_batch)[0]),
+        },
+    }
+
+
+def _knee_figures(src):
+    from bokeh.layouts import column
+
+    tps = style.new_figure(
+        "Throughput against batch",
+        "batch (sequences)",
+        "tokens per second",
+        x_axis_type="log",
+        y_axis_type="log",
+    )
+    a = tps.line(
+        "batch",
+        "tokens_per_s",
+        source=src["curve"],
+        color=style.BLUE,
+        width=2.5,
+        legend_label="whole batch",
+    )
+    b = tps.line(
+        "batch",
+        "per_sequence",
+        source=src["curve"],
+        color=style.ORANGE,
+        width=2.5,
+        line_dash="dashed",
+        legend_label="each sequence",
+    )
+    tps.scatter(
+        "batch",
+        "tokens_per_s",
+        source=src["knee"],
+        size=11,
+        color=style.VERMILION,
+        legend_label="knee",
+    )
+    tps.xaxis.formatter = style.count_ticks()
+    tps.yaxis.formatter = style.count_ticks()
+    tps.legend.location = "top_left"
+    style.hover(
+        tps,
+        [
+            ("batch", "@batch{0,0}"),
+            ("tokens/s (batch)", "@tokens_per_s{0,0.0}"),
+            ("tokens/s (each)", "@per_sequence{0,0.0}"),
+        ],
+        [a, b],
+        mode="vline",
+    )
+    tpot = style.new_figure(
+        "Time per output token against batch",
+        "batch (sequences)",
+        "TPOT",
+        x_axis_type="log",
+        height=240,
+        x_range=tps.x_range,
+    )
+    c = tpot.line("batch", "tpot_s", source=src["curve"], color=style.GREEN, width=2.5)
+    tpot.scatter("batch", "tpot_s", source=src["knee"], size=11, color=style.VERMILION)
+    tpot.xaxis.formatter = style.count_ticks()
+    tpot.yaxis.formatter = style.seconds_ticks()
+    style.hover(
+        tpot, [("batch", "@batch{0,0}"), ("TPOT", "@tpot_s{0.000000} s")], [c], mode="vline"
+    )
+    return column(tps, tpot)
+
+
 def batch_panel() -> Panel:
     """Throughput and TPOT against batch: where amortising the weights stops paying."""
-    grid = np.array(BATCH_GRID, dtype=float)
-
-    def compute(state):
-        s = _step({**state, "batch": grid})
-        k = cost.batch_knee(s)
-        return {
-            "sources": {
-                "curve": {
-                    "batch": grid.tolist(),
-                    "tokens_per_s": s.tokens_per_s.tolist(),
-                    "per_sequence": s.tokens_per_s_per_sequence.tolist(),
-                    "tpot_s": s.step_time_s.tolist(),
-                    "fits": [bool(f) for f in s.fits],
-                },
-                "knee": {
-                    "batch": [grid[k]],
-                    "tokens_per_s": [s.tokens_per_s[k]],
-                    "tpot_s": [s.step_time_s[k]],
-                },
-            },
-            "values": {
-                "knee_batch": float(grid[k]),
-                "knee_tokens_per_s": float(s.tokens_per_s[k]),
-                "knee_tpot_s": float(s.step_time_s[k]),
-                "batch1_tokens_per_s": float(s.tokens_per_s[0]),
-                "max_tokens_per_s": float(s.tokens_per_s[-1]),
-                "max_batch": int(np.ravel(s.max_batch)[0]),
-            },
-        }
-
-    def figures(src):
-        from bokeh.layouts import column
-
-        tps = style.new_figure(
-            "Throughput against batch",
-            "batch (sequences)",
-            "tokens per second",
-            x_axis_type="log",
-            y_axis_type="log",
-        )
-        a = tps.line(
-            "batch",
-            "tokens_per_s",
-            source=src["curve"],
-            color=style.BLUE,
-            width=2.5,
-            legend_label="whole batch",
-        )
-        b = tps.line(
-            "batch",
-            "per_sequence",
-            source=src["curve"],
-            color=style.ORANGE,
-            width=2.5,
-            line_dash="dashed",
-            legend_label="each sequence",
-        )
-        tps.scatter(
-            "batch",
-            "tokens_per_s",
-            source=src["knee"],
-            size=11,
-            color=style.VERMILION,
-            legend_label="knee",
-        )
-        tps.xaxis.formatter = style.count_ticks()
-        tps.yaxis.formatter = style.count_ticks()
-        tps.legend.location = "top_left"
-        style.hover(
-            tps,
-            [
-                ("batch", "@batch{0,0}"),
-                ("tokens/s (batch)", "@tokens_per_s{0,0.0}"),
-                ("tokens/s (each)", "@per_sequence{0,0.0}"),
-            ],
-            [a, b],
-            mode="vline",
-        )
-        tpot = style.new_figure(
-            "Time per output token against batch",
-            "batch (sequences)",
-            "TPOT",
-            x_axis_type="log",
-            height=240,
-            x_range=tps.x_range,
-        )
-        c = tpot.line("batch", "tpot_s", source=src["curve"], color=style.GREEN, width=2.5)
-        tpot.scatter("batch", "tpot_s", source=src["knee"], size=11, color=style.VERMILION)
-        tpot.xaxis.formatter = style.count_ticks()
-        tpot.yaxis.formatter = style.seconds_ticks()
-        style.hover(
-            tpot, [("batch", "@batch{0,0}"), ("TPOT", "@tpot_s{0.000000} s")], [c], mode="vline"
-        )
-        return column(tps, tpot)
 
     controls = (
         model_control(),
@@ -188,7 +190,7 @@ def batch_panel() -> Panel:
         efficiency_control(),
     )
     terms = {**_terms(), "batches": list(BATCH_GRID)}
-    return Panel("knee", controls, compute, figures, "knee", terms, KNEE_READOUT)
+    return Panel("knee", controls, _knee_compute, _knee_figures, "knee", terms, KNEE_READOUT)
 
 
 # ---------------------------------------------------------------- context
@@ -200,81 +202,81 @@ CONTEXT_READOUT = (
 )
 
 
+def _context_compute(state):
+    grid = np.array(CONTEXT_GRID, dtype=float)
+    s = _step({**state, "context": grid})
+    four, thirty_two = CONTEXT_GRID.index(SHORT_CONTEXT), CONTEXT_GRID.index(LONG_CONTEXT)
+    crossover = s.weight_read_bytes / (state["batch"] * s.kv_bytes_per_token)
+    return {
+        "sources": {
+            "curve": {
+                "context": grid.tolist(),
+                "per_sequence": s.tokens_per_s_per_sequence.tolist(),
+                "weights": np.broadcast_to(s.weight_read_bytes, grid.shape).tolist(),
+                "kv_read": s.kv_read_bytes.tolist(),
+            }
+        },
+        "values": {
+            "at_4k": float(s.tokens_per_s_per_sequence[four]),
+            "at_32k": float(s.tokens_per_s_per_sequence[thirty_two]),
+            "slowdown": float(
+                s.tokens_per_s_per_sequence[four] / s.tokens_per_s_per_sequence[thirty_two]
+            ),
+            "kv_equals_weights_context": float(np.floor(crossover)),
+        },
+    }
+
+
+def _context_figures(src):
+    from bokeh.layouts import column
+
+    speed = style.new_figure(
+        "Decode speed against context",
+        "context (tokens)",
+        "tokens per second, each sequence",
+        x_axis_type="log",
+    )
+    line = speed.line("context", "per_sequence", source=src["curve"], color=style.BLUE, width=2.5)
+    speed.xaxis.formatter = style.count_ticks()
+    style.hover(
+        speed,
+        [("context", "@context{0,0}"), ("tokens/s", "@per_sequence{0,0.0}")],
+        [line],
+        mode="vline",
+    )
+    split = style.new_figure(
+        "Bytes per step: weights vs KV history",
+        "context (tokens)",
+        "bytes per step",
+        x_axis_type="log",
+        y_axis_type="log",
+        height=240,
+        x_range=speed.x_range,
+    )
+    split.line(
+        "context",
+        "weights",
+        source=src["curve"],
+        color=style.WEIGHTS,
+        width=2.5,
+        legend_label="weights",
+    )
+    split.line(
+        "context",
+        "kv_read",
+        source=src["curve"],
+        color=style.KV_READ,
+        width=2.5,
+        legend_label="KV history",
+    )
+    split.xaxis.formatter = style.count_ticks()
+    split.yaxis.formatter = style.si_ticks("B")
+    split.legend.location = "top_left"
+    return column(speed, split)
+
+
 def context_panel() -> Panel:
     """Per-sequence speed against context: KV reads catch up with the weights."""
-    grid = np.array(CONTEXT_GRID, dtype=float)
-
-    def compute(state):
-        s = _step({**state, "context": grid})
-        four, thirty_two = CONTEXT_GRID.index(SHORT_CONTEXT), CONTEXT_GRID.index(LONG_CONTEXT)
-        crossover = s.weight_read_bytes / (state["batch"] * s.kv_bytes_per_token)
-        return {
-            "sources": {
-                "curve": {
-                    "context": grid.tolist(),
-                    "per_sequence": s.tokens_per_s_per_sequence.tolist(),
-                    "weights": np.broadcast_to(s.weight_read_bytes, grid.shape).tolist(),
-                    "kv_read": s.kv_read_bytes.tolist(),
-                }
-            },
-            "values": {
-                "at_4k": float(s.tokens_per_s_per_sequence[four]),
-                "at_32k": float(s.tokens_per_s_per_sequence[thirty_two]),
-                "slowdown": float(
-                    s.tokens_per_s_per_sequence[four] / s.tokens_per_s_per_sequence[thirty_two]
-                ),
-                "kv_equals_weights_context": float(np.floor(crossover)),
-            },
-        }
-
-    def figures(src):
-        from bokeh.layouts import column
-
-        speed = style.new_figure(
-            "Decode speed against context",
-            "context (tokens)",
-            "tokens per second, each sequence",
-            x_axis_type="log",
-        )
-        line = speed.line(
-            "context", "per_sequence", source=src["curve"], color=style.BLUE, width=2.5
-        )
-        speed.xaxis.formatter = style.count_ticks()
-        style.hover(
-            speed,
-            [("context", "@context{0,0}"), ("tokens/s", "@per_sequence{0,0.0}")],
-            [line],
-            mode="vline",
-        )
-        split = style.new_figure(
-            "Bytes per step: weights vs KV history",
-            "context (tokens)",
-            "bytes per step",
-            x_axis_type="log",
-            y_axis_type="log",
-            height=240,
-            x_range=speed.x_range,
-        )
-        split.line(
-            "context",
-            "weights",
-            source=src["curve"],
-            color=style.WEIGHTS,
-            width=2.5,
-            legend_label="weights",
-        )
-        split.line(
-            "context",
-            "kv_read",
-            source=src["curve"],
-            color=style.KV_READ,
-            width=2.5,
-            legend_label="KV history",
-        )
-        split.xaxis.formatter = style.count_ticks()
-        split.yaxis.formatter = style.si_ticks("B")
-        split.legend.location = "top_left"
-        return column(speed, split)
 
     controls = (
         model_control(),
@@ -290,4 +292,6 @@ def context_panel() -> Panel:
         "short": CONTEXT_GRID.index(SHORT_CONTEXT),
         "long": CONTEXT_GRID.index(LONG_CONTEXT),
     }
-    return Panel("context", controls, compute, figures, "context", terms, CONTEXT_READOUT)
+    return Panel(
+        "context", controls, _context_compute, _context_figures, "context", terms, CONTEXT_READOUT
+    )

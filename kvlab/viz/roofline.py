@@ -93,86 +93,86 @@ ROOFLINE_READOUT = (
 ROOF_X = np.logspace(-1, 4, 61)
 
 
+def _roofline_compute(state):
+    step = cost.decode_step(state["model"], state["hardware"], **ledger_state(state))
+    kw = dict(
+        weight_dtype=state["weight_dtype"],
+        kv_dtype=state["kv_dtype"],
+        efficiency=state["efficiency"],
+    )
+    context = state["context"]
+    no_cache = cost.prefill(state["model"], state["hardware"], context + 1, **kw)
+    flash = cost.prefill(state["model"], state["hardware"], context, **kw)
+    naive = cost.prefill(state["model"], state["hardware"], context, flash_attention=False, **kw)
+    peak = step.ridge_flops_per_byte * step.bandwidth_bytes_per_s
+    return {
+        "sources": _roofline_sources(
+            peak,
+            step.bandwidth_bytes_per_s,
+            state["efficiency"],
+            [
+                (step.flops, step.step_bytes, step.step_time_s),
+                (no_cache.flops, no_cache.bytes_moved, no_cache.time_s),
+                (naive.flops, naive.bytes_moved, naive.time_s),
+                (flash.flops, flash.bytes_moved, flash.time_s),
+            ],
+        ),
+        "values": {
+            "arithmetic_intensity": step.arithmetic_intensity,
+            "ridge_flops_per_byte": step.ridge_flops_per_byte,
+            "bound": step.bound,
+            "peak_compute_used": step.flops / step.step_time_s / peak,
+            "no_cache_time_s": no_cache.time_s,
+            "step_time_s": step.step_time_s,
+            "prefill_naive_intensity": naive.flops / naive.bytes_moved,
+            "prefill_flash_intensity": flash.flops / flash.bytes_moved,
+        },
+    }
+
+
+def _roofline_figures(src):
+    fig = style.new_figure(
+        "Roofline: attainable FLOP/s against arithmetic intensity",
+        "arithmetic intensity (FLOPs per byte moved)",
+        "FLOP/s",
+        x_axis_type="log",
+        y_axis_type="log",
+        height=400,
+    )
+    fig.line(
+        "x",
+        "y",
+        source=src["roof"],
+        color=style.GREY,
+        width=3,
+        legend_label="roof (peak × efficiency)",
+    )
+    pts = fig.scatter(
+        "intensity",
+        "flops_per_s",
+        source=src["points"],
+        size=13,
+        color="color",
+        marker="marker",
+        legend_field="label",
+    )
+    fig.yaxis.formatter = style.si_ticks("FLOP/s")
+    fig.xaxis.formatter = style.count_ticks()
+    fig.legend.location = "bottom_right"
+    style.hover(
+        fig,
+        [
+            ("", "@label"),
+            ("intensity", "@intensity{0,0.00} FLOP/B"),
+            ("attained", "@flops_per_s{0.000a}FLOP/s"),
+        ],
+        [pts],
+    )
+    return fig
+
+
 def roofline_panel() -> Panel:
     """Where the decode step sits on the roofline, next to no-cache decode and prefill."""
-
-    def compute(state):
-        step = cost.decode_step(state["model"], state["hardware"], **ledger_state(state))
-        kw = dict(
-            weight_dtype=state["weight_dtype"],
-            kv_dtype=state["kv_dtype"],
-            efficiency=state["efficiency"],
-        )
-        context = state["context"]
-        no_cache = cost.prefill(state["model"], state["hardware"], context + 1, **kw)
-        flash = cost.prefill(state["model"], state["hardware"], context, **kw)
-        naive = cost.prefill(
-            state["model"], state["hardware"], context, flash_attention=False, **kw
-        )
-        peak = step.ridge_flops_per_byte * step.bandwidth_bytes_per_s
-        return {
-            "sources": _roofline_sources(
-                peak,
-                step.bandwidth_bytes_per_s,
-                state["efficiency"],
-                [
-                    (step.flops, step.step_bytes, step.step_time_s),
-                    (no_cache.flops, no_cache.bytes_moved, no_cache.time_s),
-                    (naive.flops, naive.bytes_moved, naive.time_s),
-                    (flash.flops, flash.bytes_moved, flash.time_s),
-                ],
-            ),
-            "values": {
-                "arithmetic_intensity": step.arithmetic_intensity,
-                "ridge_flops_per_byte": step.ridge_flops_per_byte,
-                "bound": step.bound,
-                "peak_compute_used": step.flops / step.step_time_s / peak,
-                "no_cache_time_s": no_cache.time_s,
-                "step_time_s": step.step_time_s,
-                "prefill_naive_intensity": naive.flops / naive.bytes_moved,
-                "prefill_flash_intensity": flash.flops / flash.bytes_moved,
-            },
-        }
-
-    def figures(src):
-        fig = style.new_figure(
-            "Roofline: attainable FLOP/s against arithmetic intensity",
-            "arithmetic intensity (FLOPs per byte moved)",
-            "FLOP/s",
-            x_axis_type="log",
-            y_axis_type="log",
-            height=400,
-        )
-        fig.line(
-            "x",
-            "y",
-            source=src["roof"],
-            color=style.GREY,
-            width=3,
-            legend_label="roof (peak × efficiency)",
-        )
-        pts = fig.scatter(
-            "intensity",
-            "flops_per_s",
-            source=src["points"],
-            size=13,
-            color="color",
-            marker="marker",
-            legend_field="label",
-        )
-        fig.yaxis.formatter = style.si_ticks("FLOP/s")
-        fig.xaxis.formatter = style.count_ticks()
-        fig.legend.location = "bottom_right"
-        style.hover(
-            fig,
-            [
-                ("", "@label"),
-                ("intensity", "@intensity{0,0.00} FLOP/B"),
-                ("attained", "@flops_per_s{0.000a}FLOP/s"),
-            ],
-            [pts],
-        )
-        return fig
 
     controls = (
         model_control(),
@@ -188,7 +188,15 @@ def roofline_panel() -> Panel:
         "roof_x": ROOF_X.tolist(),
         "points": _point_styles(),
     }
-    return Panel("roofline", controls, compute, figures, "roofline", terms, ROOFLINE_READOUT)
+    return Panel(
+        "roofline",
+        controls,
+        _roofline_compute,
+        _roofline_figures,
+        "roofline",
+        terms,
+        ROOFLINE_READOUT,
+    )
 
 
 POINTS = (
@@ -298,7 +306,7 @@ def quantization_panel() -> Panel:
 
 def _quant_labels():
     colors = (style.GREY, style.BLUE, style.ORANGE, style.GREEN, style.PURPLE)
-    return [(f"W {w} · KV {k}", c) for (w, k), c in zip(QUANT_CONFIGS, colors)]
+    return [(f"W {w} · KV {k}", c) for (w, k), c in zip(QUANT_CONFIGS, colors, strict=True)]
 
 
 def _quant_bars(speeds, kv_shares) -> dict:
