@@ -91,16 +91,25 @@ def test_ledger_panel_values_are_the_cli_budget(speed, efficiency_in_cli):
         assert values["step_time_s"] > values["ceiling_step_time_s"]  # real kernels are slower
 
 
-def test_ledger_panel_gives_every_number_the_three_panels_it_replaces_gave():
-    """knee_*, context_* and roofline_* (the prose's glue) are ledger_* now, same texts.
-    (Delete with batch_panel, context_panel and roofline_panel.)"""
-    from kvlab.viz.ledger import batch_panel, context_panel
-    from kvlab.viz.roofline import roofline_panel
+def test_ledger_panel_sweeps_are_the_ledger_at_each_point():
+    """The decode-step panel's knee, context and roofline values (chapter 2's prose quotes
+    them) are kvlab.cost's, at the panel's state and over the shared grids."""
+    from kvlab import cost
+    from kvlab.grids import BATCH_GRID
 
-    new = panels()["ledger"]().readout_texts()
-    for old in (batch_panel(), context_panel(), roofline_panel()):
-        for key, text in old.readout_texts().items():
-            assert new["ledger_" + key.split("_", 1)[1]] == text, key
+    panel = panels()["ledger"]()
+    state = {**panel.default_state, "batch": 8}
+    v = panel.compute(state)["values"]
+    m, hw = state["model"], state["hardware"]
+    sweep = cost.decode_step(m, hw, np.array(BATCH_GRID), state["context"])
+    assert v["knee_batch"] == BATCH_GRID[cost.batch_knee(sweep)]
+    at = lambda ctx: cost.decode_step(m, hw, 8, ctx).tokens_per_s_per_sequence  # noqa: E731
+    assert v["at_4k"] == pytest.approx(at(4096)) and v["at_32k"] == pytest.approx(at(32768))
+    assert v["slowdown"] == pytest.approx(at(4096) / at(32768))
+    step = cost.decode_step(m, hw, 8, state["context"])
+    assert v["arithmetic_intensity"] == pytest.approx(step.arithmetic_intensity)
+    # whole tokens: the longest context whose KV reads stay within the weights
+    assert v["kv_equals_weights_context"] == step.weight_read_bytes // (8 * step.kv_bytes_per_token)
 
 
 def test_ledger_panel_says_why_a_state_is_not_measured():
