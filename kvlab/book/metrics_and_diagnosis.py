@@ -112,8 +112,11 @@ def numbers() -> dict[str, str]:
             "diag_ceiling": fmt.rate(ceiling_tokens_per_s()),
             "diag_cases": fmt.fixed(len(diagnosis_cases()), 0),
             "busy_share": fmt.percent(BUSY_SHARE_FOR_GAPS),
-            "diag_setup": f"{cost.get_model(MODEL).display_name} on an {cost.get_device(HARDWARE).display_name}, "
-            f"batch {BATCH}, {fmt.fixed(CONTEXT, 0)}-token contexts",
+            "diag_setup": (
+                f"{cost.get_model(MODEL).display_name} on an "
+                f"{cost.get_device(HARDWARE).display_name}, "
+                f"batch {BATCH}, {fmt.fixed(CONTEXT, 0)}-token contexts"
+            ),
         }
     )
     return out
