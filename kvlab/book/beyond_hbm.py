@@ -128,6 +128,7 @@ def numbers() -> dict[str, str]:
     nic_400g = tiers.get_placement("ib-400g").bandwidth_bytes_per_s()
     out["nic_400g"] = fmt.si(nic_400g, "B/s")
     out["nic_400g_sold"] = f"{fmt.sig(nic_400g * 8 / 1e9, 3)} Gb/s"
+    out["article_200_cards"] = fmt.sig(ARTICLE_IB_BYTES_PER_S / nic_400g, 2)
     out["usable_fraction"] = fmt.percent(USABLE_MEMORY_FRACTION, 2)
     return out
 
