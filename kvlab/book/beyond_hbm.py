@@ -14,6 +14,8 @@ from ..article import (
 )
 from ..bench.report import kv_transfer_series
 from ..hardware import USABLE_MEMORY_FRACTION
+from ..viz import i18n
+from .lang import pick
 
 #: The share of a link's line rate a realistic transfer reaches (quoted in the prose).
 REALISTIC_LINK_EFFICIENCY = 0.6
@@ -80,12 +82,12 @@ def measured_engines() -> str:
                     float(rows["bandwidth_bytes_per_s_median"].max()),
                     float(rows["time_s_median"].min()),
                 )
-    return (
-        ", ".join(
-            f"{e} {fmt.si(bw, 'B/s')} at best, {fmt.seconds(lat)} for the smallest block"
-            for e, (bw, lat) in sorted(best.items())
-        )
-        or "none recorded yet"
+    if not best:
+        return pick("none recorded yet", "尚无记录")
+    parts = [(e, fmt.si(bw, "B/s"), fmt.seconds(lat)) for e, (bw, lat) in sorted(best.items())]
+    return pick(
+        ", ".join(f"{e} {bw} at best, {lat} for the smallest block" for e, bw, lat in parts),
+        "；".join(f"{e} 最高 {bw}，最小的块 {lat}" for e, bw, lat in parts),
     )
 
 
@@ -116,17 +118,32 @@ def numbers() -> dict[str, str]:
         "measured_engines": measured_engines(),
     }
     for panel in panels().values():
-        out.update(panel.readout_texts())
+        out.update(_words(panel.readout_texts()))
     # the tier reads with the kernels measured on the H100 (chapter 2b), for the prose
-    out.update(panels()["tier_read"].readout_texts("tier-read-measured", speed="measured"))
+    out.update(_words(panels()["tier_read"].readout_texts("tier-read-measured", speed="measured")))
+    out["hit-miss_breakeven_host4"] = _breakeven_words(out["hit-miss_breakeven_host4"])
     out.update(_hit_numbers())
     out.update(mla_numbers())
     out["t_400g"] = fmt.seconds(t["ib-400g"])
     nic_400g = tiers.get_placement("ib-400g").bandwidth_bytes_per_s()
     out["nic_400g"] = fmt.si(nic_400g, "B/s")
     out["nic_400g_sold"] = f"{fmt.sig(nic_400g * 8 / 1e9, 3)} Gb/s"
+    out["article_200_cards"] = fmt.sig(ARTICLE_IB_BYTES_PER_S / nic_400g, 2)
     out["usable_fraction"] = fmt.percent(USABLE_MEMORY_FRACTION, 2)
     return out
+
+
+def _words(texts: dict[str, str]) -> dict[str, str]:
+    """Readout texts for the prose, their words ('yes', 'never') in the edition's language."""
+    return {key: i18n.t(text) for key, text in texts.items()}
+
+
+def _breakeven_words(text: str) -> str:
+    """The shortest prompt a hit pays for, as the Chinese sentence asks it ('how long?'):
+    a count of tokens, or that no length does ('never' in English)."""
+    if text in ("never", i18n.t("never")):
+        return pick("never", "任何长度都不划算")
+    return pick(text, f"{text} 个 token")
 
 
 def _hit_numbers() -> dict[str, str]:

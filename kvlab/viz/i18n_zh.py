@@ -200,7 +200,7 @@ ZH: dict[str, str] = {
     "Bytes per decode step": "每个解码步的字节",
     "Bytes per step: weights vs KV history": "每步字节：权重与 KV 历史",
     "Decode speed against context": "解码速度随上下文的变化",
-    "Decode speed when the KV is read from a tier every step": "每步都从某一层读取 KV 时的解码速度",
+    "Decode speed when the KV is read from a tier every step": "每步都从某个存储层级读取 KV 时的解码速度",
     "Decode step: measured against the ledger": "解码步：实测与账本对比",
     "How fat the KV cache gets": "KV cache 能膨胀到多大",
     "How much of the memory bandwidth decode uses": "解码用掉了多少内存带宽",
@@ -481,7 +481,7 @@ PATTERNS: list[tuple[str, str]] = [
     ("{arch} saturates at", "{arch} 的饱和点"),
     (
         "Decode speed when the KV is read from a tier every step ({src}, {gpu})",
-        "每步都从某一层读取 KV 时的解码速度（{src}，{gpu}）",
+        "每步都从某个存储层级读取 KV 时的解码速度（{src}，{gpu}）",
     ),
     ("Time per step ({where})", "每步时间（{where}）"),
     ("whole batch ({src})", "整批（{src}）"),
@@ -493,6 +493,8 @@ PATTERNS: list[tuple[str, str]] = [
     ("{fw} kernels", "{fw} 内核"),
     ("TP {n}, ceiling", "TP {n}，上限"),
     ("TP {n}, measured", "TP {n}，实测"),
+    # chapter 3: the transfer figure's link models (not a language model)
+    ("link model: {link}", "链路模型：{link}"),
     ("{a}: {b}", "{a}：{b}"),
     ("{a}; {b}", "{a}；{b}"),
     # chapter 2b: how the kernel-table extract (kvlab.measured) derived its one-token figure

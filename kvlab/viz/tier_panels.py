@@ -182,6 +182,19 @@ def _tier_times(state: dict) -> tuple[dict, np.ndarray, bool]:
     return out, local, measured
 
 
+def _decade_ticks(contexts):
+    """Labels at powers of ten only: the measured kernels cover a shorter range (under two
+    decades), where bokeh's log ticker labels every minor tick and the labels run together."""
+    from bokeh.models import FixedTicker
+
+    lo, hi = float(np.min(contexts)), float(np.max(contexts))
+    decades = range(int(np.floor(np.log10(lo))), int(np.ceil(np.log10(hi))) + 1)
+    return FixedTicker(
+        ticks=[10.0**e for e in decades if lo <= 10.0**e <= hi],
+        minor_ticks=[m * 10.0**e for e in decades for m in range(2, 10) if lo <= m * 10.0**e <= hi],
+    )
+
+
 def tier_read_panel():
     """Tokens/s against context when the KV is read from each placement at every step,
     at the ceiling or with the decode kernels measured."""
@@ -240,6 +253,7 @@ def tier_read_panel():
                 if name != "hbm"
                 else "the GPU's own HBM",
             )
+        fig.xaxis.ticker = _decade_ticks(TIER_CONTEXTS)
         fig.xaxis.formatter = style.count_ticks()
         fig.yaxis.formatter = style.count_ticks()
         fig.legend.location = "bottom_left"
@@ -488,7 +502,7 @@ def transfers_figure():
             color=style.PALETTE[i],
             width=2,
             line_dash="dashed",
-            legend_label=f"model: {name}",
+            legend_label=f"link model: {name}",
         )
     markers = ("circle", "triangle", "square", "diamond")
     k = 0
