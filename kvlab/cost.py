@@ -153,7 +153,7 @@ class DecodeStep(Result):
     tokens_per_s_per_sequence: object
     kv_cache_bytes: object  # KV held in memory for the batch
     memory_needed_bytes: object
-    capacity_bytes: float
+    capacity_bytes: float  # what weights + KV may fill (hardware.USABLE_MEMORY_FRACTION)
     fits: object
     max_batch: object  # largest batch whose KV fits beside the weights at this context
     ceiling_step_time_s: object  # sum over operators of max(bytes/bandwidth, FLOPs/peak)
@@ -237,6 +237,8 @@ def decode_step(
     only; a scalar point outside the tables raises, array points there are NaN).
     `tensor_parallel` (1, 2, 4, 8) splits the step over that many GPUs of one server
     (`allreduce_link` says how its all-reduces are costed); bytes and memory are per GPU.
+    Memory: weights + KV must fit in the device's usable capacity (`capacity_bytes`
+    overrides it), as the simulator's do.
     """
     return _step(
         model,
@@ -345,7 +347,7 @@ def _step(
     )
     eff = 1.0 if measured else _check_efficiency(efficiency)
     capacity = (
-        dev.capacity_bytes
+        dev.usable_capacity_bytes
         if capacity_bytes is None
         else check_number("capacity (bytes)", capacity_bytes, maximum=MAX_CAPACITY_BYTES)
     )
@@ -568,25 +570,7 @@ def prefill(
     """
     m, dev = get_model(model), get_device(hardware)
     wdt, kdt = _dtype(weight_dtype), _dtype(kv_dtype)
-    prompt = check_number(
-        "prompt_tokens",
-        prompt_tokens,
-        minimum=1,
-        allow_equal_min=True,
-        maximum=MAX_CONTEXT_TOKENS,
-        integer=True,
-    )
-    cached = check_number(
-        "cached_tokens",
-        cached_tokens,
-        minimum=0,
-        allow_equal_min=True,
-        maximum=MAX_CONTEXT_TOKENS,
-        integer=True,
-    )
-    batch = check_number(
-        "batch", batch, minimum=1, allow_equal_min=True, maximum=MAX_BATCH, integer=True
-    )
+    prompt, cached, batch = _prefill_counts(prompt_tokens, cached_tokens, batch)
     measured = _is_measured(efficiency)
     overrides = flops_per_s is not None or bandwidth_bytes_per_s is not None
     if measured and (overrides or not flash_attention):
@@ -597,38 +581,10 @@ def prefill(
         )
     eff = 1.0 if measured else _check_efficiency(efficiency)
     p_arr, c_arr, b = (np.asarray(x, dtype=float) for x in (prompt, cached, batch))
-    if np.any(c_arr > p_arr):
-        bad = int(np.max(c_arr - p_arr))
-        raise KvlabError(
-            f"cached_tokens cannot exceed prompt_tokens (by {bad:,} tokens here); "
-            "a prefix hit covers at most the whole prompt"
-        )
-    # the last prompt token is always computed (its logits give the first output token)
-    c_arr = np.asarray(served_tokens(c_arr, p_arr), dtype=float)
+    c_arr = _served(p_arr, c_arr)
     cached = int(c_arr) if c_arr.ndim == 0 else c_arr.astype(np.int64)
     n = p_arr - c_arr
-    peak = (
-        dev.peak_flops_per_s(wdt.compute)
-        if flops_per_s is None
-        else check_number(
-            "flops_per_s",
-            flops_per_s,
-            minimum=MIN_FLOPS_PER_S,
-            allow_equal_min=True,
-            maximum=MAX_FLOPS_PER_S,
-        )
-    )
-    bandwidth = (
-        dev.memory_bandwidth_bytes_per_s
-        if bandwidth_bytes_per_s is None
-        else check_number(
-            "bandwidth (bytes/s)",
-            bandwidth_bytes_per_s,
-            minimum=MIN_BANDWIDTH_BYTES_PER_S,
-            allow_equal_min=True,
-            maximum=MAX_BANDWIDTH_BYTES_PER_S,
-        )
-    )
+    peak, bandwidth = _prefill_rates(dev, wdt, flops_per_s, bandwidth_bytes_per_s)
     tp = (
         1
         if type(tensor_parallel) is int and tensor_parallel == 1
@@ -666,6 +622,69 @@ def prefill(
         ceiling_time_s=_out(ceiling),
         efficiency_source=source,
     )
+
+
+def _prefill_counts(prompt_tokens, cached_tokens, batch) -> tuple:
+    """prefill's token counts and batch, checked (in that order)."""
+    prompt = check_number(
+        "prompt_tokens",
+        prompt_tokens,
+        minimum=1,
+        allow_equal_min=True,
+        maximum=MAX_CONTEXT_TOKENS,
+        integer=True,
+    )
+    cached = check_number(
+        "cached_tokens",
+        cached_tokens,
+        minimum=0,
+        allow_equal_min=True,
+        maximum=MAX_CONTEXT_TOKENS,
+        integer=True,
+    )
+    batch = check_number(
+        "batch", batch, minimum=1, allow_equal_min=True, maximum=MAX_BATCH, integer=True
+    )
+    return prompt, cached, batch
+
+
+def _served(p_arr, c_arr):
+    """The cached tokens a prefill serves (as floats): never more than the prompt, and the
+    last prompt token is always computed (its logits give the first output token)."""
+    if np.any(c_arr > p_arr):
+        bad = int(np.max(c_arr - p_arr))
+        raise KvlabError(
+            f"cached_tokens cannot exceed prompt_tokens (by {bad:,} tokens here); "
+            "a prefix hit covers at most the whole prompt"
+        )
+    return np.asarray(served_tokens(c_arr, p_arr), dtype=float)
+
+
+def _prefill_rates(dev, wdt, flops_per_s, bandwidth_bytes_per_s) -> tuple:
+    """(peak FLOP/s, bandwidth): the device's, or the checked overrides."""
+    peak = (
+        dev.peak_flops_per_s(wdt.compute)
+        if flops_per_s is None
+        else check_number(
+            "flops_per_s",
+            flops_per_s,
+            minimum=MIN_FLOPS_PER_S,
+            allow_equal_min=True,
+            maximum=MAX_FLOPS_PER_S,
+        )
+    )
+    bandwidth = (
+        dev.memory_bandwidth_bytes_per_s
+        if bandwidth_bytes_per_s is None
+        else check_number(
+            "bandwidth (bytes/s)",
+            bandwidth_bytes_per_s,
+            minimum=MIN_BANDWIDTH_BYTES_PER_S,
+            allow_equal_min=True,
+            maximum=MAX_BANDWIDTH_BYTES_PER_S,
+        )
+    )
+    return peak, bandwidth
 
 
 def _prefill_work(m, wdt, kdt, b, prompt, cached, flash, bandwidth, peak) -> tuple:

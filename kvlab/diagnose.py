@@ -15,7 +15,7 @@ import numpy as np
 
 from . import cost, fmt
 from .errors import KvlabError, check_number
-from .hardware import get_device, get_tier
+from .hardware import USABLE_MEMORY_FRACTION, get_device, get_tier
 from .jsonsafe import jsonable
 from .models import get_model
 
@@ -221,7 +221,9 @@ def _memory_fit(d: _Inputs, step) -> Finding:
         return Finding(0, "memory fit", f"{needed} of {capacity}: fits", numbers)
     verdict = (
         f"does NOT fit: {needed} needed (weights {fmt.si(step.weight_bytes, 'B')}, KV "
-        f"{fmt.si(step.kv_cache_bytes, 'B')}), the {d.device.name} has {capacity}; this "
+        f"{fmt.si(step.kv_cache_bytes, 'B')}), the {d.device.name} gives weights + KV "
+        f"{capacity} ({fmt.percent(USABLE_MEMORY_FRACTION, 2)} of "
+        f"{fmt.si(d.device.capacity_bytes, 'B')}); this "
         "deployment cannot run as described, so the steps below say what it would do if "
         "it could"
     )

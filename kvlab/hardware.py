@@ -16,6 +16,10 @@ from .errors import KvlabError, unknown_name
 
 GB = 1e9
 TFLOPS = 1e12
+#: The share of a device's memory a serving engine gives the weights and the KV cache, the
+#: rest holding activations, CUDA graphs and the allocator's slack: vLLM's default
+#: gpu_memory_utilization. The ledger's capacity and the simulator's use this one number.
+USABLE_MEMORY_FRACTION = 0.9
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,11 @@ class Device:
     fp8_flops_per_s: float | None  # None: no fp8 tensor cores
     source: str
     gpu_link: str | None = None  # tier name of the GPU-to-GPU link in one server
+
+    @property
+    def usable_capacity_bytes(self) -> float:
+        """What weights + KV may fill: capacity x USABLE_MEMORY_FRACTION."""
+        return self.capacity_bytes * USABLE_MEMORY_FRACTION
 
     def peak_flops_per_s(self, compute: str = "bf16") -> float:
         """Dense peak for 'bf16' or 'fp8' matmuls; fp8 falls back to bf16 where absent."""

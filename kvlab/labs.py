@@ -189,7 +189,8 @@ def _measured_over_ceiling():
     "tokens",
     "(1 - A^(K+1)) / (1 - A): the accepted prefix of K drafted tokens plus the one token "
     "the verify pass always adds",
-    hint_zh="(1 - A^(K+1)) / (1 - A)：K 个草稿 token 中被接受的前缀，加上验证那一遍总会多出的一个 token",
+    hint_zh="(1 - A^(K+1)) / (1 - A)：K 个草稿 token 中被接受的前缀，"
+    "加上验证那一遍总会多出的一个 token",
 )
 def _tokens_per_verify():
     from .speculative import tokens_per_verify_step
@@ -202,7 +203,8 @@ def _tokens_per_verify():
     "sequences",
     "the smallest batch whose speculative_speedup is at most 1 (bf16 weights and KV, "
     "a self-drafting head: no draft model)",
-    hint_zh="speculative_speedup 不超过 1 的最小批大小（权重和 KV 均为 bf16，自带草稿头：没有草稿模型）",
+    hint_zh="speculative_speedup 不超过 1 的最小批大小"
+    "（权重和 KV 均为 bf16，自带草稿头：没有草稿模型）",
 )
 def _spec_breakeven_batch():
     from .speculative import breakeven_batch
@@ -238,7 +240,7 @@ def _tp2_max_batch():
     "the message (batch x hidden bf16 elements), the measured all-reduce over 8 GPUs at that "
     "size, and the ring's 2 (N - 1) / N of the message over the link's sheet bandwidth",
     hint_zh="消息大小（批大小 × hidden 个 bf16 元素）、8 块 GPU 在该大小下实测的 all-reduce 时间，"
-    "以及环形算法的 2 (N - 1) / N 倍消息量除以链路的手册带宽",
+    "以及环形算法的 2 (N - 1) / N 倍消息量除以链路的规格带宽",
 )
 def _allreduce_over_sheet():
     from .measured import load
@@ -346,8 +348,8 @@ def _fraction_of_ceiling():
 @exercise(
     "ch5b.unlimited_token_hit_ratio",
     "",
-    "the replay's token hit ratio (prompt tokens served / all prompt tokens), not its request-level "
-    "hit rate; a hit never serves a prompt's last token",
+    "the replay's token hit ratio (prompt tokens served / all prompt tokens), not its "
+    "request-level hit rate; a hit never serves a prompt's last token",
     hint_zh="回放的 token 命中率（由缓存提供的 prompt token / 全部 prompt token），"
     "而不是请求级命中率；命中从不提供 prompt 的最后一个 token",
 )
@@ -363,8 +365,8 @@ def _unlimited_token_hit_ratio():
 @exercise(
     "ch5b.request_over_token",
     "x",
-    "the two definitions of a hit in the same replay: requests that found any cached block, against "
-    "prompt tokens served",
+    "the two definitions of a hit in the same replay: requests that found any cached block, "
+    "against prompt tokens served",
     hint_zh="同一次回放中“命中”的两种定义：找到了任意已缓存块的请求，对比由缓存提供的 prompt token",
 )
 def _request_over_token():

@@ -49,7 +49,7 @@ REQUEST_DTYPE = np.dtype(
 
 
 def token_csr(token_times, offsets=None) -> tuple[np.ndarray, np.ndarray]:
-    """(flat timestamps, offsets) from a list of per-request arrays or from a flat array + offsets."""
+    """(flat timestamps, offsets) from a list of per-request arrays, or a flat array + offsets."""
     if offsets is None:
         arrays = [np.asarray(t, dtype=float).ravel() for t in token_times]
         lengths = np.fromiter((a.size for a in arrays), np.int64, len(arrays))
@@ -155,7 +155,10 @@ def request_metrics(arrival_s, token_times, offsets=None) -> np.ndarray:
 
 
 def percentiles(values, qs=PERCENTILES, prefix: str = "", suffix: str = "_s") -> dict:
-    """{f"{prefix}p50{suffix}": ..., ..., f"{prefix}mean{suffix}": ...}, NaN ignored; None if no value."""
+    """{f"{prefix}p50{suffix}": ..., ..., f"{prefix}mean{suffix}": ...}.
+
+    NaN ignored; None if no value.
+    """
     v = np.asarray(values, dtype=float).ravel()
     v = v[~np.isnan(v)]
     out = {}
@@ -164,7 +167,7 @@ def percentiles(values, qs=PERCENTILES, prefix: str = "", suffix: str = "_s") ->
             out[f"{prefix}p{q:g}{suffix}"] = None
         out[f"{prefix}mean{suffix}"] = None
         return out
-    for q, value in zip(qs, np.percentile(v, qs)):
+    for q, value in zip(qs, np.percentile(v, qs), strict=True):
         out[f"{prefix}p{q:g}{suffix}"] = float(value)
     out[f"{prefix}mean{suffix}"] = float(v.mean())
     return out
@@ -294,7 +297,7 @@ def records_table(records: np.ndarray) -> list[dict]:
         rows.append(
             {
                 k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-                for k, v in zip(names, row)
+                for k, v in zip(names, row, strict=True)
             }
         )
     return rows

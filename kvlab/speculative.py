@@ -163,17 +163,7 @@ def speculative_step(
     draft_s = k * np.asarray(step_s, dtype=float)
     cycle = verify.step_time_s + draft_s
     b = np.asarray(base.batch, dtype=float)
-    attended = np.asarray(m.effective_context(np.asarray(base.context, dtype=float)))
-    per_seq = (np.maximum(attended, 1.0) + k + 1) * base.kv_bytes_per_token + np.maximum(
-        attended, 1.0
-    ) * kv_tok
-    needed = (
-        base.memory_needed_bytes
-        + b * (k + 1) * base.kv_bytes_per_token
-        + w_bytes
-        + b * attended * kv_tok
-    )
-    room = np.maximum(base.capacity_bytes - base.weight_bytes - w_bytes, 0.0)
+    needed, max_batch = _memory(m, base, k, w_bytes, kv_tok)
     notes = _measured_note(verify) + tuple(base.notes)
     return SpeculativeStep._build(
         model=m.name,
@@ -189,15 +179,7 @@ def speculative_step(
         tensor_parallel=base.tensor_parallel,
         efficiency=base.efficiency,
         tokens_per_verify_step=tau,
-        verify_weight_read_bytes=verify.weight_read_bytes,
-        verify_kv_read_bytes=verify.kv_read_bytes,
-        verify_kv_write_bytes=verify.kv_write_bytes,
-        verify_step_bytes=verify.step_bytes,
-        verify_flops=verify.flops,
-        verify_arithmetic_intensity=verify.arithmetic_intensity,
-        verify_bound=verify.bound,
-        verify_allreduce_time_s=verify.allreduce_time_s,
-        verify_step_time_s=verify.step_time_s,
+        **_verify_fields(verify),
         draft_step_time_s=_plain(step_s),
         draft_time_s=_plain(draft_s),
         cycle_time_s=_plain(cycle),
@@ -209,10 +191,43 @@ def speculative_step(
         memory_needed_bytes=_plain(needed),
         capacity_bytes=base.capacity_bytes,
         fits=_plain(np.asarray(needed <= base.capacity_bytes)),
-        max_batch=_plain(np.floor(room / per_seq).astype(np.int64)),
+        max_batch=max_batch,
         efficiency_source=verify.efficiency_source,
         notes=notes,
     )
+
+
+def _memory(m, base, k, w_bytes, kv_tok) -> tuple:
+    """(bytes needed, largest batch that fits): the plain step's memory plus K + 1 extra KV
+    entries per sequence and the draft's weights and KV."""
+    b = np.asarray(base.batch, dtype=float)
+    attended = np.asarray(m.effective_context(np.asarray(base.context, dtype=float)))
+    per_seq = (np.maximum(attended, 1.0) + k + 1) * base.kv_bytes_per_token + np.maximum(
+        attended, 1.0
+    ) * kv_tok
+    needed = (
+        base.memory_needed_bytes
+        + b * (k + 1) * base.kv_bytes_per_token
+        + w_bytes
+        + b * attended * kv_tok
+    )
+    room = np.maximum(base.capacity_bytes - base.weight_bytes - w_bytes, 0.0)
+    return needed, _plain(np.floor(room / per_seq).astype(np.int64))
+
+
+def _verify_fields(verify) -> dict:
+    """The verify pass's ledger, as SpeculativeStep's verify_* fields."""
+    return {
+        "verify_weight_read_bytes": verify.weight_read_bytes,
+        "verify_kv_read_bytes": verify.kv_read_bytes,
+        "verify_kv_write_bytes": verify.kv_write_bytes,
+        "verify_step_bytes": verify.step_bytes,
+        "verify_flops": verify.flops,
+        "verify_arithmetic_intensity": verify.arithmetic_intensity,
+        "verify_bound": verify.bound,
+        "verify_allreduce_time_s": verify.allreduce_time_s,
+        "verify_step_time_s": verify.step_time_s,
+    }
 
 
 def _measured_note(verify) -> tuple:

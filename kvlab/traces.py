@@ -209,7 +209,7 @@ def _default_cache_dir() -> Path:
 
 
 def trace_dirs() -> list[Path]:
-    """Where named traces are looked up, in order: the user's folder, the download cache, shared data."""
+    """Where named traces are looked up, in order: user's folder, download cache, shared data."""
     dirs = [cache_dir()]  # $KVLAB_TRACE_DIR when set
     if os.environ.get(TRACE_DIR_ENV):
         dirs.append(_default_cache_dir())  # traces downloaded before the variable was set
@@ -319,8 +319,9 @@ def load_trace(name_or_path: str | Path) -> Trace:
         if path is None:
             looked = ", ".join(str(d) for d in trace_dirs())
             raise KvlabError(
-                f"trace {text!r} is not on this machine (looked in {looked}); run 'kvlab trace download "
-                f"{text}', or set {TRACE_DIR_ENV} to the folder holding {KNOWN_TRACES[text]}"
+                f"trace {text!r} is not on this machine (looked in {looked}); run 'kvlab trace "
+                f"download {text}', or set {TRACE_DIR_ENV} to the folder holding "
+                f"{KNOWN_TRACES[text]}"
             )
         return _read_cached(path, text)
     if text == GENERATED or text.startswith(GENERATED + ":"):
@@ -333,7 +334,10 @@ def load_trace(name_or_path: str | Path) -> Trace:
         "trace",
         _clip(text),
         KNOWN_TRACES,
-        also="'generated[:PRESET][:SEED]', 'poisson:rate=R,prompt=P,output=O' or a path to a .jsonl file",
+        also=(
+            "'generated[:PRESET][:SEED]', 'poisson:rate=R,prompt=P,output=O' "
+            "or a path to a .jsonl file"
+        ),
     )
 
 

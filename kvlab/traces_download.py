@@ -197,8 +197,8 @@ def _fetch(url: str, folder: Path, target: Path, expected: str, timeout_s: float
         got = digest.hexdigest()
         if got != expected:
             raise KvlabError(
-                f"checksum mismatch for {filename} from {url}: expected sha256 {expected}, got {got} "
-                f"({done:,} bytes); nothing was written"
+                f"checksum mismatch for {filename} from {url}: expected sha256 {expected}, got "
+                f"{got} ({done:,} bytes); nothing was written"
             )
         umask = os.umask(0)
         os.umask(umask)

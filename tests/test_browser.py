@@ -72,7 +72,7 @@ def browser():
 def open_page(browser, url):
     """Open a page and record everything that went wrong while it loaded."""
     page = browser.new_page(viewport={"width": 1280, "height": 900})
-    problems, transferred = [], {"bytes": 0}
+    problems = []
     page.on(
         "console",
         lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None,
@@ -121,18 +121,24 @@ def test_page_is_clean(browser, base_url, page):
 
 # ------------------------------------------------------------------ panels
 READ_PANEL = """([key]) => {
-  const find = (n) => { for (const d of Bokeh.documents) { const m = d.get_model_by_name(n); if (m) return m; } };
+  const find = (n) => {
+    for (const d of Bokeh.documents) { const m = d.get_model_by_name(n); if (m) return m; }
+  };
   const root = document.querySelector(`.kvlab-panel[data-panel="${key}"]`);
   const meta = JSON.parse(root.dataset.controls);
   const state = {};
   for (const [k, c] of Object.entries(meta)) {
-    state[k] = c.options[Math.round(Number(find(`${key}.${k}`).value))];  // both kinds hold an index
+    // both kinds hold an index
+    state[k] = c.options[Math.round(Number(find(`${key}.${k}`).value))];
   }
   return {meta, state, readout: find(`${key}.readout`).text, updates: window.KVLAB.updates || 0};
 }"""
 
 SET_CONTROL = """([name, value]) => {
-  for (const d of Bokeh.documents) { const m = d.get_model_by_name(name); if (m) { m.value = value; return true; } }
+  for (const d of Bokeh.documents) {
+    const m = d.get_model_by_name(name);
+    if (m) { m.value = value; return true; }
+  }
   return false;
 }"""
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from kvlab import cost
 from kvlab.dtypes import bytes_per_element, parse_dtype
 from kvlab.errors import KvlabError
-from kvlab.hardware import get_device, get_tier, tiers
+from kvlab.hardware import USABLE_MEMORY_FRACTION, get_device, get_tier, tiers
 from kvlab.models import models
 
 MODELS = sorted(models())
@@ -130,9 +130,11 @@ def test_memory_fit_and_max_batch():
     fit = cost.memory_fit("llama-3.1-8b", "l4", batch=8, context=4096)
     w = cost.weight_bytes("llama-3.1-8b")
     kv_seq = 4096 * 131072
-    assert fit.max_batch == int((24e9 - w) // kv_seq)
-    assert fit.fits == (w + 8 * kv_seq <= 24e9)
-    assert fit.max_context == int((24e9 - w) // (8 * 131072))
+    usable = 0.9 * 24e9  # an engine gives weights + KV 90% of the L4's 24 GB (vLLM's default)
+    assert USABLE_MEMORY_FRACTION == 0.9 and fit.capacity_bytes == usable
+    assert fit.max_batch == int((usable - w) // kv_seq) == 10
+    assert fit.fits == (w + 8 * kv_seq <= usable)
+    assert fit.max_context == int((usable - w) // (8 * 131072))
     big = cost.memory_fit("llama-3.1-70b", "l4", batch=1, context=4096)
     assert not big.fits and big.max_batch == 0 and big.max_context == 0
 

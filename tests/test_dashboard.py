@@ -56,7 +56,8 @@ def test_dragging_a_live_slider_reruns_the_ledger(dashboard):
         page.mouse.move(box["x"] + 80, box["y"] + box["height"] / 2, steps=6)
         page.mouse.up()
         page.wait_for_function(
-            "(old) => { const el = document.querySelector('.kvlab-readout td[data-key=\"tokens_per_s\"]');"
+            "(old) => { const el = "
+            "document.querySelector('.kvlab-readout td[data-key=\"tokens_per_s\"]');"
             " return el && el.dataset.value !== old; }",
             arg=before["tokens_per_s"],
             timeout=20_000,

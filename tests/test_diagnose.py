@@ -1,4 +1,4 @@
-"""The five-step diagnosis: verdicts follow the article's thresholds, numbers come from the ledger."""
+"""Five-step diagnosis: verdicts follow the article's thresholds, numbers come from the ledger."""
 
 import json
 
@@ -86,7 +86,7 @@ def test_a_deployment_that_does_not_fit_is_said_so_before_any_advice(capsys):
     that it cannot run; its bound is memory capacity."""
     d = diagnose("llama-3.1-70b", "l4", 1, 4096, 10)
     assert not d.fits and d.bound == "memory capacity"
-    assert d.fit.numbers["needed_bytes"] > d.fit.numbers["capacity_bytes"] == 24e9
+    assert d.fit.numbers["needed_bytes"] > d.fit.numbers["capacity_bytes"] == 0.9 * 24e9
     lines = d.report().splitlines()
     first = next(i for i, text in enumerate(lines) if text.lstrip().startswith("- "))
     assert lines[2].startswith("0. memory fit: does NOT fit") and first == 3

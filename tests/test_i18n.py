@@ -28,8 +28,6 @@ from kvlab.viz import i18n  # noqa: E402
 #: page in this list that is translated (remove it) and for one missing that is not.
 PENDING = [
     "notebooks/02_bandwidth_wall",
-    "notebooks/02b_measured",
-    "notebooks/02c_past_the_ceiling",
     "notebooks/03_beyond_hbm",
 ]
 #: Pages not measured: their entries stay in English by nature.

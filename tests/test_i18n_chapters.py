@@ -130,6 +130,24 @@ def test_chapter_one_printout_in_both_languages(monkeypatch):
     assert _numbers(chinese_text) == _numbers(english)
 
 
+def test_chapter_2c_printout_and_published_words_in_both_languages(monkeypatch):
+    from kvlab.book import past_the_ceiling
+
+    english = past_the_ceiling.worked_example()
+    assert english.splitlines()[0] == "llama-3.1-70b bf16 on H100s, batch 1, 4096-token context:"
+    words = past_the_ceiling._published_magicdec()
+    monkeypatch.setenv(i18n.LANG_ENV, i18n.CHINESE)
+    chinese_text = past_the_ceiling.worked_example()
+    assert all(CJK.search(line) for line in chinese_text.splitlines())
+    assert _numbers(chinese_text) == _numbers(english)
+    assert "放得下：否" in chinese_text and "放得下：是" in chinese_text
+    chinese_words = past_the_ceiling._published_magicdec()
+    assert chinese_words["magicdec_batches"] == "32 到 256"
+    for key in ("magicdec_batches", "magicdec_gpus", "magicdec_source"):
+        assert CJK.search(chinese_words[key]), key
+        assert _numbers(chinese_words[key]) == _numbers(words[key]), key
+
+
 def _math_blocks(page: Path) -> list[str]:
     return re.findall(
         r'<div class="math notranslate nohighlight">\s*(.*?)</div>',

@@ -1,4 +1,4 @@
-"""kvlab.metrics: TTFT / TPOT / ITL / SLOs from per-token timestamps, hand-checked and by property."""
+"""kvlab.metrics: TTFT/TPOT/ITL/SLOs from per-token timestamps, hand-checked and by property."""
 
 from __future__ import annotations
 

@@ -309,23 +309,25 @@ def test_a_nan_parameter_count_from_the_api_is_refused():
         ('{"hidden_size": ' + "9" * 5000 + "}", "not valid JSON"),
         ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
         (
-            '{"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 100, '
-            '"_kvlab": [1]}',
+            '{"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, '
+            '"vocab_size": 100, "_kvlab": [1]}',
             "_kvlab must be a JSON object",
         ),
         (
-            '{"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 100, '
-            '"num_experts": 4, "num_experts_per_tok": 2, "mlp_only_layers": "0,1"}',
+            '{"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, '
+            '"vocab_size": 100, "num_experts": 4, "num_experts_per_tok": 2, '
+            '"mlp_only_layers": "0,1"}',
             "mlp_only_layers must be a list",
         ),
         (
-            '{"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 100, '
-            '"num_experts": 4, "num_experts_per_tok": 2, "mlp_only_layers": [0.5]}',
+            '{"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, '
+            '"vocab_size": 100, "num_experts": 4, "num_experts_per_tok": 2, '
+            '"mlp_only_layers": [0.5]}',
             "mlp_only_layers must be a list",
         ),
         (
-            '{"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 100, '
-            '"text_config": "llama"}',
+            '{"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, '
+            '"vocab_size": 100, "text_config": "llama"}',
             "text_config must be a JSON object",
         ),
         (

@@ -70,7 +70,7 @@ def test_length_aware_evicts_the_deepest_block_first():
     evicted = []
     cache = BlockPrefixCache(3, "length-aware", on_evict=evicted.append)
     assert [cache.access(r.hash_ids) for r in t.requests] == [0, 0, 0, 1, 1]
-    # in the last request 10 is the oldest depth-0 block, but it is pinned (this request uses it): 30 goes
+    # in the last request 10 is the oldest depth-0 block but pinned (this request uses it): 30 goes
     assert evicted == [11, 30] and set(cache._blocks) == {20, 10, 11}
 
 

@@ -1,4 +1,4 @@
-"""Traces: loading and validation, statistics, the generator, the download (against a local server)."""
+"""Traces: loading and validation, statistics, the generator, the download (local server)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def write(tmp_path, *lines, name="t.jsonl"):
 
 
 def prefix_violations(trace) -> int:
-    """Ids seen at two positions or after two different predecessors (breaks 'an id names its prefix')."""
+    """Ids seen at two positions or after two predecessors (breaks 'an id names its prefix')."""
     where, bad = {}, 0
     for r in trace.requests:
         prev = None
@@ -364,7 +364,8 @@ def test_trace_stats_cli(tmp_path, capsys):
 
 def test_trace_commands_do_not_import_heavy_modules():
     code = (
-        "import sys; from kvlab.cli import main; main(['trace', 'stats', 'generated:shared-prefix']); "
+        "import sys; from kvlab.cli import main; main(['trace', 'stats', "
+        "'generated:shared-prefix']); "
         "heavy = [m for m in ('torch', 'bokeh', 'ipywidgets') if m in sys.modules]; "
         "sys.stderr.write(repr(heavy))"
     )

@@ -57,7 +57,7 @@ def test_panels_compute_on_every_grid_corner(key):
     panel = panels()[key]()
     sliders = [c for c in panel.controls if c.kind == "slider"]
     for corner in itertools.product(*[(c.options[0], c.options[-1]) for c in sliders]):
-        state = {**panel.default_state, **{c.key: v for c, v in zip(sliders, corner)}}
+        state = {**panel.default_state, **{c.key: v for c, v in zip(sliders, corner, strict=True)}}
         values = panel.compute(state)["values"]
         for v in values.values():
             if isinstance(v, float):
@@ -91,16 +91,25 @@ def test_ledger_panel_values_are_the_cli_budget(speed, efficiency_in_cli):
         assert values["step_time_s"] > values["ceiling_step_time_s"]  # real kernels are slower
 
 
-def test_ledger_panel_gives_every_number_the_three_panels_it_replaces_gave():
-    """knee_*, context_* and roofline_* (the prose's glue) are ledger_* now, same texts.
-    (Delete with batch_panel, context_panel and roofline_panel.)"""
-    from kvlab.viz.ledger import batch_panel, context_panel
-    from kvlab.viz.roofline import roofline_panel
+def test_ledger_panel_sweeps_are_the_ledger_at_each_point():
+    """The decode-step panel's knee, context and roofline values (chapter 2's prose quotes
+    them) are kvlab.cost's, at the panel's state and over the shared grids."""
+    from kvlab import cost
+    from kvlab.grids import BATCH_GRID
 
-    new = panels()["ledger"]().readout_texts()
-    for old in (batch_panel(), context_panel(), roofline_panel()):
-        for key, text in old.readout_texts().items():
-            assert new["ledger_" + key.split("_", 1)[1]] == text, key
+    panel = panels()["ledger"]()
+    state = {**panel.default_state, "batch": 8}
+    v = panel.compute(state)["values"]
+    m, hw = state["model"], state["hardware"]
+    sweep = cost.decode_step(m, hw, np.array(BATCH_GRID), state["context"])
+    assert v["knee_batch"] == BATCH_GRID[cost.batch_knee(sweep)]
+    at = lambda ctx: cost.decode_step(m, hw, 8, ctx).tokens_per_s_per_sequence  # noqa: E731
+    assert v["at_4k"] == pytest.approx(at(4096)) and v["at_32k"] == pytest.approx(at(32768))
+    assert v["slowdown"] == pytest.approx(at(4096) / at(32768))
+    step = cost.decode_step(m, hw, 8, state["context"])
+    assert v["arithmetic_intensity"] == pytest.approx(step.arithmetic_intensity)
+    # whole tokens: the longest context whose KV reads stay within the weights
+    assert v["kv_equals_weights_context"] == step.weight_read_bytes // (8 * step.kv_bytes_per_token)
 
 
 def test_ledger_panel_says_why_a_state_is_not_measured():
@@ -394,7 +403,7 @@ def legend_states(panel) -> list[dict]:
     keys = [c.key for c in panel.controls]
     options = [c.options for c in panel.controls]
     if math.prod(len(o) for o in options) <= 4000:
-        return [dict(zip(keys, combo)) for combo in itertools.product(*options)]
+        return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*options)]
     rows = covering_rows([len(o) for o in options], strength=2)
     states = [panel.default_state] + [
         {k: o[i] for k, o, i in zip(keys, options, row, strict=True)} for row in rows
@@ -446,7 +455,7 @@ def test_texts_that_only_some_states_show_have_their_chinese():
                 if kind == "text"
             }
             texts |= set(out.get("titles", {}).values())
-            for name, data in out["sources"].items():
+            for _name, data in out["sources"].items():
                 texts |= {
                     v
                     for col, values in data.items()

@@ -136,9 +136,12 @@ def worked_example() -> str:
     art, art16 = article_steps()
     return "\n".join(
         [
-            f"KV per token: {art.kv_bytes_per_token:,.0f} B; KV read at 4K: {art.kv_read_bytes:,.0f} B",
-            f"step: {art.step_bytes / 1e9:.2f} GB -> {art.tokens_per_s:.1f} tokens/s at 2 TB/s, batch 1",
-            f"batch 16: {art16.tokens_per_s:.0f} tokens/s in aggregate, {art16.tokens_per_s_per_sequence:.1f} per sequence",
+            f"KV per token: {art.kv_bytes_per_token:,.0f} B; KV read at 4K: "
+            f"{art.kv_read_bytes:,.0f} B",
+            f"step: {art.step_bytes / 1e9:.2f} GB -> {art.tokens_per_s:.1f} tokens/s at 2 TB/s, "
+            "batch 1",
+            f"batch 16: {art16.tokens_per_s:.0f} tokens/s in aggregate, "
+            f"{art16.tokens_per_s_per_sequence:.1f} per sequence",
         ]
     )
 

@@ -13,6 +13,7 @@ from ..article import (
     ARTICLE_MODEL,
 )
 from ..bench.report import kv_transfer_series
+from ..hardware import USABLE_MEMORY_FRACTION
 
 #: The share of a link's line rate a realistic transfer reaches (quoted in the prose).
 REALISTIC_LINK_EFFICIENCY = 0.6
@@ -124,6 +125,7 @@ def numbers() -> dict[str, str]:
     nic_400g = tiers.get_placement("ib-400g").bandwidth_bytes_per_s()
     out["nic_400g"] = fmt.si(nic_400g, "B/s")
     out["nic_400g_sold"] = f"{fmt.sig(nic_400g * 8 / 1e9, 3)} Gb/s"
+    out["usable_fraction"] = fmt.percent(USABLE_MEMORY_FRACTION, 2)
     return out
 
 

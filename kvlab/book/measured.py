@@ -9,6 +9,7 @@ from .. import fmt
 from ..bench import report
 from ..hardware import get_device
 from ..models import get_model
+from ..viz import i18n
 from . import gpu_tables
 from .lang import clauses, join, pick, sentences
 
@@ -31,10 +32,12 @@ def decode_summary(kernels: str = "default", kv_dtype: str = "bf16") -> str:
         }.get(t["kernels"], t["kernels"])
         parts = [
             pick(
-                f"at batch {r['batch']} the steps used at least {fmt.percent(r['fraction_of_bandwidth_min'])} "
-                f"of the copy bandwidth and the ledger was within {fmt.percent(r['max_abs_error'])}",
+                f"at batch {r['batch']} the steps used at least "
+                f"{fmt.percent(r['fraction_of_bandwidth_min'])} of the copy bandwidth and the "
+                f"ledger was within {fmt.percent(r['max_abs_error'])}",
                 f"批大小 {r['batch']} 时，解码步至少用到拷贝带宽的 "
-                f"{fmt.percent(r['fraction_of_bandwidth_min'])}，账本误差在 {fmt.percent(r['max_abs_error'])} 以内",
+                f"{fmt.percent(r['fraction_of_bandwidth_min'])}，账本误差在 "
+                f"{fmt.percent(r['max_abs_error'])} 以内",
             )
             for r in rows
         ]
@@ -68,7 +71,17 @@ def bandwidth_range() -> str:
 def kernels_notes() -> str:
     """How each recorded run with kvlab's kernels built them (compiler, instruction set)."""
     runs = report.decode_comparison("device")
-    return "; ".join(sorted({e["kernels_note"] for e in runs if e["kernels"] == "native"}))
+    notes = sorted({e["kernels_note"] for e in runs if e["kernels"] == "native"})
+    return clauses(_kernels_note(note) for note in notes)
+
+
+def _kernels_note(note: str) -> str:
+    """'native C kernels (<isa>, <compiler>)' (kvlab.native's wording) in the edition's
+    language; the instruction sets and the compiler's own version line stay as recorded."""
+    head = "native C kernels ("
+    if not (note.startswith(head) and note.endswith(")")):
+        return note
+    return pick(note, f"原生 C 内核（{note[len(head) : -1]}）")
 
 
 def pace_summary() -> str:
@@ -91,8 +104,9 @@ def pace_summary() -> str:
                 pick(
                     f"In the recorded run on {name} the copy bandwidth around these steps "
                     f"stayed between {low} and {high}, and the cores kept up with it; on a "
-                    "machine with more bandwidth per core the arithmetic starts to show, and the third figure "
-                    "below (each step's achieved bandwidth against the bandwidth around it) is where it would.",
+                    "machine with more bandwidth per core the arithmetic starts to show, and the "
+                    "third figure below (each step's achieved bandwidth against the bandwidth "
+                    "around it) is where it would.",
                     f"在 {name} 的记录中，这些解码步前后的拷贝带宽保持在 {low} 到 {high} 之间，"
                     "核心跟得上；在每核带宽更高的机器上，计算开销就会显现出来，"
                     "下面第三张图（每步实际带宽对比其前后的带宽）就是它会出现的地方。",
@@ -110,10 +124,12 @@ def pace_summary() -> str:
                 pick(
                     f"On {name} some steps ran while the copy bandwidth was up to "
                     f"{top} instead of {low} to {high}: those used {fast_lo} to {fast_hi} of it, "
-                    f"the others {slow_lo} to {slow_hi}. There the cores, not the memory, set the pace; the third "
-                    "figure below shows each step's achieved bandwidth against the bandwidth around it.",
+                    f"the others {slow_lo} to {slow_hi}. There the cores, not the memory, set the "
+                    "pace; the third figure below shows each step's achieved bandwidth against "
+                    "the bandwidth around it.",
                     f"在 {name} 上，有些解码步运行时拷贝带宽高达 {top}，而平时是 {low} 到 {high}："
-                    f"这些步只用到其中的 {fast_lo} 到 {fast_hi}，其余步则是 {slow_lo} 到 {slow_hi}。"
+                    f"这些步只用到其中的 {fast_lo} 到 {fast_hi}，"
+                    f"其余步则是 {slow_lo} 到 {slow_hi}。"
                     "这时定节奏的是核心，而不是内存；下面第三张图画出了每步实际带宽与其前后带宽的对比。",
                 )
             )
@@ -131,8 +147,8 @@ def gpu_status() -> str:
     if gpus:
         return pick("GPUs recorded: " + join(gpus) + ".", "已记录的 GPU：" + join(gpus) + "。")
     return pick(
-        "No GPU has been recorded yet: the figures show this CPU only until someone runs `make bench-gpu` on a "
-        "GPU box and commits its results.",
+        "No GPU has been recorded yet: the figures show this CPU only until someone runs "
+        "`make bench-gpu` on a GPU box and commits its results.",
         "还没有记录任何 GPU：在有人到 GPU 机器上运行 `make bench-gpu` 并提交结果之前，"
         "图中只有这台 CPU。",
     )
@@ -148,16 +164,19 @@ def crossover_findings() -> str:
             findings.append(
                 pick(
                     f"on {where} the curves cross at {tokens} tokens: where the "
-                    "fetch curve lies above the recompute curve, a prefix hit served from host memory is a liability",
-                    f"在 {where} 上，两条曲线在 {tokens} 个 token 处相交：取回曲线高于重算曲线的地方，"
+                    "fetch curve lies above the recompute curve, a prefix hit served from host "
+                    "memory is a liability",
+                    f"在 {where} 上，两条曲线在 {tokens} 个 token 处相交："
+                    "取回曲线高于重算曲线的地方，"
                     "从主机内存提供的前缀命中反而是负担",
                 )
             )
         elif c["tokens"] is not None and c["fetch_s"][-1] < c["recompute_s"][-1]:
             findings.append(
                 pick(
-                    f"on {where} fetching is faster than recomputing at every measured length: host memory "
-                    "sits close to this CPU, which is why the liability appears behind a PCIe link",
+                    f"on {where} fetching is faster than recomputing at every measured length: "
+                    "host memory sits close to this CPU, which is why the liability appears "
+                    "behind a PCIe link",
                     f"在 {where} 上，每个测过的长度都是取回比重算快：主机内存就在这颗 CPU 旁边，"
                     "所以这种负担要隔着一条 PCIe 链路才会出现",
                 )
@@ -193,13 +212,16 @@ def cpu_numbers() -> dict[str, str]:
         or pick("No int8 results are recorded yet.", "尚未记录 int8 的结果。"),
         "torch_summary": decode_summary("torch")
         or pick(
-            "no comparison run with PyTorch's kernels is recorded yet (`make bench` records one)",
-            "尚未记录与 PyTorch 内核的对比（`make bench` 会记录一次）",
+            "No comparison run with PyTorch's kernels is recorded yet (`make bench` records one).",
+            "尚未记录与 PyTorch 内核的对比运行（`make bench` 会记录一次）。",
         ),
         "bracket_bw": bandwidth_range() or _na(),
         "pace_note": pace_summary() or _no_decode(),
         "kernels_note": kernels_notes()
-        or pick("no run with kvlab's kernels is recorded yet", "尚未记录使用 kvlab 内核的运行"),
+        or pick(
+            "none of them yet (no run with kvlab's kernels is recorded)",
+            "尚无使用 kvlab 内核的运行",
+        ),
         "copy_bw": clauses(
             pick(f"{m['device_name']}: ", f"{m['device_name']}：")
             + fmt.si(m["bandwidth_bytes_per_s"], "B/s")
@@ -303,7 +325,7 @@ def gpu_numbers() -> dict[str, str]:
             {names[d]: fmt.percent(_derived(d)["gemv_fraction_of_sheet"]) for d in above}
         )
         or pick("none", "无"),
-        "gemv_how": _derived(h100)["gemv_how"],
+        "gemv_how": i18n.t(_derived(h100)["gemv_how"]),  # the extract's sentence (kvlab.measured)
         "gemm_m1_h100": fmt.percent(float(gemm[h100]["efficiency"][0])),
         "gemm_best_h100": fmt.percent(float(np.max(gemm[h100]["efficiency"]))),
         "attn_best_h100": fmt.percent(float(attention[h100]["fraction_of_sheet"].max())),

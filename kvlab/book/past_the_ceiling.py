@@ -13,6 +13,8 @@ from ..hardware import get_device
 from ..models import describe_params, expected_experts_touched, get_model
 from ..parallel import allreduce_link
 from ..speculative import breakeven_batch, speculative_step, tokens_per_verify_step
+from ..viz.i18n import t
+from .lang import pick
 
 #: The chapter's running example: Llama 3.1 8B on one H100, bf16 weights and KV.
 MODEL, DEVICE, DTYPES = "llama-3.1-8b", "h100-sxm", dict(weight_dtype="bf16", kv_dtype="bf16")
@@ -36,13 +38,16 @@ PUBLISHED = {
         "batch_low": 32,
         "batch_high": 256,
         "gpus": "8 NVIDIA A100s",
+        "gpus_zh": "8 块 NVIDIA A100",
         "source": "Chen et al., MagicDec, arXiv:2408.11049, ICLR 2025, abstract",
+        "source_zh": "Chen 等，MagicDec，arXiv:2408.11049，ICLR 2025，摘要",
     },
     "v3_mtp": {
         "acceptance_low": 0.85,
         "acceptance_high": 0.90,
         "tokens_per_s_gain": 1.8,
         "source": "DeepSeek-AI, DeepSeek-V3 technical report, arXiv:2412.19437, §5.4.3",
+        "source_zh": "DeepSeek-AI，DeepSeek-V3 技术报告，arXiv:2412.19437，§5.4.3",
     },
 }
 
@@ -67,9 +72,12 @@ def numbers() -> dict[str, str]:
         **deepseek_numbers(),
     }
     p = panels()
-    out.update(p["speculative"].readout_texts())
-    out.update(p["speculative"].readout_texts("spec_short", context=SHORT_CONTEXT))
-    out.update(p["tensor_parallel"].readout_texts("tp_panel"))
+    readouts = {
+        **p["speculative"].readout_texts(),
+        **p["speculative"].readout_texts("spec_short", context=SHORT_CONTEXT),
+        **p["tensor_parallel"].readout_texts("tp_panel"),
+    }
+    out.update({key: t(text) for key, text in readouts.items()})  # 'never', 'yes' in Chinese
     return out
 
 
@@ -166,7 +174,7 @@ def speculative_numbers() -> dict[str, str]:
 
 
 def _never(batch) -> str:
-    return "never" if batch is None else fmt.fixed(batch, 0)
+    return t("never") if batch is None else fmt.fixed(batch, 0)
 
 
 def _published_magicdec() -> dict[str, str]:
@@ -174,9 +182,11 @@ def _published_magicdec() -> dict[str, str]:
     return {
         "magicdec_speedup": _times(p["speedup"]),
         "magicdec_model": p["model"],
-        "magicdec_batches": f"{p['batch_low']} to {p['batch_high']}",
-        "magicdec_gpus": p["gpus"],
-        "magicdec_source": p["source"],
+        "magicdec_batches": pick(
+            f"{p['batch_low']} to {p['batch_high']}", f"{p['batch_low']} 到 {p['batch_high']}"
+        ),
+        "magicdec_gpus": pick(p["gpus"], p["gpus_zh"]),
+        "magicdec_source": pick(p["source"], p["source_zh"]),
     }
 
 
@@ -201,7 +211,7 @@ def tensor_parallel_numbers() -> dict[str, str]:
         "tp_degree": fmt.fixed(TP_DEGREE, 0),
         "tp_weights": fmt.si(one.weight_bytes, "B"),
         "tp_capacity": fmt.si(one.capacity_bytes, "B"),
-        "tp1_fits": "yes" if one.fits else "no",
+        "tp1_fits": t("yes" if one.fits else "no"),
         "tp_layers": fmt.fixed(m.num_layers, 0),
         "tp_allreduces": fmt.fixed(2 * m.num_layers, 0),
         "tp_hidden": fmt.fixed(m.hidden_size, 0),
@@ -303,7 +313,7 @@ def deepseek_numbers() -> dict[str, str]:
         "v3_device": get_device(V3_DEVICE).display_name,
         "v3_capacity": fmt.si(one.capacity_bytes, "B"),
         "v3_per_gpu": fmt.si(one.weight_bytes, "B"),
-        "v3_h100_fits": "yes" if h100.fits else "no",
+        "v3_h100_fits": t("yes" if h100.fits else "no"),
         "v3_h100_capacity": fmt.si(h100.capacity_bytes, "B"),
         "v3_kv_token": fmt.fixed(one.kv_bytes_per_token, 0),
         "v3_kv_70b": fmt.fixed(cost.kv_bytes_per_token(TP_MODEL, "bf16"), 0),
@@ -337,7 +347,7 @@ def mtp_numbers() -> dict[str, str]:
         "mtp_a_low": fmt.percent(a, 2),
         "mtp_a_high": fmt.percent(pub["acceptance_high"], 2),
         "mtp_published": f"{fmt.sig(pub['tokens_per_s_gain'], 2)}×",
-        "mtp_source": pub["source"],
+        "mtp_source": pick(pub["source"], pub["source_zh"]),
         "mtp_tau": fmt.sig(tokens_per_verify_step(a, 1), 3),
         "mtp_experts_1": fmt.fixed(m.experts_per_token, 0),  # one token: exactly its own
         "mtp_experts_2": fmt.sig(
@@ -351,15 +361,34 @@ def mtp_numbers() -> dict[str, str]:
 
 
 def worked_example() -> str:
-    """The chapter's checked printout (nbval compares it): the 70B over 1-8 H100s at batch 1."""
-    lines = [f"{TP_MODEL} bf16 on H100s, batch 1, {CONTEXT}-token context:"]
-    for tp, s in tp_steps().items():
-        lines.append(
-            f"TP{tp}: {s.weight_bytes / 1e9:6.1f} GB of weights per GPU, "
-            f"fits: {str(bool(s.fits)):5}, "
-            f"step {s.step_time_s * 1e3:6.2f} ms, all-reduces {s.allreduce_time_s * 1e3:5.3f} ms, "
-            f"{s.tokens_per_s_per_sequence:6.1f} tokens/s"
+    """The chapter's checked printout (nbval compares it): the 70B over 1-8 H100s at batch 1
+    (in Chinese for the Chinese edition, with the same numbers)."""
+    lines = [
+        pick(
+            f"{TP_MODEL} bf16 on H100s, batch 1, {CONTEXT}-token context:",
+            f"{TP_MODEL}，bf16，H100，批大小 1，上下文 {CONTEXT} token：",
         )
-    taus = ", ".join(f"K={k}: {tokens_per_verify_step(SPEC_A, k):.3f}" for k in (1, 2, 4, 8))
-    lines.append(f"tokens per verify pass at A={SPEC_A}: {taus}")
+    ]
+    for tp, s in tp_steps().items():
+        weights, step = f"{s.weight_bytes / 1e9:6.1f} GB", f"{s.step_time_s * 1e3:6.2f} ms"
+        reduces, speed = (
+            f"{s.allreduce_time_s * 1e3:5.3f} ms",
+            f"{s.tokens_per_s_per_sequence:6.1f}",
+        )
+        lines.append(
+            pick(
+                f"TP{tp}: {weights} of weights per GPU, fits: {str(bool(s.fits)):5}, "
+                f"step {step}, all-reduces {reduces}, {speed} tokens/s",
+                f"TP{tp}：每块 GPU 的权重 {weights}，放得下：{'是' if s.fits else '否'}，"
+                f"每步 {step}，其中 all-reduce {reduces}，{speed} tokens/s",
+            )
+        )
+    taus = [f"K={k}: {tokens_per_verify_step(SPEC_A, k):.3f}" for k in (1, 2, 4, 8)]
+    lines.append(
+        pick(
+            f"tokens per verify pass at A={SPEC_A}: {', '.join(taus)}",
+            f"A={SPEC_A} 时每次验证前向得到的 token 数："
+            + "，".join(x.replace(": ", "：") for x in taus),
+        )
+    )
     return "\n".join(lines)

@@ -41,12 +41,12 @@ def print_json(obj) -> None:
 
 def table(rows: list[list[str]], header: list[str]) -> str:
     """A plain, aligned text table (numbers right-aligned)."""
-    cols = list(zip(header, *rows))
+    cols = list(zip(header, *rows, strict=True))
     widths = [max(len(str(c)) for c in col) for col in cols]
 
     def fmt(row):
         cells = []
-        for value, width in zip(row, widths):
+        for value, width in zip(row, widths, strict=True):
             value = str(value)
             numeric = value[:1].isdigit() or value[:1] == "-"
             cells.append(value.rjust(width) if numeric else value.ljust(width))

@@ -155,8 +155,7 @@ def budget(
     them served by a prefix hit. In measured mode a prompt outside the prefill tables gives
     `ttft_s: null` and says why in `notes` (the decode step itself must be inside them).
     With `speculative_tokens` K > 0 the speculation round is added (`speculative_round`)."""
-    from ..cost import decode_step, memory_fit, prefill
-    from ..errors import KvlabError
+    from ..cost import decode_step, memory_fit
 
     kwargs = dict(weight_dtype=weight_dtype, kv_dtype=kv_dtype)
     tp = dict(tensor_parallel=tensor_parallel)
@@ -172,25 +171,7 @@ def budget(
     )
     fit = memory_fit(model, hardware, batch, context, **kwargs, **tp)
     notes = list(step.notes)
-    try:
-        first = prefill(
-            model,
-            hardware,
-            max(context, 1),
-            cached_tokens=cached,
-            efficiency=efficiency,
-            bandwidth_bytes_per_s=bandwidth,
-            **kwargs,
-            **tp,
-        ).to_dict()
-    except KvlabError as exc:
-        if efficiency != "measured":
-            raise
-        notes.append(f"TTFT not measured: {exc}")
-        first = prefill(
-            model, hardware, max(context, 1), cached_tokens=cached, **kwargs, **tp
-        ).to_dict()
-        first["ttft_s"] = None
+    first = _first_token(model, hardware, context, cached, efficiency, bandwidth, kwargs, tp, notes)
     from ..ledger_rows import operator_table
 
     operators = operator_table(
@@ -219,6 +200,34 @@ def budget(
         **spec,
         "notes": notes,
     }
+
+
+def _first_token(model, hardware, context, cached, efficiency, bandwidth, kwargs, tp, notes):
+    """The prefill of one `context`-token prompt as a dict; in measured mode a prompt outside
+    the tables gets the ledger's prefill with `ttft_s: None`, and a note says why."""
+    from ..cost import prefill
+    from ..errors import KvlabError
+
+    try:
+        return prefill(
+            model,
+            hardware,
+            max(context, 1),
+            cached_tokens=cached,
+            efficiency=efficiency,
+            bandwidth_bytes_per_s=bandwidth,
+            **kwargs,
+            **tp,
+        ).to_dict()
+    except KvlabError as exc:
+        if efficiency != "measured":
+            raise
+        notes.append(f"TTFT not measured: {exc}")
+        first = prefill(
+            model, hardware, max(context, 1), cached_tokens=cached, **kwargs, **tp
+        ).to_dict()
+        first["ttft_s"] = None
+        return first
 
 
 def speculative_round(
@@ -306,19 +315,23 @@ def render(r: dict) -> str:
     how = "kernels timed from measured tables" if measured else f"x efficiency {r['efficiency']:g}"
     ttft = "not measured" if r["ttft_s"] is None else seconds(r["ttft_s"])
     lines = [
-        f"kvlab budget: {r['model']} on {r['hardware']}, bandwidth {si(r['bandwidth_bytes_per_s'], 'B/s')}"
+        f"kvlab budget: {r['model']} on {r['hardware']}, bandwidth "
+        f"{si(r['bandwidth_bytes_per_s'], 'B/s')}"
         f" {how}",
-        f"batch {int(r['batch']):,}, context {int(r['context']):,} tokens, weights {r['weight_dtype']}, KV {r['kv_dtype']}",
+        f"batch {int(r['batch']):,}, context {int(r['context']):,} tokens, weights "
+        f"{r['weight_dtype']}, KV {r['kv_dtype']}",
         "",
         "bytes moved by one decode step",
-        f"  weights read       {si(r['weight_read_bytes'], 'B'):>10}  {share(r['weight_read_bytes'])}",
+        f"  weights read       {si(r['weight_read_bytes'], 'B'):>10}  "
+        f"{share(r['weight_read_bytes'])}",
         f"  KV history read    {si(r['kv_read_bytes'], 'B'):>10}  {share(r['kv_read_bytes'])}"
         f"   ({si(r['kv_bytes_per_token'], 'B')} per token)",
         f"  KV written         {si(r['kv_write_bytes'], 'B'):>10}  {share(r['kv_write_bytes'])}",
         f"  total              {si(total, 'B'):>10}",
         "",
         f"time per step (TPOT) {seconds(r['step_time_s']):>10}  {r['bound']}-bound"
-        f" (intensity {r['arithmetic_intensity']:.3g} FLOP/B, ridge {r['ridge_flops_per_byte']:.3g})",
+        f" (intensity {r['arithmetic_intensity']:.3g} FLOP/B, ridge "
+        f"{r['ridge_flops_per_byte']:.3g})",
         f"  ceiling            {seconds(r['ceiling_step_time_s']):>10}  every operator at its own"
         f" max(bytes/bandwidth, FLOPs/peak)",
         f"  time from          {r['efficiency_source']}",
@@ -326,7 +339,8 @@ def render(r: dict) -> str:
         f" {rate(r['tokens_per_s_per_sequence'])} per sequence",
         f"first token (TTFT)   {ttft:>10}  prefill of a {int(r['context']):,}-token prompt,"
         f" {int(r['cached_tokens']):,} of them from the prefix cache ({r['prefill_bound']}-bound)",
-        f"memory               {si(r['memory_needed_bytes'], 'B'):>10}  of {si(r['capacity_bytes'], 'B')}: {fit};"
+        f"memory               {si(r['memory_needed_bytes'], 'B'):>10}  of"
+        f" {si(r['capacity_bytes'], 'B')} usable: {fit};"
         f" max batch at this context {int(r['max_batch']):,}, max context at this batch {max_ctx}",
     ]
     if r["tensor_parallel"] > 1:
@@ -358,7 +372,8 @@ def _speculative(s: dict, knee) -> str:
         [
             f"speculative decoding {k} drafted tokens, acceptance {s['acceptance']:g}:"
             f" {s['tokens_per_verify_step']:.3g} tokens per verify pass",
-            f"  verify pass        {seconds(s['verify_step_time_s']):>10}  {s['verify_bound']}-bound,"
+            f"  verify pass        {seconds(s['verify_step_time_s']):>10}  "
+            f"{s['verify_bound']}-bound,"
             f" {si(s['verify_step_bytes'], 'B')} moved, {k + 1} positions per sequence",
             f"  drafting           {seconds(s['draft_time_s']):>10}  {k} x"
             f" {seconds(s['draft_step_time_s'])} ({draft})",

@@ -35,9 +35,12 @@ def register(sub) -> None:
     p = sub.add_parser(
         "prefix-cache",
         help="replay a trace through a prefix cache: block and token hit ratios, prefill saved",
-        description="Replay a request trace through a block-chain prefix cache (a request reuses the "
-        "leading run of its cached blocks) under an eviction policy, and report the block hit ratio, "
-        "the token hit ratio (prefill actually skipped) and the request-level hit rate side by side.",
+        description=(
+            "Replay a request trace through a block-chain prefix cache (a request reuses the "
+            "leading run of its cached blocks) under an eviction policy, and report the block "
+            "hit ratio, the token hit ratio (prefill actually skipped) and the request-level hit "
+            "rate side by side."
+        ),
     )
     p.add_argument(
         "trace",
@@ -166,23 +169,25 @@ def render(r: dict) -> str:
         )
     )
     lines = [
-        f"kvlab prefix-cache: {r['trace']}, {r['requests']:,} requests, {r['block_refs']:,} block refs; "
-        f"policy {r['policy']}, capacity {cap}",
+        f"kvlab prefix-cache: {r['trace']}, {r['requests']:,} requests, "
+        f"{r['block_refs']:,} block refs; policy {r['policy']}, capacity {cap}",
         "",
-        f"  block hit ratio    {share(r['block_hit_ratio']):>7}   {r['hit_blocks']:,} of {r['block_refs']:,} "
-        "block refs hit (leading run of each chain)",
+        f"  block hit ratio    {share(r['block_hit_ratio']):>7}   {r['hit_blocks']:,} of "
+        f"{r['block_refs']:,} block refs hit (leading run of each chain)",
         f"  token hit ratio    {share(r['token_hit_ratio']):>7}   prefill tokens saved "
         f"{tokens(r['prefill_tokens_saved'])} of {tokens(r['input_tokens'])}",
-        f"  request hit rate   {share(r['request_hit_rate']):>7}   requests that hit at least one block "
-        "(says nothing about how much prefill was skipped)",
+        f"  request hit rate   {share(r['request_hit_rate']):>7}   requests that hit at least one "
+        "block (says nothing about how much prefill was skipped)",
         f"  evicted blocks     {r['evicted_blocks']:>7,}",
     ]
     if "mean_ttft_s" in r:
         lines += [
             "",
-            f"  {r['model']} on {r['hardware']}, cached KV in {r['kv_tier']} (ledger, no queueing):",
-            f"  mean TTFT          {seconds(r['mean_ttft_s']):>9}   (no cache {seconds(r['no_cache_mean_ttft_s'])}, "
-            f"p90 {seconds(r['p90_ttft_s'])})",
-            f"  mean TPOT          {seconds(r['mean_tpot_s']):>9}   batch {r['batch']}: the same with or without hits",
+            f"  {r['model']} on {r['hardware']}, cached KV in {r['kv_tier']} (ledger, no "
+            "queueing):",
+            f"  mean TTFT          {seconds(r['mean_ttft_s']):>9}   (no cache "
+            f"{seconds(r['no_cache_mean_ttft_s'])}, p90 {seconds(r['p90_ttft_s'])})",
+            f"  mean TPOT          {seconds(r['mean_tpot_s']):>9}   batch {r['batch']}: the same "
+            "with or without hits",
         ]
     return "\n".join(lines)

@@ -73,12 +73,13 @@ def run_stats(args) -> int:
         ["distinct blocks", f"{st.unique_blocks:,}"],
         [
             "share a prefix",
-            f"{percent(st.shared_prefix_share)} of requests share their first block with an earlier one",
+            f"{percent(st.shared_prefix_share)} of requests share their first block with an "
+            "earlier one",
         ],
         [
             "reusable",
-            f"{percent(st.reusable_block_share)} of block refs, {percent(st.reusable_token_share)} of "
-            "prompt tokens (an unlimited prefix cache)",
+            f"{percent(st.reusable_block_share)} of block refs, "
+            f"{percent(st.reusable_token_share)} of prompt tokens (an unlimited prefix cache)",
         ],
     ]
     print(f"kvlab trace stats: {st.label}")

@@ -80,7 +80,7 @@ def tpot_s(
     kv_dtype="fp16",
     efficiency=1.0,
 ):
-    """Seconds per output token: one decode step of `batch` sequences at `context_tokens` (vectorised)."""
+    """TPOT in seconds: one decode step of `batch` sequences at `context_tokens` (vectorised)."""
     from ..cost import decode_step
 
     return np.asarray(

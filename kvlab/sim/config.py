@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from .. import metrics
 from ..errors import KvlabError, check_number, unknown_name
-from ..hardware import get_device
+from ..hardware import USABLE_MEMORY_FRACTION, get_device
 from .routers import DECODE_ROUTERS, PREFILL_ROUTERS
 from .schedulers import PREEMPTION_MODES, SCHEDULERS
 
@@ -154,7 +154,7 @@ class SimConfig:
         256, "sequences a GPU holds at once (vLLM's max_num_seqs)", kind="count", metavar="N"
     )
     memory_fraction: float = _f(
-        0.9,
+        USABLE_MEMORY_FRACTION,
         "share of HBM for weights + KV (vLLM's gpu_memory_utilization)",
         kind="number",
         metavar="F",

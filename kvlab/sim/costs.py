@@ -15,10 +15,10 @@ The simulator asks a cost object four questions (duck-typed; see `LedgerCost`):
 the one place that reads the config's cost knobs (model, GPU, dtypes, efficiency): a
 number gives `LedgerCost` (the ledger's ceiling, scaled by the efficiency),
 `efficiency="measured"` gives `KernelCost` (kvlab/sim/kernel_cost.py: every operator timed
-from published kernel tables, as kvlab.cost's measured mode does). Another step-time model plugs in there: give it the
-four methods above (subclass `LedgerCost`, as `KernelCost` and `MeasuredCost` do) and
-return it from `make_cost`. Cost objects also say where their times come from (`source`)
-and how many step prices fell outside measured data (`counts()`).
+from published kernel tables, as kvlab.cost's measured mode does). Another step-time model
+plugs in there: give it the four methods above (subclass `LedgerCost`, as `KernelCost` and
+`MeasuredCost` do) and return it from `make_cost`. Cost objects also say where their times
+come from (`source`) and how many step prices fell outside measured data (`counts()`).
 
 `LedgerCost` answers from `kvlab.cost` (and `kvlab.tiers` for remote KV) without a
 formula of its own: per batch size it evaluates the ledger at two contexts, and a step at

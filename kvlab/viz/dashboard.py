@@ -10,6 +10,7 @@ import numpy as np
 
 from .. import cost, tiers
 from ..hardware import get_tier
+from ..sim import SimConfig
 from . import style
 from .controls import (
     batch_control,
@@ -57,110 +58,110 @@ DASHBOARD_READOUT = (
 )
 
 
-def dashboard_panel() -> Panel:
-    """All controls, the ledger, fit, roofline, tier, cache value and transfer."""
-
-    def compute(state):
-        model, hw = state["model"], state["hardware"]
-        step = cost.decode_step(model, hw, **ledger_state(state))
-        tier = state["kv_tier"]
-        placed = (
-            step
-            if tier == "hbm"
-            else tiers.tiered_decode_step(
-                model,
-                hw,
-                state["batch"],
-                state["context"],
-                tier,
-                weight_dtype=state["weight_dtype"],
-                kv_dtype=state["kv_dtype"],
-                efficiency=state["efficiency"],
-            )
-        )
-        hit_tier = "host-pcie5" if tier == "hbm" else tier
-        hit = tiers.hit_value(
+def _dashboard_compute(state):
+    model, hw = state["model"], state["hardware"]
+    step = cost.decode_step(model, hw, **ledger_state(state))
+    tier = state["kv_tier"]
+    placed = (
+        step
+        if tier == "hbm"
+        else tiers.tiered_decode_step(
             model,
             hw,
+            state["batch"],
             state["context"],
-            hit_tier,
-            state["hit"],
-            state["weight_dtype"],
-            state["kv_dtype"],
-            state["efficiency"],
+            tier,
+            weight_dtype=state["weight_dtype"],
+            kv_dtype=state["kv_dtype"],
+            efficiency=state["efficiency"],
         )
-        transfer = (
-            step.kv_cache_bytes / state["batch"] / get_tier(state["link"]).bandwidth_bytes_per_s
-        )
-        peak = step.ridge_flops_per_byte * step.bandwidth_bytes_per_s
-        x = np.logspace(-1, 4, 41)
-        values = {
-            **step.to_dict(),
-            "tier_tokens_per_s": placed.tokens_per_s,
-            "tier_slowdown": 1.0 if tier == "hbm" else placed.slowdown,
-            "hit_value_s": hit.value_s,
-            "hit_ttft_s": hit.hit_time_s,
-            "miss_ttft_s": hit.miss_time_s,
-            "transfer_s": transfer,
-            "transfer_steps": transfer / step.step_time_s,
-        }
-        return {
-            "sources": {
-                **_ledger_sources(
-                    step.weight_read_bytes,
-                    step.kv_read_bytes,
-                    step.kv_write_bytes,
-                    step.memory_time_s,
-                    step.compute_time_s,
-                ),
-                "roof": {
-                    "x": x.tolist(),
-                    "y": (
-                        np.minimum(peak, x * step.bandwidth_bytes_per_s) * state["efficiency"]
-                    ).tolist(),
-                },
-                "point": {"x": [step.arithmetic_intensity], "y": [step.flops / step.step_time_s]},
+    )
+    hit_tier = "host-pcie5" if tier == "hbm" else tier
+    hit = tiers.hit_value(
+        model,
+        hw,
+        state["context"],
+        hit_tier,
+        state["hit"],
+        state["weight_dtype"],
+        state["kv_dtype"],
+        state["efficiency"],
+    )
+    transfer = step.kv_cache_bytes / state["batch"] / get_tier(state["link"]).bandwidth_bytes_per_s
+    peak = step.ridge_flops_per_byte * step.bandwidth_bytes_per_s
+    x = np.logspace(-1, 4, 41)
+    values = {
+        **step.to_dict(),
+        "tier_tokens_per_s": placed.tokens_per_s,
+        "tier_slowdown": 1.0 if tier == "hbm" else placed.slowdown,
+        "hit_value_s": hit.value_s,
+        "hit_ttft_s": hit.hit_time_s,
+        "miss_ttft_s": hit.miss_time_s,
+        "transfer_s": transfer,
+        "transfer_steps": transfer / step.step_time_s,
+    }
+    return {
+        "sources": {
+            **_ledger_sources(
+                step.weight_read_bytes,
+                step.kv_read_bytes,
+                step.kv_write_bytes,
+                step.memory_time_s,
+                step.compute_time_s,
+            ),
+            "roof": {
+                "x": x.tolist(),
+                "y": (
+                    np.minimum(peak, x * step.bandwidth_bytes_per_s) * state["efficiency"]
+                ).tolist(),
             },
-            "values": values,
-        }
+            "point": {"x": [step.arithmetic_intensity], "y": [step.flops / step.step_time_s]},
+        },
+        "values": values,
+    }
 
-    def figures(src):
-        from bokeh.layouts import column
 
-        bytes_fig = style.new_figure(
-            "Bytes one decode step moves",
-            "bytes per step",
-            "",
-            height=150,
-            y_range=["per step"],
-            x_range=style.from_zero(),
-            width=560,
-        )
-        bytes_fig.hbar_stack(
-            ["weights", "kv_read", "kv_write"],
-            y="y",
-            height=0.6,
-            source=src["bytes"],
-            color=[style.WEIGHTS, style.KV_READ, style.KV_WRITE],
-            legend_label=["weights", "KV history read", "KV written"],
-        )
-        bytes_fig.xaxis.formatter = style.si_ticks("B")
-        bytes_fig.legend.orientation = "horizontal"
-        bytes_fig.add_layout(bytes_fig.legend[0], "above")
-        roof = style.new_figure(
-            "Roofline position",
-            "FLOPs per byte",
-            "FLOP/s",
-            x_axis_type="log",
-            y_axis_type="log",
-            height=280,
-            width=560,
-        )
-        roof.line("x", "y", source=src["roof"], color=style.GREY, width=3)
-        roof.scatter("x", "y", source=src["point"], size=13, color=style.BLUE)
-        roof.yaxis.formatter = style.si_ticks("FLOP/s")
-        roof.xaxis.formatter = style.count_ticks()
-        return column(bytes_fig, roof)
+def _dashboard_figures(src):
+    from bokeh.layouts import column
+
+    bytes_fig = style.new_figure(
+        "Bytes one decode step moves",
+        "bytes per step",
+        "",
+        height=150,
+        y_range=["per step"],
+        x_range=style.from_zero(),
+        width=560,
+    )
+    bytes_fig.hbar_stack(
+        ["weights", "kv_read", "kv_write"],
+        y="y",
+        height=0.6,
+        source=src["bytes"],
+        color=[style.WEIGHTS, style.KV_READ, style.KV_WRITE],
+        legend_label=["weights", "KV history read", "KV written"],
+    )
+    bytes_fig.xaxis.formatter = style.si_ticks("B")
+    bytes_fig.legend.orientation = "horizontal"
+    bytes_fig.add_layout(bytes_fig.legend[0], "above")
+    roof = style.new_figure(
+        "Roofline position",
+        "FLOPs per byte",
+        "FLOP/s",
+        x_axis_type="log",
+        y_axis_type="log",
+        height=280,
+        width=560,
+    )
+    roof.line("x", "y", source=src["roof"], color=style.GREY, width=3)
+    roof.scatter("x", "y", source=src["point"], size=13, color=style.BLUE)
+    roof.yaxis.formatter = style.si_ticks("FLOP/s")
+    roof.xaxis.formatter = style.count_ticks()
+    return column(bytes_fig, roof)
+
+
+def dashboard_panel() -> Panel:
+    """All controls, the ledger, fit, roofline, tier, cache value and transfer."""
 
     controls = (
         model_control(),
@@ -171,7 +172,15 @@ def dashboard_panel() -> Panel:
         dtype_control("kv_dtype", "KV cache"),
         efficiency_control(),
         Control("kv_tier", "KV read from", PLACEMENTS, "hbm"),
-        Control("link", "Prefill→decode link", LINKS, "ib-200g"),
+        # one 400 Gb/s NIC per GPU, as in current nodes and the simulator's default
+        Control("link", "Prefill→decode link", LINKS, SimConfig().link),
         hit_control(0.9),
     )
-    return Panel("dashboard", controls, compute, figures, js="", readout=DASHBOARD_READOUT)
+    return Panel(
+        "dashboard",
+        controls,
+        _dashboard_compute,
+        _dashboard_figures,
+        js="",
+        readout=DASHBOARD_READOUT,
+    )

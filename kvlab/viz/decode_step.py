@@ -84,7 +84,10 @@ def _kw(state: dict) -> dict:
 def _measured_times(state: dict, batches, contexts) -> list[float]:
     """Measured seconds at each (batch, context) pair (NaN where the tables have none)."""
     args = (state["model"], state["hardware"], state["weight_dtype"], state["kv_dtype"])
-    return [speed.measured_time(*args, int(b), int(c))[0] for b, c in zip(batches, contexts)]
+    return [
+        speed.measured_time(*args, int(b), int(c))[0]
+        for b, c in zip(batches, contexts, strict=True)
+    ]
 
 
 def _main(state: dict, ceiling_s, batches, contexts) -> tuple[list[float], bool]:
@@ -98,7 +101,7 @@ def _main(state: dict, ceiling_s, batches, contexts) -> tuple[list[float], bool]
 
 
 def _rows(columns: dict, keep: list[bool]) -> dict:
-    return {k: [v for v, ok in zip(col, keep) if ok] for k, col in columns.items()}
+    return {k: [v for v, ok in zip(col, keep, strict=True) if ok] for k, col in columns.items()}
 
 
 def _empty(*names) -> dict:
@@ -131,7 +134,7 @@ def _batch_part(state: dict, short: str) -> tuple[dict, dict, int]:
     times, measured = _main(state, s.step_time_s, BATCHES, [state["context"]] * len(BATCHES))
     keep = [t == t for t in times]
     b = BATCHES.tolist()
-    tps = [x / t for x, t in zip(b, times)]
+    tps = [x / t for x, t in zip(b, times, strict=True)]
     label = f" ({short})" if measured else ""
     main = {
         "batch": b,
@@ -370,6 +373,11 @@ def _step_figures(src):
 def _batch_figures(src):
     from bokeh.layouts import column
 
+    tps = _batch_throughput_figure(src)
+    return column(tps, _batch_tpot_figure(src, tps.x_range))
+
+
+def _batch_throughput_figure(src):
     tps = style.new_figure(
         "Throughput against batch",
         "batch (sequences)",
@@ -445,13 +453,17 @@ def _batch_figures(src):
         [a, b],
         mode="vline",
     )
+    return tps
+
+
+def _batch_tpot_figure(src, x_range):
     tpot = style.new_figure(
         "Time per output token against batch",
         "batch (sequences)",
         "TPOT",
         x_axis_type="log",
         height=220,
-        x_range=tps.x_range,
+        x_range=x_range,
     )
     tpot.line("batch", "tpot_s", source=src["batch_ref"], color=style.GREY, width=1.5)
     c = tpot.line("batch", "tpot_s", source=src["batch"], color=style.GREEN, width=2.5)
@@ -470,7 +482,7 @@ def _batch_figures(src):
     style.hover(
         tpot, [("batch", "@batch{0,0}"), ("TPOT", "@tpot_s{0.000000} s")], [c], mode="vline"
     )
-    return column(tps, tpot)
+    return tpot
 
 
 def _context_figures(src):

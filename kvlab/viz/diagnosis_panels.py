@@ -70,116 +70,118 @@ def _limit(tpot: int, memory: int) -> str:
     return "device memory" if memory < tpot else ("TPOT budget" if tpot < memory else "both")
 
 
+def _tpot_budget_compute(state):
+    m, hw, ctx, slo = state["model"], state["hardware"], state["context"], state["slo"]
+    budget = tpot_batch(m, hw, ctx, slo, **DTYPES_USED)
+    grid = cost.decode_step(m, hw, np.array(BATCH_GRID), ctx, **DTYPES_USED)
+    memory = int(np.ravel(grid.max_batch)[0])
+    allowed = min(budget, memory)
+    marks = [budget, memory, allowed]
+    batches = sorted(set(BATCH_GRID) | {b for b in marks if b >= 1})
+    steps = [cost.decode_step(m, hw, b, ctx, **DTYPES_USED) for b in batches]
+    tpot = [s.step_time_s for s in steps]
+    at = dict(zip(batches, steps, strict=True))
+    chosen = at.get(allowed)
+    tps = chosen.tokens_per_s if chosen else 0.0
+
+    def time(b):
+        return at[b].step_time_s
+
+    sources = {
+        "curve": {
+            "batch": batches,
+            "tpot_s": tpot,
+            "tokens_per_s": [s.tokens_per_s for s in steps],
+        },
+        "slo": {"batch": [batches[0], batches[-1]], "tpot_s": [slo, slo]},
+        "budget": _mark(budget, tpot_s=time, budget_label=LIMIT_LABELS[0]),
+        "memory": _mark(
+            memory, low=min(tpot), high=max(max(tpot), slo), memory_label=LIMIT_LABELS[1]
+        ),
+        "allowed": _mark(allowed, tpot_s=time, allowed_label=LIMIT_LABELS[2]),
+    }
+    return {
+        "sources": sources,
+        "values": {
+            "tpot_batch": budget,
+            "max_batch": memory,
+            "allowed_batch": allowed,
+            "limited_by": _limit(budget, memory),
+            "allowed_tpot_s": chosen.step_time_s if chosen else math.nan,
+            "allowed_tokens_per_s": tps,
+            "knee_batch": float(BATCH_GRID[cost.batch_knee(grid)]),
+            "slo_batch": allowed,
+            "slo_tokens_per_s": tps,
+        },
+    }
+
+
+def _tpot_budget_figures(src):
+    fig = style.new_figure(
+        "TPOT budget and memory: two limits on the batch",
+        "batch (sequences)",
+        "TPOT",
+        x_axis_type="log",
+        y_axis_type="log",
+        height=340,
+    )
+    fig.line(
+        "batch",
+        "tpot_s",
+        source=src["curve"],
+        color=style.GREEN,
+        width=2.5,
+        legend_label="TPOT",
+    )
+    fig.line(
+        "batch",
+        "tpot_s",
+        source=src["slo"],
+        color=style.VERMILION,
+        width=2,
+        line_dash="dashed",
+        legend_label="TPOT budget",
+    )
+    # each mark is absent (no glyph, no legend entry) when its batch is 0
+    fig.segment(
+        "batch",
+        "low",
+        "batch",
+        "high",
+        source=src["memory"],
+        color=style.GREY,
+        width=2.5,
+        line_dash="dotted",
+        legend_field="memory_label",
+    )
+    fig.scatter(
+        "batch",
+        "tpot_s",
+        source=src["budget"],
+        size=10,
+        color=style.VERMILION,
+        legend_field="budget_label",
+    )
+    fig.scatter(
+        "batch",
+        "tpot_s",
+        source=src["allowed"],
+        size=15,
+        fill_color=None,
+        line_color=style.BLUE,
+        line_width=3,
+        legend_field="allowed_label",
+    )
+    fig.xaxis.formatter = style.count_ticks()
+    fig.yaxis.formatter = style.seconds_ticks()
+    fig.legend.location = "top_left"
+    fig.legend.label_text_font_size = "10px"
+    return fig
+
+
 def tpot_budget_panel() -> Panel:
     """TPOT against batch with a TPOT budget and the memory limit, kept apart: the budget
     allows one batch, memory another, and the smaller one is what the deployment gets."""
-
-    def compute(state):
-        m, hw, ctx, slo = state["model"], state["hardware"], state["context"], state["slo"]
-        budget = tpot_batch(m, hw, ctx, slo, **DTYPES_USED)
-        grid = cost.decode_step(m, hw, np.array(BATCH_GRID), ctx, **DTYPES_USED)
-        memory = int(np.ravel(grid.max_batch)[0])
-        allowed = min(budget, memory)
-        marks = [budget, memory, allowed]
-        batches = sorted(set(BATCH_GRID) | {b for b in marks if b >= 1})
-        steps = [cost.decode_step(m, hw, b, ctx, **DTYPES_USED) for b in batches]
-        tpot = [s.step_time_s for s in steps]
-        at = dict(zip(batches, steps, strict=True))
-        chosen = at.get(allowed)
-        tps = chosen.tokens_per_s if chosen else 0.0
-
-        def time(b):
-            return at[b].step_time_s
-
-        sources = {
-            "curve": {
-                "batch": batches,
-                "tpot_s": tpot,
-                "tokens_per_s": [s.tokens_per_s for s in steps],
-            },
-            "slo": {"batch": [batches[0], batches[-1]], "tpot_s": [slo, slo]},
-            "budget": _mark(budget, tpot_s=time, budget_label=LIMIT_LABELS[0]),
-            "memory": _mark(
-                memory, low=min(tpot), high=max(max(tpot), slo), memory_label=LIMIT_LABELS[1]
-            ),
-            "allowed": _mark(allowed, tpot_s=time, allowed_label=LIMIT_LABELS[2]),
-        }
-        return {
-            "sources": sources,
-            "values": {
-                "tpot_batch": budget,
-                "max_batch": memory,
-                "allowed_batch": allowed,
-                "limited_by": _limit(budget, memory),
-                "allowed_tpot_s": chosen.step_time_s if chosen else math.nan,
-                "allowed_tokens_per_s": tps,
-                "knee_batch": float(BATCH_GRID[cost.batch_knee(grid)]),
-                "slo_batch": allowed,
-                "slo_tokens_per_s": tps,
-            },
-        }
-
-    def figures(src):
-        fig = style.new_figure(
-            "TPOT budget and memory: two limits on the batch",
-            "batch (sequences)",
-            "TPOT",
-            x_axis_type="log",
-            y_axis_type="log",
-            height=340,
-        )
-        fig.line(
-            "batch",
-            "tpot_s",
-            source=src["curve"],
-            color=style.GREEN,
-            width=2.5,
-            legend_label="TPOT",
-        )
-        fig.line(
-            "batch",
-            "tpot_s",
-            source=src["slo"],
-            color=style.VERMILION,
-            width=2,
-            line_dash="dashed",
-            legend_label="TPOT budget",
-        )
-        # each mark is absent (no glyph, no legend entry) when its batch is 0
-        fig.segment(
-            "batch",
-            "low",
-            "batch",
-            "high",
-            source=src["memory"],
-            color=style.GREY,
-            width=2.5,
-            line_dash="dotted",
-            legend_field="memory_label",
-        )
-        fig.scatter(
-            "batch",
-            "tpot_s",
-            source=src["budget"],
-            size=10,
-            color=style.VERMILION,
-            legend_field="budget_label",
-        )
-        fig.scatter(
-            "batch",
-            "tpot_s",
-            source=src["allowed"],
-            size=15,
-            fill_color=None,
-            line_color=style.BLUE,
-            line_width=3,
-            legend_field="allowed_label",
-        )
-        fig.xaxis.formatter = style.count_ticks()
-        fig.yaxis.formatter = style.seconds_ticks()
-        fig.legend.location = "top_left"
-        fig.legend.label_text_font_size = "10px"
-        return fig
 
     slo = Control(
         "slo",
@@ -200,7 +202,14 @@ def tpot_budget_panel() -> Panel:
         "labels": list(LIMIT_LABELS),
     }
     return Panel(
-        "tpot-budget", controls, compute, figures, "tpot-budget", terms, SLO_READOUT, glue=SLO_GLUE
+        "tpot-budget",
+        controls,
+        _tpot_budget_compute,
+        _tpot_budget_figures,
+        "tpot-budget",
+        terms,
+        SLO_READOUT,
+        glue=SLO_GLUE,
     )
 
 

@@ -42,108 +42,120 @@ def cached_tokens(hit: float, prompt_tokens: int) -> int:
     return served_tokens(math.floor(hit * prompt_tokens), int(prompt_tokens))
 
 
+def _hit_compute(state):
+    hits = np.array(HIT_GRID)
+    prompt, batch = state["context"], state["batch"]
+    model, hw = state["model"], state["hardware"]
+    cached = served_tokens(np.floor(hits * prompt), prompt)
+    curve = cost.prefill(model, hw, prompt, cached_tokens=cached, **DTYPES_USED)
+    miss = cost.prefill(model, hw, prompt, **DTYPES_USED)
+    here = cost.prefill(
+        model, hw, prompt, cached_tokens=cached_tokens(state["hit"], prompt), **DTYPES_USED
+    )
+    step = cost.decode_step(model, hw, batch, prompt, **DTYPES_USED)
+    tpot = np.full(hits.shape, step.step_time_s)
+    return {
+        "sources": {
+            "curve": {
+                "hit": (100 * hits).tolist(),
+                "ttft_s": np.asarray(curve.ttft_s).tolist(),
+                "tpot_s": tpot.tolist(),
+            },
+            "here": {
+                "hit": [100 * state["hit"]],
+                "ttft_s": [here.ttft_s],
+                "tpot_s": [step.step_time_s],
+            },
+            "work": _work_sources(
+                miss.flops, here.flops, step.weight_read_bytes, step.kv_read_bytes
+            ),
+        },
+        "values": {
+            "cached_tokens": here.cached_tokens,
+            "ttft_s": here.ttft_s,
+            "ttft_miss_s": miss.ttft_s,
+            "prefill_flops_saved": 1.0 - here.flops / miss.flops,
+            "step_bytes": step.step_bytes,
+            "step_time_s": step.step_time_s,
+            "tokens_per_s": step.tokens_per_s,
+        },
+    }
+
+
+def _hit_figures(src):
+    from bokeh.layouts import column, row
+
+    fig = style.new_figure(
+        "A hit moves TTFT, not TPOT",
+        "prefix-cache hit (% of the prompt)",
+        "seconds",
+        y_axis_type="log",
+        height=300,
+    )
+    a = fig.line(
+        "hit",
+        "ttft_s",
+        source=src["curve"],
+        color=style.VERMILION,
+        width=2.5,
+        legend_label="time to first token",
+    )
+    b = fig.line(
+        "hit",
+        "tpot_s",
+        source=src["curve"],
+        color=style.BLUE,
+        width=2.5,
+        line_dash="dashed",
+        legend_label="time per output token",
+    )
+    fig.scatter("hit", "ttft_s", source=src["here"], size=10, color=style.VERMILION)
+    fig.scatter("hit", "tpot_s", source=src["here"], size=10, color=style.BLUE)
+    fig.yaxis.formatter = style.seconds_ticks()
+    fig.legend.location = "bottom_left"
+    style.hover(
+        fig,
+        [("hit", "@hit{0}%"), ("TTFT", "@ttft_s{0.000000} s"), ("TPOT", "@tpot_s{0.000000} s")],
+        [a, b],
+        mode="vline",
+    )
+    flops = style.new_figure(
+        "Prefill FLOPs",
+        "",
+        "FLOPs",
+        width=330,
+        height=260,
+        x_range=list(WORK_LABELS["kind"]),
+        y_range=style.from_zero(),
+    )
+    flops.vbar(x="kind", top="flops", width=0.6, color="color", source=src["work"])
+    flops.yaxis.formatter = style.si_ticks("FLOP")
+    moved = style.new_figure(
+        "Bytes per decode step",
+        "",
+        "bytes",
+        width=330,
+        height=260,
+        x_range=list(WORK_LABELS["part"]),
+        y_range=style.from_zero(),
+    )
+    moved.vbar(x="part", top="bytes", width=0.6, color="part_color", source=src["work"])
+    moved.yaxis.formatter = style.si_ticks("B")
+    return column(fig, row(flops, moved))
+
+
+def _hit_budget(state):
+    return {
+        "model": state["model"],
+        "hardware": state["hardware"],
+        "batch": state["batch"],
+        "context": state["context"],
+        "cached": cached_tokens(state["hit"], state["context"]),
+    }
+
+
 def hit_panel() -> Panel:
     """TTFT and TPOT against the prefix-cache hit fraction."""
-    hits = np.array(HIT_GRID)
-
-    def compute(state):
-        prompt, batch = state["context"], state["batch"]
-        model, hw = state["model"], state["hardware"]
-        cached = served_tokens(np.floor(hits * prompt), prompt)
-        curve = cost.prefill(model, hw, prompt, cached_tokens=cached, **DTYPES_USED)
-        miss = cost.prefill(model, hw, prompt, **DTYPES_USED)
-        here = cost.prefill(
-            model, hw, prompt, cached_tokens=cached_tokens(state["hit"], prompt), **DTYPES_USED
-        )
-        step = cost.decode_step(model, hw, batch, prompt, **DTYPES_USED)
-        tpot = np.full(hits.shape, step.step_time_s)
-        return {
-            "sources": {
-                "curve": {
-                    "hit": (100 * hits).tolist(),
-                    "ttft_s": np.asarray(curve.ttft_s).tolist(),
-                    "tpot_s": tpot.tolist(),
-                },
-                "here": {
-                    "hit": [100 * state["hit"]],
-                    "ttft_s": [here.ttft_s],
-                    "tpot_s": [step.step_time_s],
-                },
-                "work": _work_sources(
-                    miss.flops, here.flops, step.weight_read_bytes, step.kv_read_bytes
-                ),
-            },
-            "values": {
-                "cached_tokens": here.cached_tokens,
-                "ttft_s": here.ttft_s,
-                "ttft_miss_s": miss.ttft_s,
-                "prefill_flops_saved": 1.0 - here.flops / miss.flops,
-                "step_bytes": step.step_bytes,
-                "step_time_s": step.step_time_s,
-                "tokens_per_s": step.tokens_per_s,
-            },
-        }
-
-    def figures(src):
-        from bokeh.layouts import column, row
-
-        fig = style.new_figure(
-            "A hit moves TTFT, not TPOT",
-            "prefix-cache hit (% of the prompt)",
-            "seconds",
-            y_axis_type="log",
-            height=300,
-        )
-        a = fig.line(
-            "hit",
-            "ttft_s",
-            source=src["curve"],
-            color=style.VERMILION,
-            width=2.5,
-            legend_label="time to first token",
-        )
-        b = fig.line(
-            "hit",
-            "tpot_s",
-            source=src["curve"],
-            color=style.BLUE,
-            width=2.5,
-            line_dash="dashed",
-            legend_label="time per output token",
-        )
-        fig.scatter("hit", "ttft_s", source=src["here"], size=10, color=style.VERMILION)
-        fig.scatter("hit", "tpot_s", source=src["here"], size=10, color=style.BLUE)
-        fig.yaxis.formatter = style.seconds_ticks()
-        fig.legend.location = "bottom_left"
-        style.hover(
-            fig,
-            [("hit", "@hit{0}%"), ("TTFT", "@ttft_s{0.000000} s"), ("TPOT", "@tpot_s{0.000000} s")],
-            [a, b],
-            mode="vline",
-        )
-        flops = style.new_figure(
-            "Prefill FLOPs",
-            "",
-            "FLOPs",
-            width=330,
-            height=260,
-            x_range=list(WORK_LABELS["kind"]),
-            y_range=style.from_zero(),
-        )
-        flops.vbar(x="kind", top="flops", width=0.6, color="color", source=src["work"])
-        flops.yaxis.formatter = style.si_ticks("FLOP")
-        moved = style.new_figure(
-            "Bytes per decode step",
-            "",
-            "bytes",
-            width=330,
-            height=260,
-            x_range=list(WORK_LABELS["part"]),
-            y_range=style.from_zero(),
-        )
-        moved.vbar(x="part", top="bytes", width=0.6, color="part_color", source=src["work"])
-        moved.yaxis.formatter = style.si_ticks("B")
-        return column(fig, row(flops, moved))
 
     controls = (
         model_control(),
@@ -153,22 +165,15 @@ def hit_panel() -> Panel:
         batch_control(),
     )
 
-    def budget(state):
-        return {
-            "model": state["model"],
-            "hardware": state["hardware"],
-            "batch": state["batch"],
-            "context": state["context"],
-            "cached": cached_tokens(state["hit"], state["context"]),
-        }
-
     terms = {
         **ledger_terms(models(), devices()),
         "hits": list(HIT_GRID),
         "dtypes_used": DTYPES_USED,
         "work": WORK_LABELS,
     }
-    return Panel("hits", controls, compute, figures, "hits", terms, HIT_READOUT, budget)
+    return Panel(
+        "hits", controls, _hit_compute, _hit_figures, "hits", terms, HIT_READOUT, _hit_budget
+    )
 
 
 #: The work bars' categories and colors: prefill FLOPs (computed, skipped), decode bytes by kind.

@@ -235,7 +235,8 @@ _BROWSER = """(function () {
       }
     }
     const labels = (spec || []).map(([key, label, kind]) => [key, tr(label), kind]);
-    const named = Object.fromEntries(Object.entries(result.titles || {}).map(([k, v]) => [k, tr(v)]));
+    const named = Object.fromEntries(
+      Object.entries(result.titles || {}).map(([k, v]) => [k, tr(v)]));
     return apply(Object.assign({}, result, {sources: translated, titles: named}), sources, readout,
                  labels, titles);
   };

@@ -423,6 +423,11 @@ ZH: dict[str, str] = {
     "16 GT/s x 16 lanes x 128/130 encoding / 8 bits = 31.5 GB/s": "16 GT/s × 16 通道 × 128/130 编码 / 8 位 = 31.5 GB/s",
     "32 GT/s x 16 lanes x 128/130 encoding / 8 bits = 63.0 GB/s": "32 GT/s × 16 通道 × 128/130 编码 / 8 位 = 63.0 GB/s",
     "4800 MT/s x 8 channels x 64 bits / 8 = 307.2 GB/s": "4800 MT/s × 8 通道 × 64 位 / 8 = 307.2 GB/s",
+    # chapter 2b: the measured figures' notes when no result is recorded yet
+    "no decode results recorded yet: run `make bench` (CPU) or `make bench-gpu`": "尚无解码结果记录：运行 `make bench`（CPU）或 `make bench-gpu` 即可记录",
+    "no decode results recorded yet": "尚无解码结果记录",
+    "no recompute-vs-fetch results recorded yet": "尚无重算与取回的对比结果记录",
+    "no memory results recorded yet": "尚无内存带宽结果记录",
     # chapter 5: the diagnosis reports (kvlab.diagnose's bounds, checks, fixed verdicts and
     # advice; those with numbers are templates in PATTERNS) and the cases' titles
     "Diagnosis": "诊断",
@@ -631,4 +636,9 @@ PATTERNS: list[tuple[str, str]] = [
     ),
     ("{a}: {b}", "{a}：{b}"),
     ("{a}; {b}", "{a}；{b}"),
+    # chapter 2b: how the kernel-table extract (kvlab.measured) derived its one-token figure
+    (
+        "median of weight bytes / latency over the {n} bf16 GEMMs with m = 1 and at least {size} of weights",
+        "对 m = 1、权重不少于 {size} 的 {n} 个 bf16 GEMM 取“权重字节 / 延迟”的中位数",
+    ),
 ]

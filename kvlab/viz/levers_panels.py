@@ -32,6 +32,10 @@ from .controls import batch_control
 from .panel import LOOKUP_DIGITS, Control, Panel
 
 NOT_MEASURED = "n/a (outside the tables)"
+#: The bars of the tensor-parallel panel: each degree as the ceiling and the measured kernels
+#: time it, labelled "TP 8, ceiling". The JavaScript twin takes these words from the terms,
+#: and the Chinese page's table (kvlab.viz.i18n) translates them as Python does.
+TP_KINDS = ("ceiling", "measured")
 
 
 def _rounded(values) -> list:
@@ -431,6 +435,8 @@ def tp_terms() -> dict:
         "degrees": list(TP_DEGREES),
         "context": TP_CONTEXT,
         "runs": runs,
+        "kinds": list(TP_KINDS),
+        "not_measured": NOT_MEASURED,
     }
 
 
@@ -465,9 +471,11 @@ def tp_compute(state: dict) -> dict:
     w, kv, cap = r["weight_bytes"], r["kv_bytes_per_token"], r["capacity_bytes"]
     bars = {"y": [], "work_s": [], "allreduce_s": []}
     for tp in TP_DEGREES:
-        for kind, step, reduce in (
-            ("ceiling", "ceiling_s", "allreduce_s"),
-            ("measured", "measured_s", "measured_allreduce_s"),
+        for kind, step, reduce in zip(
+            TP_KINDS,
+            ("ceiling_s", "measured_s"),
+            ("allreduce_s", "measured_allreduce_s"),
+            strict=True,
         ):
             t, ar = runs[tp][step][i], runs[tp][reduce][i]
             bars["y"].append(f"TP {tp}, {kind}")
@@ -514,7 +522,7 @@ def tp_compute(state: dict) -> dict:
 def tp_figures(src):
     from bokeh.layouts import column
 
-    factors = [f"TP {tp}, {kind}" for tp in TP_DEGREES for kind in ("ceiling", "measured")]
+    factors = [f"TP {tp}, {kind}" for tp in TP_DEGREES for kind in TP_KINDS]
     bars = style.new_figure(
         "One step at the chosen batch: work on each GPU and all-reduces",
         "seconds",

@@ -81,8 +81,10 @@ def decode_figure():
         for placement in sorted(set(p["placement"].tolist())):
             for kv in sorted(set(p["kv_dtype"].tolist())):
                 sel = (
-                    (p["placement"] == placement) & (p["kv_dtype"] == kv) & (p["prefetch"] == False)
-                )  # noqa: E712
+                    (p["placement"] == placement)
+                    & (p["kv_dtype"] == kv)
+                    & ~p["prefetch"].astype(bool)
+                )
                 if not sel.any():
                     continue
                 src = ColumnDataSource(
@@ -126,6 +128,12 @@ def decode_figure():
         return _note(
             fig, "no decode results recorded yet: run `make bench` (CPU) or `make bench-gpu`"
         )
+    _decode_axes(fig, renderers, lo, hi)
+    return fig
+
+
+def _decode_axes(fig, renderers, lo: float, hi: float) -> None:
+    """The decode figure's diagonal and ±10% lines, log ticks, legend and hover."""
     line = np.array([lo / 1.2, hi * 1.2])
     fig.line(line, line, color="black", width=1.5, legend_label="measured = predicted")
     fig.line(line, line * 1.1, color=style.GREY, line_dash="dashed", legend_label="±10%")
@@ -147,7 +155,6 @@ def decode_figure():
         ],
         renderers,
     )
-    return fig
 
 
 def bandwidth_figure():
@@ -207,6 +214,16 @@ def bandwidth_figure():
     return fig
 
 
+#: The columns each pace point carries (axes and hover).
+PACE_COLUMNS = (
+    "bandwidth_bytes_per_s",
+    "achieved_bytes_per_s",
+    "context",
+    "batch",
+    "fraction_of_bandwidth",
+)
+
+
 def pace_figure():
     """Achieved bytes/s of each device-placement decode step against the copy bandwidth measured
     around it. On the diagonal the memory sets the pace; where the points level off, the cores
@@ -239,18 +256,7 @@ def pace_figure():
                         (entry["machine"], kv, int(batch)),
                         style.PALETTE[len(colors) % len(style.PALETTE)],
                     )
-                    src = ColumnDataSource(
-                        {
-                            c: p[c][sel]
-                            for c in (
-                                "bandwidth_bytes_per_s",
-                                "achieved_bytes_per_s",
-                                "context",
-                                "batch",
-                                "fraction_of_bandwidth",
-                            )
-                        }
-                    )
+                    src = ColumnDataSource({c: p[c][sel] for c in PACE_COLUMNS})
                     renderers.append(
                         fig.scatter(
                             "bandwidth_bytes_per_s",
@@ -260,7 +266,9 @@ def pace_figure():
                             color=color,
                             fill_color=color if kernels == "default" else "white",
                             marker="circle" if kernels == "default" else "square",
-                            legend_label=f"{entry['device_name']}: batch {int(batch)}, KV {kv}, {who}",
+                            legend_label=(
+                                f"{entry['device_name']}: batch {int(batch)}, KV {kv}, {who}"
+                            ),
                         )
                     )
                     hi = max(hi, float(p["bandwidth_bytes_per_s"][sel].max()))
@@ -298,10 +306,11 @@ def recompute_figure():
         y_axis_type="log",
         height=380,
     )
-    k = 0
+    k, lengths = 0, set()
     for curve in report.recompute_curves():
         if curve["tokens"] is None:
             continue
+        lengths.update(curve["tokens"].tolist())
         name = f"{curve['device_name']} ({curve['preset']})"
         c1, c2 = style.PALETTE[(2 * k) % 8], style.PALETTE[(2 * k + 1) % 8]
         fig.line(
@@ -339,6 +348,7 @@ def recompute_figure():
         k += 1
     if k == 0:
         return _note(fig, "no recompute-vs-fetch results recorded yet")
+    fig.xaxis.ticker = _context_ticks(lengths)  # bokeh's log ticks leave most lengths unlabelled
     fig.xaxis.formatter = style.count_ticks()
     fig.yaxis.formatter = style.seconds_ticks()
     fig.legend.location = "top_left"

@@ -82,7 +82,8 @@ def readout_html(spec, values: dict) -> str:
         if isinstance(value, bool):
             raw = "true" if value else "false"
         parts.append(  # the words in the edition's language (i18n.t), the data-value as computed
-            f'<tr><th>{html.escape(i18n.t(label))}</th><td data-key="{key}" data-value="{html.escape(raw)}">'
+            f'<tr><th>{html.escape(i18n.t(label))}</th><td data-key="{key}" '
+            f'data-value="{html.escape(raw)}">'
             f"{html.escape(i18n.t(FORMATS[kind](value)))}</td></tr>"
         )
     parts.append("</table>")
@@ -106,7 +107,7 @@ class Control:
 
     def label_of(self, value) -> str:
         if self.option_labels:
-            return dict(zip(self.options, self.option_labels)).get(value, str(value))
+            return dict(zip(self.options, self.option_labels, strict=True)).get(value, str(value))
         if isinstance(value, float) and not value.is_integer():
             return f"{fmt.sig(value, 3)}{self.unit}"
         return f"{fmt.fixed(value, 0) if isinstance(value, (int, float)) else value}{self.unit}"
@@ -147,15 +148,7 @@ class Panel:
         """Bokeh components for the built book: the default state drawn by Python."""
         from bokeh.embed import components
         from bokeh.layouts import column, row
-        from bokeh.models import (
-            ColumnDataSource,
-            CustomJS,
-            CustomJSTickFormatter,
-            Div,
-            InlineStyleSheet,
-            Select,
-            Slider,
-        )
+        from bokeh.models import ColumnDataSource, CustomJS, Div, InlineStyleSheet
 
         if not self.js:
             raise ValueError(f"panel {self.key!r} is live only (it has no JavaScript twin)")
@@ -164,34 +157,7 @@ class Panel:
             name: ColumnDataSource(data=data, name=f"{self.key}.source.{name}")
             for name, data in result["sources"].items()
         }
-        widgets, grids = {}, {}
-        for c in self.controls:
-            name = f"{self.key}.{c.key}"
-            if c.kind == "slider":
-                grids[c.key] = list(c.options)
-                labels = [c.label_of(v) for v in c.options]
-                widgets[c.key] = Slider(
-                    start=0,
-                    end=len(c.options) - 1,
-                    step=1,
-                    value=c.options.index(c.default),
-                    title=c.label,
-                    name=name,
-                    width=175,
-                    format=CustomJSTickFormatter(
-                        code=f"return {json.dumps(labels)}[Math.round(tick)];"
-                    ),
-                )
-            else:  # values are option indices: options need not be strings (JS maps them back)
-                grids[c.key] = list(c.options)
-                options = [(str(i), c.label_of(v)) for i, v in enumerate(c.options)]
-                widgets[c.key] = Select(
-                    title=c.label,
-                    value=str(c.options.index(c.default)),
-                    options=options,
-                    name=name,
-                    width=175,
-                )
+        widgets, grids = _static_widgets(self.key, self.controls)
         readout = Div(
             text=readout_html(self.readout, result["values"]),
             name=f"{self.key}.readout",
@@ -223,7 +189,8 @@ class Panel:
         script, div = components(layout)
         meta = {c.key: {"options": list(c.options), "kind": c.kind} for c in self.controls}
         return (
-            f'<div class="kvlab-panel" data-panel="{self.key}" data-controls="{html.escape(json.dumps(meta))}">'
+            f'<div class="kvlab-panel" data-panel="{self.key}" '
+            f'data-controls="{html.escape(json.dumps(meta))}">'
             f"{_library_script()}{div}{script}</div>"
         )
 
@@ -243,7 +210,10 @@ class Panel:
         widgets = {c.key: _live_widget(c) for c in self.controls}
 
         def update(_change=None):
-            current = {k: _live_value(c, widgets[k].value) for k, c in zip(widgets, self.controls)}
+            current = {
+                k: _live_value(c, widgets[k].value)
+                for k, c in zip(widgets, self.controls, strict=True)
+            }
             try:
                 out = self.compute(current)
             except ValueError as exc:  # KvlabError: say it in the readout, keep the figure
@@ -263,6 +233,41 @@ class Panel:
         figures = self.figures(sources)
         titles = _titles(figures, result)
         return w.VBox([w.HBox([controls, readout]), BokehModel(figures)])
+
+
+def _static_widgets(key: str, controls) -> tuple[dict, dict]:
+    """The static page's bokeh widgets ({control key: widget}) and their option grids."""
+    from bokeh.models import CustomJSTickFormatter, Select, Slider
+
+    widgets, grids = {}, {}
+    for c in controls:
+        name = f"{key}.{c.key}"
+        if c.kind == "slider":
+            grids[c.key] = list(c.options)
+            labels = [c.label_of(v) for v in c.options]
+            widgets[c.key] = Slider(
+                start=0,
+                end=len(c.options) - 1,
+                step=1,
+                value=c.options.index(c.default),
+                title=c.label,
+                name=name,
+                width=175,
+                format=CustomJSTickFormatter(
+                    code=f"return {json.dumps(labels)}[Math.round(tick)];"
+                ),
+            )
+        else:  # values are option indices: options need not be strings (JS maps them back)
+            grids[c.key] = list(c.options)
+            options = [(str(i), c.label_of(v)) for i, v in enumerate(c.options)]
+            widgets[c.key] = Select(
+                title=c.label,
+                value=str(c.options.index(c.default)),
+                options=options,
+                name=name,
+                width=175,
+            )
+    return widgets, grids
 
 
 def _titles(figures, result: dict) -> dict:
@@ -347,9 +352,10 @@ def _ensure_live_resources() -> None:
 
 CSS = """
 .kvlab-readout { border-collapse: collapse; margin: 6px 0; font-size: 13px; line-height: 1.35; }
-.kvlab-readout th { color: #555; font-weight: normal; text-align: left; padding: 1px 12px 1px 0; vertical-align: top; }
-.kvlab-readout td { font-variant-numeric: tabular-nums; font-weight: 600; text-align: right; white-space: nowrap;
-  padding: 1px 0; }
+.kvlab-readout th { color: #555; font-weight: normal; text-align: left; padding: 1px 12px 1px 0;
+  vertical-align: top; }
+.kvlab-readout td { font-variant-numeric: tabular-nums; font-weight: 600; text-align: right;
+  white-space: nowrap; padding: 1px 0; }
 .kvlab-readout td[data-key="speed"] { white-space: normal; min-width: 10em; }
 .kvlab-error { color: #D55E00; }
 """
@@ -432,7 +438,7 @@ def lookup_panel(
     import itertools
 
     grid = [
-        dict(zip([c.key for c in controls], combo))
+        dict(zip([c.key for c in controls], combo, strict=True))
         for combo in itertools.product(*(c.options for c in controls))
     ]
     results = {state_key(controls, s): jsonable(compute(s), LOOKUP_DIGITS) for s in grid}

@@ -156,7 +156,7 @@ def latency_panel():
             height=330,
         )
         colors = (style.VERMILION, style.PURPLE, style.SKY)
-        for i, (label, color) in enumerate(zip(labels, colors)):
+        for i, (label, color) in enumerate(zip(labels, colors, strict=True)):
             fig.line(
                 "hit",
                 "ttft",
@@ -193,6 +193,52 @@ GRANULARITY_READOUT = (
     ("token_ttft_s", "Mean TTFT, token-granular cache", "seconds"),
     ("ttft_ratio", "TTFT, token-granular / whole-request", "ratio"),
 )
+
+
+def _granularity_figures(src):
+    from bokeh.layouts import row
+    from bokeh.transform import dodge
+
+    hits = style.new_figure(
+        "Two hit rates",
+        "",
+        "share",
+        x_range=["request-level hit rate", "tokens skipped"],
+        y_range=(0, 1.05),
+        width=340,
+        height=300,
+    )
+    hits.vbar(
+        x=dodge("metric", -0.17, range=hits.x_range),
+        top="whole",
+        width=0.3,
+        source=src["hits"],
+        color=style.ORANGE,
+        legend_label="whole-request",
+    )
+    hits.vbar(
+        x=dodge("metric", 0.17, range=hits.x_range),
+        top="token",
+        width=0.3,
+        source=src["hits"],
+        color=style.BLUE,
+        legend_label="token-granular",
+    )
+    hits.yaxis.formatter = style.percent_ticks()
+    hits.legend.orientation = "horizontal"
+    hits.add_layout(hits.legend[0], "below")
+    ttft = style.new_figure(
+        "Mean time to first token",
+        "",
+        "seconds",
+        x_range=["no cache", "whole-request", "token-granular"],
+        y_range=style.from_zero(),
+        width=340,
+        height=300,
+    )
+    ttft.vbar(x="cache", top="ttft", width=0.6, color="color", source=src["ttft"])
+    ttft.yaxis.formatter = style.seconds_ticks()
+    return row(hits, ttft)
 
 
 def granularity_panel():
@@ -241,51 +287,6 @@ def granularity_panel():
             },
         }
 
-    def figures(src):
-        from bokeh.layouts import row
-        from bokeh.transform import dodge
-
-        hits = style.new_figure(
-            "Two hit rates",
-            "",
-            "share",
-            x_range=["request-level hit rate", "tokens skipped"],
-            y_range=(0, 1.05),
-            width=340,
-            height=300,
-        )
-        hits.vbar(
-            x=dodge("metric", -0.17, range=hits.x_range),
-            top="whole",
-            width=0.3,
-            source=src["hits"],
-            color=style.ORANGE,
-            legend_label="whole-request",
-        )
-        hits.vbar(
-            x=dodge("metric", 0.17, range=hits.x_range),
-            top="token",
-            width=0.3,
-            source=src["hits"],
-            color=style.BLUE,
-            legend_label="token-granular",
-        )
-        hits.yaxis.formatter = style.percent_ticks()
-        hits.legend.orientation = "horizontal"
-        hits.add_layout(hits.legend[0], "below")
-        ttft = style.new_figure(
-            "Mean time to first token",
-            "",
-            "seconds",
-            x_range=["no cache", "whole-request", "token-granular"],
-            y_range=style.from_zero(),
-            width=340,
-            height=300,
-        )
-        ttft.vbar(x="cache", top="ttft", width=0.6, color="color", source=src["ttft"])
-        ttft.yaxis.formatter = style.seconds_ticks()
-        return row(hits, ttft)
-
     control = Control(
         "suffix",
         "Unique first message (tokens)",
@@ -295,4 +296,6 @@ def granularity_panel():
         live_range=(100, 16000),
         log=True,
     )
-    return lookup_panel("granularity", (control,), compute, figures, GRANULARITY_READOUT)
+    return lookup_panel(
+        "granularity", (control,), compute, _granularity_figures, GRANULARITY_READOUT
+    )

@@ -1,5 +1,5 @@
-"""Chapter 2 figures: the bandwidth of each tier, the roofline, and quantization at long
-context (weight-only vs KV)."""
+"""Chapter 2 figures: the bandwidth of each tier, the roofline's axis and points (drawn by
+the decode-step panel), and quantization at long context (weight-only vs KV)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,7 @@ from . import style
 from .controls import (
     batch_control,
     context_control,
-    dtype_control,
-    efficiency_control,
     hardware_control,
-    ledger_state,
     model_control,
 )
 from .panel import Panel
@@ -79,147 +76,14 @@ def tiers_figure():
     return fig
 
 
-# -------------------------------------------------------------------- roofline
-ROOFLINE_READOUT = (
-    ("arithmetic_intensity", "Decode step: FLOPs per byte", "intensity"),
-    ("ridge_flops_per_byte", "Ridge point of the device", "intensity"),
-    ("bound", "Decode step is bound by", "text"),
-    ("peak_compute_used", "Share of peak FLOP/s used", "percent"),
-    ("no_cache_time_s", "One token with no KV cache (recompute)", "seconds"),
-    ("step_time_s", "One token with the KV cache", "seconds"),
-    ("prefill_naive_intensity", "Prefill, naive attention", "intensity"),
-    ("prefill_flash_intensity", "Prefill, FlashAttention", "intensity"),
-)
-ROOF_X = np.logspace(-1, 4, 61)
-
-
-def roofline_panel() -> Panel:
-    """Where the decode step sits on the roofline, next to no-cache decode and prefill."""
-
-    def compute(state):
-        step = cost.decode_step(state["model"], state["hardware"], **ledger_state(state))
-        kw = dict(
-            weight_dtype=state["weight_dtype"],
-            kv_dtype=state["kv_dtype"],
-            efficiency=state["efficiency"],
-        )
-        context = state["context"]
-        no_cache = cost.prefill(state["model"], state["hardware"], context + 1, **kw)
-        flash = cost.prefill(state["model"], state["hardware"], context, **kw)
-        naive = cost.prefill(
-            state["model"], state["hardware"], context, flash_attention=False, **kw
-        )
-        peak = step.ridge_flops_per_byte * step.bandwidth_bytes_per_s
-        return {
-            "sources": _roofline_sources(
-                peak,
-                step.bandwidth_bytes_per_s,
-                state["efficiency"],
-                [
-                    (step.flops, step.step_bytes, step.step_time_s),
-                    (no_cache.flops, no_cache.bytes_moved, no_cache.time_s),
-                    (naive.flops, naive.bytes_moved, naive.time_s),
-                    (flash.flops, flash.bytes_moved, flash.time_s),
-                ],
-            ),
-            "values": {
-                "arithmetic_intensity": step.arithmetic_intensity,
-                "ridge_flops_per_byte": step.ridge_flops_per_byte,
-                "bound": step.bound,
-                "peak_compute_used": step.flops / step.step_time_s / peak,
-                "no_cache_time_s": no_cache.time_s,
-                "step_time_s": step.step_time_s,
-                "prefill_naive_intensity": naive.flops / naive.bytes_moved,
-                "prefill_flash_intensity": flash.flops / flash.bytes_moved,
-            },
-        }
-
-    def figures(src):
-        fig = style.new_figure(
-            "Roofline: attainable FLOP/s against arithmetic intensity",
-            "arithmetic intensity (FLOPs per byte moved)",
-            "FLOP/s",
-            x_axis_type="log",
-            y_axis_type="log",
-            height=400,
-        )
-        fig.line(
-            "x",
-            "y",
-            source=src["roof"],
-            color=style.GREY,
-            width=3,
-            legend_label="roof (peak × efficiency)",
-        )
-        pts = fig.scatter(
-            "intensity",
-            "flops_per_s",
-            source=src["points"],
-            size=13,
-            color="color",
-            marker="marker",
-            legend_field="label",
-        )
-        fig.yaxis.formatter = style.si_ticks("FLOP/s")
-        fig.xaxis.formatter = style.count_ticks()
-        fig.legend.location = "bottom_right"
-        style.hover(
-            fig,
-            [
-                ("", "@label"),
-                ("intensity", "@intensity{0,0.00} FLOP/B"),
-                ("attained", "@flops_per_s{0.000a}FLOP/s"),
-            ],
-            [pts],
-        )
-        return fig
-
-    controls = (
-        model_control(),
-        hardware_control(),
-        batch_control(),
-        context_control(),
-        dtype_control("weight_dtype", "Weights"),
-        dtype_control("kv_dtype", "KV cache"),
-        efficiency_control(),
-    )
-    terms = {
-        **ledger_terms(models(), devices()),
-        "roof_x": ROOF_X.tolist(),
-        "points": _point_styles(),
-    }
-    return Panel("roofline", controls, compute, figures, "roofline", terms, ROOFLINE_READOUT)
-
-
+# ------------------------------------------------------- the decode-step panel's roofline
+ROOF_X = np.logspace(-1, 4, 61)  # arithmetic intensities the roof is drawn over (FLOP/B)
 POINTS = (
     ("decode step, KV cached", style.BLUE, "circle"),
     ("decode with no KV cache (recompute)", style.VERMILION, "triangle"),
     ("prefill, naive attention", style.PURPLE, "square"),
     ("prefill, FlashAttention", style.GREEN, "diamond"),
 )
-
-
-def _point_styles() -> dict:
-    return {
-        "label": [p[0] for p in POINTS],
-        "color": [p[1] for p in POINTS],
-        "marker": [p[2] for p in POINTS],
-    }
-
-
-def _roofline_sources(peak, bandwidth, efficiency, points) -> dict:
-    """The roof and the four points, each (FLOPs, bytes, seconds); js/roofline.js is the twin."""
-    return {
-        "roof": {
-            "x": ROOF_X.tolist(),
-            "y": (np.minimum(peak, ROOF_X * bandwidth) * efficiency).tolist(),
-        },
-        "points": {
-            **_point_styles(),
-            "intensity": [f / b for f, b, _ in points],
-            "flops_per_s": [f / t for f, _, t in points],
-        },
-    }
 
 
 # ---------------------------------------------------------------- quantization
@@ -298,7 +162,7 @@ def quantization_panel() -> Panel:
 
 def _quant_labels():
     colors = (style.GREY, style.BLUE, style.ORANGE, style.GREEN, style.PURPLE)
-    return [(f"W {w} · KV {k}", c) for (w, k), c in zip(QUANT_CONFIGS, colors)]
+    return [(f"W {w} · KV {k}", c) for (w, k), c in zip(QUANT_CONFIGS, colors, strict=True)]
 
 
 def _quant_bars(speeds, kv_shares) -> dict:

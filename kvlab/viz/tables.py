@@ -23,7 +23,10 @@ class Table:
             for r in self.rows
         )
         cap = f"<caption>{html.escape(self.caption)}</caption>" if self.caption else ""
-        return f'<table class="kvlab-table">{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+        return (
+            f'<table class="kvlab-table">{cap}<thead><tr>{head}</tr></thead>'
+            f"<tbody>{body}</tbody></table>"
+        )
 
 
 def device_sources() -> Table:
@@ -59,7 +62,7 @@ def tier_sources() -> Table:
 
 def model_sources() -> Table:
     rows = []
-    for name, m in models().items():
+    for _name, m in models().items():
         rows.append(
             [
                 m.display_name,

@@ -38,7 +38,7 @@ def device_terms(name: str) -> dict:
     return {
         "label": d.display_name,
         "memory_bandwidth_bytes_per_s": d.memory_bandwidth_bytes_per_s,
-        "capacity_bytes": d.capacity_bytes,
+        "capacity_bytes": d.usable_capacity_bytes,  # what weights + KV may fill
         "bf16_flops_per_s": d.bf16_flops_per_s,
         "fp8_flops_per_s": d.fp8_flops_per_s or 0.0,
     }

@@ -37,6 +37,7 @@ PLACEMENT_COLORS = dict(
             style.PURPLE,
             style.VERMILION,
         ),
+        strict=True,
     )
 )
 SMALL_MODELS = ("article-7b", "llama-2-7b", "llama-3.1-8b", "qwen2.5-7b")
@@ -368,76 +369,78 @@ PD_READOUT = (
 PD_GLUE = (("remote_slowdown_200g", "ratio"),)  # the 200 Gb/s case, for comparison
 
 
+def _pd_compute(state):
+    s = pd_series(state["model"], TIER_HARDWARE, state["context"], state["batch"], PD_LINKS)
+    names = list(s["links"])
+    rows = s["links"]
+    sources = {
+        "links": {
+            "link": [PD_LABELS[n] for n in names],
+            "transfer": [rows[n]["transfer_s"] for n in names],
+            "every_step": [rows[n]["every_step_time_s"] for n in names],
+            "color": [style.PALETTE[i % len(style.PALETTE)] for i in range(len(names))],
+        },
+        "step": {
+            "link": [PD_LABELS[n] for n in names],
+            "step": [s["decode_step_s"]] * len(names),
+        },
+    }
+    return {
+        "sources": sources,
+        "values": {
+            "kv_bytes": s["kv_bytes"],
+            "decode_step_s": s["decode_step_s"],
+            "t_10g_s": rows["ethernet-10g"]["transfer_s"],
+            "t_200g_s": rows["ib-200g"]["transfer_s"],
+            "t_400g_s": rows["ib-400g"]["transfer_s"],
+            "t_article_s": rows["article-200GB/s"]["transfer_s"],
+            "t_nvlink_s": rows["nvlink4"]["transfer_s"],
+            "remote_slowdown_400g": rows["ib-400g"]["every_step_slowdown"],
+            "remote_slowdown_200g": rows["ib-200g"]["every_step_slowdown"],
+        },
+    }
+
+
+def _pd_figures(src):
+    labels = list(src["links"].data["link"])
+    fig = style.new_figure(
+        "Moving a request's KV from prefill to decode",
+        "seconds (log scale)",
+        "",
+        y_range=labels,
+        x_axis_type="log",
+        height=300,
+        x_range=(1e-5, 100),
+    )
+    bars = fig.hbar(
+        y="link", left=1e-5, right="transfer", height=0.6, color="color", source=src["links"]
+    )
+    fig.scatter(
+        "step",
+        "link",
+        source=src["step"],
+        marker="dash",
+        size=26,
+        color="black",
+        line_width=3,
+        legend_label="one decode step",
+    )
+    fig.xaxis.formatter = style.seconds_ticks()
+    fig.legend.location = "bottom_right"
+    style.hover(
+        fig,
+        [
+            ("", "@link"),
+            ("transfer", "@transfer{0.000000} s"),
+            ("decode step reading it remotely", "@every_step{0.000000} s"),
+        ],
+        [bars],
+    )
+    return fig
+
+
 def pd_panel():
     """One request's KV over each link against one decode step, and the every-step disaster."""
-
-    def compute(state):
-        s = pd_series(state["model"], TIER_HARDWARE, state["context"], state["batch"], PD_LINKS)
-        names = list(s["links"])
-        rows = s["links"]
-        sources = {
-            "links": {
-                "link": [PD_LABELS[n] for n in names],
-                "transfer": [rows[n]["transfer_s"] for n in names],
-                "every_step": [rows[n]["every_step_time_s"] for n in names],
-                "color": [style.PALETTE[i % len(style.PALETTE)] for i in range(len(names))],
-            },
-            "step": {
-                "link": [PD_LABELS[n] for n in names],
-                "step": [s["decode_step_s"]] * len(names),
-            },
-        }
-        return {
-            "sources": sources,
-            "values": {
-                "kv_bytes": s["kv_bytes"],
-                "decode_step_s": s["decode_step_s"],
-                "t_10g_s": rows["ethernet-10g"]["transfer_s"],
-                "t_200g_s": rows["ib-200g"]["transfer_s"],
-                "t_400g_s": rows["ib-400g"]["transfer_s"],
-                "t_article_s": rows["article-200GB/s"]["transfer_s"],
-                "t_nvlink_s": rows["nvlink4"]["transfer_s"],
-                "remote_slowdown_400g": rows["ib-400g"]["every_step_slowdown"],
-                "remote_slowdown_200g": rows["ib-200g"]["every_step_slowdown"],
-            },
-        }
-
-    def figures(src):
-        labels = list(src["links"].data["link"])
-        fig = style.new_figure(
-            "Moving a request's KV from prefill to decode",
-            "seconds (log scale)",
-            "",
-            y_range=labels,
-            x_axis_type="log",
-            height=300,
-            x_range=(1e-5, 100),
-        )
-        bars = fig.hbar(
-            y="link", left=1e-5, right="transfer", height=0.6, color="color", source=src["links"]
-        )
-        fig.scatter(
-            "step",
-            "link",
-            source=src["step"],
-            marker="dash",
-            size=26,
-            color="black",
-            line_width=3,
-            legend_label="one decode step",
-        )
-        fig.xaxis.formatter = style.seconds_ticks()
-        fig.legend.location = "bottom_right"
-        style.hover(
-            fig,
-            [
-                ("", "@link"),
-                ("transfer", "@transfer{0.000000} s"),
-                ("decode step reading it remotely", "@every_step{0.000000} s"),
-            ],
-            [bars],
-        )
-        return fig
 
     context = Control(
         "context",
@@ -452,7 +455,12 @@ def pd_panel():
         "batch", "Requests moved together", (1, 8), 1, kind="slider", live_range=(1, 256), log=True
     )
     return lookup_panel(
-        "pd", (small_model_control(), context, batch), compute, figures, PD_READOUT, glue=PD_GLUE
+        "pd",
+        (small_model_control(), context, batch),
+        _pd_compute,
+        _pd_figures,
+        PD_READOUT,
+        glue=PD_GLUE,
     )
 
 

@@ -51,13 +51,15 @@
     const runs = T.runs[s.model][s.hardware];
     const i = batches.indexOf(s.batch), n = s.tensor_parallel, b = s.batch;
     const r = runs[String(n)], one = runs["1"];
+    // The words come from the terms (levers_panels.TP_KINDS, NOT_MEASURED); the Chinese
+    // page's table translates them as the readout and the bars show them.
     const share = (part, whole) => (finite(part) && finite(whole)
-      ? K.percent(part / whole) : "n/a (outside the tables)");
+      ? K.percent(part / whole) : T.not_measured);
     const bars = { y: [], work_s: [], allreduce_s: [] };
     for (const tp of T.degrees) {
       const run = runs[String(tp)];
-      for (const [kind, step, reduce] of [["ceiling", "ceiling_s", "allreduce_s"],
-                                          ["measured", "measured_s", "measured_allreduce_s"]]) {
+      for (const [kind, step, reduce] of [[T.kinds[0], "ceiling_s", "allreduce_s"],
+                                          [T.kinds[1], "measured_s", "measured_allreduce_s"]]) {
         const t = run[step][i], ar = run[reduce][i];
         bars.y.push("TP " + tp + ", " + kind);
         bars.work_s.push(finite(t) && finite(ar) ? t - ar : NaN);
