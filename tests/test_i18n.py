@@ -28,7 +28,6 @@ from kvlab.viz import i18n  # noqa: E402
 #: page in this list that is translated (remove it) and for one missing that is not.
 PENDING = [
     "notebooks/02_bandwidth_wall",
-    "notebooks/05_metrics_and_diagnosis",
 ]
 #: Pages not measured: their entries stay in English by nature.
 NOT_MEASURED = {"book/references": "bibliographic citations keep their English titles"}

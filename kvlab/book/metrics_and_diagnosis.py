@@ -8,7 +8,9 @@ import functools
 from .. import cost, fmt
 from .. import diagnose as diagnosis
 from ..diagnose import BUSY_SHARE_FOR_GAPS
+from ..viz.i18n import t
 from . import sim_runs
+from .lang import pick
 
 #: The deployment the diagnosis cases share: model, device, batch, context.
 MODEL, HARDWARE, BATCH, CONTEXT = "llama-3.1-8b", "h100-sxm", 8, 16384
@@ -81,6 +83,17 @@ def panels() -> dict:
     }
 
 
+def _setup() -> str:
+    """The deployment the diagnosis cases share, for the prose."""
+    model = cost.get_model(MODEL).display_name
+    device = cost.get_device(HARDWARE).display_name
+    context = fmt.fixed(CONTEXT, 0)
+    return pick(
+        f"{model} on an {device}, batch {BATCH}, {context}-token contexts",
+        f"{device} 上的 {model}，批大小 {BATCH}，上下文 {context} token",
+    )
+
+
 def numbers() -> dict[str, str]:
     out = {}
     streams = token_streams()
@@ -92,7 +105,7 @@ def numbers() -> dict[str, str]:
                 f"ts_{arch}_itl99": fmt.seconds(summ["itl_p99_s"]),
             }
         )
-    out["ts_trace"] = streams["trace"]
+    out["ts_trace"] = t(streams["trace"])  # 'conversation (generated) [0-60 s]' without ../shared
     p = panels()
     budget, quant = p["budget"], p["quantization"]
     out.update(budget.readout_texts())
@@ -112,11 +125,7 @@ def numbers() -> dict[str, str]:
             "diag_ceiling": fmt.rate(ceiling_tokens_per_s()),
             "diag_cases": fmt.fixed(len(diagnosis_cases()), 0),
             "busy_share": fmt.percent(BUSY_SHARE_FOR_GAPS),
-            "diag_setup": (
-                f"{cost.get_model(MODEL).display_name} on an "
-                f"{cost.get_device(HARDWARE).display_name}, "
-                f"batch {BATCH}, {fmt.fixed(CONTEXT, 0)}-token contexts"
-            ),
+            "diag_setup": _setup(),
         }
     )
     return out

@@ -12,7 +12,7 @@ from .. import cost
 from ..diagnose import Diagnosis
 from ..hardware import devices
 from ..models import models
-from . import style
+from . import i18n, style
 from .controls import BATCH_GRID, context_control, hardware_control, model_control
 from .panel import Control, Panel
 from .terms import ledger_terms
@@ -213,26 +213,51 @@ def tpot_budget_panel() -> Panel:
     )
 
 
+def _colon() -> str:
+    return "：" if i18n.chinese() else ": "
+
+
+def _shown(d: Diagnosis) -> list:
+    """The findings a report lists: the memory fit (step 0) first when it fails."""
+    return d.findings if d.fits else [d.fit, *d.findings]
+
+
+def report_text(d: Diagnosis) -> str:
+    """`Diagnosis.report()` in the edition's language: the domain writes its bound, checks,
+    verdicts and advice in English, and each passes through the label table here (the
+    Chinese keeps the English's numbers, as formatted); in English it is the same text."""
+    colon = _colon()
+    lines = [f"{i18n.t('Diagnosis')}{colon}{i18n.t(f'{d.bound}-bound')}", ""]
+    for f in _shown(d):
+        lines.append(f"{f.step}. {i18n.t(f.check)}{colon}{i18n.t(f.verdict)}")
+        lines += [f"   - {i18n.t(a)}" for a in f.advice]
+    return "\n".join(lines)
+
+
 class DiagnosisReport:
-    """A diagnosis as HTML for the book."""
+    """A diagnosis as HTML for the book, in the edition's language (see `report_text`)."""
 
     def __init__(self, title: str, diagnosis: Diagnosis):
         self.title, self.diagnosis = title, diagnosis
 
     def _repr_html_(self) -> str:
-        d = self.diagnosis
+        d, colon = self.diagnosis, _colon()
         items = []
-        for f in d.findings:
-            advice = "".join(f"<li>{html.escape(a)}</li>" for a in f.advice)
+        for f in _shown(d):
+            advice = "".join(f"<li>{html.escape(i18n.t(a))}</li>" for a in f.advice)
             items.append(
-                f"<li><b>{html.escape(f.check)}</b>: {html.escape(f.verdict)}"
+                f"<li><b>{html.escape(i18n.t(f.check))}</b>{colon}"
+                f"{html.escape(i18n.t(f.verdict))}"
                 + (f"<ul>{advice}</ul>" if advice else "")
                 + "</li>"
             )
+        start = "" if d.fits else ' start="0"'  # the list is numbered as the steps are
+        title, bound = i18n.t(self.title), i18n.t(f"{d.bound}-bound")
         return (
-            f'<div class="kvlab-diagnosis"><p><b>{html.escape(self.title)}</b> — diagnosis: '
-            f"<b>{html.escape(d.bound)}-bound</b></p><ol>{''.join(items)}</ol></div>"
+            f'<div class="kvlab-diagnosis"><p><b>{html.escape(title)}</b> — '
+            f"{i18n.t('diagnosis')}{colon}<b>{html.escape(bound)}</b></p>"
+            f"<ol{start}>{''.join(items)}</ol></div>"
         )
 
     def __repr__(self) -> str:
-        return f"{self.title}\n{self.diagnosis.report()}"
+        return f"{i18n.t(self.title)}\n{report_text(self.diagnosis)}"

@@ -428,6 +428,69 @@ ZH: dict[str, str] = {
     "no decode results recorded yet": "尚无解码结果记录",
     "no recompute-vs-fetch results recorded yet": "尚无重算与取回的对比结果记录",
     "no memory results recorded yet": "尚无内存带宽结果记录",
+    # chapter 5: the diagnosis reports (kvlab.diagnose's bounds, checks, fixed verdicts and
+    # advice; those with numbers are templates in PATTERNS) and the cases' titles
+    "Diagnosis": "诊断",
+    "diagnosis": "诊断",
+    "memory bandwidth-bound": "显存带宽瓶颈",
+    "compute-bound": "算力瓶颈",
+    "KV tier-bound": "KV 存储层级瓶颈",
+    "network-bound": "网络瓶颈",
+    "overheads-bound": "额外开销瓶颈",
+    "launch and host overheads-bound": "内核启动与主机开销瓶颈",
+    "memory capacity-bound": "显存容量瓶颈",
+    "memory fit": "显存能否装下",
+    "memory throughput": "显存吞吐",
+    "distance to the ceiling": "与上限的距离",
+    "weights or KV": "权重还是 KV",
+    "KV storage tier": "KV 存储层级",
+    "network": "网络",
+    "fits": "放得下",
+    "does not fit in memory": "显存放不下",
+    "the step is compute-bound at this batch: memory throughput is not the limit": (
+        "在这个批大小下，这一步受算力限制：显存吞吐不是瓶颈"
+    ),
+    "inferred from tokens/s, this repeats step 2: a profiler's memory throughput (Nsight "
+    "Compute dram__throughput) tells slow kernels from gaps between them": (
+        "这是由 tokens/s 推算的，等于重复第 2 步：剖析工具给出的显存吞吐（Nsight Compute 的 "
+        "dram__throughput）才能分清是内核慢，还是内核之间有空隙"
+    ),
+    "the gaps are launches and host work (scheduling, sampling, Python): capture the step in "
+    "a CUDA graph, overlap the scheduler with the GPU, fuse small kernels": (
+        "空隙来自内核启动和主机端的工作（调度、采样、Python）：把这一步捕获成 CUDA graph，"
+        "让调度器与 GPU 重叠执行，融合小内核"
+    ),
+    "the settings do not describe what ran: check the dtypes (an fp8 or int4 model?), the "
+    "batch, the context and the device": (
+        "这些设置描述的并不是实际运行的东西：检查数据类型（是不是 fp8 或 int4 模型？）、"
+        "批大小、上下文和设备"
+    ),
+    "stop tuning the scheduler: only fewer bytes per step (or a faster memory) will help": (
+        "别再调调度器了：只有减少每步字节数（或换更快的显存）才有用"
+    ),
+    "look for stalls first: preemption, host overheads, small kernels, KV outside HBM": (
+        "先找停顿：抢占、主机开销、小内核、不在 HBM 里的 KV"
+    ),
+    "the KV is read from HBM": "KV 从 HBM 读取",
+    "move the KV into HBM before decode (one transfer), prefetch the next batch's KV while "
+    "computing, and count hits by the tier that served them": (
+        "解码前把 KV 搬进 HBM（只传一次），计算的同时预取下一批的 KV，并按提供命中的存储层级"
+        "统计命中"
+    ),
+    "not checked (give the network bandwidth and KV bytes per request)": (
+        "未检查（需给出网络带宽和每个请求的 KV 字节数）"
+    ),
+    "overlap the transfer with prefill layer by layer so it leaves the critical path": (
+        "让传输与预填充逐层重叠，把它移出关键路径"
+    ),
+    "never read KV over the network every step: pull it into the decode node's HBM once": (
+        "绝不要每步都经网络读取 KV：一次性把它拉进解码节点的 HBM"
+    ),
+    "near the ceiling": "接近上限",
+    "fast kernels, gaps between them": "内核很快，但内核之间有空隙",
+    "lots of headroom": "余量很大",
+    "KV served from host memory": "KV 由主机内存提供",
+    "disaggregated, KV over one 200 Gb/s NIC": "PD 分离，KV 经一块 200 Gb/s 网卡传输",
 }
 
 #: Templates: each {slot} matches any text and is translated in turn (first match wins,
@@ -495,6 +558,84 @@ PATTERNS: list[tuple[str, str]] = [
     ("TP {n}, measured", "TP {n}，实测"),
     # chapter 3: the transfer figure's link models (not a language model)
     ("link model: {link}", "链路模型：{link}"),
+    # chapter 5: the diagnosis reports' verdicts and advice that carry numbers
+    ("{needed} of {capacity}: fits", "需要 {needed}，共 {capacity}：放得下"),
+    (
+        "does NOT fit: {needed} needed (weights {w}, KV {kv}), the {device} gives weights + KV "
+        "{capacity} ({share} of {physical}); this deployment cannot run as described, so the "
+        "steps below say what it would do if it could",
+        "放不下：需要 {needed}（权重 {w}，KV {kv}），而 {device} 留给权重和 KV 的只有 {capacity}"
+        "（{physical} 的 {share}）；这个部署按所述设置无法运行，下面各步说的是假如它能运行会怎样",
+    ),
+    (
+        "the weights alone exceed the memory: quantize them (int4: {int4}), or split the model "
+        "over more devices",
+        "单是权重就超出了显存：量化权重（int4：{int4}），或把模型拆到更多设备上",
+    ),
+    (
+        "at a context of {ctx} tokens at most {n} sequences fit beside the weights: lower the "
+        "batch or the context, or quantize the KV cache",
+        "上下文为 {ctx} token 时，权重之外最多只放得下 {n} 个序列：降低批大小或上下文，"
+        "或量化 KV cache",
+    ),
+    (
+        "kernels stream at {u} of peak bandwidth while they run, but the wall clock moves only "
+        "{w}: about {g} of each step no kernel is reading memory",
+        "内核运行时以峰值带宽的 {u} 读取数据，按墙钟时间却只有 {w}：每一步约有 {g} 的时间"
+        "没有任何内核在读显存",
+    ),
+    ("{u} of peak memory bandwidth: bandwidth-bound", "达到峰值显存带宽的 {u}：带宽受限"),
+    (
+        "only {u} of peak memory bandwidth: the time goes elsewhere (scheduling, waiting, "
+        "launch overheads, a slow KV tier)",
+        "只有峰值显存带宽的 {u}：时间花在了别处（调度、等待、内核启动开销、慢速的 KV 存储层级）",
+    ),
+    (
+        "{u} of peak memory bandwidth: partly bandwidth-bound",
+        "达到峰值显存带宽的 {u}：部分受带宽限制",
+    ),
+    ("{n} (KV read from {tier})", "{n}（KV 从 {tier} 读取）"),
+    (
+        "{rate} tokens/s is above the {limit} tokens/s that the hardware allows for these settings",
+        "{rate} tokens/s，超过了这些设置下硬件允许的上限 {limit} tokens/s",
+    ),
+    (
+        "{rate} tokens/s is {pct} of the {limit} ceiling: there is headroom before physics "
+        "stops you",
+        "{rate} tokens/s，只是上限的 {pct}，上限为 {limit}：离物理极限还有余量",
+    ),
+    (
+        "{rate} tokens/s is {pct} of the {limit} ceiling",
+        "{rate} tokens/s，是上限的 {pct}，上限为 {limit}",
+    ),
+    ("weights are {pct} of the bytes", "权重占搬运字节的 {pct}"),
+    ("the KV history is {pct} of the bytes", "KV 历史占搬运字节的 {pct}"),
+    (
+        "quantize the weights to int4: ceiling {rate} tokens/s ({x}x)",
+        "把权重量化到 int4：上限 {rate} tokens/s（{x} 倍）",
+    ),
+    (
+        "quantize the KV cache to fp8: ceiling {rate} tokens/s ({x}x)",
+        "把 KV cache 量化到 fp8：上限 {rate} tokens/s（{x} 倍）",
+    ),
+    (
+        "raise the batch towards the knee at {knee}: {rate} tokens/s at a TPOT of {tpot} ({fits})",
+        "把批大小往拐点 {knee} 调：TPOT 为 {tpot} 时可达 {rate} tokens/s（{fits}）",
+    ),
+    (
+        "the batch is past the knee ({knee}): more sequences mostly add KV traffic and TPOT; "
+        "watch the tail",
+        "批大小已过拐点（{knee}）：再加序列主要是增加 KV 流量和 TPOT；盯住尾延迟",
+    ),
+    (
+        "KV read every step from {tier}: {rate} tokens/s against {hbm} with the KV in HBM "
+        "({x}x slower)",
+        "每步都从 {tier} 读取 KV：{rate} tokens/s，而 KV 在 HBM 中时为 {hbm}（慢 {x} 倍）",
+    ),
+    (
+        "{bytes} per request takes {time} over the network, {n} decode steps' worth",
+        "每个请求 {bytes}，经网络传输需要 {time}，相当于 {n} 个解码步",
+    ),
     ("{a}: {b}", "{a}：{b}"),
     ("{a}; {b}", "{a}；{b}"),
     # chapter 2b: how the kernel-table extract (kvlab.measured) derived its one-token figure
