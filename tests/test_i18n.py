@@ -27,7 +27,6 @@ from kvlab.viz import i18n  # noqa: E402
 #: catalogue (locale/zh_CN/LC_MESSAGES/<page>.po) is translated; the test below fails for a
 #: page in this list that is translated (remove it) and for one missing that is not.
 PENDING = [
-    "notebooks/02_bandwidth_wall",
     "notebooks/02b_measured",
     "notebooks/02c_past_the_ceiling",
     "notebooks/03_beyond_hbm",

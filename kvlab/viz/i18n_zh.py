@@ -423,6 +423,10 @@ ZH: dict[str, str] = {
     "16 GT/s x 16 lanes x 128/130 encoding / 8 bits = 31.5 GB/s": "16 GT/s × 16 通道 × 128/130 编码 / 8 位 = 31.5 GB/s",
     "32 GT/s x 16 lanes x 128/130 encoding / 8 bits = 63.0 GB/s": "32 GT/s × 16 通道 × 128/130 编码 / 8 位 = 63.0 GB/s",
     "4800 MT/s x 8 channels x 64 bits / 8 = 307.2 GB/s": "4800 MT/s × 8 通道 × 64 位 / 8 = 307.2 GB/s",
+    # chapter 2: the decode-step panel's tabs
+    "Batch": "批大小",
+    "Context": "上下文",
+    "Roofline": "Roofline",
 }
 
 #: Templates: each {slot} matches any text and is translated in turn (first match wins,
