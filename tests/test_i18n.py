@@ -26,9 +26,7 @@ from kvlab.viz import i18n  # noqa: E402
 #: Pages whose Chinese translation has not landed yet. The lead removes a page when its
 #: catalogue (locale/zh_CN/LC_MESSAGES/<page>.po) is translated; the test below fails for a
 #: page in this list that is translated (remove it) and for one missing that is not.
-PENDING = [
-    "notebooks/02_bandwidth_wall",
-]
+PENDING = []
 #: Pages not measured: their entries stay in English by nature.
 NOT_MEASURED = {"book/references": "bibliographic citations keep their English titles"}
 #: A Chinese page counts as translated when at least this share of its prose blocks

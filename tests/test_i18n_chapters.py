@@ -148,6 +148,69 @@ def test_chapter_2c_printout_and_published_words_in_both_languages(monkeypatch):
         assert _numbers(chinese_words[key]) == _numbers(words[key]), key
 
 
+def test_chapter_two_printout_and_worded_glue_in_both_languages(monkeypatch):
+    """Chapter 2's printout and the glue values that are words (the bits-to-bytes and DDR5
+    derivations, the papers' citations) read in Chinese with the English numbers."""
+    from kvlab.book import bandwidth_wall
+
+    english, english_glue = bandwidth_wall.worked_example(), bandwidth_wall.numbers()
+    assert english.splitlines()[0] == "KV per token: 131,072 B; KV read at 4K: 536,870,912 B"
+    monkeypatch.setenv(i18n.LANG_ENV, i18n.CHINESE)
+    chinese_text, chinese_glue = bandwidth_wall.worked_example(), bandwidth_wall.numbers()
+    assert all(CJK.search(line) for line in chinese_text.splitlines())
+    assert _numbers(chinese_text) == _numbers(english)
+    assert chinese_glue.keys() == english_glue.keys()
+    for key in ("ddr5_derivation", "ib200_derivation", "kivi_source", "kvquant_source"):
+        assert CJK.search(chinese_glue[key]), key
+    assert all(_numbers(chinese_glue[k]) == _numbers(english_glue[k]) for k in english_glue)
+
+
+def test_the_browser_translates_the_decode_step_panel_as_python_does(tmp_path, monkeypatch):
+    """The texts chapter 2's panel sets on a change (the time chart's title, legends, the
+    speed phrase), measured states included, read the same in the browser's table as in
+    Python's: a template matches only when each of its slots translates ('Time per step
+    (measured: X kernel tables, GPU)' also fits '{fw} kernel tables, {gpu}', whose first slot
+    does not translate)."""
+    import shutil
+    import subprocess
+
+    from test_js import measured_states
+
+    from kvlab.book.catalog import panels
+    from kvlab.viz.panel import FORMATS
+
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    panel = panels()["ledger"]()
+    texts = set()
+    for state in [panel.default_state, *measured_states(panel)[::4]]:
+        out = panel.compute(state)
+        texts |= set(out["titles"].values())
+        texts |= {FORMATS[kind](out["values"][k]) for k, _, kind in panel.readout if kind == "text"}
+        texts |= {
+            v
+            for data in out["sources"].values()
+            for col in data.values()
+            for v in col
+            if isinstance(v, str)
+        }
+    texts = sorted(texts)
+    assert any(text.startswith("Time per step (measured: ") for text in texts)
+    monkeypatch.setenv(i18n.LANG_ENV, i18n.CHINESE)
+    script = tmp_path / "tr.js"
+    script.write_text(
+        "globalThis.window = globalThis;\n"
+        "window.KVLAB = {FORMATS: {}, apply: () => 0};\n"
+        + i18n.browser_js()
+        + f"\nconsole.log(JSON.stringify({json.dumps(texts)}.map(window.KVLAB.tr)));\n"
+    )
+    run = subprocess.run([node, str(script)], capture_output=True, text=True, check=True)
+    browser = json.loads(run.stdout)
+    assert {e: b for e, b in zip(texts, browser, strict=True) if b != i18n.t(e)} == {}
+    assert not any("measured" in text for text in browser)
+
+
 def _math_blocks(page: Path) -> list[str]:
     return re.findall(
         r'<div class="math notranslate nohighlight">\s*(.*?)</div>',

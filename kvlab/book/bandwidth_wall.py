@@ -9,6 +9,8 @@ from .. import cost, fmt
 from ..article import ARTICLE_BANDWIDTH_BYTES_PER_S, ARTICLE_CONTEXT_TOKENS, ARTICLE_MODEL
 from ..hardware import get_device, get_tier
 from ..models import get_model
+from ..viz.i18n import t
+from .lang import pick
 
 #: Tiers whose bandwidth the prose quotes.
 QUOTED_TIERS = (
@@ -60,7 +62,7 @@ def numbers() -> dict[str, str]:
     ddr5 = get_tier("ddr5")
     out.update(
         {
-            "ddr5_derivation": ddr5.derivation,
+            "ddr5_derivation": t(ddr5.derivation),
             "ddr5_two_channels": fmt.si(ddr5.bandwidth_bytes_per_s / 4, "B/s"),
             "hbm_over_pcie": fmt.fixed(
                 get_tier("hbm3e").bandwidth_bytes_per_s
@@ -69,7 +71,7 @@ def numbers() -> dict[str, str]:
             ),
             "band_low": fmt.percent(roofline.ACHIEVABLE_BAND[0]),
             "band_high": fmt.percent(roofline.ACHIEVABLE_BAND[1]),
-            "ib200_derivation": get_tier("ib-200g").derivation,
+            "ib200_derivation": t(get_tier("ib-200g").derivation),
         }
     )
     art, art16 = article_steps()
@@ -132,18 +134,34 @@ def numbers() -> dict[str, str]:
 
 
 def worked_example() -> str:
-    """The chapter's checked printout (nbval compares it)."""
+    """The chapter's checked printout (nbval compares it in English; the Chinese edition
+    prints the same numbers in Chinese)."""
     art, art16 = article_steps()
+    kv, kv_read = f"{art.kv_bytes_per_token:,.0f} B", f"{art.kv_read_bytes:,.0f} B"
+    step, tps = f"{art.step_bytes / 1e9:.2f} GB", f"{art.tokens_per_s:.1f} tokens/s"
+    total = f"{art16.tokens_per_s:.0f} tokens/s"
+    each = f"{art16.tokens_per_s_per_sequence:.1f}"
     return "\n".join(
         [
-            f"KV per token: {art.kv_bytes_per_token:,.0f} B; KV read at 4K: "
-            f"{art.kv_read_bytes:,.0f} B",
-            f"step: {art.step_bytes / 1e9:.2f} GB -> {art.tokens_per_s:.1f} tokens/s at 2 TB/s, "
-            "batch 1",
-            f"batch 16: {art16.tokens_per_s:.0f} tokens/s in aggregate, "
-            f"{art16.tokens_per_s_per_sequence:.1f} per sequence",
+            pick(
+                f"KV per token: {kv}; KV read at 4K: {kv_read}",
+                f"每个 token 的 KV：{kv}；4K 上下文读取的 KV：{kv_read}",
+            ),
+            pick(
+                f"step: {step} -> {tps} at 2 TB/s, batch 1",
+                f"每步：{step} -> 带宽 2 TB/s、批大小 1 时 {tps}",
+            ),
+            pick(
+                f"batch 16: {total} in aggregate, {each} per sequence",
+                f"批大小 16：总计 {total}，每个序列 {each}",
+            ),
         ]
     )
+
+
+def _source(citation: str) -> str:
+    """A published figure's citation in the edition's language ('(abstract)': 摘要)."""
+    return pick(citation, citation.replace(" (abstract)", "（摘要）"))
 
 
 # ------------------------------------------------ what batching cannot do at long contexts
@@ -246,10 +264,10 @@ def _moe_and_quantization_numbers() -> dict[str, str]:
         "kivi_batch": fmt.sig(kivi["max_batch_gain"], 2),
         "kivi_low": fmt.sig(kivi["throughput_gain_low"], 3),
         "kivi_high": fmt.sig(kivi["throughput_gain_high"], 3),
-        "kivi_source": kivi["source"],
+        "kivi_source": _source(kivi["source"]),
         "kvquant_bits": str(kvquant["kv_bits"]),
         "kvquant_ppl": fmt.sig(kvquant["perplexity_increase_below"], 1),
-        "kvquant_source": kvquant["source"],
+        "kvquant_source": _source(kvquant["source"]),
         "fp8_source": fp8["source"],
         "int4_compute_batch": fmt.fixed(int4_batch, 0),
         "fp16_compute_batch": fmt.fixed(fp16_batch, 0),

@@ -144,6 +144,7 @@ def rewrite(layout, fn) -> None:
         Legend,
         Select,
         Slider,
+        TabPanel,
         Title,
     )
 
@@ -152,6 +153,8 @@ def rewrite(layout, fn) -> None:
             model.text = fn(model.text)
         elif isinstance(model, Label) and model.text:
             model.text = fn(model.text)
+        elif isinstance(model, TabPanel) and model.title:
+            model.title = fn(model.title)
         elif isinstance(model, Axis) and isinstance(model.axis_label, str):
             model.axis_label = fn(model.axis_label)
         elif isinstance(model, Legend):
@@ -205,19 +208,28 @@ def visible_texts(layout) -> set[str]:
 _BROWSER = """(function () {
   "use strict";
   const K = window.KVLAB, ZH = %s, PATTERNS = %s, HIDDEN = new Set(%s);
+  const [NUMERIC, IDENTIFIER, NAMES] = [new RegExp(%s), new RegExp(%s), new Set(%s)];
   const compiled = PATTERNS.map(([source, names, zh]) => [new RegExp(source), names, zh]);
-  function tr(text) {
-    if (typeof text !== "string") return text;
+  function exempt(text) {  // i18n.exempt
+    const s = text.trim();
+    return !s || !/[A-Za-z]/.test(s) || NUMERIC.test(s) || NAMES.has(s) || IDENTIFIER.test(s) ||
+      s.startsWith("@") || s.startsWith("#") ||
+      s.split(/\\s+/).every((w) => !/^(?:[a-z]+|[A-Z][a-z]+)$/.test(w) && !/[a-z]{3,}/.test(w));
+  }
+  function zh(text) {  // i18n.zh: a template counts only when each of its slots translates
     if (Object.prototype.hasOwnProperty.call(ZH, text)) return ZH[text];
-    for (const [regex, names, zh] of compiled) {
-      const m = regex.exec(text);
-      if (m) {
-        let out = zh;
-        names.forEach((name, i) => { out = out.split("{" + name + "}").join(tr(m[i + 1])); });
-        return out;
+    for (const [regex, names, out] of compiled) {
+      const m = regex.exec(text), parts = m ? m.slice(1).map(zh) : [null];
+      if (parts.every((p) => p !== null)) {
+        return names.reduce((o, name, i) => o.split("{" + name + "}").join(parts[i]), out);
       }
     }
-    return text;
+    return exempt(text) ? text : null;
+  }
+  function tr(text) {
+    if (typeof text !== "string") return text;
+    const found = zh(text);
+    return found === null ? text : found;
   }
   for (const kind of Object.keys(K.FORMATS)) {
     const format = K.FORMATS[kind];
@@ -254,4 +266,11 @@ def browser_js() -> str:
         [regex.pattern, names, chinese_text] for regex, names, chinese_text, _english in patterns
     ]
     dump = lambda value: json.dumps(value, ensure_ascii=False, separators=(",", ":"))  # noqa: E731
-    return _BROWSER % (dump(table), dump(js_patterns), dump(sorted(HIDDEN_COLUMNS)))
+    return _BROWSER % (
+        dump(table),
+        dump(js_patterns),
+        dump(sorted(HIDDEN_COLUMNS)),
+        dump(_NUMERIC.pattern),
+        dump(_IDENTIFIER.pattern),
+        dump(sorted(_names())),
+    )

@@ -491,6 +491,10 @@ ZH: dict[str, str] = {
     "lots of headroom": "余量很大",
     "KV served from host memory": "KV 由主机内存提供",
     "disaggregated, KV over one 200 Gb/s NIC": "PD 分离，KV 经一块 200 Gb/s 网卡传输",
+    # chapter 2: the decode-step panel's tabs
+    "Batch": "批大小",
+    "Context": "上下文",
+    "Roofline": "Roofline",
 }
 
 #: Templates: each {slot} matches any text and is translated in turn (first match wins,
