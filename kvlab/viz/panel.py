@@ -166,6 +166,8 @@ class Panel:
         )
         figures = self.figures(sources)
         titles = _titles(figures, result)
+        for name, text in result.get("titles", {}).items():  # as the first change would set it
+            titles[name].text = text
         callback = CustomJS(
             args=dict(
                 controls=widgets,
@@ -252,7 +254,7 @@ def _static_widgets(key: str, controls) -> tuple[dict, dict]:
                 value=c.options.index(c.default),
                 title=c.label,
                 name=name,
-                width=175,
+                width=CONTROL_WIDTH_PX,
                 format=CustomJSTickFormatter(
                     code=f"return {json.dumps(labels)}[Math.round(tick)];"
                 ),
@@ -265,9 +267,13 @@ def _static_widgets(key: str, controls) -> tuple[dict, dict]:
                 value=str(c.options.index(c.default)),
                 options=options,
                 name=name,
-                width=175,
+                width=CONTROL_WIDTH_PX,
             )
     return widgets, grids
+
+
+#: Width of a static control: the longest device name ("NVIDIA H100 SXM5 80GB") fits.
+CONTROL_WIDTH_PX = 205
 
 
 def _titles(figures, result: dict) -> dict:
