@@ -73,9 +73,13 @@ def open_page(browser, url):
     """Open a page and record everything that went wrong while it loaded."""
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     problems = []
-    page.on(
+    page.on(  # the location names what failed (a favicon fetch fires no response event)
         "console",
-        lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None,
+        lambda m: (
+            problems.append(f"console {m.type}: {m.text} ({m.location.get('url')})")
+            if m.type == "error"
+            else None
+        ),
     )
     page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
     page.on("requestfailed", lambda r: problems.append(f"failed request: {r.url} ({r.failure})"))
