@@ -42,9 +42,12 @@ def article_steps() -> tuple[cost.DecodeStep, cost.DecodeStep]:
 def panels() -> dict:
     """The chapter's panels, built once per kernel: the decode step (one control bar for the
     ledger, the batch and context sweeps and the roofline) and quantization."""
-    from ..viz import ledger, roofline
+    from ..viz import decode_step, roofline
 
-    return {"ledger": ledger.ledger_panel(), "quantization": roofline.quantization_panel()}
+    return {
+        "ledger": decode_step.decode_step_panel(),
+        "quantization": roofline.quantization_panel(),
+    }
 
 
 def tiers_figure():

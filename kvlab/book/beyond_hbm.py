@@ -91,6 +91,11 @@ def measured_engines() -> str:
     )
 
 
+def _as_sold(bytes_per_s: float) -> str:
+    """A NIC's bandwidth as it is sold, in bits: 25 GB/s -> '200 Gb/s'."""
+    return f"{fmt.sig(bytes_per_s * 8 / 1e9, 3)} Gb/s"
+
+
 def numbers() -> dict[str, str]:
     art = article_numbers()
     t = art["transfer_s"]
@@ -101,7 +106,7 @@ def numbers() -> dict[str, str]:
             cost.kv_bytes_per_token("llama-2-7b") / cost.kv_bytes_per_token(ARTICLE_MODEL), 0
         ),
         "nic_200g": fmt.si(nic, "B/s"),
-        "nic_200g_sold": f"{fmt.sig(nic * 8 / 1e9, 3)} Gb/s",
+        "nic_200g_sold": _as_sold(nic),
         "article_200": fmt.si(ARTICLE_IB_BYTES_PER_S, "B/s"),
         "realistic": fmt.percent(REALISTIC_LINK_EFFICIENCY, 2),
         "kv_4k_mib": fmt.fixed(art["kv_bytes_4k_request"] / 2**20, 0),
@@ -127,7 +132,7 @@ def numbers() -> dict[str, str]:
     out["t_400g"] = fmt.seconds(t["ib-400g"])
     nic_400g = tiers.get_placement("ib-400g").bandwidth_bytes_per_s()
     out["nic_400g"] = fmt.si(nic_400g, "B/s")
-    out["nic_400g_sold"] = f"{fmt.sig(nic_400g * 8 / 1e9, 3)} Gb/s"
+    out["nic_400g_sold"] = _as_sold(nic_400g)
     out["article_200_cards"] = fmt.sig(ARTICLE_IB_BYTES_PER_S / nic_400g, 2)
     out["usable_fraction"] = fmt.percent(USABLE_MEMORY_FRACTION, 2)
     return out

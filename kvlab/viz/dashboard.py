@@ -22,7 +22,7 @@ from .controls import (
     ledger_state,
     model_control,
 )
-from .ledger import _ledger_sources
+from .decode_step import BYTES_Y, bytes_figure
 from .panel import Control, Panel
 
 PLACEMENTS = (
@@ -102,13 +102,12 @@ def _dashboard_compute(state):
     }
     return {
         "sources": {
-            **_ledger_sources(
-                step.weight_read_bytes,
-                step.kv_read_bytes,
-                step.kv_write_bytes,
-                step.memory_time_s,
-                step.compute_time_s,
-            ),
+            "bytes": {
+                "y": list(BYTES_Y),
+                "weights": [step.weight_read_bytes],
+                "kv_read": [step.kv_read_bytes],
+                "kv_write": [step.kv_write_bytes],
+            },
             "roof": {
                 "x": x.tolist(),
                 "y": (
@@ -124,26 +123,7 @@ def _dashboard_compute(state):
 def _dashboard_figures(src):
     from bokeh.layouts import column
 
-    bytes_fig = style.new_figure(
-        "Bytes one decode step moves",
-        "bytes per step",
-        "",
-        height=150,
-        y_range=["per step"],
-        x_range=style.from_zero(),
-        width=560,
-    )
-    bytes_fig.hbar_stack(
-        ["weights", "kv_read", "kv_write"],
-        y="y",
-        height=0.6,
-        source=src["bytes"],
-        color=[style.WEIGHTS, style.KV_READ, style.KV_WRITE],
-        legend_label=["weights", "KV history read", "KV written"],
-    )
-    bytes_fig.xaxis.formatter = style.si_ticks("B")
-    bytes_fig.legend.orientation = "horizontal"
-    bytes_fig.add_layout(bytes_fig.legend[0], "above")
+    bytes_fig = bytes_figure(src["bytes"], width=560)
     roof = style.new_figure(
         "Roofline position",
         "FLOPs per byte",

@@ -324,9 +324,9 @@ def _figures(src):
     return column(_step_figures(src), tabs)
 
 
-def _step_figures(src):
-    from bokeh.layouts import column
-
+def bytes_figure(source, **figure_kw):
+    """The bytes one step moves, stacked: weights, KV read, KV written (this panel's and
+    the live dashboard's)."""
     fig = style.new_figure(
         "Bytes one decode step moves",
         "bytes per step",
@@ -334,12 +334,13 @@ def _step_figures(src):
         height=150,
         y_range=list(BYTES_Y),
         x_range=style.from_zero(),
+        **figure_kw,
     )
     renderers = fig.hbar_stack(
         ["weights", "kv_read", "kv_write"],
         y="y",
         height=0.6,
-        source=src["bytes"],
+        source=source,
         color=[style.WEIGHTS, style.KV_READ, style.KV_WRITE],
         legend_label=["weights", "KV history read", "KV written"],
     )
@@ -355,6 +356,13 @@ def _step_figures(src):
         ],
         renderers,
     )
+    return fig
+
+
+def _step_figures(src):
+    from bokeh.layouts import column
+
+    fig = bytes_figure(src["bytes"])
     times = style.new_figure(
         TIME_TITLE,
         "seconds",
