@@ -1,56 +1,66 @@
-"""The ledger: bytes, FLOPs and time of one decode step, of a prefill, and memory fit.
+"""The ledger: bytes, FLOPs and time of a decode step, a verify pass, a prefill; memory fit.
 
-Every numeric argument (batch, context, bandwidth, efficiency...) may be a numpy array;
-they broadcast, so a whole slider grid is one call. The rule the book teaches is in
-`decode_step`: each step streams the weights once for the whole batch plus the KV
-history of every sequence, and takes the longer of moving those bytes and doing the
-FLOPs.
+Every question is asked of a `Deployment` (model, device, dtypes, speed, tensor
+parallelism, overrides) and evaluates its `OperatorTable` (`kvlab.operators`): a pass's
+time is the sum over operator groups of max(bytes / bandwidth, FLOPs / peak), divided by
+the efficiency, plus the all-reduces of tensor parallelism. When every operator is bound
+the same way that equals the whole step's max(bytes, FLOPs); when bounds mix (a
+compute-bound GEMM beside a memory-bound attention) the sum is the honest figure. That is
+the rule the book teaches: each step streams the weights once for the whole batch plus
+the KV history of every sequence.
 
-Tensor parallelism (`tensor_parallel=N`) splits the weights and the K/V heads over N GPUs
-and adds two all-reduces per layer; every byte, FLOP and memory figure is then per GPU,
-tokens/s are the group's. `verify_step` is the pass speculative decoding verifies drafted
-tokens with (`kvlab.speculative` turns it into tokens kept).
+Numeric arguments (batch, context, and the deployment's bandwidth override and
+efficiency) may be numpy arrays; they broadcast, so a whole slider grid is one call.
+Under tensor parallelism every byte, FLOP and memory figure is per GPU, tokens/s are the
+group's. With `KernelTables()` as the speed, step times come from published kernel
+tables (`kvlab.kernel_tables`) instead of the ceiling.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from functools import lru_cache
 
 import numpy as np
 
+from .deployment import (
+    MAX_BANDWIDTH_BYTES_PER_S,
+    MAX_CAPACITY_BYTES,
+    MIN_BANDWIDTH_BYTES_PER_S,
+    Deployment,
+)
 from .dtypes import DType, parse_dtype
 from .errors import KvlabError, check_number
-from .hardware import Device, get_device
-from .models import ModelSpec, expected_experts_touched, get_model
+from .kernel_tables.timing import kernel_decode_fields, kernel_prefill_time
+from .models import ModelSpec, get_model
 from .operators import (
-    allreduce_s,
-    ceiling_s,
-    decode_operators,
+    NAIVE_ATTENTION_PASSES,
+    SCORE_BYTES,
+    OperatorTable,
+    PassCounts,
     kv_bytes_per_token_per_gpu,
-    prefill_operators,
-    weight_bytes_per_gpu,
+    operator_table,
+    pass_counts,
 )
-from .parallel import allreduce_link, check_tensor_parallel, tensor_parallel_notes
+from .parallel import allreduce_link, tensor_parallel_notes
 from .prompt import served_tokens
+
+__all__ = [
+    "MAX_BANDWIDTH_BYTES_PER_S",
+    "MAX_CAPACITY_BYTES",
+    "MIN_BANDWIDTH_BYTES_PER_S",
+    "NAIVE_ATTENTION_PASSES",
+    "SCORE_BYTES",
+]
 
 #: Upper bounds beyond which an input is a typo rather than a configuration.
 MAX_BATCH = 1_000_000
 MAX_CONTEXT_TOKENS = 100_000_000
-MAX_BANDWIDTH_BYTES_PER_S = 1e15  # 1 PB/s: 200x an H200
-MAX_FLOPS_PER_S = 1e18
-#: Lower bounds, likewise: below them a step takes longer than a float can say (1e-300 B/s).
-MIN_BANDWIDTH_BYTES_PER_S = 1e3  # 1 kB/s: slower than any memory or link KV crosses
-MIN_FLOPS_PER_S = 1e6
-MIN_EFFICIENCY = 1e-3  # 0.1% of peak
-MAX_CAPACITY_BYTES = 1e14
 #: Drafted tokens per verification beyond which acceptance makes more of them pointless.
 MAX_SPECULATIVE_TOKENS = 16
-#: Attention without FlashAttention writes the score matrix S and the probabilities P to
-#: memory and reads both back: 4 passes over heads x query-key pairs, fp16 elements.
-NAIVE_ATTENTION_PASSES = 4
-SCORE_BYTES = 2
+
+#: A JSON-ready number or an array of them: the ledger's fields hold either.
+Num = float | int | np.ndarray
 
 
 def _out(x):
@@ -94,31 +104,102 @@ class Result:
 
 def weight_bytes(model: ModelSpec | str, weight_dtype: str | DType = "fp16") -> float:
     """Bytes the weights occupy in memory (all parameters, scales included)."""
-    m = get_model(model)
-    return m.params.total * parse_dtype(weight_dtype).bytes_per_element
+    return get_model(model).params.total * parse_dtype(weight_dtype).bytes_per_element
 
 
 def kv_bytes_per_token(model: ModelSpec | str, kv_dtype: str | DType = "fp16") -> float:
     """Bytes of K/V cached per token over all layers: 2 x layers x kv_heads x head_dim x
     bytes per element (MLA: (kv_lora_rank + qk_rope_head_dim) x layers x bytes)."""
-    m = get_model(model)
-    return m.kv_elements_per_token * parse_dtype(kv_dtype).bytes_per_element
+    return kv_bytes_per_token_per_gpu(get_model(model), parse_dtype(kv_dtype))
 
 
 def weight_read_bytes(model: ModelSpec | str, batch=1, weight_dtype: str | DType = "fp16"):
-    """Weight bytes one forward pass over `batch` tokens streams from memory.
+    """Weight bytes one forward pass over `batch` tokens streams from memory: the dense
+    weights once (the embedding table is only gathered) plus the routed experts the
+    tokens touch, which grows with the batch until all are read."""
+    table = operator_table(get_model(model), parse_dtype(weight_dtype), parse_dtype("fp16"))
+    work = table.work(pass_counts(batch, 1, 0))
+    return _out(np.asarray(work["dense"][0] + work.get("experts", (0.0,))[0], dtype=float))
 
-    Dense models stream every matrix once, whatever the batch (the embedding table is
-    only gathered, so it is left out). MoE models stream the shared parts plus the
-    experts the batch's tokens touch, which grows with the batch until all are read.
-    """
-    m = get_model(model)
-    p = m.params
-    elements = p.streamed_dense
-    if m.is_moe:
-        touched = expected_experts_touched(m.num_experts, m.experts_per_token, batch)
-        elements = elements + p.moe_layers * touched * p.expert
-    return _out(np.asarray(elements, dtype=float) * parse_dtype(weight_dtype).bytes_per_element)
+
+# ---------------------------------------------------------------- the one evaluation
+
+
+def _top(a, b):
+    return max(a, b) if type(a) is float and type(b) is float else np.maximum(a, b)
+
+
+@dataclass(frozen=True)
+class UnitSeconds:
+    """Seconds per unit of a pass's counts at the ceiling (efficiency 1) of one
+    deployment's rates: how the simulator and `kvlab.cost` alike turn an `OperatorTable`
+    into time. Arrays broadcast (a bandwidth sweep is one object)."""
+
+    dense_s: object  # the dense weights, once per pass
+    dense_per_token_s: object
+    expert_s: object  # per routed expert touched per layer, over all MoE layers
+    experts_per_token_s: object
+    kv_s: object  # per KV entry attention reads or writes
+    pair_s: object  # per query-key pair
+    score_s: object  # per query-key pair, the score traffic without FlashAttention
+    allreduce_latency_s: float  # per pass (every all-reduce's fixed cost)
+    allreduce_per_token_s: object  # link time per row
+    table: OperatorTable
+
+    def weights_s(self, tokens, touching):
+        """The weight groups of a pass over `tokens` rows, `touching` of which pick experts:
+        max(memory, compute) each."""
+        dense = _top(self.dense_s, self.dense_per_token_s * tokens)
+        if not self.expert_s and not self.experts_per_token_s:
+            return dense
+        touched = self.table.experts_touched(touching)
+        return dense + _top(self.expert_s * touched, self.experts_per_token_s * tokens)
+
+    def attention_s(self, kv_tokens, pairs, flash_attention: bool = True):
+        """One attention kernel over `kv_tokens` KV entries and `pairs` query-key pairs."""
+        memory = self.kv_s * kv_tokens
+        if not flash_attention:
+            memory = memory + self.score_s * pairs
+        return _top(memory, self.pair_s * pairs)
+
+    def allreduce_s(self, tokens) -> tuple:
+        """(latency part, link part) of a pass's all-reduces over `tokens` rows."""
+        return self.allreduce_latency_s, self.allreduce_per_token_s * tokens
+
+    def pass_s(self, counts: PassCounts, flash_attention: bool = True):
+        """A pass's work at the ceiling, all-reduces excluded."""
+        return self.weights_s(counts.tokens, counts.touching) + self.attention_s(
+            counts.kv_tokens, counts.pairs, flash_attention
+        )
+
+
+def unit_seconds(d: Deployment, table: OperatorTable | None = None) -> UnitSeconds:
+    """The `UnitSeconds` of deployment `d` (of `table`, e.g. a share of its layers, when
+    given) at the ceiling of its bandwidth and peak."""
+    table = d.table if table is None else table
+    g = table.groups
+    bw, pk = d.memory_bandwidth_bytes_per_s, d.peak_flops_per_s
+    dense, attention = g["dense"], g["attention"]
+    experts = g.get("experts")
+    latency = link_s = 0.0
+    if table.tp > 1:
+        link = allreduce_link(d.hardware, table.tp)
+        reduce = g["allreduce"]
+        ring = 2 * (table.tp - 1) / table.tp
+        latency = reduce.calls * link.latency_s
+        link_s = reduce.link_bytes_per_token * ring / link.bandwidth_bytes_per_s
+    return UnitSeconds(
+        dense_s=dense.weight_bytes / bw,
+        dense_per_token_s=dense.flops_per_token / pk,
+        expert_s=experts.expert_bytes / bw if experts else 0.0,
+        experts_per_token_s=experts.flops_per_token / pk if experts else 0.0,
+        kv_s=attention.kv_bytes_per_token / bw,
+        pair_s=attention.flops_per_pair / pk,
+        score_s=attention.score_bytes_per_pair / bw,
+        allreduce_latency_s=latency,
+        allreduce_per_token_s=link_s,
+        table=table,
+    )
 
 
 # ------------------------------------------------------------------------- decode
@@ -132,142 +213,64 @@ class DecodeStep(Result):
     hardware: str
     weight_dtype: str
     kv_dtype: str
-    batch: object
-    context: object
-    bandwidth_bytes_per_s: object
-    efficiency: object  # a fraction of the peaks, or "measured"
+    batch: Num
+    context: Num
+    bandwidth_bytes_per_s: Num
+    efficiency: Num | str  # a fraction of the peaks, or "measured" (published kernel tables)
     weight_bytes: float  # weights in memory
-    weight_read_bytes: object  # weights streamed by this step
+    weight_read_bytes: Num  # weights streamed by this step
     kv_bytes_per_token: float
-    kv_read_bytes: object  # batch x attended context x KV/token
-    kv_write_bytes: object  # the new token's K/V for every sequence
-    step_bytes: object
-    flops: object
-    arithmetic_intensity: object  # FLOPs per byte moved
-    ridge_flops_per_byte: object  # roofline knee: peak FLOP/s / bandwidth in use
-    memory_time_s: object  # step bytes / bandwidth (x efficiency)
-    compute_time_s: object  # step FLOPs / peak (x efficiency)
-    step_time_s: object
-    bound: object  # "memory" or "compute": which of the two whole-step times is longer
-    tokens_per_s: object  # aggregate over the batch
-    tokens_per_s_per_sequence: object
-    kv_cache_bytes: object  # KV held in memory for the batch
-    memory_needed_bytes: object
-    capacity_bytes: float  # what weights + KV may fill (hardware.USABLE_MEMORY_FRACTION)
-    fits: object
-    max_batch: object  # largest batch whose KV fits beside the weights at this context
-    ceiling_step_time_s: object  # sum over operators of max(bytes/bandwidth, FLOPs/peak)
+    kv_read_bytes: Num  # batch x attended context x KV/token
+    kv_write_bytes: Num  # the new token's K/V for every sequence
+    step_bytes: Num
+    flops: Num
+    arithmetic_intensity: Num  # FLOPs per byte moved
+    ridge_flops_per_byte: Num  # roofline knee: peak FLOP/s / bandwidth in use
+    memory_time_s: Num  # step bytes / bandwidth (x efficiency)
+    compute_time_s: Num  # step FLOPs / peak (x efficiency)
+    step_time_s: Num
+    bound: str | np.ndarray  # "memory" or "compute": which whole-step time is longer
+    tokens_per_s: Num  # aggregate over the batch
+    tokens_per_s_per_sequence: Num
+    kv_cache_bytes: Num  # KV held in memory for the batch
+    memory_needed_bytes: Num
+    capacity_bytes: Num  # what weights + KV may fill (hardware.USABLE_MEMORY_FRACTION)
+    fits: bool | np.ndarray
+    max_batch: Num  # largest batch whose KV fits beside the weights at this context
+    ceiling_step_time_s: Num  # sum over operator groups of max(bytes/bw, FLOPs/peak)
     efficiency_source: str  # what step_time_s rests on: the sheet peaks, or which tables
-    overhead_s: object = 0.0  # measured mode: the per-step fixed cost of the small kernels
+    overhead_s: Num = 0.0  # kernel tables: the per-step fixed cost of the small kernels
     tensor_parallel: int = 1  # GPUs the weights and K/V heads are split over
-    allreduce_time_s: object = 0.0  # the step's all-reduces (2 per layer), in step_time_s
-    allreduce_latency_s: object = 0.0  # their fixed per-collective part; the rest is link time
+    allreduce_time_s: Num = 0.0  # the step's all-reduces (2 per layer), in step_time_s
+    allreduce_latency_s: Num = 0.0  # their fixed per-collective part; the rest is link time
     notes: tuple = ()  # what a reader must know to read the numbers (replicated K/V heads...)
-
-
-@lru_cache(maxsize=256)
-def _params(m: ModelSpec):
-    """Parameter counts, derived once per model (a ledger call needs them several times)."""
-    return m.params
-
-
-_dtype = lru_cache(maxsize=256)(parse_dtype)
 
 
 def _scalar(*values) -> bool:
     return all(type(v) in (int, float) for v in values)
 
 
-def _touched(m: ModelSpec, tokens, scalar: bool):
-    """Experts a batch of tokens touches per MoE layer (0 for dense models)."""
-    if not m.is_moe:
-        return 0.0
+def _counts(batch, context, queries, m: ModelSpec, scalar: bool):
+    """(attended context, pass counts) of a decode-like pass."""
     if scalar:
-        return m.num_experts * (1.0 - (1.0 - m.experts_per_token / m.num_experts) ** tokens)
-    return expected_experts_touched(m.num_experts, m.experts_per_token, tokens)
+        attended = float(min(context, m.sliding_window) if m.sliding_window else context)
+        b = float(batch)
+    else:
+        attended = np.asarray(m.effective_context(np.asarray(context, dtype=float)), dtype=float)
+        b = np.asarray(batch, dtype=float)
+    q = queries if type(queries) is int else np.asarray(queries, dtype=float)
+    return attended, pass_counts(b, q, attended)
 
 
-def _ceiling(terms, bandwidth, peak, scalar: bool):
-    """Sum over operators of max(bytes / bandwidth, FLOPs / peak).
-
-    `terms` are (bytes, FLOPs) of groups of operators that share an arithmetic intensity:
-    every weight GEMM (and norm) at one m moves its weights once and does 2 FLOPs per
-    weight per token, so they are bound alike and their maxima add up exactly; routed
-    experts (an intensity of their own) and attention are the other groups. The detailed
-    list is `kvlab.operators.decode_operators`; a test checks the two agree.
-    """
-    top = max if scalar else np.maximum
-    total = 0.0
-    for nbytes, flops in terms:
-        total = total + top(nbytes / bandwidth, flops / peak)
-    return total
+def decode_step(d: Deployment, batch=1, context=4096) -> DecodeStep:
+    """The ledger of one decode step of `batch` sequences with `context` tokens of KV
+    history each (arrays broadcast). Memory: weights + KV must fit in the deployment's
+    usable capacity, as the simulator's do. Under kernel tables a scalar point outside
+    the tables raises; array points there are NaN."""
+    return _step(d, batch, context, 1)
 
 
-def _is_measured(efficiency) -> bool:
-    return isinstance(efficiency, str) and efficiency.strip().lower() == "measured"
-
-
-def _check_efficiency(efficiency):
-    if isinstance(efficiency, str) and not _is_measured(efficiency):
-        raise KvlabError(f"efficiency must be a number in (0, 1] or 'measured', got {efficiency!r}")
-    return check_number(
-        "efficiency", efficiency, minimum=MIN_EFFICIENCY, allow_equal_min=True, maximum=1.0
-    )
-
-
-def decode_step(
-    model: ModelSpec | str,
-    hardware: Device | str,
-    batch=1,
-    context=4096,
-    weight_dtype: str | DType = "fp16",
-    kv_dtype: str | DType = "fp16",
-    bandwidth_bytes_per_s=None,
-    efficiency=1.0,
-    capacity_bytes=None,
-    tensor_parallel=1,
-) -> DecodeStep:
-    """The ledger of one decode step. Array arguments broadcast against each other.
-
-    The ceiling is the sum over the step's operators of max(bytes / bandwidth, FLOPs /
-    peak). `bandwidth_bytes_per_s` overrides the device's peak (to budget with a measured
-    figure); a numeric `efficiency` scales both bandwidth and FLOP/s (1.0 = the physical
-    ceiling, 0.6-0.85 is what real kernels reach); `efficiency="measured"` times every
-    operator from published kernel tables instead (`kvlab.measured`; devices with data
-    only; a scalar point outside the tables raises, array points there are NaN).
-    `tensor_parallel` (1, 2, 4, 8) splits the step over that many GPUs of one server
-    (`allreduce_link` says how its all-reduces are costed); bytes and memory are per GPU.
-    Memory: weights + KV must fit in the device's usable capacity (`capacity_bytes`
-    overrides it), as the simulator's do.
-    """
-    return _step(
-        model,
-        hardware,
-        batch,
-        context,
-        weight_dtype,
-        kv_dtype,
-        bandwidth_bytes_per_s,
-        efficiency,
-        capacity_bytes,
-        tensor_parallel,
-        1,
-    )
-
-
-def verify_step(
-    model: ModelSpec | str,
-    hardware: Device | str,
-    batch=1,
-    context=4096,
-    speculative_tokens=4,
-    weight_dtype: str | DType = "fp16",
-    kv_dtype: str | DType = "fp16",
-    bandwidth_bytes_per_s=None,
-    efficiency=1.0,
-    capacity_bytes=None,
-    tensor_parallel=1,
-) -> DecodeStep:
+def verify_step(d: Deployment, batch=1, context=4096, speculative_tokens=4) -> DecodeStep:
     """The ledger of one speculative verification pass: each of `batch` sequences runs its
     last token and `speculative_tokens` drafted ones (K + 1 positions) through the target
     model at once. The weights are read once for batch x (K + 1) rows, each sequence's KV
@@ -281,42 +284,11 @@ def verify_step(
         maximum=MAX_SPECULATIVE_TOKENS,
         integer=True,
     )
-    return _step(
-        model,
-        hardware,
-        batch,
-        context,
-        weight_dtype,
-        kv_dtype,
-        bandwidth_bytes_per_s,
-        efficiency,
-        capacity_bytes,
-        tensor_parallel,
-        _plus_one(k),
-    )
+    return _step(d, batch, context, k + 1 if type(k) is int else np.asarray(k, float) + 1.0)
 
 
-def _plus_one(k):
-    return k + 1 if type(k) is int else np.asarray(k, dtype=float) + 1.0
-
-
-def _step(
-    model,
-    hardware,
-    batch,
-    context,
-    weight_dtype,
-    kv_dtype,
-    bandwidth_bytes_per_s,
-    efficiency,
-    capacity_bytes,
-    tensor_parallel,
-    queries,
-) -> DecodeStep:
-    """A decode (queries = 1) or verify step: validate, then the fast scalar ledger, the
-    per-operator one (tensor parallelism, verification) and/or the measured tables."""
-    m, dev = get_model(model), get_device(hardware)
-    wdt, kdt = _dtype(weight_dtype), _dtype(kv_dtype)
+def check_batch_context(batch, context) -> tuple:
+    """batch (>= 1) and context (>= 0) tokens, checked."""
     batch = check_number(
         "batch", batch, minimum=1, allow_equal_min=True, maximum=MAX_BATCH, integer=True
     )
@@ -328,197 +300,113 @@ def _step(
         maximum=MAX_CONTEXT_TOKENS,
         integer=True,
     )
-    measured = _is_measured(efficiency)
-    if measured and bandwidth_bytes_per_s is not None:
-        raise KvlabError(
-            "efficiency 'measured' times kernels from their tables; "
-            "a bandwidth override does not apply to it"
-        )
-    bandwidth = (
-        dev.memory_bandwidth_bytes_per_s
-        if bandwidth_bytes_per_s is None
-        else check_number(
-            "bandwidth (bytes/s)",
-            bandwidth_bytes_per_s,
-            minimum=MIN_BANDWIDTH_BYTES_PER_S,
-            allow_equal_min=True,
-            maximum=MAX_BANDWIDTH_BYTES_PER_S,
-        )
-    )
-    eff = 1.0 if measured else _check_efficiency(efficiency)
-    capacity = (
-        dev.usable_capacity_bytes
-        if capacity_bytes is None
-        else check_number("capacity (bytes)", capacity_bytes, maximum=MAX_CAPACITY_BYTES)
-    )
-    tp = (
-        1
-        if type(tensor_parallel) is int and tensor_parallel == 1
-        else check_tensor_parallel(m, tensor_parallel)
-    )
-    scalar = _scalar(batch, context, bandwidth, eff, capacity)
-    if tp == 1 and type(queries) is int and queries == 1:
-        fields = _decode_fields(m, dev, wdt, kdt, batch, context, bandwidth, eff, capacity, scalar)
-    else:
-        fields = _operator_fields(
-            m, dev, wdt, kdt, batch, context, bandwidth, eff, capacity, tp, queries
-        )
-    if measured:
-        from .measured.timing import measured_decode_fields
+    return batch, context
 
-        fields.update(measured_decode_fields(m, dev, wdt, kdt, batch, context, scalar, tp, queries))
-    fields.setdefault("overhead_s", 0.0)
+
+def _step(d: Deployment, batch, context, queries) -> DecodeStep:
+    """A decode (queries = 1) or verify step."""
+    if not isinstance(d, Deployment):
+        raise KvlabError(f"the ledger prices a Deployment, got {type(d).__name__}")
+    batch, context = check_batch_context(batch, context)
+    m, table = d.model, d.table
+    bw, eff, capacity = d.memory_bandwidth_bytes_per_s, d.efficiency, d.usable_capacity_bytes
+    scalar = _scalar(batch, context, bw, eff, capacity, queries)
+    attended, counts = _counts(batch, context, queries, m, scalar)
+    work = table.work(counts)
+    fields = _ledger_fields(d, counts, work, scalar)
+    fields.update(_memory_fields(d, counts.tokens / queries, attended, scalar))
+    fields["kv_read_bytes"] = _o(counts.tokens / queries * attended * table.kv_bytes_per_token)
+    fields["kv_write_bytes"] = _o(counts.tokens * table.kv_bytes_per_token)
+    units = unit_seconds(d)
+    local = units.pass_s(counts)
+    latency, link = units.allreduce_s(counts.tokens)
+    step_time = local / eff + latency + link / eff
+    fields.update(
+        step_time_s=_o(step_time),
+        tokens_per_s=_o(counts.tokens / step_time),
+        tokens_per_s_per_sequence=_o(queries / step_time),
+        ceiling_step_time_s=_o(local + latency + link),
+        allreduce_time_s=_o(latency + link / eff + 0.0 * counts.tokens) if table.tp > 1 else 0.0,
+        allreduce_latency_s=_o(latency + 0.0 * counts.tokens) if table.tp > 1 else 0.0,
+        notes=_notes(d),
+        overhead_s=0.0,
+    )
+    if d.kernel_tables:
+        fields.update(kernel_decode_fields(d, batch, context, scalar, queries))
     return DecodeStep._build(
         model=m.name,
-        hardware=dev.name,
-        weight_dtype=wdt.name,
-        kv_dtype=kdt.name,
+        hardware=d.hardware.name,
+        weight_dtype=d.weight_dtype.name,
+        kv_dtype=d.kv_dtype.name,
         batch=batch,
         context=context,
-        efficiency="measured" if measured else eff,
+        efficiency=d.speed.label,
+        tensor_parallel=table.tp,
         **fields,
     )
 
 
-def _decode_fields(m, dev, wdt, kdt, batch, context, bandwidth, eff, capacity, scalar) -> dict:
-    """Every number of a decode step at the sheet's peaks x `eff` (plain floats for scalar
-    inputs: no numpy on that path, which a simulator calls thousands of times)."""
-    p = _params(m)
-    wbpe = wdt.bytes_per_element
-    if scalar:
-        b = float(batch)
-        attended = float(min(context, m.sliding_window) if m.sliding_window else context)
-    else:
-        b = np.asarray(batch, dtype=float)
-        attended = np.asarray(m.effective_context(np.asarray(context, dtype=float)), dtype=float)
-    touched = _touched(m, b, scalar)
-    w_total = p.total * wbpe
-    w_read = (p.streamed_dense + p.moe_layers * touched * p.expert) * wbpe
-    kv_tok = m.kv_elements_per_token * kdt.bytes_per_element
-    kv_read = b * attended * kv_tok
-    kv_write = b * kv_tok
-    step_bytes = w_read + kv_read + kv_write
-    active = p.active_per_token(m.experts_per_token)
-    attention_flops = b * m.attention_flops_per_cached_token * attended
-    flops = b * (2.0 * active + m.attention_flops_per_cached_token * attended)
-    peak = dev.peak_flops_per_s(wdt.compute)
-    ceiling = _ceiling(
-        (
-            (p.streamed_dense * wbpe, b * 2.0 * p.streamed_dense),
-            (p.moe_layers * touched * p.expert * wbpe, b * 2.0 * (active - p.streamed_dense)),
-            (kv_read + kv_write, attention_flops),
-        ),
-        bandwidth,
-        peak,
-        scalar,
-    )
-    step_time = ceiling / eff
-    memory_time = step_bytes / (bandwidth * eff)
+def _o(x):
+    return x if type(x) in (int, float) else _plain(x)
+
+
+def _ledger_fields(d: Deployment, counts: PassCounts, work: dict, scalar: bool) -> dict:
+    """Bytes, FLOPs and the whole-step memory and compute times of a pass."""
+    bw, eff, peak = d.memory_bandwidth_bytes_per_s, d.efficiency, d.peak_flops_per_s
+    local = [v for k, v in work.items() if k != "allreduce"]
+    weight_read = local[0][0] + (work["experts"][0] if "experts" in work else 0.0)
+    step_bytes = sum(nbytes for nbytes, _ in local)
+    flops = sum(f for _, f in local)
+    memory_time = step_bytes / (bw * eff)
     compute_time = flops / (peak * eff)
-    needed = w_total + kv_read
-    per_seq_kv = (max(attended, 1.0) if scalar else np.maximum(attended, 1.0)) * kv_tok
-    room = max(capacity - w_total, 0.0) if scalar else np.maximum(capacity - w_total, 0.0)
     if scalar:
         bound = "compute" if compute_time > memory_time else "memory"
-        max_batch, fits = math.floor(room / per_seq_kv), needed <= capacity
     else:
-        bound = np.where(compute_time > memory_time, "compute", "memory")
+        bound = np.where(np.asarray(compute_time) > memory_time, "compute", "memory")
         bound = bound.item() if bound.ndim == 0 else bound
-        max_batch = _out(np.floor(room / per_seq_kv).astype(np.int64))
-        fits = _out(np.asarray(needed <= capacity))
-    out = _out if not scalar else (lambda x: x)
-    source = "the sheet's bandwidth and FLOP/s x efficiency"
+        bw = np.asarray(bw, dtype=float)
     return dict(
-        bandwidth_bytes_per_s=out(np.asarray(bandwidth)) if not scalar else bandwidth,
-        weight_bytes=w_total,
-        weight_read_bytes=out(w_read),
-        kv_bytes_per_token=kv_tok,
-        kv_read_bytes=out(kv_read),
-        kv_write_bytes=out(kv_write),
-        step_bytes=out(step_bytes),
-        flops=out(flops),
-        arithmetic_intensity=out(flops / step_bytes),
-        ridge_flops_per_byte=out(peak / (bandwidth if scalar else np.asarray(bandwidth, float))),
-        memory_time_s=out(memory_time),
-        compute_time_s=out(compute_time),
-        step_time_s=out(step_time),
+        bandwidth_bytes_per_s=_o(bw),
+        weight_read_bytes=_o(weight_read),
+        step_bytes=_o(step_bytes),
+        flops=_o(flops),
+        arithmetic_intensity=_o(flops / step_bytes),
+        ridge_flops_per_byte=_o(peak / bw),
+        memory_time_s=_o(memory_time),
+        compute_time_s=_o(compute_time),
         bound=bound,
-        tokens_per_s=out(b / step_time),
-        tokens_per_s_per_sequence=out(1.0 / step_time),
-        kv_cache_bytes=out(kv_read),
-        memory_needed_bytes=out(needed),
+        efficiency_source=d.speed.source if not d.kernel_tables else "",
+    )
+
+
+def _memory_fields(d: Deployment, batch, attended, scalar: bool) -> dict:
+    """Weights + KV against the usable capacity: fits, and the largest batch that fits."""
+    kv_tok, w_total = d.table.kv_bytes_per_token, d.table.resident_weight_bytes
+    capacity = d.usable_capacity_bytes
+    kv = batch * attended * kv_tok
+    needed = w_total + kv
+    if scalar:
+        room = max(capacity - w_total, 0.0)
+        max_batch, fits = math.floor(room / (max(attended, 1.0) * kv_tok)), needed <= capacity
+    else:
+        room = np.maximum(capacity - w_total, 0.0)
+        max_batch = _plain(np.floor(room / (np.maximum(attended, 1.0) * kv_tok)).astype(np.int64))
+        fits = _plain(np.asarray(needed <= capacity))
+    return dict(
+        weight_bytes=w_total,
+        kv_bytes_per_token=kv_tok,
+        kv_cache_bytes=_o(kv),
+        memory_needed_bytes=_o(needed),
         capacity_bytes=capacity,
         fits=fits,
         max_batch=max_batch,
-        ceiling_step_time_s=out(ceiling),
-        efficiency_source=source,
     )
 
 
-# ------------------------------------------------- the ledger from the operators
-
-
-def _operator_fields(
-    m, dev, wdt, kdt, batch, context, bandwidth, eff, capacity, tp, queries
-) -> dict:
-    """Every number of a decode or verify step from its operator list (`kvlab.operators`):
-    per GPU at `tp`, with `queries` positions per sequence. Numerically the fast ledger at
-    tp = 1 and queries = 1; all-reduce latency is not scaled by `eff`, their link time is."""
-    ops = decode_operators(m, batch, context, wdt, kdt, tp, queries)
-    b = np.asarray(batch, dtype=float)
-    attended = np.asarray(m.effective_context(np.asarray(context, dtype=float)), dtype=float)
-    kv_tok = kv_bytes_per_token_per_gpu(m, kdt, tp)
-    kv_read = b * attended * kv_tok
-    kv_write = b * np.asarray(queries, dtype=float) * kv_tok
-    local = [op for op in ops if op.kind != "allreduce"]
-    step_bytes = sum(op.bytes for op in local)
-    flops = sum(op.flops for op in local)
-    peak = dev.peak_flops_per_s(wdt.compute)
-    bw = np.asarray(bandwidth, dtype=float)
-    ceiling = ceiling_s(local, bw, peak)
-    latency = link_time = 0.0
-    notes = ()
-    if tp > 1:
-        link = allreduce_link(dev, tp)
-        reduce = next(op for op in ops if op.kind == "allreduce")
-        latency, link_time = allreduce_s(reduce, link.bandwidth_bytes_per_s, link.latency_s)
-        notes = tensor_parallel_notes(m, tp, link)
-    step_time = ceiling / eff + latency + link_time / eff
-    memory_time, compute_time = step_bytes / (bw * eff), flops / (peak * eff)
-    w_total = weight_bytes_per_gpu(m, wdt, tp)
-    room = np.maximum(capacity - w_total, 0.0)
-    bound = np.where(compute_time > memory_time, "compute", "memory")
-    out = _plain
-    reduce_time = latency + link_time / eff + 0.0 * b
-    return dict(
-        bandwidth_bytes_per_s=out(bw),
-        weight_bytes=w_total,
-        weight_read_bytes=out(step_bytes - kv_read - kv_write),
-        kv_bytes_per_token=kv_tok,
-        kv_read_bytes=out(kv_read),
-        kv_write_bytes=out(kv_write),
-        step_bytes=out(step_bytes),
-        flops=out(flops),
-        arithmetic_intensity=out(flops / step_bytes),
-        ridge_flops_per_byte=out(peak / bw),
-        memory_time_s=out(memory_time),
-        compute_time_s=out(compute_time),
-        step_time_s=out(step_time),
-        bound=bound.item() if bound.ndim == 0 else bound,
-        tokens_per_s=out(b * queries / step_time),
-        tokens_per_s_per_sequence=out(queries / step_time),
-        kv_cache_bytes=out(kv_read),
-        memory_needed_bytes=out(w_total + kv_read),
-        capacity_bytes=capacity,
-        fits=out(np.asarray(w_total + kv_read <= capacity)),
-        max_batch=out(np.floor(room / (np.maximum(attended, 1.0) * kv_tok)).astype(np.int64)),
-        ceiling_step_time_s=out(ceiling + latency + link_time),
-        efficiency_source="the sheet's bandwidth and FLOP/s x efficiency",
-        tensor_parallel=tp,
-        allreduce_time_s=out(reduce_time),
-        allreduce_latency_s=out(latency + 0.0 * b),
-        notes=notes,
-    )
+def _notes(d: Deployment) -> tuple:
+    if d.table.tp == 1:
+        return ()
+    return tensor_parallel_notes(d.model, d.table.tp, allreduce_link(d.hardware, d.table.tp))
 
 
 # ------------------------------------------------------------------------ prefill
@@ -528,97 +416,74 @@ def _operator_fields(
 class Prefill(Result):
     """Prefill of `prompt_tokens` per sequence, of which `cached_tokens` hit a prefix cache."""
 
-    batch: object
-    prompt_tokens: object
-    cached_tokens: object
-    computed_tokens: object
-    flops: object
-    bytes_moved: object
-    compute_time_s: object
-    memory_time_s: object
-    time_s: object
-    bound: object
-    ttft_s: object  # prefill time; queueing and KV fetch are added by tiers/sim
-    ceiling_time_s: object = None  # sum over operators of max(bytes/bandwidth, FLOPs/peak)
+    batch: Num
+    prompt_tokens: Num
+    cached_tokens: Num
+    computed_tokens: Num
+    flops: Num
+    bytes_moved: Num
+    compute_time_s: Num
+    memory_time_s: Num
+    time_s: Num
+    bound: str | np.ndarray
+    ttft_s: Num  # prefill time; queueing and KV fetch are added by tiers/sim
+    ceiling_time_s: Num = None  # sum over operator groups of max(bytes/bw, FLOPs/peak)
     efficiency_source: str = ""
 
 
 def prefill(
-    model: ModelSpec | str,
-    hardware: Device | str,
-    prompt_tokens,
-    cached_tokens=0,
-    batch=1,
-    weight_dtype: str | DType = "fp16",
-    kv_dtype: str | DType = "fp16",
-    efficiency=1.0,
-    flops_per_s=None,
-    bandwidth_bytes_per_s=None,
-    flash_attention: bool = True,
-    tensor_parallel=1,
+    d: Deployment, prompt_tokens, cached_tokens=0, batch=1, flash_attention: bool = True
 ) -> Prefill:
     """FLOPs and time to prefill the uncached part of a prompt (causal attention included).
 
-    Query i of the n computed tokens attends to the c cached tokens and the i before it,
-    so attention costs n*c + n(n+1)/2 query-key pairs. A prefix hit removes both the
-    linear and most of the quadratic work; that is all a hit saves. Without FlashAttention
+    The n computed tokens attend to the c cached ones and to each other
+    (`operators.query_key_pairs`); a prefix hit removes both the linear and most of the
+    quadratic work, and that is all a hit saves. Without FlashAttention
     (`flash_attention=False`) the score matrices also make round trips through memory,
     which FlashAttention keeps on chip: same FLOPs, more bytes, and per operator that turns
-    attention from compute- to memory-bound. `efficiency="measured"` times the operators
-    from kernel tables (FlashAttention kernels only). At `tensor_parallel` N the FLOPs and
-    bytes are per GPU and the all-reduces of N GPUs are added (as in `decode_step`).
-    """
-    m, dev = get_model(model), get_device(hardware)
-    wdt, kdt = _dtype(weight_dtype), _dtype(kv_dtype)
-    prompt, cached, batch = _prefill_counts(prompt_tokens, cached_tokens, batch)
-    measured = _is_measured(efficiency)
-    overrides = flops_per_s is not None or bandwidth_bytes_per_s is not None
-    if measured and (overrides or not flash_attention):
+    attention from compute- to memory-bound. Kernel tables time FlashAttention kernels
+    only. At tensor parallelism the FLOPs and bytes are per GPU, all-reduces included."""
+    if d.kernel_tables and not flash_attention:
         raise KvlabError(
-            "efficiency 'measured' times FlashAttention kernels from their tables; "
-            "flops_per_s, bandwidth_bytes_per_s and flash_attention=False "
-            "do not apply"
+            "the published kernel tables time FlashAttention kernels; "
+            "flash_attention=False does not apply to them"
         )
-    eff = 1.0 if measured else _check_efficiency(efficiency)
+    prompt, cached, batch = _prefill_counts(prompt_tokens, cached_tokens, batch)
     p_arr, c_arr, b = (np.asarray(x, dtype=float) for x in (prompt, cached, batch))
     c_arr = _served(p_arr, c_arr)
     cached = int(c_arr) if c_arr.ndim == 0 else c_arr.astype(np.int64)
     n = p_arr - c_arr
-    peak, bandwidth = _prefill_rates(dev, wdt, flops_per_s, bandwidth_bytes_per_s)
-    tp = (
-        1
-        if type(tensor_parallel) is int and tensor_parallel == 1
-        else check_tensor_parallel(m, tensor_parallel)
-    )
-    if tp == 1:
-        flops, bytes_moved, ceiling = _prefill_work(
-            m, wdt, kdt, b, p_arr, c_arr, flash_attention, np.asarray(bandwidth), np.asarray(peak)
-        )
-        time_s = ceiling / eff
-    else:
-        flops, bytes_moved, ceiling, time_s = _prefill_parallel(
-            m, dev, wdt, kdt, batch, prompt, cached, flash_attention, tp, bandwidth, peak, eff
-        )
-    compute_time = np.where(n > 0, flops / (np.asarray(peak) * eff), 0.0)
-    memory_time = np.where(n > 0, bytes_moved / (np.asarray(bandwidth) * eff), 0.0)
-    source = "the sheet's bandwidth and FLOP/s x efficiency"
-    if measured:
-        from .measured.timing import measured_prefill_time
-
-        time_s, source = measured_prefill_time(m, dev, wdt, kdt, batch, prompt, cached, tp)
+    counts = pass_counts(b, n, c_arr)
+    work = d.table.work(counts, flash_attention)
+    local = [v for k, v in work.items() if k != "allreduce"]
+    flops = sum(f for _, f in local)
+    bytes_moved = np.asarray(sum(nbytes for nbytes, _ in local))
+    units = unit_seconds(d)
+    eff = d.efficiency
+    work_s = units.pass_s(counts, flash_attention)
+    latency, link = units.allreduce_s(counts.tokens)
+    computing = n > 0
+    ceiling = np.where(computing, work_s + latency + link, 0.0)
+    time_s = np.where(computing, work_s / eff + latency + link / eff, 0.0)
+    peak, bw = d.peak_flops_per_s, np.asarray(d.memory_bandwidth_bytes_per_s)
+    compute_time = np.where(computing, flops / (peak * eff), 0.0)
+    memory_time = np.where(computing, bytes_moved / (bw * eff), 0.0)
+    source = d.speed.source if not d.kernel_tables else ""
+    if d.kernel_tables:
+        time_s, source = kernel_prefill_time(d, batch, prompt, cached)
     bound = np.where(compute_time >= memory_time, "compute", "memory")
     return Prefill(
         batch=batch,
         prompt_tokens=prompt,
         cached_tokens=cached,
         computed_tokens=_out(n),
-        flops=_out(flops),
-        bytes_moved=_out(np.asarray(bytes_moved)),
+        flops=_out(np.asarray(flops)),
+        bytes_moved=_out(bytes_moved),
         compute_time_s=_out(compute_time),
         memory_time_s=_out(memory_time),
-        time_s=_out(time_s),
+        time_s=_out(np.asarray(time_s)),
         bound=bound.item() if bound.ndim == 0 else bound,
-        ttft_s=_out(time_s),
+        ttft_s=_out(np.asarray(time_s)),
         ceiling_time_s=_out(ceiling),
         efficiency_source=source,
     )
@@ -660,85 +525,6 @@ def _served(p_arr, c_arr):
     return np.asarray(served_tokens(c_arr, p_arr), dtype=float)
 
 
-def _prefill_rates(dev, wdt, flops_per_s, bandwidth_bytes_per_s) -> tuple:
-    """(peak FLOP/s, bandwidth): the device's, or the checked overrides."""
-    peak = (
-        dev.peak_flops_per_s(wdt.compute)
-        if flops_per_s is None
-        else check_number(
-            "flops_per_s",
-            flops_per_s,
-            minimum=MIN_FLOPS_PER_S,
-            allow_equal_min=True,
-            maximum=MAX_FLOPS_PER_S,
-        )
-    )
-    bandwidth = (
-        dev.memory_bandwidth_bytes_per_s
-        if bandwidth_bytes_per_s is None
-        else check_number(
-            "bandwidth (bytes/s)",
-            bandwidth_bytes_per_s,
-            minimum=MIN_BANDWIDTH_BYTES_PER_S,
-            allow_equal_min=True,
-            maximum=MAX_BANDWIDTH_BYTES_PER_S,
-        )
-    )
-    return peak, bandwidth
-
-
-def _prefill_work(m, wdt, kdt, b, prompt, cached, flash, bandwidth, peak) -> tuple:
-    """(FLOPs, bytes, ceiling) of a prefill on one GPU, grouped as in `decode_step`."""
-    n = prompt - cached
-    pairs = n * cached + n * (n + 1) / 2
-    p = _params(m)
-    active = p.active_per_token(m.experts_per_token)
-    attention_flops = b * m.attention_flops_per_cached_token * pairs
-    flops = b * (2.0 * active * n + m.attention_flops_per_cached_token * pairs)
-    attention_bytes = b * (cached + n) * kv_bytes_per_token(m, kdt)
-    if not flash:
-        attention_bytes = (
-            attention_bytes
-            + b * (m.num_heads * m.num_layers) * pairs * NAIVE_ATTENTION_PASSES * SCORE_BYTES
-        )
-    w_read = weight_read_bytes(m, b * np.maximum(n, 1), wdt)
-    dense_w = p.streamed_dense * wdt.bytes_per_element
-    ceiling = np.where(
-        n > 0,
-        _ceiling(
-            (
-                (dense_w, b * 2.0 * p.streamed_dense * n),
-                (w_read - dense_w, b * 2.0 * (active - p.streamed_dense) * n),
-                (attention_bytes, attention_flops),
-            ),
-            bandwidth,
-            peak,
-            False,
-        ),
-        0.0,
-    )
-    return flops, w_read + attention_bytes, ceiling
-
-
-def _prefill_parallel(
-    m, dev, wdt, kdt, batch, prompt, cached, flash, tp, bandwidth, peak, eff
-) -> tuple:
-    """(FLOPs, bytes, ceiling, time) of a prefill per GPU at tensor-parallel `tp`, from its
-    operators: each GPU's share of the work plus the all-reduces of batch x new tokens."""
-    ops = prefill_operators(m, batch, prompt, cached, wdt, kdt, flash, tp)
-    local = [op for op in ops if op.kind != "allreduce"]
-    link = allreduce_link(dev, tp)
-    reduce = next(op for op in ops if op.kind == "allreduce")
-    latency, link_time = allreduce_s(reduce, link.bandwidth_bytes_per_s, link.latency_s)
-    work = ceiling_s(local, np.asarray(bandwidth), np.asarray(peak))
-    return (
-        sum(op.flops for op in local),
-        np.asarray(sum(op.bytes for op in local)),
-        work + latency + link_time,
-        work / eff + latency + link_time / eff,
-    )
-
-
 # --------------------------------------------------------------------- memory fit
 
 
@@ -747,49 +533,34 @@ class MemoryFit(Result):
     """Weights + KV against device memory."""
 
     weight_bytes: float
-    kv_cache_bytes: object
-    needed_bytes: object
+    kv_cache_bytes: Num
+    needed_bytes: Num
     capacity_bytes: float
-    fits: object
-    max_batch: object  # at the given context
-    max_context: object  # at the given batch (None/inf: a sliding window caps the KV)
+    fits: bool | np.ndarray
+    max_batch: Num  # at the given context
+    max_context: Num  # at the given batch (None/inf: a sliding window caps the KV)
 
 
-def memory_fit(
-    model: ModelSpec | str,
-    hardware: Device | str,
-    batch=1,
-    context=4096,
-    weight_dtype: str | DType = "fp16",
-    kv_dtype: str | DType = "fp16",
-    capacity_bytes=None,
-    tensor_parallel=1,
-) -> MemoryFit:
+def memory_fit(d: Deployment, batch=1, context=4096) -> MemoryFit:
     """Does weights + batch x context of KV fit; the largest batch and the longest context
-    that do (per GPU at `tensor_parallel` N: each holds its share of weights and KV)."""
-    step = decode_step(
-        model,
-        hardware,
-        batch,
-        context,
-        weight_dtype,
-        kv_dtype,
-        capacity_bytes=capacity_bytes,
-        tensor_parallel=tensor_parallel,
-    )
-    m = get_model(model)
-    room = np.maximum(step.capacity_bytes - step.weight_bytes, 0.0)
-    max_context = np.floor(room / (np.asarray(step.batch, dtype=float) * step.kv_bytes_per_token))
+    that do (per GPU under tensor parallelism: each holds its share of weights and KV)."""
+    batch, context = check_batch_context(batch, context)
+    m = d.model
+    attended = np.asarray(m.effective_context(np.asarray(context, dtype=float)), dtype=float)
+    fit = _memory_fields(d, np.asarray(batch, dtype=float), attended, False)
+    room = np.maximum(fit["capacity_bytes"] - fit["weight_bytes"], 0.0)
+    kv_tok = fit["kv_bytes_per_token"]
+    max_context = np.floor(room / (np.asarray(batch, dtype=float) * kv_tok))
     if m.sliding_window:
-        window_fits = np.asarray(step.batch) * m.sliding_window * step.kv_bytes_per_token <= room
+        window_fits = np.asarray(batch) * m.sliding_window * kv_tok <= room
         max_context = np.where(window_fits, np.inf, max_context)
     return MemoryFit(
-        weight_bytes=step.weight_bytes,
-        kv_cache_bytes=step.kv_cache_bytes,
-        needed_bytes=step.memory_needed_bytes,
-        capacity_bytes=step.capacity_bytes,
-        fits=step.fits,
-        max_batch=step.max_batch,
+        weight_bytes=fit["weight_bytes"],
+        kv_cache_bytes=fit["kv_cache_bytes"],
+        needed_bytes=fit["memory_needed_bytes"],
+        capacity_bytes=fit["capacity_bytes"],
+        fits=fit["fits"],
+        max_batch=fit["max_batch"],
         max_context=_out(max_context),
     )
 

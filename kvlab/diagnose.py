@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from . import cost, fmt
+from . import cost, fmt, tiers
+from .deployment import Deployment
 from .errors import KvlabError, check_number
 from .hardware import USABLE_MEMORY_FRACTION, get_device, get_tier
 from .jsonsafe import jsonable
@@ -111,7 +112,6 @@ def _check_inputs(
     network,
     kv_bytes_per_request,
 ) -> _Inputs:
-    from . import tiers
 
     m, dev = get_model(model), get_device(hardware)
     measured = check_number("measured tokens/s", measured_tokens_per_s, maximum=1e9)
@@ -191,7 +191,7 @@ def diagnose(
         network_bandwidth_bytes_per_s,
         kv_bytes_per_request,
     )
-    step = cost.decode_step(d.model, d.device, d.batch, d.context, d.weight_dtype, d.kv_dtype)
+    step = cost.decode_step(_deployment(d), d.batch, d.context)
     fit = _memory_fit(d, step)
     throughput = _memory_throughput(d, step)
     tier, tier_bound, tiered = _kv_tier(d)
@@ -204,6 +204,12 @@ def diagnose(
     ]
     bound = _bound(step, throughput, tier_bound, findings[4])
     return Diagnosis("memory capacity" if not fit.numbers["fits"] else bound, findings, fit)
+
+
+def _deployment(d: _Inputs, **changes) -> Deployment:
+    """The deployment being diagnosed (with `changes`: the advice's alternatives)."""
+    values = dict(weight_dtype=d.weight_dtype, kv_dtype=d.kv_dtype) | changes
+    return Deployment(d.model, d.device, values["weight_dtype"], values["kv_dtype"])
 
 
 def _memory_fit(d: _Inputs, step) -> Finding:
@@ -344,17 +350,15 @@ def _ceiling(d: _Inputs, step, tiered) -> Finding:
 
 def _weights_or_kv(d: _Inputs, step) -> Finding:
     """3. Whether weights or KV dominate the bytes, and where the batch knee is."""
-    m, dev, ceiling = d.model, d.device, step.tokens_per_s
+    ceiling = step.tokens_per_s
     kv_share = step.kv_read_bytes / step.step_bytes
-    grid = cost.decode_step(
-        m, dev, np.array(BATCH_GRID, dtype=float), d.context, d.weight_dtype, d.kv_dtype
-    )
+    grid = cost.decode_step(_deployment(d), np.array(BATCH_GRID, dtype=float), d.context)
     knee = float(BATCH_GRID[cost.batch_knee(grid)])
     advice = []
     if kv_share < 0.5:
         verdict = f"weights are {fmt.percent(1 - kv_share)} of the bytes"
         if d.weight_dtype not in ("int4",):
-            q = cost.decode_step(m, dev, d.batch, d.context, "int4", d.kv_dtype)
+            q = cost.decode_step(_deployment(d, weight_dtype="int4"), d.batch, d.context)
             advice.append(
                 f"quantize the weights to int4: ceiling {fmt.rate(q.tokens_per_s)} "
                 f"tokens/s ({fmt.sig(q.tokens_per_s / ceiling, 3)}x)"
@@ -362,13 +366,13 @@ def _weights_or_kv(d: _Inputs, step) -> Finding:
     else:
         verdict = f"the KV history is {fmt.percent(kv_share)} of the bytes"
         if d.kv_dtype not in ("fp8", "int8", "int4"):
-            q = cost.decode_step(m, dev, d.batch, d.context, d.weight_dtype, "fp8")
+            q = cost.decode_step(_deployment(d, kv_dtype="fp8"), d.batch, d.context)
             advice.append(
                 f"quantize the KV cache to fp8: ceiling {fmt.rate(q.tokens_per_s)} "
                 f"tokens/s ({fmt.sig(q.tokens_per_s / ceiling, 3)}x)"
             )
     if d.batch < knee and step.bound == "memory":
-        at_knee = cost.decode_step(m, dev, knee, d.context, d.weight_dtype, d.kv_dtype)
+        at_knee = cost.decode_step(_deployment(d), knee, d.context)
         fits = "fits" if at_knee.fits else "does not fit in memory"
         advice.append(
             f"raise the batch towards the knee at {fmt.fixed(knee, 0)}: "
@@ -396,7 +400,6 @@ def _weights_or_kv(d: _Inputs, step) -> Finding:
 
 def _kv_tier(d: _Inputs) -> tuple[Finding, str | None, object]:
     """4. Where the KV really lives (and whether that tier, not HBM, bounds the step)."""
-    from . import tiers
 
     if d.kv_tier.lower() == tiers.HBM:
         return (
@@ -404,15 +407,7 @@ def _kv_tier(d: _Inputs) -> tuple[Finding, str | None, object]:
             None,
             None,
         )
-    t = tiers.tiered_decode_step(
-        d.model,
-        d.device,
-        d.batch,
-        d.context,
-        d.kv_tier,
-        weight_dtype=d.weight_dtype,
-        kv_dtype=d.kv_dtype,
-    )
+    t = tiers.tiered_decode_step(_deployment(d), d.batch, d.context, d.kv_tier)
     verdict = (
         f"KV read every step from {t.placement}: {fmt.rate(t.tokens_per_s)} tokens/s "
         f"against {fmt.rate(t.hbm_tokens_per_s)} with the KV in HBM "
@@ -434,7 +429,6 @@ def _kv_tier(d: _Inputs) -> tuple[Finding, str | None, object]:
 
 def _network(d: _Inputs, step) -> Finding:
     """5. The KV a request sends between nodes (disaggregated serving)."""
-    from . import tiers
 
     if d.network_bytes_per_s is None:
         return Finding(

@@ -161,7 +161,7 @@ def _int4_speedup():
 )
 def _gemv_share():
     from .hardware import get_device
-    from .measured import load
+    from .kernel_tables import load
 
     curve, _how = load("h100-sxm").gemm("bf16", 6144, 4096)
     return 6144 * 4096 * 2 / curve.scalar(1) / get_device("h100-sxm").memory_bandwidth_bytes_per_s
@@ -243,7 +243,7 @@ def _tp2_max_batch():
     "以及环形算法的 2 (N - 1) / N 倍消息量除以链路的规格带宽",
 )
 def _allreduce_over_sheet():
-    from .measured import load
+    from .kernel_tables import load
     from .models import get_model
     from .parallel import allreduce_link
 

@@ -1,69 +1,50 @@
 """One decode step's operators as table rows, for `kvlab budget`'s per-operator view.
 
-Kept apart from `kvlab.operators` (what a step consists of) and `kvlab.cost` (its totals)
-because it needs both and the measured tables.
+Kept apart from `kvlab.operators` (the table) and `kvlab.cost` (its totals) because it
+needs both and the kernel tables.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .cost import decode_step, verify_step
-from .dtypes import parse_dtype
-from .hardware import get_device
-from .models import get_model
-from .operators import ceiling_s, decode_operators
-from .parallel import allreduce_link
+from .cost import check_batch_context, decode_step, unit_seconds, verify_step
+from .deployment import Deployment
+from .kernel_tables.timing import deployment_kernels
+from .operators import operator_work, pass_counts
 
 
-def operator_table(
-    model,
-    hardware,
-    batch=1,
-    context=4096,
-    weight_dtype="fp16",
-    kv_dtype="fp16",
-    efficiency=1.0,
-    bandwidth_bytes_per_s=None,
-    tensor_parallel=1,
-    speculative_tokens=0,
-) -> list[dict]:
+def operator_rows(d: Deployment, batch=1, context=4096, speculative_tokens=0) -> list[dict]:
     """One decode step's operators as rows: calls, bytes, FLOPs, ceiling time (at the
-    bandwidth in use, efficiency 1) and, with `efficiency="measured"`, the measured time,
-    the table it came from and whether the ceiling floored it. Per GPU at
-    `tensor_parallel` N; `speculative_tokens` K > 0 gives the verify pass over K + 1
-    positions per sequence instead. Scalar inputs only."""
+    bandwidth in use, efficiency 1) and, under kernel tables, the measured time, the
+    table it came from and whether the ceiling floored it. Per GPU under tensor
+    parallelism; `speculative_tokens` K > 0 gives the verify pass over K + 1 positions per
+    sequence instead. Scalar inputs only."""
     k = int(speculative_tokens)
-    args = (model, hardware, batch, context) + ((k,) if k else ())
-    step = (verify_step if k else decode_step)(
-        *args,
-        weight_dtype=weight_dtype,
-        kv_dtype=kv_dtype,
-        bandwidth_bytes_per_s=bandwidth_bytes_per_s,
-        efficiency=efficiency,
-        tensor_parallel=tensor_parallel,
-    )
-    m, dev = get_model(model), get_device(hardware)
-    wdt, kdt = parse_dtype(weight_dtype), parse_dtype(kv_dtype)
-    tp = step.tensor_parallel
-    peak = dev.peak_flops_per_s(wdt.compute)
-    link = allreduce_link(dev, tp) if tp > 1 else None
-    link_args = (link.bandwidth_bytes_per_s, link.latency_s) if link else ()
-    rows = [
-        dict(
-            name=op.name,
-            kind=op.kind,
-            calls=op.calls,
-            bytes=float(op.bytes),
-            flops=float(op.flops),
-            ceiling_s=float(ceiling_s([op], step.bandwidth_bytes_per_s, peak, *link_args)),
+    step = verify_step(d, batch, context, k) if k else decode_step(d, batch, context)
+    batch, context = check_batch_context(batch, context)
+    attended = float(d.model.effective_context(context))
+    counts = pass_counts(float(batch), k + 1, attended)
+    bw, peak = step.bandwidth_bytes_per_s, d.peak_flops_per_s
+    rows = []
+    for op in d.table.operators:
+        nbytes, flops = operator_work(op, d.table, counts)
+        if op.kind == "allreduce":  # the pass's only all-reduce operator
+            ceiling = sum(unit_seconds(d).allreduce_s(counts.tokens))
+        else:
+            ceiling = max(nbytes / bw, flops / peak)
+        rows.append(
+            dict(
+                name=op.name,
+                kind=op.kind,
+                calls=op.calls,
+                bytes=float(nbytes) if op.kind != "allreduce" else 0.0,
+                flops=float(flops),
+                ceiling_s=float(ceiling),
+            )
         )
-        for op in decode_operators(m, step.batch, step.context, wdt, kdt, tp, k + 1)
-    ]
-    if step.efficiency == "measured":
-        from .measured import kernels
-
-        timed = kernels(m, dev, wdt, kdt, tp).decode(batch, context, k + 1).operators
+    if d.kernel_tables:
+        timed = deployment_kernels(d).decode(batch, context, k + 1).operators
         timed = {op.name: op for op in timed}
         for row in rows:
             op = timed[row["name"]]

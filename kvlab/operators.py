@@ -1,21 +1,31 @@
-"""A forward step as a list of operators: each GEMM, attention, the small kernels between.
+"""The ledger's one table: the operators of a forward pass and what each moves and computes.
 
-The ledger's ceiling (`kvlab.cost`) is the sum over these operators of
-max(bytes / bandwidth, FLOPs / peak): each kernel is held back by its own resource. One
-max over the whole step would average a compute-bound GEMM with a memory-bound attention
-and hide, for example, what FlashAttention changes. The measured mode
-(`kvlab.measured`) times the same operators from published kernel tables.
+A pass over `batch` sequences, each adding `new` tokens on top of `cached` tokens of KV,
+is a decode step (new = 1), a speculative verify pass (new = K + 1) or a prefill (new =
+the uncached prompt). Its work is set by four counts (`PassCounts`): rows through the
+GEMMs, tokens that pick routed experts, KV tokens attention reads or writes, and
+query-key pairs. `OperatorTable` holds, once per (model, dtypes, tensor-parallel degree),
+what every operator costs per unit of those counts: bytes per pass (the weights it
+streams), FLOPs per token, bytes per KV token, FLOPs and score bytes per query-key pair,
+bytes per routed expert touched, link bytes per token. Everything that prices a pass
+evaluates this table: `kvlab.cost` (decode, verify, prefill, memory fit), the
+per-operator view of `kvlab budget`, the simulator's step times, the measured mode's
+ceilings, and the panels' build-time terms (the browser sums the groups it is given).
 
-`bytes` are the ledger's bytes, partitioned: the weights each operator streams and the
-KV that attention reads and writes; they add up to `DecodeStep.step_bytes` and
-`Prefill.bytes_moved`. Activations stay out of them, as they always have in the ledger
-(at decode a token's activations are kilobytes beside megabytes of weights); the small
-elementwise kernels carry theirs in `activation_bytes_per_call`, which only the measured
-mode uses. FLOPs follow the ledger too: 2 per parameter per token, plus attention.
+Operators fall into groups that share an arithmetic intensity, so the sum over operators
+of max(bytes / bandwidth, FLOPs / peak) equals the sum over groups: `dense` (every weight
+GEMM and norm: its weights once, 2 FLOPs per weight per row), `experts` (routed experts,
+read by how many the tokens touch), `attention`, and `allreduce` (tensor parallelism:
+latency plus link time). One max over the whole step would average a compute-bound GEMM
+with a memory-bound attention and hide, for example, what FlashAttention changes.
 
 Shapes are per GPU at a tensor-parallel degree `tp` (Megatron style: QKV, gate/up and the
-LM head split by columns, O and down by rows, K/V heads replicated when fewer than `tp`,
-norms and the router replicated); at tp > 1 two all-reduces per layer join the list.
+LM head split by columns, O and down by rows, K/V heads split, norms and the router
+replicated; MLA's latent has no heads to split and is replicated); at tp > 1 two
+all-reduces per layer join the list. Activations stay out of the ledger's bytes (at
+decode a token's activations are kilobytes beside megabytes of weights); the small
+elementwise kernels carry theirs in `activation_bytes_per_token`, which only the measured
+mode uses.
 """
 
 from __future__ import annotations
@@ -28,31 +38,219 @@ import numpy as np
 
 from .dtypes import DType
 from .errors import KvlabError
-from .models import ModelSpec, expected_experts_touched
+from .models import ModelSpec
 
-#: Tensor-parallel degrees the measured extract covers.
+#: Tensor-parallel degrees: 1, 2, 4 or 8 GPUs of one server (one NVLink domain), the
+#: degrees the measured extract covers.
 TP_DEGREES = (1, 2, 4, 8)
 #: Bytes per activation element (bf16) in the small kernels and all-reduce messages.
 ACTIVATION_BYTES = 2
 #: Bytes per logit read by sampling (fp32 logits).
 LOGIT_BYTES = 4
+#: Attention without FlashAttention writes the score matrix S and the probabilities P to
+#: memory and reads both back: 4 passes over heads x query-key pairs, fp16 elements.
+NAIVE_ATTENTION_PASSES = 4
+SCORE_BYTES = 2
+#: The operator groups, in the order a step lists them.
+GROUPS = ("dense", "experts", "attention", "allreduce")
+
+
+# ------------------------------------------------------------------------- the counts
+
+
+def query_key_pairs(new, cached):
+    """Query-key pairs of `new` tokens appended to `cached` ones under a causal mask: token
+    i of the new ones attends to the cached tokens, the i before it and itself, so the
+    pass costs new x cached + new (new + 1) / 2 pairs. A decode step (new = 1) attends to
+    its history and itself; a prefix hit removes both the linear and most of the quadratic
+    work of a prefill. The ledger's only pair count."""
+    return new * cached + new * (new + 1) / 2
+
+
+def experts_touched(num_experts: int, experts_per_token: int, tokens):
+    """Expected distinct experts `tokens` touch in one MoE layer, under even, independent
+    routing: each token picks k of E experts, an expert stays untouched with probability
+    (1 - k/E)^tokens, so E (1 - (1 - k/E)^tokens) are read. Real routers are skewed,
+    which touches fewer: for the weights a batch reads this is an upper bound. The
+    ledger's only expert count (0 for a dense model)."""
+    if not num_experts:
+        return 0.0
+    keep = 1.0 - experts_per_token / num_experts
+    if type(tokens) in (int, float):
+        return num_experts * (1.0 - keep**tokens)
+    return num_experts * (1.0 - keep ** np.asarray(tokens, dtype=float))
+
+
+@dataclass(frozen=True)
+class PassCounts:
+    """What sets a pass's work: `tokens` rows through every GEMM, `touching` tokens that
+    pick routed experts, `kv_tokens` KV entries attention reads or writes, `pairs`
+    query-key pairs (one attention kernel)."""
+
+    tokens: object
+    touching: object
+    kv_tokens: object
+    pairs: object
+
+
+def pass_counts(batch, new, cached) -> PassCounts:
+    """The counts of a pass over `batch` sequences that each add `new` tokens on top of
+    `cached` tokens of KV (arrays broadcast). A pass always picks experts for at least one
+    token per sequence (a full prefix hit still computes its last token)."""
+    tokens = batch * new
+    touching = tokens if type(new) in (int, float) and new >= 1 else batch * np.maximum(new, 1)
+    return PassCounts(
+        tokens, touching, batch * (cached + new), batch * query_key_pairs(new, cached)
+    )
+
+
+# ------------------------------------------------------------------------- the table
 
 
 @dataclass(frozen=True)
 class Operator:
-    """One kind of kernel in a step, with its totals over all its calls in that step."""
+    """One kind of kernel of a pass, with its costs over all its calls in that pass, per
+    GPU, per unit of the pass's counts (`PassCounts`)."""
 
-    name: str  # qkv_proj, o_proj, gate_up_proj, down_proj, lm_head, router, experts, ...
+    name: str  # qkv_proj, o_proj, gate_up_proj, down_proj, lm_head, experts, attention, ...
     kind: str  # gemm | moe | attention | elementwise | allreduce
-    calls: int  # launches per step (one per layer for per-layer kernels)
-    bytes: object  # ledger bytes per step, all calls: weights streamed, KV read + written
-    flops: object  # per step, all calls
-    m: object = 1.0  # rows per call: tokens in the batch
+    group: str  # dense | experts | attention | allreduce | "" (no ledger cost)
+    calls: int  # launches per pass (one per layer for per-layer kernels)
     n: int = 0  # GEMM output columns (per GPU)
     k: int = 0  # GEMM reduction depth (per GPU)
-    activation_bytes_per_call: object = 0.0  # elementwise kernels (measured mode only)
-    link_bytes_per_call: object = 0.0  # all-reduce message (bf16 activations)
-    gpus: int = 1  # GPUs an all-reduce spans
+    weight_bytes: float = 0.0  # streamed once per pass
+    flops_per_token: float = 0.0
+    expert_bytes: float = 0.0  # per expert touched per MoE layer, over all MoE layers
+    kv_bytes_per_token: float = 0.0  # attention: per KV entry read or written
+    flops_per_pair: float = 0.0
+    score_bytes_per_pair: float = 0.0  # attention without FlashAttention
+    activation_bytes_per_token: float = 0.0  # per call (the measured mode's small kernels)
+    link_bytes_per_token: float = 0.0  # all-reduce message per call (bf16 activations)
+    share: float = 1.0  # of the layers a pass runs (a self-drafting head: 1 / layers)
+
+    @property
+    def per_layer(self) -> bool:
+        """Runs in every layer that has it (the LM head, embedding, sampling run once)."""
+        return self.calls != 1
+
+
+@dataclass(frozen=True)
+class GroupTerms:
+    """An operator group's summed coefficients (see `Operator`)."""
+
+    weight_bytes: float = 0.0
+    flops_per_token: float = 0.0
+    expert_bytes: float = 0.0
+    kv_bytes_per_token: float = 0.0
+    flops_per_pair: float = 0.0
+    score_bytes_per_pair: float = 0.0
+    link_bytes_per_token: float = 0.0  # summed over calls
+    calls: float = 0  # launches per pass (a share of the layers runs a share of them)
+
+
+@dataclass(frozen=True)
+class OperatorTable:
+    """The ledger of one (model, weight dtype, KV dtype, tensor-parallel degree)."""
+
+    model: ModelSpec
+    weights: DType
+    kv: DType
+    tp: int
+    operators: tuple  # of Operator, in step order
+    groups: dict  # group name -> GroupTerms
+    resident_weight_bytes: float  # what one GPU holds (embedding and every expert included)
+    kv_bytes_per_token: float  # what one token adds to one GPU's KV over all layers
+
+    def experts_touched(self, tokens):
+        return experts_touched(self.model.num_experts, self.model.experts_per_token, tokens)
+
+    def work(self, counts: PassCounts, flash_attention: bool = True) -> dict:
+        """Per group: (bytes, FLOPs) of a pass with these counts (the all-reduce's bytes
+        are link bytes, its FLOPs 0)."""
+        g = self.groups
+        out = {}
+        d = g["dense"]
+        out["dense"] = (d.weight_bytes, d.flops_per_token * counts.tokens)
+        if "experts" in g:
+            e = g["experts"]
+            touched = self.experts_touched(counts.touching)
+            out["experts"] = (e.expert_bytes * touched, e.flops_per_token * counts.tokens)
+        a = g["attention"]
+        attention_bytes = a.kv_bytes_per_token * counts.kv_tokens
+        if not flash_attention:
+            attention_bytes = attention_bytes + a.score_bytes_per_pair * counts.pairs
+        out["attention"] = (attention_bytes, a.flops_per_pair * counts.pairs)
+        if "allreduce" in g:
+            out["allreduce"] = (g["allreduce"].link_bytes_per_token * counts.tokens, 0.0)
+        return out
+
+    def layers(self, share: float) -> OperatorTable:
+        """This table for a pass through `share` of the layers: per-layer operators scaled,
+        once-per-pass ones (LM head, embedding, sampling) whole. A self-drafting head is
+        one layer's share (1 / num_layers)."""
+        ops = tuple(_scaled(op, share) for op in self.operators)
+        return replace(self, operators=ops, groups=_group(ops))
+
+
+def _scaled(op: Operator, share: float) -> Operator:
+    if not op.per_layer:
+        return op
+    return replace(
+        op,
+        weight_bytes=op.weight_bytes * share,
+        flops_per_token=op.flops_per_token * share,
+        expert_bytes=op.expert_bytes * share,
+        kv_bytes_per_token=op.kv_bytes_per_token * share,
+        flops_per_pair=op.flops_per_pair * share,
+        score_bytes_per_pair=op.score_bytes_per_pair * share,
+        link_bytes_per_token=op.link_bytes_per_token * share,
+        share=op.share * share,
+    )
+
+
+def _group(ops) -> dict:
+    """Sum the operators' coefficients per group (every coefficient is linear in the
+    counts, so a group's bytes and FLOPs are its operators' sums)."""
+    sums: dict = {}
+    for op in ops:
+        if not op.group:
+            continue
+        t = sums.setdefault(op.group, GroupTerms())
+        sums[op.group] = GroupTerms(
+            t.weight_bytes + op.weight_bytes,
+            t.flops_per_token + op.flops_per_token,
+            t.expert_bytes + op.expert_bytes,
+            t.kv_bytes_per_token + op.kv_bytes_per_token,
+            t.flops_per_pair + op.flops_per_pair,
+            t.score_bytes_per_pair + op.score_bytes_per_pair,
+            t.link_bytes_per_token + op.link_bytes_per_token * op.calls,
+            t.calls + op.calls * op.share,
+        )
+    return sums
+
+
+def check_tensor_parallel(m: ModelSpec, tp) -> int:
+    """The tensor-parallel degree as an int: one of TP_DEGREES, dividing the model's query
+    heads, and either dividing its K/V heads or a multiple of them (each K/V head then
+    replicated on tp / kv_heads GPUs, as vLLM and TensorRT-LLM do); anything else raises,
+    as engines refuse it."""
+    number = isinstance(tp, (int, float, np.integer, np.floating))
+    if isinstance(tp, (bool, np.bool_)) or not number or not np.isfinite(tp) or tp != int(tp):
+        raise KvlabError(f"tensor_parallel must be one of {TP_DEGREES}, got {tp!r}")
+    tp = int(tp)
+    if tp not in TP_DEGREES:
+        raise KvlabError(f"tensor-parallel degree must be one of {TP_DEGREES}, got {tp!r}")
+    if m.num_heads % tp:
+        raise KvlabError(f"{m.name}: {m.num_heads} query heads do not split over {tp} GPUs")
+    kv = m.num_kv_heads
+    if not m.is_mla and tp > 1 and kv % tp and tp % kv:
+        raise KvlabError(
+            f"{m.name}: {kv} K/V heads neither split over {tp} GPUs nor replicate evenly "
+            f"on them (engines need the degree to divide the K/V heads or be a multiple of "
+            f"them); try a degree among "
+            f"{', '.join(str(d) for d in TP_DEGREES if not kv % d or not d % kv)}"
+        )
+    return tp
 
 
 @dataclass(frozen=True)
@@ -66,18 +264,11 @@ class LayerShapes:
     moe: tuple | None  # (hidden, expert intermediate, experts, experts per token)
 
 
-def _check_tp(m: ModelSpec, tp: int) -> None:
-    if tp not in TP_DEGREES:
-        raise KvlabError(f"tensor-parallel degree must be one of {TP_DEGREES}, got {tp!r}")
-    if m.num_heads % tp:
-        raise KvlabError(f"{m.name}: {m.num_heads} query heads do not split over {tp} GPUs")
-
-
 @lru_cache(maxsize=256)
 def layer_shapes(m: ModelSpec, tp: int = 1) -> LayerShapes:
     """GEMM shapes (n, k) per GPU, attention layout, MoE shape. MLA models have no GEMM
     shapes here: their projections are counted but not laid out (no measured tables)."""
-    _check_tp(m, tp)
+    tp = check_tensor_parallel(m, tp)
     h, hd = m.hidden_size, m.head_dim
     heads, kv = m.num_heads // tp, max(1, m.num_kv_heads // tp)
     gemms = {}
@@ -99,15 +290,18 @@ def layer_shapes(m: ModelSpec, tp: int = 1) -> LayerShapes:
     return LayerShapes(gemms, heads, kv, hd, moe)
 
 
+def _moe_layers(m: ModelSpec) -> int:
+    return len(m.moe_layer_indices) if m.is_moe else 0
+
+
 def _calls(m: ModelSpec, name: str) -> int:
     """Launches per step of a weight operator: one per layer that has it, the LM head once."""
-    moe_layers = len(m.moe_layer_indices) if m.is_moe else 0
     if name == "lm_head":
         return 1
     if name.startswith(("shared", "router")):
-        return moe_layers
+        return _moe_layers(m)
     if name in ("gate_up_proj", "down_proj"):
-        return m.num_layers - moe_layers
+        return m.num_layers - _moe_layers(m)
     return m.num_layers
 
 
@@ -139,9 +333,9 @@ def _mla_projections_per_gpu(m: ModelSpec, whole: float, tp: int) -> float:
 
 @lru_cache(maxsize=256)
 def _weight_params(m: ModelSpec, tp: int) -> dict:
-    """Parameters per GPU carried by each operator per step (all layers), such that at
-    tp = 1 they add up to the ledger's streamed parameters exactly (plus routed experts,
-    which the `experts` operator carries by the batch)."""
+    """Parameters per GPU carried by each weight operator per pass (all layers), such that
+    at tp = 1 they add up to the model's streamed parameters exactly (routed experts
+    aside: the `experts` operator carries them by the tokens)."""
     per_step = dict(_laid_out_params(m, tp))
     derived = m if m.num_parameters_override is None else replace(m, num_parameters_override=None)
     streamed = derived.params.streamed_dense
@@ -154,18 +348,8 @@ def _weight_params(m: ModelSpec, tp: int) -> dict:
     return per_step
 
 
-def _experts(m: ModelSpec, touching, tokens, tp: int, bpe: float):
-    """(bytes, flops) of the routed experts: weights of the experts `touching` tokens pick
-    (uniform routing), FLOPs of the `tokens` computed."""
-    p = m.params
-    touched = expected_experts_touched(m.num_experts, m.experts_per_token, touching)
-    weight = p.moe_layers * touched * p.expert / tp * bpe
-    flops = 2.0 * tokens * p.moe_layers * m.experts_per_token * p.expert / tp
-    return weight, flops
-
-
-def _gemm_ops(m: ModelSpec, tokens, weights: DType, tp: int, experts_tokens) -> list[Operator]:
-    """The weight-carrying operators for a forward pass over `tokens` rows."""
+def _weight_ops(m: ModelSpec, weights: DType, tp: int) -> list[Operator]:
+    """The weight-carrying operators (GEMMs, the routed experts)."""
     shapes, params = layer_shapes(m, tp), _weight_params(m, tp)
     bpe = weights.bytes_per_element
     ops = []
@@ -174,203 +358,144 @@ def _gemm_ops(m: ModelSpec, tokens, weights: DType, tp: int, experts_tokens) -> 
             continue
         n, k = shapes.gemms.get(name, (0, 0))
         calls = m.num_layers if name == "attention_proj" else _calls(m, name)
+        ops.append(Operator(name, "gemm", "dense", calls, n, k, per_step * bpe, 2.0 * per_step))
+    if m.is_moe:
+        p = m.params
+        expert = p.moe_layers * p.expert / tp
         ops.append(
             Operator(
-                name, "gemm", calls, per_step * bpe, 2.0 * tokens * per_step, m=tokens, n=n, k=k
+                "experts",
+                "moe",
+                "experts",
+                p.moe_layers,
+                expert_bytes=expert * weights.bytes_per_element,
+                flops_per_token=2.0 * m.experts_per_token * expert,
             )
         )
-    if m.is_moe:
-        weight, flops = _experts(m, experts_tokens, tokens, tp, bpe)
-        ops.append(Operator("experts", "moe", m.params.moe_layers, weight, flops, m=tokens))
     return ops
 
 
-def _small_ops(m: ModelSpec, tokens, weights: DType, tp: int) -> list[Operator]:
-    """Norms, activation, embedding, sampling, router top-k: the kernels no GEMM table has."""
-    h, layers = m.hidden_size, m.num_layers
+def _attention_op(m: ModelSpec, kv: DType, tp: int) -> Operator:
+    """Attention: reads and writes KV entries, spends FLOPs (and, without FlashAttention,
+    score bytes) per query-key pair."""
+    return Operator(
+        "attention",
+        "attention",
+        "attention",
+        m.num_layers,
+        kv_bytes_per_token=kv_bytes_per_token_per_gpu(m, kv, tp),
+        flops_per_pair=m.attention_flops_per_cached_token / tp,
+        score_bytes_per_pair=float(
+            m.num_heads // tp * m.num_layers * NAIVE_ATTENTION_PASSES * SCORE_BYTES
+        ),
+    )
+
+
+def _small_ops(m: ModelSpec, weights: DType, tp: int) -> list[Operator]:
+    """Norms, activation, embedding, sampling, router top-k, all-reduces: the kernels no
+    GEMM table has. Only the norms carry ledger bytes (their weights)."""
+    h, layers, moe_layers = m.hidden_size, m.num_layers, _moe_layers(m)
     norms = _weight_params(m, tp)["norms"]
-    moe_layers = len(m.moe_layer_indices) if m.is_moe else 0
-    act = m.intermediate_size // tp
     up = 3 if m.gated_mlp else 2  # read gate and up (or one input), write one output
+    act = ACTIVATION_BYTES
     ops = [
         Operator(
             "add_norm",
             "elementwise",
+            "dense",
             2 * layers + 1,
-            norms * weights.bytes_per_element,
-            2.0 * tokens * norms,
-            m=tokens,
-            activation_bytes_per_call=4 * tokens * h * ACTIVATION_BYTES,
-        ),
-        Operator(
-            "embedding",
-            "elementwise",
-            1,
-            0.0,
-            0.0,
-            m=tokens,
-            activation_bytes_per_call=2 * tokens * h * ACTIVATION_BYTES,
-        ),
-        Operator(
-            "sampling",
-            "elementwise",
-            1,
-            0.0,
-            0.0,
-            m=tokens,
-            activation_bytes_per_call=tokens * math.ceil(m.vocab_size / tp) * LOGIT_BYTES,
-        ),
+            weight_bytes=norms * weights.bytes_per_element,
+            flops_per_token=2.0 * norms,
+            activation_bytes_per_token=4 * h * act,
+        )
     ]
+    if moe_layers:
+        per_token = m.num_experts * 4  # fp32 router logits
+        ops.append(
+            Operator(
+                "router_topk", "elementwise", "", moe_layers, activation_bytes_per_token=per_token
+            )
+        )
     if layers - moe_layers:
-        ops.insert(
-            1,
+        per_token = up * (m.intermediate_size // tp) * act
+        ops.append(
             Operator(
                 "act_mul",
                 "elementwise",
+                "",
                 layers - moe_layers,
-                0.0,
-                0.0,
-                m=tokens,
-                activation_bytes_per_call=up * tokens * act * ACTIVATION_BYTES,
-            ),
+                activation_bytes_per_token=per_token,
+            )
         )
-    if moe_layers:
-        ops.insert(
+    ops.append(Operator("embedding", "elementwise", "", 1, activation_bytes_per_token=2 * h * act))
+    ops.append(
+        Operator(
+            "sampling",
+            "elementwise",
+            "",
             1,
-            Operator(
-                "router_topk",
-                "elementwise",
-                moe_layers,
-                0.0,
-                0.0,
-                m=tokens,
-                activation_bytes_per_call=tokens * m.num_experts * 4,
-            ),
+            activation_bytes_per_token=math.ceil(m.vocab_size / tp) * LOGIT_BYTES,
         )
+    )
     if tp > 1:
         ops.append(
             Operator(
-                "all_reduce",
-                "allreduce",
-                2 * layers,
-                0.0,
-                0.0,
-                m=tokens,
-                link_bytes_per_call=tokens * h * ACTIVATION_BYTES,
-                gpus=tp,
+                "all_reduce", "allreduce", "allreduce", 2 * layers, link_bytes_per_token=h * act
             )
         )
     return ops
 
 
 def kv_bytes_per_token_per_gpu(m: ModelSpec, kv: DType, tp: int = 1) -> float:
-    """KV bytes one token adds over all layers on one GPU (K/V heads split over tp)."""
+    """KV bytes one token adds over all layers on one GPU: 2 x layers x K/V heads per GPU
+    x head_dim x bytes per element (K/V heads split over tp, replicated when fewer than
+    tp); MLA: the latent plus the shared RoPE key per layer, replicated on every GPU."""
     if m.is_mla or tp == 1:
         return m.kv_elements_per_token * kv.bytes_per_element
     return 2 * m.num_layers * layer_shapes(m, tp).kv_heads * m.head_dim * kv.bytes_per_element
 
 
-def weight_bytes_per_gpu(m: ModelSpec, weights: DType, tp: int = 1) -> float:
-    """Bytes of weights one GPU holds at tensor-parallel degree `tp`: every matrix split
-    (the embedding by vocabulary rows, each routed expert by its intermediate size), norms
-    and replicated K/V heads whole. At tp = 1 the model's whole weight bytes."""
+def _resident_weight_bytes(m: ModelSpec, weights: DType, tp: int) -> float:
+    """Bytes of weights one GPU holds: every matrix split (the embedding by vocabulary
+    rows, each routed expert by its intermediate size), norms and replicated K/V heads
+    whole. At tp = 1 the model's whole weight bytes."""
     p = m.params
     if tp == 1:
         return p.total * weights.bytes_per_element
     streamed = sum(_weight_params(m, tp).values())
-    return (
-        p.embedding / tp + streamed + p.moe_layers * m.num_experts * p.expert / tp
-    ) * weights.bytes_per_element
+    experts = p.moe_layers * m.num_experts * p.expert
+    return (p.embedding / tp + streamed + experts / tp) * weights.bytes_per_element
 
 
-def decode_operators(
-    m: ModelSpec, batch, context, weights: DType, kv: DType, tp: int = 1, queries=1
-) -> list[Operator]:
-    """The operators of one decode step: `batch` sequences, `context` tokens of KV each
-    (arrays broadcast). Their bytes add up to the ledger's step bytes at tp = 1.
-
-    `queries` > 1 is a speculative verify step: each sequence runs that many positions
-    through the model at once (GEMMs at m = batch x queries, weights read once), reads its
-    KV history once, writes `queries` new entries, and query i attends to the history and
-    the i before it."""
-    b = np.asarray(batch, dtype=float)
-    attended = np.asarray(m.effective_context(np.asarray(context, dtype=float)), dtype=float)
-    kv_tok = kv_bytes_per_token_per_gpu(m, kv, tp)
-    q = np.asarray(queries, dtype=float)
-    tokens = b * q  # rows through every GEMM
-    pairs = q * attended + q * (q - 1) / 2  # query-key pairs per sequence (1: the history)
-    attention = Operator(
-        "attention",
-        "attention",
-        m.num_layers,
-        b * attended * kv_tok + tokens * kv_tok,
-        b * m.attention_flops_per_cached_token / tp * pairs,
-        m=b,
-    )
-    ops = _gemm_ops(m, tokens, weights, tp, tokens)
-    return ops[:1] + [attention] + ops[1:] + _small_ops(m, tokens, weights, tp)
-
-
-def prefill_operators(
-    m: ModelSpec,
-    batch,
-    prompt_tokens,
-    cached_tokens,
-    weights: DType,
-    kv: DType,
-    flash_attention: bool = True,
-    tp: int = 1,
-) -> list[Operator]:
-    """The operators of a prefill of `prompt_tokens - cached_tokens` new tokens in each of
-    `batch` sequences. Attention covers n*c + n(n+1)/2 query-key pairs; without
-    FlashAttention its score matrices make four trips through memory (fp16)."""
-    b = np.asarray(batch, dtype=float)
-    c = np.asarray(cached_tokens, dtype=float)
-    n = np.asarray(prompt_tokens, dtype=float) - c
-    pairs = n * c + n * (n + 1) / 2
-    kv_tok = kv_bytes_per_token_per_gpu(m, kv, tp)
-    kv_bytes = b * (c + n) * kv_tok
-    if not flash_attention:
-        kv_bytes = kv_bytes + b * (m.num_heads // tp * m.num_layers) * pairs * 4 * 2
-    attention = Operator(
-        "attention",
-        "attention",
-        m.num_layers,
-        kv_bytes,
-        b * m.attention_flops_per_cached_token / tp * pairs,
-        m=b * n,
-    )
-    ops = _gemm_ops(m, b * n, weights, tp, b * np.maximum(n, 1))
-    return ops[:1] + [attention] + ops[1:] + _small_ops(m, b * n, weights, tp)
-
-
-def allreduce_s(op: Operator, link_bandwidth_bytes_per_s, latency_s=0.0):
-    """(latency part, bandwidth part) of an all-reduce operator's time over all its calls:
-    each call pays a fixed `latency_s` and moves 2 (p - 1) / p of its message over the
-    link (the bandwidth-optimal ring's traffic per GPU)."""
-    ring = 2 * (op.gpus - 1) / op.gpus
-    return (
-        op.calls * latency_s,
-        op.calls * op.link_bytes_per_call * ring / link_bandwidth_bytes_per_s,
+@lru_cache(maxsize=512)
+def operator_table(m: ModelSpec, weights: DType, kv: DType, tp: int = 1) -> OperatorTable:
+    """The table of one (model, weight dtype, KV dtype, tensor-parallel degree), built once."""
+    tp = check_tensor_parallel(m, tp)
+    weight = _weight_ops(m, weights, tp)
+    ops = tuple(weight[:1] + [_attention_op(m, kv, tp)] + weight[1:] + _small_ops(m, weights, tp))
+    return OperatorTable(
+        model=m,
+        weights=weights,
+        kv=kv,
+        tp=tp,
+        operators=ops,
+        groups=_group(ops),
+        resident_weight_bytes=_resident_weight_bytes(m, weights, tp),
+        kv_bytes_per_token=kv_bytes_per_token_per_gpu(m, kv, tp),
     )
 
 
-def ceiling_s(
-    ops: list[Operator],
-    bandwidth_bytes_per_s,
-    flops_per_s,
-    link_bandwidth_bytes_per_s=None,
-    link_latency_s=0.0,
-):
-    """Sum over operators of max(bytes / bandwidth, FLOPs / peak), plus every all-reduce's
-    latency and link time (`allreduce_s`)."""
-    total = 0.0
-    for op in ops:
-        if op.kind == "allreduce":
-            if link_bandwidth_bytes_per_s is None:
-                raise KvlabError("an all-reduce needs a link bandwidth for its ceiling")
-            latency, link = allreduce_s(op, link_bandwidth_bytes_per_s, link_latency_s)
-            total = total + latency + link
-            continue
-        total = total + np.maximum(op.bytes / bandwidth_bytes_per_s, op.flops / flops_per_s)
-    return total
+def operator_work(op: Operator, table: OperatorTable, counts: PassCounts, flash: bool = True):
+    """(bytes, FLOPs) of one operator in a pass with these counts (link bytes for an
+    all-reduce): the per-operator view of `OperatorTable.work`."""
+    if op.kind == "allreduce":
+        return op.link_bytes_per_token * op.calls * counts.tokens, 0.0
+    if op.kind == "attention":
+        nbytes = op.kv_bytes_per_token * counts.kv_tokens
+        if not flash:
+            nbytes = nbytes + op.score_bytes_per_pair * counts.pairs
+        return nbytes, op.flops_per_pair * counts.pairs
+    if op.kind == "moe":
+        touched = table.experts_touched(counts.touching)
+        return op.expert_bytes * touched, op.flops_per_token * counts.tokens
+    return op.weight_bytes, op.flops_per_token * counts.tokens

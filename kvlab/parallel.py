@@ -12,23 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-import numpy as np
-
 from .errors import KvlabError
 from .hardware import Device, get_device, gpu_link
+from .kernel_tables.tables import devices_with_data, load
 from .models import ModelSpec
-from .operators import TP_DEGREES, layer_shapes
-
-
-def check_tensor_parallel(m: ModelSpec, tensor_parallel) -> int:
-    """The tensor-parallel degree as an int: 1, 2, 4 or 8 GPUs of one server (one NVLink
-    domain; the measured tables cover those), dividing the model's query heads."""
-    tp = tensor_parallel
-    number = isinstance(tp, (int, float, np.integer, np.floating))
-    if isinstance(tp, (bool, np.bool_)) or not number or not np.isfinite(tp) or tp != int(tp):
-        raise KvlabError(f"tensor_parallel must be one of {TP_DEGREES}, got {tensor_parallel!r}")
-    layer_shapes(m, int(tp))  # raises for a degree outside TP_DEGREES or heads that do not split
-    return int(tp)
 
 
 @dataclass(frozen=True)
@@ -46,7 +33,7 @@ def allreduce_link(hardware: Device | str, gpus: int) -> AllReduceLink:
     """The link and per-collective latency of an all-reduce over `gpus` GPUs of `hardware`.
 
     The latency is what TensorRT-LLM's all-reduce of the smallest message (128 bf16
-    elements) takes in the measured tables (`kvlab.measured`): a collective that moves
+    elements) takes in the measured tables (`kvlab.kernel_tables`): a collective that moves
     almost nothing, so its time is the fixed cost every all-reduce pays (launch,
     synchronisation across the GPUs). Devices without tables use those of the device their
     link names (`allreduce_measured_on` in the catalogue); a link without any raises."""
@@ -55,8 +42,6 @@ def allreduce_link(hardware: Device | str, gpus: int) -> AllReduceLink:
 
 @lru_cache(maxsize=64)
 def _allreduce_link(dev: Device, gpus: int) -> AllReduceLink:
-    from .measured.tables import devices_with_data, load
-
     link = gpu_link(dev)
     measured_on = dev.name if dev.name in devices_with_data() else link.allreduce_measured_on
     if measured_on is None:

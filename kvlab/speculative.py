@@ -39,13 +39,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import cost
-from .cost import MAX_BATCH, MAX_SPECULATIVE_TOKENS, Result, _plain
-from .dtypes import parse_dtype
+from .cost import MAX_BATCH, MAX_SPECULATIVE_TOKENS, Num, Result, _plain, unit_seconds
+from .deployment import KERNEL_TABLES_WORD, Deployment
 from .errors import KvlabError, check_number
-from .hardware import get_device
+from .kernel_tables.timing import deployment_kernels
 from .models import ModelSpec, get_model
-from .operators import allreduce_s, ceiling_s, decode_operators
-from .parallel import allreduce_link
+from .operators import pass_counts
 
 SELF_DRAFT = (
     "self-drafting head (EAGLE / multi-token prediction style): each drafted token "
@@ -84,57 +83,45 @@ class SpeculativeStep(Result):
     draft: str  # what drafts, and what it costs
     weight_dtype: str
     kv_dtype: str
-    batch: object
-    context: object
-    speculative_tokens: object  # K, drafted per round
-    acceptance: object  # A, per drafted token
+    batch: Num
+    context: Num
+    speculative_tokens: Num  # K, drafted per round
+    acceptance: Num  # A, per drafted token
     tensor_parallel: int
-    efficiency: object
-    tokens_per_verify_step: object  # (1 - A^(K+1)) / (1 - A)
-    verify_weight_read_bytes: object  # per GPU, as every byte figure here
-    verify_kv_read_bytes: object
-    verify_kv_write_bytes: object  # K + 1 new entries per sequence
-    verify_step_bytes: object
-    verify_flops: object
-    verify_arithmetic_intensity: object
-    verify_bound: object
-    verify_allreduce_time_s: object
-    verify_step_time_s: object
-    draft_step_time_s: object  # one drafted token for the whole batch
-    draft_time_s: object  # K of them
-    cycle_time_s: object  # draft + verify: one round
-    baseline_step_time_s: object  # a plain decode step, same settings
-    time_per_token_s: object  # cycle / tokens per verify step: the effective TPOT
-    tokens_per_s: object  # aggregate over the batch
-    tokens_per_s_per_sequence: object
-    speculative_speedup: object  # tokens/s over the plain decode step's
-    memory_needed_bytes: object  # target + draft weights and KV, K + 1 extra entries
-    capacity_bytes: object
-    fits: object
-    max_batch: object  # largest batch that fits with the draft at this context
+    efficiency: Num | str
+    tokens_per_verify_step: Num  # (1 - A^(K+1)) / (1 - A)
+    verify_weight_read_bytes: Num  # per GPU, as every byte figure here
+    verify_kv_read_bytes: Num
+    verify_kv_write_bytes: Num  # K + 1 new entries per sequence
+    verify_step_bytes: Num
+    verify_flops: Num
+    verify_arithmetic_intensity: Num
+    verify_bound: Num
+    verify_allreduce_time_s: Num
+    verify_step_time_s: Num
+    draft_step_time_s: Num  # one drafted token for the whole batch
+    draft_time_s: Num  # K of them
+    cycle_time_s: Num  # draft + verify: one round
+    baseline_step_time_s: Num  # a plain decode step, same settings
+    time_per_token_s: Num  # cycle / tokens per verify step: the effective TPOT
+    tokens_per_s: Num  # aggregate over the batch
+    tokens_per_s_per_sequence: Num
+    speculative_speedup: Num  # tokens/s over the plain decode step's
+    memory_needed_bytes: Num  # target + draft weights and KV, K + 1 extra entries
+    capacity_bytes: Num
+    fits: Num
+    max_batch: Num  # largest batch that fits with the draft at this context
     efficiency_source: str
     notes: tuple = ()
 
 
 def speculative_step(
-    model,
-    hardware,
-    batch=1,
-    context=4096,
-    speculative_tokens=4,
-    acceptance=0.7,
-    draft_model=None,
-    weight_dtype="fp16",
-    kv_dtype="fp16",
-    bandwidth_bytes_per_s=None,
-    efficiency=1.0,
-    capacity_bytes=None,
-    tensor_parallel=1,
+    d: Deployment, batch=1, context=4096, speculative_tokens=4, acceptance=0.7, draft_model=None
 ) -> SpeculativeStep:
-    """Tokens/s of speculative decoding against plain decode, with the same settings as
-    `cost.decode_step` (arrays broadcast, `efficiency="measured"` times every pass from
-    the kernel tables). See the module docstring for the draft's cost."""
-    m = get_model(model)
+    """Tokens/s of speculative decoding against plain decode on deployment `d` (arrays
+    broadcast; under kernel tables every pass is timed from them). See the module
+    docstring for the draft's cost."""
+    m = d.model
     k = check_number(
         "speculative_tokens",
         speculative_tokens,
@@ -144,22 +131,12 @@ def speculative_step(
         integer=True,
     )
     tau = tokens_per_verify_step(acceptance, k)
-    common = dict(
-        weight_dtype=weight_dtype,
-        kv_dtype=kv_dtype,
-        capacity_bytes=capacity_bytes,
-        bandwidth_bytes_per_s=bandwidth_bytes_per_s,
-        efficiency=efficiency,
-        tensor_parallel=tensor_parallel,
-    )
-    base = cost.decode_step(m, hardware, batch, context, **common)
-    verify = cost.verify_step(m, hardware, batch, context, k, **common)
+    base = cost.decode_step(d, batch, context)
+    verify = cost.verify_step(d, batch, context, k)
     if draft_model is None:
-        step_s, w_bytes, kv_tok, what = _self_draft(m, base)
+        step_s, w_bytes, kv_tok, what = _self_draft(d, base)
     else:
-        step_s, w_bytes, kv_tok, what = _draft_model(
-            m, draft_model, hardware, batch, context, common
-        )
+        step_s, w_bytes, kv_tok, what = _draft_model(d, draft_model, batch, context)
     draft_s = k * np.asarray(step_s, dtype=float)
     cycle = verify.step_time_s + draft_s
     b = np.asarray(base.batch, dtype=float)
@@ -231,7 +208,7 @@ def _verify_fields(verify) -> dict:
 
 
 def _measured_note(verify) -> tuple:
-    if verify.efficiency != "measured":
+    if verify.efficiency != KERNEL_TABLES_WORD:
         return ()
     return (
         "verify attention: the generation-attention tables hold one query per sequence; "
@@ -246,47 +223,41 @@ def _layer_share(m: ModelSpec, calls: int) -> float:
     return 1.0 if calls == 1 else 1.0 / m.num_layers
 
 
-def _self_draft(m: ModelSpec, base) -> tuple:
+def _self_draft(d: Deployment, base) -> tuple:
     """(time of one drafted token, weight bytes, KV bytes per token, description) of a
-    self-drafting head: one decoder layer of the target's shape plus its LM head."""
-    dev = get_device(base.hardware)
-    wdt, kdt, tp = parse_dtype(base.weight_dtype), parse_dtype(base.kv_dtype), base.tensor_parallel
-    if base.efficiency == "measured":
-        from .measured import kernels
-
-        ops = kernels(m, dev, wdt, kdt, tp).decode(base.batch, base.context).operators
+    self-drafting head: one decoder layer of the target's shape plus its LM head (the
+    deployment's operator table through one layer's share)."""
+    m, tp = d.model, d.tensor_parallel
+    if d.kernel_tables:
+        ops = deployment_kernels(d).decode(base.batch, base.context).operators
         step_s = sum(_layer_share(m, op.calls) * op.measured_s for op in ops)
     else:
-        ops = decode_operators(m, base.batch, base.context, wdt, kdt, tp)
-        peak, eff = dev.peak_flops_per_s(wdt.compute), base.efficiency
-        step_s = 0.0
-        for op in ops:
-            if op.kind == "allreduce":
-                link = allreduce_link(dev, tp)
-                latency, link_s = allreduce_s(op, link.bandwidth_bytes_per_s, link.latency_s)
-                step_s = step_s + (latency + link_s / eff) / m.num_layers
-            else:
-                share = _layer_share(m, op.calls)
-                step_s = step_s + share * ceiling_s([op], base.bandwidth_bytes_per_s, peak) / eff
+        b = np.asarray(base.batch, dtype=float)
+        attended = np.asarray(m.effective_context(np.asarray(base.context, dtype=float)), float)
+        counts = pass_counts(b, 1, attended)
+        units = unit_seconds(d, d.table.layers(1.0 / m.num_layers))
+        latency, link = units.allreduce_s(counts.tokens)
+        step_s = units.pass_s(counts) / d.efficiency + latency + link / d.efficiency
     p = m.params
     head = (p.embedding + (0.0 if m.tie_word_embeddings else m.vocab_size * m.hidden_size)) / tp
-    layer_bytes = max(base.weight_bytes - head * wdt.bytes_per_element, 0.0) / m.num_layers
+    wbpe = d.weight_dtype.bytes_per_element
+    layer_bytes = max(base.weight_bytes - head * wbpe, 0.0) / m.num_layers
     return _plain(step_s), layer_bytes, base.kv_bytes_per_token / m.num_layers, SELF_DRAFT
 
 
-def _draft_model(m: ModelSpec, draft_model, hardware, batch, context, common) -> tuple:
+def _draft_model(d: Deployment, draft_model, batch, context) -> tuple:
     """(time of one drafted token, weight bytes, KV bytes per token, description) of a
     separate draft model: one decode step of its own ledger per drafted token."""
-    d = get_model(draft_model)
-    if d.vocab_size != m.vocab_size:
+    m, drafter = d.model, get_model(draft_model)
+    if drafter.vocab_size != m.vocab_size:
         raise KvlabError(
-            f"draft model {d.name} has a vocabulary of {d.vocab_size:,} tokens, "
+            f"draft model {drafter.name} has a vocabulary of {drafter.vocab_size:,} tokens, "
             f"{m.name} one of {m.vocab_size:,}: a draft must share the target's "
             "tokenizer"
         )
-    step = cost.decode_step(d, hardware, batch, context, **common)
+    step = cost.decode_step(d.replace(model=drafter), batch, context)
     what = (
-        f"draft model {d.name}: K decode steps of its own ledger on the same GPUs "
+        f"draft model {drafter.name}: K decode steps of its own ledger on the same GPUs "
         f"({step.weight_dtype} weights, {step.kv_dtype} KV, tensor parallel "
         f"{step.tensor_parallel})"
     )
@@ -294,21 +265,18 @@ def _draft_model(m: ModelSpec, draft_model, hardware, batch, context, common) ->
 
 
 def breakeven_batch(
-    model,
-    hardware,
+    d: Deployment,
     context=4096,
     speculative_tokens=4,
     acceptance=0.7,
     draft_model=None,
     max_batch=MAX_BATCH,
-    **settings,
 ) -> int | None:
     """The smallest batch at which speculation stops paying (speedup <= 1), or None when it
-    pays at every batch up to `max_batch` (measured mode: up to the tables' edge).
+    pays at every batch up to `max_batch` (kernel tables: up to the tables' edge).
 
     The speedup is read on a doubling grid of batches, then bisected between the last
-    batch that pays and the first that does not; `settings` are `speculative_step`'s
-    (dtypes, efficiency, tensor_parallel...). Scalar context, K and A only."""
+    batch that pays and the first that does not. Scalar context, K and A only."""
     if any(np.ndim(v) for v in (context, speculative_tokens, acceptance)):
         raise KvlabError("breakeven_batch takes one context, draft length and acceptance")
     top = check_number(
@@ -317,16 +285,7 @@ def breakeven_batch(
     grid = 2 ** np.arange(int(math.log2(top)) + 1)
 
     def speedup(batches):
-        s = speculative_step(
-            model,
-            hardware,
-            batches,
-            context,
-            speculative_tokens,
-            acceptance,
-            draft_model,
-            **settings,
-        )
+        s = speculative_step(d, batches, context, speculative_tokens, acceptance, draft_model)
         return np.atleast_1d(np.asarray(s.speculative_speedup, dtype=float))
 
     s = speedup(grid)

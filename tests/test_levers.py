@@ -16,7 +16,7 @@ from kvlab import cost, speculative
 from kvlab.cli import main
 from kvlab.errors import KvlabError
 from kvlab.hardware import devices, gpu_link
-from kvlab.measured import load
+from kvlab.kernel_tables import load
 from kvlab.models import models
 from kvlab.parallel import allreduce_link
 

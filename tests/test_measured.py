@@ -13,11 +13,11 @@ from test_cli import BUDGET_KEYS  # the budget command's JSON contract
 from kvlab import cost
 from kvlab.cli import main
 from kvlab.errors import KvlabError
-from kvlab.measured import devices_with_data, kernels, load
-from kvlab.measured.extract import SYSTEMS, dumps
-from kvlab.measured.tables import Curve, Grid
+from kvlab.kernel_tables import devices_with_data, kernels, load
+from kvlab.kernel_tables.extract import SYSTEMS, dumps
+from kvlab.kernel_tables.tables import Curve, Grid
 
-FOLDER = resources.files("kvlab").joinpath("data/measured")
+FOLDER = resources.files("kvlab").joinpath("data/kernel_tables")
 DEVICES = ["a100-80gb", "b200", "h100-sxm", "h200", "l40s"]
 TABLES = ("gemm", "generation_attention", "context_attention", "moe", "all_reduce")
 
@@ -65,7 +65,7 @@ def test_extract_runs_only_with_its_extra(tmp_path, capsys):
         pytest.skip("aiconfigurator-core is installed here")
     except ImportError:
         pass
-    from kvlab.measured.__main__ import main as extract_main
+    from kvlab.kernel_tables.__main__ import main as extract_main
 
     assert extract_main(["extract", "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err

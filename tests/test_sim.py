@@ -22,7 +22,7 @@ from kvlab.sim import (
     REJECTED,
     EventLoop,
     LedgerCost,
-    MeasuredCost,
+    BenchCost,
     SimConfig,
     SimulationError,
     pipeline_time_s,
@@ -396,7 +396,7 @@ def test_pipeline_between_max_and_sum(a, b, stages):
 
 
 def test_measured_step_times_plug_in():
-    table = MeasuredCost(
+    table = BenchCost(
         [1, 64], [0, 100_000], [[0.02, 0.02], [0.02, 0.02]], "llama-3.1-8b", "h100-sxm"
     )
     assert float(table.decode_times_s(5, 1234.0)) == pytest.approx(0.02)
@@ -409,7 +409,7 @@ def test_measured_step_times_plug_in():
     assert np.all(
         (first >= 0.02 - 1e-12) & (first <= 0.04 + 1e-12)
     )  # a joiner waits at most one step
-    lin = MeasuredCost([1, 3], [0, 1000], [[1.0, 2.0], [3.0, 4.0]], "llama-3.1-8b", "h100-sxm")
+    lin = BenchCost([1, 3], [0, 1000], [[1.0, 2.0], [3.0, 4.0]], "llama-3.1-8b", "h100-sxm")
     assert float(lin.decode_times_s(2, 500.0)) == pytest.approx(2.5)
 
 

@@ -156,7 +156,7 @@ def test_measured_terms_add_up_to_the_measured_step_bit_for_bit():
 
     from kvlab.grids import BATCH_GRID, CONTEXT_GRID, DTYPE_CHOICES
     from kvlab.hardware import devices, get_device
-    from kvlab.measured import kernels
+    from kvlab.kernel_tables import kernels
     from kvlab.models import get_model, models
     from kvlab.viz import speed
 

@@ -1,5 +1,5 @@
 """The measured chapter's GPU data: what real kernels reach on each GPU with published
-measurements (kvlab.measured: TensorRT-LLM kernel tables from aiconfigurator-core), and
+measurements (kvlab.kernel_tables: TensorRT-LLM kernel tables from aiconfigurator-core), and
 the ledger's ceiling and measured mode against them. Plain arrays in dicts."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import numpy as np
 
 from .. import cost
 from ..hardware import get_device
-from ..measured import devices_with_data, load
+from ..kernel_tables import devices_with_data, load
 
 #: Llama 3.1 8B's layers: the GEMM the batch figure follows (gate and up fused: 4096 ->
 #: 2 x 14336) and the attention layout (32 query heads, 8 K/V heads, head_dim 128).

@@ -241,7 +241,7 @@ def _names() -> dict[str, str]:
 
 def _sources() -> list[str]:
     """One line per framework version: which GPUs' tables it measured, and the package."""
-    from ..measured import load
+    from ..kernel_tables import load
 
     by_version: dict[str, list[str]] = {}
     for d in gpu_tables.gpus():
@@ -325,7 +325,9 @@ def gpu_numbers() -> dict[str, str]:
             {names[d]: fmt.percent(_derived(d)["gemv_fraction_of_sheet"]) for d in above}
         )
         or pick("none", "无"),
-        "gemv_how": i18n.t(_derived(h100)["gemv_how"]),  # the extract's sentence (kvlab.measured)
+        "gemv_how": i18n.t(
+            _derived(h100)["gemv_how"]
+        ),  # the extract's sentence (kvlab.kernel_tables)
         "gemm_m1_h100": fmt.percent(float(gemm[h100]["efficiency"][0])),
         "gemm_best_h100": fmt.percent(float(np.max(gemm[h100]["efficiency"]))),
         "attn_best_h100": fmt.percent(float(attention[h100]["fraction_of_sheet"].max())),
@@ -349,14 +351,14 @@ def gpu_numbers() -> dict[str, str]:
 
 
 def _derived(device: str) -> dict:
-    """Figures the extract derived from the whole source tables (kvlab/data/measured)."""
-    from ..measured import load
+    """Figures the extract derived from the whole source tables (kvlab/data/kernel_tables)."""
+    from ..kernel_tables import load
 
     return load(device).raw["derived"]
 
 
 def load_version(device: str) -> str:
-    from ..measured import load
+    from ..kernel_tables import load
 
     t = load(device)
     return f"{t.framework} {t.framework_version}"

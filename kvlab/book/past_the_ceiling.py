@@ -265,7 +265,7 @@ def allreduce_at_batch(batch=BIG_BATCH, model=TP_MODEL, hardware=DEVICE, gpus=TP
     """One all-reduce of a decode step's activations (batch x hidden bf16 elements) over
     `gpus` GPUs: measured (TensorRT-LLM's table), at the sheet's link bandwidth alone (ring
     traffic 2 (N - 1) / N of the message), and as the ceiling costs it (latency + sheet)."""
-    from ..measured import load
+    from ..kernel_tables import load
 
     elements = batch * get_model(model).hidden_size
     message = 2.0 * elements

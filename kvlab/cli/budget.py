@@ -15,18 +15,22 @@ from __future__ import annotations
 
 import argparse
 
+from ..cost import decode_step, memory_fit, prefill
+from ..deployment import Ceiling, Deployment, parse_speed
+from ..errors import KvlabError
+from ..kernel_tables.tables import devices_with_data
+from ..ledger_rows import operator_rows
+from ..speculative import breakeven_batch, speculative_step
 from .args import count, number, print_json
 
 
 def efficiency(text: str):
-    """A fraction such as 0.8, or 'measured' (kernel tables)."""
-    if text.strip().lower() == "measured":
-        return "measured"
+    """A fraction such as 0.8, or 'measured' (the published kernel tables), as a speed."""
     try:
-        return number(text)
-    except argparse.ArgumentTypeError:
+        return parse_speed(text)
+    except KvlabError:
         raise argparse.ArgumentTypeError(
-            f"expected a number such as 0.8 or 'measured', got {text!r}"
+            f"expected a number in (0, 1] such as 0.8, or 'measured', got {text!r}"
         ) from None
 
 
@@ -71,8 +75,6 @@ def register(sub) -> None:
         metavar="TOKENS",
         help="prompt tokens served by a prefix-cache hit, for the TTFT of one request (default 0)",
     )
-    from ..measured.tables import devices_with_data
-
     p.add_argument(
         "--efficiency",
         type=efficiency,
@@ -113,21 +115,17 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    result = budget(
+    d = Deployment(
         args.model,
         args.hardware,
-        args.batch,
-        args.context,
         args.weight_dtype,
         args.kv_dtype,
         args.efficiency,
-        args.bandwidth,
-        args.cached,
         args.tensor_parallel,
-        args.speculative_tokens,
-        args.acceptance,
-        args.draft_model,
+        args.bandwidth,
     )
+    draft = (args.speculative_tokens, args.acceptance, args.draft_model)
+    result = budget(d, args.batch, args.context, args.cached, draft)
     if args.json:
         print_json(result)
     else:
@@ -135,59 +133,18 @@ def run(args) -> int:
     return 0
 
 
-def budget(
-    model,
-    hardware,
-    batch,
-    context,
-    weight_dtype="fp16",
-    kv_dtype="fp16",
-    efficiency=1.0,
-    bandwidth=None,
-    cached=0,
-    tensor_parallel=1,
-    speculative_tokens=0,
-    acceptance=None,
-    draft_model=None,
-) -> dict:
+def budget(d: Deployment, batch, context, cached=0, speculation=(0, None, None)) -> dict:
     """The `kvlab budget --json` object: the decode-step ledger, memory fit, the step's
     operators, and the TTFT of one request whose prompt is `context` tokens, `cached` of
-    them served by a prefix hit. In measured mode a prompt outside the prefill tables gives
-    `ttft_s: null` and says why in `notes` (the decode step itself must be inside them).
-    With `speculative_tokens` K > 0 the speculation round is added (`speculative_round`)."""
-    from ..cost import decode_step, memory_fit
-
-    kwargs = dict(weight_dtype=weight_dtype, kv_dtype=kv_dtype)
-    tp = dict(tensor_parallel=tensor_parallel)
-    step = decode_step(
-        model,
-        hardware,
-        batch,
-        context,
-        bandwidth_bytes_per_s=bandwidth,
-        efficiency=efficiency,
-        **kwargs,
-        **tp,
-    )
-    fit = memory_fit(model, hardware, batch, context, **kwargs, **tp)
+    them served by a prefix hit. Under kernel tables a prompt outside the prefill tables
+    gives `ttft_s: null` and says why in `notes` (the decode step itself must be inside
+    them). `speculation` is (K drafted tokens, acceptance, draft model): with K > 0 the
+    speculation round is added."""
+    step = decode_step(d, batch, context)
+    fit = memory_fit(d, batch, context)
     notes = list(step.notes)
-    first = _first_token(model, hardware, context, cached, efficiency, bandwidth, kwargs, tp, notes)
-    from ..ledger_rows import operator_table
-
-    operators = operator_table(
-        model,
-        hardware,
-        batch,
-        context,
-        efficiency=efficiency,
-        bandwidth_bytes_per_s=bandwidth,
-        **kwargs,
-        **tp,
-    )
-    settings = dict(bandwidth_bytes_per_s=bandwidth, efficiency=efficiency, **kwargs, **tp)
-    spec = speculative_round(
-        model, hardware, batch, context, speculative_tokens, acceptance, draft_model, settings
-    )
+    first = _first_token(d, context, cached, notes)
+    spec = speculative_round(d, batch, context, *speculation)
     notes += [note for note in spec.pop("notes") if note not in notes]
     return {
         **step.to_dict(),
@@ -196,50 +153,33 @@ def budget(
         "ttft_s": first["ttft_s"],
         "prefill_flops": first["flops"],
         "prefill_bound": first["bound"],
-        "operators": operators,
+        "operators": operator_rows(d, batch, context),
         **spec,
         "notes": notes,
     }
 
 
-def _first_token(model, hardware, context, cached, efficiency, bandwidth, kwargs, tp, notes):
-    """The prefill of one `context`-token prompt as a dict; in measured mode a prompt outside
-    the tables gets the ledger's prefill with `ttft_s: None`, and a note says why."""
-    from ..cost import prefill
-    from ..errors import KvlabError
-
+def _first_token(d: Deployment, context, cached, notes):
+    """The prefill of one `context`-token prompt as a dict; under kernel tables a prompt
+    outside them gets the ledger's prefill with `ttft_s: None`, and a note says why."""
     try:
-        return prefill(
-            model,
-            hardware,
-            max(context, 1),
-            cached_tokens=cached,
-            efficiency=efficiency,
-            bandwidth_bytes_per_s=bandwidth,
-            **kwargs,
-            **tp,
-        ).to_dict()
+        return prefill(d, max(context, 1), cached_tokens=cached).to_dict()
     except KvlabError as exc:
-        if efficiency != "measured":
+        if not d.kernel_tables:
             raise
         notes.append(f"TTFT not measured: {exc}")
-        first = prefill(
-            model, hardware, max(context, 1), cached_tokens=cached, **kwargs, **tp
-        ).to_dict()
+        first = prefill(d.replace(speed=Ceiling()), max(context, 1), cached).to_dict()
         first["ttft_s"] = None
         return first
 
 
 def speculative_round(
-    model, hardware, batch, context, speculative_tokens, acceptance, draft_model, settings: dict
+    d: Deployment, batch, context, speculative_tokens=0, acceptance=None, draft_model=None
 ) -> dict:
     """The speculation keys of the JSON: `tokens_per_verify_step` and `speculative_speedup`
     (1 without speculation), `speculative_breakeven_batch` (the batch where the speedup
     falls to 1; null when it pays at every batch), and `speculative` (the round's ledger
     with the verify pass's operators; null without speculation)."""
-    from ..errors import KvlabError
-    from ..speculative import breakeven_batch, speculative_step
-
     k = speculative_tokens
     if not k:
         if acceptance is not None or draft_model is not None:
@@ -256,28 +196,14 @@ def speculative_round(
             "--speculative-tokens needs --acceptance A: the probability that a "
             "drafted token is accepted (e.g. 0.7)"
         )
-    s = speculative_step(model, hardware, batch, context, k, acceptance, draft_model, **settings)
-    from ..ledger_rows import operator_table
-
-    rows = {
-        key: settings[key]
-        for key in (
-            "weight_dtype",
-            "kv_dtype",
-            "efficiency",
-            "bandwidth_bytes_per_s",
-            "tensor_parallel",
-        )
-    }
+    s = speculative_step(d, batch, context, k, acceptance, draft_model)
     out = s.to_dict()
-    out["operators"] = operator_table(
-        model, hardware, batch, context, **rows, speculative_tokens=s.speculative_tokens
-    )
-    knee = breakeven_batch(model, hardware, context, k, acceptance, draft_model, **settings)
+    out["operators"] = operator_rows(d, batch, context, speculative_tokens=s.speculative_tokens)
+    knee = breakeven_batch(d, context, k, acceptance, draft_model)
     if knee is None:
         where = (
             "speculation pays at every batch up to the measured tables' edge"
-            if settings["efficiency"] == "measured"
+            if d.kernel_tables
             else "speculation pays at every batch"
         )
     else:

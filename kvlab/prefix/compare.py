@@ -22,9 +22,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..deployment import Deployment
 from ..errors import check_number, unknown_name
 from ..prompt import served_tokens
-from .latency import DEFAULT_HARDWARE, DEFAULT_MODEL, mean_decode_context, tpot_s, ttft_s
+from .latency import default_deployment, mean_decode_context, tpot_s, ttft_s
 from .radix import RadixCache, WholeRequestCache
 
 CACHES = ("whole-request", "token")
@@ -73,13 +74,9 @@ def compare_granularity(
     key_tokens: int = 512,
     preset: str = "shared-prefix",
     seed: int = 0,
-    model=DEFAULT_MODEL,
-    hardware=DEFAULT_HARDWARE,
+    d: Deployment | None = None,
     tier=None,
     batch: int = 16,
-    kv_dtype="fp16",
-    weight_dtype="fp16",
-    efficiency=1.0,
     **workload_overrides,
 ) -> dict:
     """Run each cache over the same workload; returns plot- and table-ready results.
@@ -91,6 +88,7 @@ def compare_granularity(
     """
     from ..traces_gen import generate_workload
 
+    d = default_deployment() if d is None else d
     if workload is None:
         workload = generate_workload(preset, seed=seed, **workload_overrides)
     key_tokens = check_number(
@@ -110,11 +108,10 @@ def compare_granularity(
             found[kind][i], matched = cache.lookup(prompt)
             reused[kind][i] = served_tokens(matched, prompt.size)
             cache.insert(full)
-    kw = dict(weight_dtype=weight_dtype, kv_dtype=kv_dtype, efficiency=efficiency)
-    tpot = float(tpot_s(model, hardware, mean_decode_context(inputs, outputs), batch, **kw).mean())
+    tpot = float(tpot_s(d, mean_decode_context(inputs, outputs), batch).mean())
     results = {}
     for kind, cache in instances.items():
-        ttft = ttft_s(model, hardware, inputs, reused[kind], tier, **kw)
+        ttft = ttft_s(d, inputs, reused[kind], tier)
         hit = (found[kind] >= np.minimum(key_tokens, inputs)) | (reused[kind] > 0)
         results[cache.kind] = GranularityResult(
             cache=cache.kind,
@@ -136,10 +133,10 @@ def compare_granularity(
         "requests": n,
         "key_tokens": key_tokens,
         "capacity_tokens": capacity_tokens,
-        "model": str(model),
-        "hardware": str(hardware),
+        "model": d.model.name,
+        "hardware": d.hardware.name,
         "tier": tier,
-        "no_cache_mean_ttft_s": float(ttft_s(model, hardware, inputs, 0, **kw).mean()),
+        "no_cache_mean_ttft_s": float(ttft_s(d, inputs, 0).mean()),
         "caches": results,
     }
 

@@ -16,8 +16,13 @@ import math
 
 import numpy as np
 
+from ..cost import decode_step, prefill
+from ..deployment import Deployment
 from ..errors import check_number
 from ..prompt import served_tokens
+from ..tiers import TierPath, kv_fetch_time_s
+from ..traces import load_trace
+from .blocks import default_capacities, replay
 
 #: Where cached KV lives and the link it crosses to reach the GPU (the bottleneck of the path).
 KV_TIERS = {
@@ -27,74 +32,35 @@ KV_TIERS = {
 }
 DEFAULT_MODEL = "llama-3.1-8b"
 DEFAULT_HARDWARE = "h100-sxm"
+#: Tier names that mean "already in this GPU's memory".
+RESIDENT = ("hbm", "resident", "local")
 
 
-def ttft_s(
-    model,
-    hardware,
-    input_tokens,
-    cached_tokens,
-    tier=None,
-    *,
-    weight_dtype="fp16",
-    kv_dtype="fp16",
-    efficiency=1.0,
-    fetch_efficiency=1.0,
-    fetch_latency_s=0.0,
-):
+def default_deployment() -> Deployment:
+    """The deployment the prefix-cache figures price when given none."""
+    return Deployment(DEFAULT_MODEL, DEFAULT_HARDWARE)
+
+
+def ttft_s(d: Deployment, input_tokens, cached_tokens, tier: TierPath | str | None = None):
     """TTFT per request (seconds, vectorised): prefill of the missed tokens + fetch of the hit ones.
 
-    `tier` None (or "hbm") means the KV is already in this GPU's memory; otherwise a tier
-    name from `kvlab.hardware.tiers()` (e.g. "pcie5-x16" for host memory, "ib-400g" remote).
+    `tier` None (or "hbm") means the KV is already in this GPU's memory; otherwise a
+    `TierPath`, or a tier name from `kvlab.hardware.tiers()` (e.g. "pcie5-x16" for host
+    memory, "ib-400g" remote) at its peak with no per-fetch latency.
     """
-    from ..cost import prefill
-    from ..tiers import kv_fetch_time_s
-
     inputs = np.asarray(input_tokens, dtype=np.int64)
     cached = served_tokens(np.asarray(cached_tokens, dtype=np.int64), inputs)
-    compute = np.asarray(
-        prefill(
-            model,
-            hardware,
-            inputs,
-            cached,
-            weight_dtype=weight_dtype,
-            kv_dtype=kv_dtype,
-            efficiency=efficiency,
-        ).time_s,
-        dtype=float,
-    )
-    if tier is None or str(tier).lower() in ("hbm", "resident", "local"):
+    compute = np.asarray(prefill(d, inputs, cached).time_s, dtype=float)
+    if tier is None or (isinstance(tier, str) and tier.lower() in RESIDENT):
         return compute
-    fetch = kv_fetch_time_s(model, cached, tier, kv_dtype, fetch_efficiency, fetch_latency_s)
+    path = tier if isinstance(tier, TierPath) else TierPath(tier, latency_s=0.0)
+    fetch = kv_fetch_time_s(d, cached, path)
     return compute + np.where(cached > 0, fetch, 0.0)
 
 
-def tpot_s(
-    model,
-    hardware,
-    context_tokens,
-    batch=1,
-    *,
-    weight_dtype="fp16",
-    kv_dtype="fp16",
-    efficiency=1.0,
-):
+def tpot_s(d: Deployment, context_tokens, batch=1):
     """TPOT in seconds: one decode step of `batch` sequences at `context_tokens` (vectorised)."""
-    from ..cost import decode_step
-
-    return np.asarray(
-        decode_step(
-            model,
-            hardware,
-            batch=batch,
-            context=context_tokens,
-            weight_dtype=weight_dtype,
-            kv_dtype=kv_dtype,
-            efficiency=efficiency,
-        ).step_time_s,
-        dtype=float,
-    )
+    return np.asarray(decode_step(d, batch, context_tokens).step_time_s, dtype=float)
 
 
 def mean_decode_context(input_tokens, output_tokens) -> np.ndarray:
@@ -106,13 +72,9 @@ def latency_vs_hit_ratio(
     trace,
     capacities_blocks=None,
     policy: str = "lru",
-    model=DEFAULT_MODEL,
-    hardware=DEFAULT_HARDWARE,
+    d: Deployment | None = None,
     tiers: dict | None = None,
     batch: int = 16,
-    kv_dtype="fp16",
-    weight_dtype="fp16",
-    efficiency=1.0,
 ) -> dict:
     """Plot-ready: as the cache grows, the hit ratio rises, mean TTFT falls, TPOT stays flat.
 
@@ -121,9 +83,7 @@ def latency_vs_hit_ratio(
     array}, "p90_ttft_s": {...}, "mean_tpot_s": array, "no_cache_mean_ttft_s", "tiers"},
     arrays aligned with capacity_blocks (ending with an unlimited cache, capacity inf).
     """
-    from ..traces import load_trace
-    from .blocks import default_capacities, replay
-
+    d = default_deployment() if d is None else d
     trace = load_trace(trace)
     batch = check_number("batch", batch, minimum=1, allow_equal_min=True, maximum=1e6, integer=True)
     tiers = KV_TIERS if tiers is None else tiers
@@ -131,15 +91,14 @@ def latency_vs_hit_ratio(
     if math.inf not in caps:
         caps.append(math.inf)
     inputs, outputs = trace.input_tokens, trace.output_tokens
-    kw = dict(weight_dtype=weight_dtype, kv_dtype=kv_dtype, efficiency=efficiency)
-    tpot = float(tpot_s(model, hardware, mean_decode_context(inputs, outputs), batch, **kw).mean())
+    tpot = float(tpot_s(d, mean_decode_context(inputs, outputs), batch).mean())
     runs = [replay(trace, c, policy) for c in caps]
     out = {
         "trace": trace.label,
         "generated": trace.generated,
         "policy": policy,
-        "model": str(model),
-        "hardware": str(hardware),
+        "model": d.model.name,
+        "hardware": d.hardware.name,
         "batch": batch,
         "capacity_blocks": np.array(caps, dtype=float),
         "block_hit_ratio": np.array([r.block_hit_ratio for r in runs]),
@@ -149,12 +108,10 @@ def latency_vs_hit_ratio(
         "p90_ttft_s": {},
         "tiers": dict(tiers),
         "mean_tpot_s": np.full(len(runs), tpot),  # the same at every hit ratio: that is the point
-        "no_cache_mean_ttft_s": float(ttft_s(model, hardware, inputs, 0, **kw).mean()),
+        "no_cache_mean_ttft_s": float(ttft_s(d, inputs, 0).mean()),
     }
     for label, tier in tiers.items():
-        per_run = [
-            ttft_s(model, hardware, inputs, r.hit_tokens_per_request, tier, **kw) for r in runs
-        ]
+        per_run = [ttft_s(d, inputs, r.hit_tokens_per_request, tier) for r in runs]
         out["mean_ttft_s"][label] = np.array([t.mean() for t in per_run])
         out["p90_ttft_s"][label] = np.array([np.percentile(t, 90) for t in per_run])
     return out

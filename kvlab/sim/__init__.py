@@ -5,7 +5,7 @@
     SimConfig    the cluster and its policies (frozen; sweep with dataclasses.replace)
     SCHEDULERS   what a GPU runs per iteration (prefill-first, chunked, decode-first)
     LedgerCost   step times from kvlab.cost (default); KernelCost from measured kernel tables
-                 (efficiency="measured"); MeasuredCost from a measured decode-step table
+                 (efficiency="measured"); BenchCost from a measured decode-step table
     trace_slice  a window of a trace (start, duration, limit); trace_at_rate: the same
                  requests arriving at a chosen mean rate
 """
@@ -13,7 +13,7 @@
 from .cluster import Simulation, simulate
 from .config import ARCH_DEFAULTS, ARCHS, PREFIX_CACHES, SimConfig, engine_chunk_tokens
 from .cost_model import make_cost
-from .costs import LedgerCost, MeasuredCost, pipeline_time_s
+from .costs import LedgerCost, BenchCost, pipeline_time_s
 from .kernel_cost import KernelCost
 from .loop import EventLoop, SimulationError
 from .results import RECORD_DTYPE, SUMMARY_KEYS, SimResult
@@ -34,7 +34,7 @@ __all__ = [
     "PREEMPTION_MODES",
     "engine_chunk_tokens",
     "LedgerCost",
-    "MeasuredCost",
+    "BenchCost",
     "make_cost",
     "pipeline_time_s",
     "EventLoop",

@@ -12,33 +12,33 @@ The simulator asks a cost object four questions (duck-typed; see `LedgerCost`):
                                                 one forward pass
 
 `make_cost(config)` (kvlab/sim/cost_model.py) builds the cost object a run uses; it is
-the one place that reads the config's cost knobs (model, GPU, dtypes, efficiency): a
-number gives `LedgerCost` (the ledger's ceiling, scaled by the efficiency),
-`efficiency="measured"` gives `KernelCost` (kvlab/sim/kernel_cost.py: every operator timed
-from published kernel tables, as kvlab.cost's measured mode does). Another step-time model
-plugs in there: give it the four methods above (subclass `LedgerCost`, as `KernelCost` and
-`MeasuredCost` do) and return it from `make_cost`. Cost objects also say where their times
-come from (`source`) and how many step prices fell outside measured data (`counts()`).
+the one place that reads the config's cost knobs (model, GPU, dtypes, speed, tensor
+parallelism) into a `Deployment`: `Ceiling(efficiency)` gives `LedgerCost` (the
+ledger's operator table at the ceiling, divided by the efficiency), `KernelTables()`
+gives `KernelCost` (kvlab/sim/kernel_cost.py: every operator timed from published kernel
+tables, as `kvlab.cost` does with that speed). Another step-time model plugs in there:
+give it the four methods above (subclass `LedgerCost`, as `KernelCost` and `BenchCost`
+do) and return it from `make_cost`. Cost objects also say where their times come from
+(`source`) and how many step prices fell outside measured data (`counts()`).
 
-`LedgerCost` answers from `kvlab.cost` (and `kvlab.tiers` for remote KV) without a
-formula of its own: per batch size it evaluates the ledger at two contexts, and a step at
-mean context m is the ledger's memory and compute times interpolated there, of which the
-longer counts, as in the ledger. That is exact because the ledger's memory and compute
-times are each affine in the context for a fixed batch (the tests check it against
-`decode_step` and `tiered_decode_step`). A whole run's steps then cost two numpy
-expressions per batch change instead of a ledger call per step.
+`LedgerCost` has no formula of its own: it evaluates the deployment's operator table
+through `kvlab.cost.UnitSeconds`, exactly as `kvlab.cost.decode_step` and `prefill` do
+(the tests check them against each other), memoising the weight groups per token count;
+remote KV comes from `kvlab.tiers.tiered_decode_step`, whose memory and compute times are
+each affine in the context for a fixed batch, so two contexts per batch size give every
+step.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .. import cost
-from ..dtypes import parse_dtype
+from ..cost import unit_seconds
+from ..deployment import Deployment
 from ..errors import KvlabError, check_number
-from ..hardware import get_device
-from ..models import get_model
+from ..operators import pass_counts
 from ..prompt import served_tokens
+from ..tiers import TierPath, tiered_decode_step
 
 
 def pipeline_time_s(a_s, b_s, stages: int):
@@ -52,34 +52,27 @@ def pipeline_time_s(a_s, b_s, stages: int):
 
 
 class LedgerCost:
-    """Step times from the analytic ledger for one (model, device, dtypes, efficiency).
+    """Step times from the ledger for one deployment (`kvlab.deployment.Deployment`): its
+    operator table at the ceiling of the device's rates, divided by the efficiency.
 
     `remote_link` (a tier or placement name) prices decode steps whose KV is read over the
     network every step (`kvlab.tiers.tiered_decode_step`).
     """
 
-    def __init__(
-        self,
-        model,
-        hardware,
-        weight_dtype="fp16",
-        kv_dtype="fp16",
-        efficiency=1.0,
-        remote_link=None,
-        link_efficiency=1.0,
-        max_batch=256,
-    ):
-        self.model = get_model(model)
-        self.device = get_device(hardware)
-        self.weight_dtype, self.kv_dtype = weight_dtype, kv_dtype
-        self.efficiency = check_number("efficiency", efficiency, maximum=1.0)
+    def __init__(self, d: Deployment, remote_link=None, link_efficiency=1.0, max_batch=256):
+        if not isinstance(d, Deployment):
+            raise KvlabError(f"a step-time model prices a Deployment, got {type(d).__name__}")
+        self.deployment = d
+        self.model, self.device = d.model, d.hardware
+        self.efficiency = float(check_number("efficiency", d.efficiency, maximum=1.0))
         self.remote_link, self.link_efficiency = remote_link, link_efficiency
         self.max_batch = int(max_batch)
         self.num_layers = self.model.num_layers
-        self.kv_bytes_per_token = cost.kv_bytes_per_token(self.model, kv_dtype)
-        self.weight_bytes = cost.weight_bytes(self.model, weight_dtype)
-        self._remote = self._terms = None
-        self._weights_memo: dict = {}  # tokens -> seconds (MoE: more experts with more tokens)
+        self.kv_bytes_per_token = d.kv_bytes_per_token
+        self.weight_bytes = d.weight_bytes
+        self.units = unit_seconds(d)
+        self._remote = None
+        self._weights_memo: dict = {}  # tokens -> seconds of the weight groups + all-reduces
 
     @property
     def source(self) -> str:
@@ -92,70 +85,38 @@ class LedgerCost:
         """(step prices given, of which outside measured data): the ledger needs no data."""
         return 0, 0
 
-    # ------------------------------------------------- the ledger's terms, per operator group
-    def _groups(self):
-        """Seconds per unit of the ledger's operator groups (kvlab.cost's per-operator
-        ceiling): dense weights (bytes once per pass, FLOPs per token), routed experts (bytes
-        by tokens, FLOPs per token), attention (bytes per KV token touched, FLOPs per
-        query-key pair). A pass costs the sum over groups of max(memory, compute)."""
-        if self._terms is None:
-            m, wdt = self.model, parse_dtype(self.weight_dtype)
-            p = m.params
-            bw = self.device.memory_bandwidth_bytes_per_s * self.efficiency
-            pk = self.device.peak_flops_per_s(wdt.compute) * self.efficiency
-            dense_bytes = p.streamed_dense * wdt.bytes_per_element
-            active = p.active_per_token(m.experts_per_token)
-            self._terms = dict(
-                dense_s=dense_bytes / bw,
-                dense_per_token_s=2.0 * p.streamed_dense / pk,
-                dense_bytes=dense_bytes,
-                bandwidth=bw,
-                experts_per_token_s=2.0 * (active - p.streamed_dense) / pk,
-                kv_s=self.kv_bytes_per_token / bw,
-                pair_s=m.attention_flops_per_cached_token / pk,
-            )
-        return self._terms
+    # ------------------------------------------------- the ledger's groups, at this speed
+    def _weights_s(self, tokens: int) -> float:
+        """Seconds of a pass's weight groups and all-reduces over `tokens` rows (memoised:
+        a run asks for the same few batch sizes again and again)."""
+        t = self._weights_memo.get(tokens)
+        if t is None:
+            u, eff = self.units, self.efficiency
+            rows = float(tokens)
+            latency, link = u.allreduce_s(rows)
+            t = u.weights_s(rows, max(rows, 1.0)) / eff + latency + link / eff
+            self._weights_memo[tokens] = t
+        return t
 
-    def _experts_s(self, tokens: int) -> float:
-        """Seconds to stream the routed experts `tokens` tokens touch (0 for dense models)."""
-        if tokens not in self._weights_memo:
-            g = self._groups()
-            total = float(cost.weight_read_bytes(self.model, max(tokens, 1), self.weight_dtype))
-            self._weights_memo[tokens] = (total - g["dense_bytes"]) / g["bandwidth"]
-        return self._weights_memo[tokens]
+    def _attention_s(self, kv_tokens, pairs):
+        """One attention kernel at this speed."""
+        return self.units.attention_s(kv_tokens, pairs) / self.efficiency
 
-    def _weights_time_s(self, tokens: int) -> float:
-        """Seconds to stream the weights one forward pass over `tokens` tokens reads."""
-        return self._groups()["dense_s"] + self._experts_s(tokens)
-
-    def _gemm_s(self, tokens: int) -> float:
-        """The weight groups of one pass over `tokens` tokens: max(memory, compute) each."""
-        g = self._groups()
-        return max(g["dense_s"], g["dense_per_token_s"] * tokens) + max(
-            self._experts_s(tokens), g["experts_per_token_s"] * tokens
-        )
+    def _decode_attention_s(self, batch: int, mean_context):
+        """The decode attention of `batch` sequences at each mean context (effective)."""
+        ctx = self.model.effective_context(mean_context)
+        counts = pass_counts(float(batch), 1, ctx)
+        return self._attention_s(counts.kv_tokens, counts.pairs)
 
     def _remote_tables(self):
         if self._remote is None:
             if self.remote_link is None:
                 raise KvlabError("this cost model has no remote link: pass remote_link=")
-            from ..tiers import tiered_decode_step
-
             b = np.arange(1, self.max_batch + 1)[:, None]
-            s = tiered_decode_step(
-                self.model,
-                self.device,
-                b,
-                np.array([1, 2]),
-                tier=self.remote_link,
-                weight_dtype=self.weight_dtype,
-                kv_dtype=self.kv_dtype,
-                efficiency=self.efficiency,
-                tier_efficiency=self.link_efficiency,
-            )
-            mem = np.asarray(s.hbm_time_s) + np.asarray(
-                s.tier_time_s
-            )  # no overlap: attention waits for its KV
+            path = TierPath(self.remote_link, self.link_efficiency)
+            s = tiered_decode_step(self.deployment, b, np.array([1, 2]), path)
+            # no overlap: attention waits for its KV
+            mem = np.asarray(s.hbm_time_s) + np.asarray(s.tier_time_s)
             comp, tier = np.asarray(s.compute_time_s), np.asarray(s.tier_time_s)
             self._remote = (
                 mem[:, 0],
@@ -176,12 +137,8 @@ class LedgerCost:
     def decode_times_s(self, batch: int, mean_context) -> np.ndarray:
         """Seconds of one decode step of `batch` sequences at each mean KV history length."""
         self._check_batch(batch)
-        g = self._groups()
-        ctx = np.asarray(
-            self.model.effective_context(np.asarray(mean_context, dtype=float)), dtype=float
-        )
-        attention = np.maximum(batch * (ctx + 1.0) * g["kv_s"], batch * ctx * g["pair_s"])
-        return self._gemm_s(batch) + attention
+        ctx = np.asarray(mean_context, dtype=float)
+        return self._weights_s(batch) + self._decode_attention_s(batch, ctx)
 
     def remote_decode_times_s(self, batch: int, mean_context) -> tuple[np.ndarray, np.ndarray]:
         """(step seconds, of which waiting on the network), all KV history read over the link."""
@@ -195,46 +152,45 @@ class LedgerCost:
     # ---------------------------------------------------------------------- prefill
     def prefill_times_s(self, prompt_tokens, cached_tokens):
         """(time, compute time, memory time) of prefilling `prompt_tokens` of which
-        `cached_tokens` (scalar or array) come from a prefix cache: kvlab.cost.prefill's
-        per-operator ceiling, with the last prompt token always computed."""
-        g = self._groups()
+        `cached_tokens` (scalar or array) come from a prefix cache: the ledger's prefill
+        at this speed, with the last prompt token always computed."""
         if not isinstance(prompt_tokens, np.ndarray) and not isinstance(cached_tokens, np.ndarray):
-            c = served_tokens(int(cached_tokens), int(prompt_tokens))
-            n = prompt_tokens - c
-            pairs = n * c + n * (n + 1) / 2
-            kv, att = g["kv_s"] * (c + n), g["pair_s"] * pairs
-            time = self._gemm_s(n) + max(kv, att)
-            compute = (g["dense_per_token_s"] + g["experts_per_token_s"]) * n + att
-            return time, compute, self._weights_time_s(n) + kv
+            c = float(served_tokens(int(cached_tokens), int(prompt_tokens)))
+            return self._prefill(float(prompt_tokens) - c, c)
         p = np.asarray(prompt_tokens, dtype=float)
         c = np.asarray(served_tokens(np.asarray(cached_tokens, dtype=float), p), dtype=float)
-        n, shape = p - c, np.broadcast(p, c).shape
-        pairs = n * c + n * (n + 1) / 2
-        kv, att = g["kv_s"] * (c + n), g["pair_s"] * pairs
-        flat = np.broadcast_to(n, shape).ravel().astype(np.int64)
-        gemm = np.array([self._gemm_s(int(t)) for t in flat]).reshape(shape)
-        weights = np.array([self._weights_time_s(int(t)) for t in flat]).reshape(shape)
-        compute = (g["dense_per_token_s"] + g["experts_per_token_s"]) * n + att
-        return gemm + np.maximum(kv, att), compute, weights + kv
+        n, c = np.broadcast_arrays(p - c, c)
+        rows = [
+            self._prefill(float(a), float(b)) for a, b in zip(n.ravel(), c.ravel(), strict=True)
+        ]
+        return tuple(np.array(col).reshape(n.shape) for col in zip(*rows, strict=True))
+
+    def _prefill(self, new: float, cached: float) -> tuple:
+        counts = pass_counts(1.0, new, cached)
+        work = self.deployment.table.work(counts)
+        eff, d = self.efficiency, self.deployment
+        local = [v for k, v in work.items() if k != "allreduce"]
+        compute = sum(f for _, f in local) / (d.peak_flops_per_s * eff)
+        memory = sum(b for b, _ in local) / (d.memory_bandwidth_bytes_per_s * eff)
+        time = self._weights_s(int(new)) + self._attention_s(counts.kv_tokens, counts.pairs)
+        return time, compute, memory
 
     def iteration_time_s(self, batch: int, mean_context: float, chunks) -> float:
         """One forward pass over prompt chunks [(end token, start token), ...] and one decode
         token for each of `batch` sequences: every weight group is read once for all the
         pass's tokens; prefill attention and decode attention are kernels of their own."""
-        g = self._groups()
-        tokens, kv, att = 0, 0.0, 0.0
+        tokens, kv, pairs = 0, 0.0, 0.0
         for end, start in chunks:
-            n = end - start
-            tokens += n
-            kv += g["kv_s"] * end
-            att += g["pair_s"] * (n * start + n * (n + 1) / 2)
-        time = max(kv, att) if chunks else 0.0
+            c = pass_counts(1.0, float(end - start), float(start))
+            tokens += end - start
+            kv += c.kv_tokens
+            pairs += c.pairs
+        time = self._attention_s(kv, pairs) if chunks else 0.0
         if batch:
             self._check_batch(batch)
-            ctx = float(self.model.effective_context(float(mean_context)))
-            time += max(batch * (ctx + 1.0) * g["kv_s"], batch * ctx * g["pair_s"])
+            time += float(self._decode_attention_s(batch, float(mean_context)))
             tokens += batch
-        return float(time + self._gemm_s(tokens)) if tokens else 0.0
+        return float(time + self._weights_s(tokens)) if tokens else 0.0
 
     def fused_time_s(
         self, batch: int, mean_context: float, prompt_tokens: int, cached_tokens: int
@@ -244,7 +200,7 @@ class LedgerCost:
         return self.iteration_time_s(batch, mean_context, [(prompt_tokens, cached_tokens)])
 
 
-class MeasuredCost(LedgerCost):
+class BenchCost(LedgerCost):
     """Decode step times interpolated from a measured table; prefill from the ledger.
 
     `batches` (B,), `contexts` (C,) and `step_times_s` (B, C): measured seconds of one
@@ -254,20 +210,20 @@ class MeasuredCost(LedgerCost):
     measured decode step plus the ledger's prefill (no shared weight read: conservative).
     """
 
-    def __init__(self, batches, contexts, step_times_s, model, hardware, **ledger):
-        super().__init__(model, hardware, **ledger)
+    def __init__(self, batches, contexts, step_times_s, d: Deployment, **ledger):
+        super().__init__(d, **ledger)
         self.batches = np.asarray(batches, dtype=float)
         self.contexts = np.asarray(contexts, dtype=float)
-        self.table = np.asarray(step_times_s, dtype=float)
-        if self.table.shape != (self.batches.size, self.contexts.size):
+        self.step_table_s = np.asarray(step_times_s, dtype=float)
+        if self.step_table_s.shape != (self.batches.size, self.contexts.size):
             raise KvlabError(
                 "step_times_s must be (batches, contexts) = "
                 f"{(self.batches.size, self.contexts.size)}, "
-                f"got {self.table.shape}"
+                f"got {self.step_table_s.shape}"
             )
         if np.any(np.diff(self.batches) <= 0) or np.any(np.diff(self.contexts) <= 0):
             raise KvlabError("measured batches and contexts must be strictly increasing")
-        check_number("measured step time (s)", self.table, maximum=3600)
+        check_number("measured step time (s)", self.step_table_s, maximum=3600)
 
     @property
     def source(self) -> str:
@@ -275,7 +231,9 @@ class MeasuredCost(LedgerCost):
 
     def decode_times_s(self, batch: int, mean_context) -> np.ndarray:
         m = np.asarray(mean_context, dtype=float)
-        rows = np.array([np.interp(m, self.contexts, row) for row in self.table])  # (B, steps)
+        rows = np.array(
+            [np.interp(m, self.contexts, row) for row in self.step_table_s]
+        )  # (B, steps)
         if rows.ndim == 1:
             rows = rows[:, None]
         lo = int(

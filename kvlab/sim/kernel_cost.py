@@ -1,7 +1,7 @@
 """Step times from measured kernels: `SimConfig(efficiency="measured")`.
 
 Every operator of a simulated GPU pass is timed from the published kernel tables that
-`kvlab.cost`'s measured mode uses (`kvlab.measured`: TensorRT-LLM latencies extracted from
+`kvlab.cost`'s measured mode uses (`kvlab.kernel_tables`: TensorRT-LLM latencies extracted from
 NVIDIA aiconfigurator-core), so a pure decode step costs exactly
 `kvlab.cost.decode_step(..., efficiency="measured").step_time_s` and a lone prefill
 `kvlab.cost.prefill(..., efficiency="measured").time_s`.
@@ -14,7 +14,7 @@ forward pass, priced the way the tables price its parts:
     decode attention     the generation-attention table at (batch, mean context);
     each chunk's attention   the context-attention table for that chunk (a chunk of n new
         tokens after c already in KV is timed as a fresh prompt with the same query-key
-        pairs, as kvlab.measured does for a cached prefix).
+        pairs, as kvlab.kernel_tables does for a cached prefix).
 
 Approximations: the attention kernels of the decodes and of each chunk run one after the
 other (real engines may launch one varlen kernel); the tables' per-kernel floor, which
@@ -36,7 +36,10 @@ import math
 
 import numpy as np
 
+from ..deployment import Deployment
 from ..errors import KvlabError
+from ..kernel_tables.timing import deployment_kernels, fresh_prompt_of
+from ..operators import pass_counts
 from ..prompt import served_tokens
 from .costs import LedgerCost
 
@@ -52,22 +55,11 @@ class KernelCost(LedgerCost):
     The ledger's terms (efficiency 1) remain for the ceilings and for remote KV's network
     time; `remote_link` as in `LedgerCost`."""
 
-    def __init__(
-        self,
-        model,
-        hardware,
-        weight_dtype="fp16",
-        kv_dtype="fp16",
-        remote_link=None,
-        link_efficiency=1.0,
-        max_batch=256,
-    ):
-        super().__init__(
-            model, hardware, weight_dtype, kv_dtype, 1.0, remote_link, link_efficiency, max_batch
-        )
-        from ..measured import kernels
-
-        self.kernels = kernels(self.model, self.device, weight_dtype, kv_dtype)
+    def __init__(self, d: Deployment, remote_link=None, link_efficiency=1.0, max_batch=256):
+        if not d.kernel_tables:
+            raise KvlabError("KernelCost prices a deployment whose speed is KernelTables()")
+        super().__init__(d, remote_link, link_efficiency, max_batch)
+        self.kernels = deployment_kernels(d)
         # look every table up now: a device or dtype without data fails before a run starts
         self.kernels.decode(1.0, 1.0)
         self.kernels.prefill(1.0, 1.0)
@@ -107,10 +99,10 @@ class KernelCost(LedgerCost):
         return edge
 
     def _attention_ceiling_s(self, batch: int, context):
-        """Decode attention's ceiling (efficiency 1), as kvlab.measured computes it."""
-        g = self._groups()
-        ctx = np.asarray(self.model.effective_context(np.asarray(context, dtype=float)), float)
-        return np.maximum(batch * (ctx + 1.0) * g["kv_s"], batch * ctx * g["pair_s"])
+        """Decode attention's ceiling (efficiency 1): the ledger's."""
+        ctx = self.model.effective_context(np.asarray(context, dtype=float))
+        counts = pass_counts(float(batch), 1, ctx)
+        return self.units.attention_s(counts.kv_tokens, counts.pairs)
 
     def _decode(self, batch: int, contexts: np.ndarray) -> tuple[np.ndarray, int]:
         """(measured decode step seconds at each context, how many lie beyond the tables).
@@ -192,22 +184,20 @@ class KernelCost(LedgerCost):
         query-key pairs, never below its ceiling; beyond the table, the ceiling at the
         efficiency the table shows for the reference prompt."""
         k = self.kernels
-        n, c = end - start, start
-        pairs = n * c + n * (n + 1) / 2
+        counts = pass_counts(1.0, float(end - start), float(start))
         grid, _ = k.tables.attention("context", *k.layout)
-        per_layer = grid.scalar(1.0, (math.sqrt(1 + 8 * pairs) - 1) / 2)
-        floor = max((c + n) * k.kv_tok_layer / k.bandwidth, pairs * k.attn_flops_layer / k.peak)
+        per_layer = grid.scalar(1.0, float(fresh_prompt_of(counts.pairs)))
+        ceiling = float(self.units.attention_s(counts.kv_tokens, counts.pairs))
         if per_layer == per_layer:
-            return self.model.num_layers * max(per_layer, floor), False
+            return max(self.model.num_layers * per_layer, ceiling), False
         if self._attention_ratio is None:
             ref = self._reference_prompt()
             at_ref, _ = self._context_attention_s(ref, 0)
-            pairs_ref = ref * (ref + 1) / 2
-            floor_ref = max(
-                ref * k.kv_tok_layer / k.bandwidth, pairs_ref * k.attn_flops_layer / k.peak
+            fresh = pass_counts(1.0, float(ref), 0.0)
+            self._attention_ratio = at_ref / float(
+                self.units.attention_s(fresh.kv_tokens, fresh.pairs)
             )
-            self._attention_ratio = at_ref / (self.model.num_layers * floor_ref)
-        return self.model.num_layers * floor * self._attention_ratio, True
+        return ceiling * self._attention_ratio, True
 
     def _prefill(self, end: int, start: int) -> tuple[float, float, bool]:
         """(whole prefill seconds, its attention's seconds, beyond the tables?) of tokens

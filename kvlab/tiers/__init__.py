@@ -14,16 +14,9 @@ KV bytes come from and how fast that path is:
 All functions broadcast over their numeric arguments, like the ledger.
 """
 
-from .capacity import KVFootprint, SpillCost, kv_footprint, spill, spill_cost
-from .decode import (
-    MoveOnce,
-    TieredStep,
-    move_once,
-    move_once_vs_every_step,
-    tiered_decode_step,
-    tiered_step,
-)
-from .hit import HitValue, breakeven_prompt_tokens, hit_value, hit_value_of, mean_prefill_time_s
+from .capacity import KVFootprint, SpillCost, kv_footprint, spill_cost
+from .decode import MoveOnce, TieredStep, move_once_vs_every_step, tiered_decode_step
+from .hit import HitValue, breakeven_prompt_tokens, hit_value, mean_prefill_time_s
 from .placement import (
     HBM,
     LINK_LATENCY_S,
@@ -31,6 +24,7 @@ from .placement import (
     PLACEMENTS,
     Placement,
     TierPath,
+    as_path,
     get_placement,
     kv_fetch_time_s,
     placements,
@@ -48,20 +42,17 @@ __all__ = [
     "transfer_time_s",
     "kv_fetch_time_s",
     "TierPath",
+    "as_path",
     "TieredStep",
     "tiered_decode_step",
-    "tiered_step",
     "MoveOnce",
     "move_once_vs_every_step",
-    "move_once",
     "HitValue",
     "hit_value",
-    "hit_value_of",
     "mean_prefill_time_s",
     "breakeven_prompt_tokens",
     "KVFootprint",
     "kv_footprint",
     "SpillCost",
     "spill_cost",
-    "spill",
 ]

@@ -12,13 +12,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import cost
-from ..cost import Result, _out
-from ..dtypes import DType
-from ..hardware import Device, Tier
-from ..models import ModelSpec
-from ..scenario import Scenario
-from .decode import tiered_step
-from .placement import Placement, TierPath
+from ..cost import Num, Result, _out
+from ..deployment import Deployment
+from .decode import tiered_decode_step
+from .placement import TierPath
 
 
 @dataclass(frozen=True)
@@ -27,35 +24,25 @@ class KVFootprint(Result):
 
     model: str
     hardware: str
-    batch: object
-    context: object
+    batch: Num
+    context: Num
     kv_bytes_per_token: float
-    kv_bytes_per_request: object  # one sequence's KV at this context
-    kv_cache_bytes: object  # the whole batch's KV
+    kv_bytes_per_request: Num  # one sequence's KV at this context
+    kv_cache_bytes: Num  # the whole batch's KV
     weight_bytes: float
     capacity_bytes: float
     kv_room_bytes: float  # capacity left for KV once the weights are in
-    fits: object
-    overflow_bytes: object  # KV that does not fit beside the weights
-    overflow_fraction: object  # overflow / KV (1.0 when not even the weights fit)
-    max_batch: object  # at this context
-    max_context: object  # at this batch (inf: a sliding window caps the KV)
+    fits: Num
+    overflow_bytes: Num  # KV that does not fit beside the weights
+    overflow_fraction: Num  # overflow / KV (1.0 when not even the weights fit)
+    max_batch: Num  # at this context
+    max_context: Num  # at this batch (inf: a sliding window caps the KV)
 
 
-def kv_footprint(
-    model: ModelSpec | str,
-    hardware: Device | str,
-    batch=1,
-    context=4096,
-    weight_dtype: str | DType = "fp16",
-    kv_dtype: str | DType = "fp16",
-    capacity_bytes=None,
-) -> KVFootprint:
+def kv_footprint(d: Deployment, batch=1, context=4096) -> KVFootprint:
     """KV bytes for batch x context, and how much of it overflows the device."""
-    step = cost.decode_step(
-        model, hardware, batch, context, weight_dtype, kv_dtype, capacity_bytes=capacity_bytes
-    )
-    fit = cost.memory_fit(model, hardware, batch, context, weight_dtype, kv_dtype, capacity_bytes)
+    step = cost.decode_step(d, batch, context)
+    fit = cost.memory_fit(d, batch, context)
     kv = np.asarray(step.kv_cache_bytes, dtype=float)
     room = max(step.capacity_bytes - step.weight_bytes, 0.0)
     overflow = np.maximum(kv - room, 0.0)
@@ -88,49 +75,27 @@ class SpillCost(Result):
     """Decode with the overflow spilled to a lower tier, against capping the batch."""
 
     placement: str
-    batch: object
-    context: object
-    fits: object
-    overflow_fraction: object
-    tokens_per_s_spilled: object  # the batch runs, overflow read from the tier each step
-    tokens_per_s_unlimited: object  # as if HBM were big enough (the ledger's figure)
-    capped_batch: object  # the largest batch that fits (0: not one sequence)
-    tokens_per_s_capped: object  # run only the batch that fits, all in HBM
-    step_time_s: object  # of the spilled configuration
+    batch: Num
+    context: Num
+    fits: Num
+    overflow_fraction: Num
+    tokens_per_s_spilled: Num  # the batch runs, overflow read from the tier each step
+    tokens_per_s_unlimited: Num  # as if HBM were big enough (the ledger's figure)
+    capped_batch: Num  # the largest batch that fits (0: not one sequence)
+    tokens_per_s_capped: Num  # run only the batch that fits, all in HBM
+    step_time_s: Num  # of the spilled configuration
 
 
-def spill_cost(
-    model: ModelSpec | str,
-    hardware: Device | str,
-    batch=1,
-    context=4096,
-    tier: Placement | Tier | str = "host-pcie5",
-    weight_dtype: str | DType = "fp16",
-    kv_dtype: str | DType = "fp16",
-    efficiency=1.0,
-    tier_efficiency=1.0,
-    capacity_bytes=None,
-    overlap=False,
-) -> SpillCost:
-    """The long-form signature of `spill` (what the CLI and the book call)."""
-    sc = Scenario(
-        model, hardware, weight_dtype, kv_dtype, efficiency, capacity_bytes=capacity_bytes
-    )
-    return spill(sc, batch, context, TierPath(tier, tier_efficiency), overlap)
-
-
-def spill(sc: Scenario, batch, context, path: TierPath, overlap=False) -> SpillCost:
+def spill_cost(d: Deployment, batch, context, path: TierPath | str, overlap=False) -> SpillCost:
     """Tokens/s when the KV that overflows HBM is read over `path` every step.
 
     The overflow share of every sequence's KV is read over the tier (KV of all running
     sequences is touched every step, so which blocks spill does not matter).
     """
-    fp = kv_footprint(
-        sc.model, sc.hardware, batch, context, sc.weight_dtype, sc.kv_dtype, sc.capacity_bytes
-    )
-    spilled = tiered_step(sc, batch, context, path, fp.overflow_fraction, overlap)
+    fp = kv_footprint(d, batch, context)
+    spilled = tiered_decode_step(d, batch, context, path, fp.overflow_fraction, overlap)
     capped = np.minimum(np.asarray(fp.batch), np.asarray(fp.max_batch))
-    capped_step = sc.decode_step(np.maximum(capped, 1), context)
+    capped_step = cost.decode_step(d, np.maximum(capped, 1), context)
     capped_tps = np.where(capped >= 1, np.asarray(capped_step.tokens_per_s, dtype=float), 0.0)
     return SpillCost(
         placement=spilled.placement,

@@ -10,13 +10,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..cost import Result, _out
-from ..dtypes import DType
+from ..cost import Num, Result, _out, decode_step
+from ..deployment import Deployment
 from ..errors import check_number
-from ..hardware import Device, Tier
-from ..models import ModelSpec
-from ..scenario import Scenario
-from .placement import Placement, TierPath, transfer_time_s
+from .placement import TierPath, as_path, transfer_time_s
 
 # --------------------------------------------------------------- where KV is read
 
@@ -28,54 +25,28 @@ class TieredStep(Result):
     model: str
     hardware: str
     placement: str
-    batch: object
-    context: object
-    tier_fraction: object  # share of the KV read from the placement each step
-    tier_bandwidth_bytes_per_s: object
-    hbm_bytes: object  # weights + resident KV + new K/V, read/written in HBM
-    tier_bytes: object  # KV read over the placement's path every step
-    hbm_time_s: object
-    tier_time_s: object
-    compute_time_s: object
-    step_time_s: object
-    bound: object  # "compute", "memory" (HBM) or "tier"
-    tokens_per_s: object
-    hbm_step_time_s: object  # the same step with all KV in HBM
-    hbm_tokens_per_s: object
-    slowdown: object  # step_time_s / hbm_step_time_s
+    batch: Num
+    context: Num
+    tier_fraction: Num  # share of the KV read from the placement each step
+    tier_bandwidth_bytes_per_s: Num
+    hbm_bytes: Num  # weights + resident KV + new K/V, read/written in HBM
+    tier_bytes: Num  # KV read over the placement's path every step
+    hbm_time_s: Num
+    tier_time_s: Num
+    compute_time_s: Num
+    step_time_s: Num
+    bound: Num  # "compute", "memory" (HBM) or "tier"
+    tokens_per_s: Num
+    hbm_step_time_s: Num  # the same step with all KV in HBM
+    hbm_tokens_per_s: Num
+    slowdown: Num  # step_time_s / hbm_step_time_s
 
 
 def tiered_decode_step(
-    model: ModelSpec | str,
-    hardware: Device | str,
-    batch=1,
-    context=4096,
-    tier: Placement | Tier | str = "host-pcie5",
-    tier_fraction=1.0,
-    weight_dtype: str | DType = "fp16",
-    kv_dtype: str | DType = "fp16",
-    efficiency=1.0,
-    tier_efficiency=1.0,
-    tier_bandwidth_bytes_per_s=None,
-    latency_s=None,
-    overlap=False,
+    d: Deployment, batch, context, path: TierPath | str, tier_fraction=1.0, overlap=False
 ) -> TieredStep:
-    """A decode step that reads `tier_fraction` of every sequence's KV from `tier`: the
-    long-form signature of `tiered_step` (the CLI, the book and the labs call this one)."""
-    return tiered_step(
-        Scenario(model, hardware, weight_dtype, kv_dtype, efficiency),
-        batch,
-        context,
-        TierPath(tier, tier_efficiency, tier_bandwidth_bytes_per_s, latency_s),
-        tier_fraction,
-        overlap,
-    )
-
-
-def tiered_step(
-    sc: Scenario, batch, context, path: TierPath, tier_fraction=1.0, overlap=False
-) -> TieredStep:
-    """A decode step of scenario `sc` that reads `tier_fraction` of every sequence's KV over `path`.
+    """A decode step of deployment `d` that reads `tier_fraction` of every sequence's KV
+    over `path` (a `TierPath`, or a placement or tier name at its peak).
 
     Weights, the resident KV and the new token's K/V move at HBM speed; the tiered KV
     moves at the placement's speed, every step. `overlap=False` (default) adds the two
@@ -83,15 +54,16 @@ def tiered_step(
     the best a perfectly pipelined fetch can do. The placement latency is paid once
     per step (a per-layer fetch would pay it num_layers times).
     """
-    step = sc.decode_step(batch, context)
-    p, bandwidth, latency = path.resolve(sc.hardware)
+    path = as_path(path)
+    step = decode_step(d, batch, context)
+    p, bandwidth, latency = path.resolve(d.hardware)
     fraction = check_number(
         "tier_fraction", tier_fraction, minimum=0, allow_equal_min=True, maximum=1.0
     )
     hbm_bw = step.bandwidth_bytes_per_s  # the device's, or the scenario's override
     tier_bytes = np.asarray(fraction) * np.asarray(step.kv_read_bytes, dtype=float)
     hbm_bytes = np.asarray(step.step_bytes, dtype=float) - tier_bytes
-    hbm_time = np.asarray(transfer_time_s(hbm_bytes, hbm_bw, sc.efficiency))
+    hbm_time = np.asarray(transfer_time_s(hbm_bytes, hbm_bw, d.efficiency))
     tier_time = np.where(
         tier_bytes > 0, transfer_time_s(tier_bytes, bandwidth, path.efficiency, latency), 0.0
     )
@@ -129,42 +101,20 @@ class MoveOnce(Result):
     """KV read from its placement every step, against moved into HBM once before decode."""
 
     placement: str
-    kv_bytes: object  # the batch's KV history
-    fetch_once_s: object  # moving it into HBM once
-    hbm_step_time_s: object  # a decode step once it is local
-    every_step_time_s: object  # a decode step that reads it remotely
-    output_tokens: object
-    total_move_once_s: object  # fetch + output_tokens local steps
-    total_every_step_s: object  # output_tokens remote steps
-    speedup: object  # total_every_step_s / total_move_once_s
-    breakeven_tokens: object  # output tokens after which moving once wins
+    kv_bytes: Num  # the batch's KV history
+    fetch_once_s: Num  # moving it into HBM once
+    hbm_step_time_s: Num  # a decode step once it is local
+    every_step_time_s: Num  # a decode step that reads it remotely
+    output_tokens: Num
+    total_move_once_s: Num  # fetch + output_tokens local steps
+    total_every_step_s: Num  # output_tokens remote steps
+    speedup: Num  # total_every_step_s / total_move_once_s
+    breakeven_tokens: Num  # output tokens after which moving once wins
 
 
 def move_once_vs_every_step(
-    model: ModelSpec | str,
-    hardware: Device | str,
-    batch=1,
-    context=4096,
-    tier: Placement | Tier | str = "remote-ib-400g",
-    output_tokens=256,
-    weight_dtype: str | DType = "fp16",
-    kv_dtype: str | DType = "fp16",
-    efficiency=1.0,
-    tier_efficiency=1.0,
-    tier_bandwidth_bytes_per_s=None,
-    latency_s=None,
+    d: Deployment, batch, context, path: TierPath | str, output_tokens=256
 ) -> MoveOnce:
-    """The long-form signature of `move_once` (what the CLI and the book call)."""
-    return move_once(
-        Scenario(model, hardware, weight_dtype, kv_dtype, efficiency),
-        batch,
-        context,
-        TierPath(tier, tier_efficiency, tier_bandwidth_bytes_per_s, latency_s),
-        output_tokens,
-    )
-
-
-def move_once(sc: Scenario, batch, context, path: TierPath, output_tokens=256) -> MoveOnce:
     """The article's rule for PD disaggregation: pull the KV into HBM before decoding.
 
     The context is held fixed over the `output_tokens` steps (the few hundred tokens
@@ -173,9 +123,10 @@ def move_once(sc: Scenario, batch, context, path: TierPath, output_tokens=256) -
     out = check_number(
         "output_tokens", output_tokens, minimum=1, allow_equal_min=True, maximum=1e7, integer=True
     )
-    step = tiered_step(sc, batch, context, path)
+    path = as_path(path)
+    step = tiered_decode_step(d, batch, context, path)
     kv = np.asarray(step.tier_bytes, dtype=float)
-    fetch = np.asarray(path.time_s(kv, sc.hardware))
+    fetch = np.asarray(path.time_s(kv, d.hardware))
     local, remote = np.asarray(step.hbm_step_time_s), np.asarray(step.step_time_s)
     n = np.asarray(out, dtype=float)
     gain = remote - local

@@ -7,19 +7,17 @@ HBM-resident weights; then a higher hit rate makes prefill slower (the article's
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
 from .. import cost
-from ..cost import Result, _out
-from ..dtypes import DType
+from ..cost import Num, Result, _out, prefill
+from ..deployment import Deployment
 from ..errors import check_number
-from ..hardware import Device, Tier
-from ..models import ModelSpec, get_model
 from ..prompt import served_tokens
-from ..scenario import Scenario
-from .placement import Placement, TierPath, transfer_time_s
+from .placement import TierPath, as_path, transfer_time_s
 
 # ------------------------------------------------------------- the value of a hit
 
@@ -29,44 +27,22 @@ class HitValue(Result):
     """A prefix-cache hit served from a placement, against recomputing the prefix in HBM."""
 
     placement: str
-    prompt_tokens: object
-    cached_tokens: object  # tokens whose KV the hit supplies
-    fetch_bytes: object
-    tier_bandwidth_bytes_per_s: object
-    miss_time_s: object  # prefill of the whole prompt
-    hit_compute_time_s: object  # prefill of the uncached rest
-    fetch_time_s: object  # bringing the cached KV over the placement's path
-    hit_time_s: object  # fetch + rest (serial: the rest attends to the fetched KV)
-    saved_s: object  # recompute time the hit removes
-    value_s: object  # saved - fetch: < 0 means the cache is a liability
-    liability: object
-    speedup: object  # miss / hit
-    breakeven_bandwidth_bytes_per_s: object  # peak bandwidth where value = 0 (inf: never)
+    prompt_tokens: Num
+    cached_tokens: Num  # tokens whose KV the hit supplies
+    fetch_bytes: Num
+    tier_bandwidth_bytes_per_s: Num
+    miss_time_s: Num  # prefill of the whole prompt
+    hit_compute_time_s: Num  # prefill of the uncached rest
+    fetch_time_s: Num  # bringing the cached KV over the placement's path
+    hit_time_s: Num  # fetch + rest (serial: the rest attends to the fetched KV)
+    saved_s: Num  # recompute time the hit removes
+    value_s: Num  # saved - fetch: < 0 means the cache is a liability
+    liability: Num
+    speedup: Num  # miss / hit
+    breakeven_bandwidth_bytes_per_s: Num  # peak bandwidth where value = 0 (inf: never)
 
 
-def hit_value(
-    model: ModelSpec | str,
-    hardware: Device | str,
-    prompt_tokens=4096,
-    tier: Placement | Tier | str = "host-pcie5",
-    hit_fraction=1.0,
-    weight_dtype: str | DType = "fp16",
-    kv_dtype: str | DType = "fp16",
-    efficiency=1.0,
-    tier_efficiency=1.0,
-    tier_bandwidth_bytes_per_s=None,
-    latency_s=None,
-) -> HitValue:
-    """The long-form signature of `hit_value_of` (what the CLI and the book call)."""
-    return hit_value_of(
-        Scenario(model, hardware, weight_dtype, kv_dtype, efficiency),
-        prompt_tokens,
-        TierPath(tier, tier_efficiency, tier_bandwidth_bytes_per_s, latency_s),
-        hit_fraction,
-    )
-
-
-def hit_value_of(sc: Scenario, prompt_tokens, path: TierPath, hit_fraction=1.0) -> HitValue:
+def hit_value(d: Deployment, prompt_tokens, path: TierPath | str, hit_fraction=1.0) -> HitValue:
     """Value of a cache hit = recompute time saved - fetch time (the article's formula).
 
     The hit supplies `hit_fraction` of the prompt's KV, never the last token: the first
@@ -85,9 +61,10 @@ def hit_value_of(sc: Scenario, prompt_tokens, path: TierPath, hit_fraction=1.0) 
     p_arr = np.asarray(prompt, dtype=float)
     cached = served_tokens(np.floor(np.asarray(frac) * p_arr), p_arr)
     cached, p_arr = np.broadcast_arrays(cached, p_arr)
-    miss, rest = sc.prefill(p_arr, 0), sc.prefill(p_arr, cached)
-    p, bandwidth, latency = path.resolve(sc.hardware)
-    fetch_bytes = cached * sc.kv_bytes_per_token
+    path = as_path(path)
+    miss, rest = prefill(d, p_arr, 0), prefill(d, p_arr, cached)
+    p, bandwidth, latency = path.resolve(d.hardware)
+    fetch_bytes = cached * d.kv_bytes_per_token
     fetch = np.where(
         cached > 0, transfer_time_s(fetch_bytes, bandwidth, path.efficiency, latency), 0.0
     )
@@ -130,24 +107,17 @@ def mean_prefill_time_s(hit: HitValue, hit_rate):
     return _out(r * np.asarray(hit.hit_time_s) + (1 - r) * np.asarray(hit.miss_time_s))
 
 
-def breakeven_prompt_tokens(
-    model: ModelSpec | str,
-    hardware: Device | str,
-    tier: Placement | Tier | str = "host-pcie5",
-    hit_fraction=1.0,
-    max_tokens=None,
-    tier_bandwidth_bytes_per_s=None,
-    **kwargs,
-):
+def breakeven_prompt_tokens(d: Deployment, path: TierPath | str, hit_fraction=1.0, max_tokens=None):
     """The shortest prompt from which a hit pays (value > 0), or inf if none up to
     `max_tokens` (default: the model's max_position_embeddings, else 1M tokens).
 
-    Vectorised over `tier_bandwidth_bytes_per_s`. The first sign change on a log grid
+    Vectorised over the path's bandwidth override. The first sign change on a log grid
     is bisected to the exact token, so value(result - 1) <= 0 < value(result). Short
     prompts never pay at batch 1: their prefill is weight-bound, so recomputing them
     costs the same single pass over the weights that the uncached last token needs.
     """
-    m = get_model(model)
+    path = as_path(path)
+    m, tier_bandwidth_bytes_per_s = d.model, path.bandwidth_bytes_per_s
     limit = max_tokens or m.max_position_embeddings or 1 << 20
     limit = int(
         check_number(
@@ -173,12 +143,10 @@ def breakeven_prompt_tokens(
     columns = 1 if bw is None else bw.size
 
     def value(tokens):  # tokens: (rows, columns)
-        return np.asarray(
-            hit_value(
-                m, hardware, tokens, tier, hit_fraction, tier_bandwidth_bytes_per_s=bw, **kwargs
-            ).value_s,
-            dtype=float,
-        ).reshape(tokens.shape)
+        at = path if bw is None else dataclasses.replace(path, bandwidth_bytes_per_s=bw)
+        return np.asarray(hit_value(d, tokens, at, hit_fraction).value_s, dtype=float).reshape(
+            tokens.shape
+        )
 
     grid = np.unique(np.geomspace(1, limit, 200).astype(np.int64))
     vals = value(np.broadcast_to(grid[:, None], (grid.size, columns)).astype(float))

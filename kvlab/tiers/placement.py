@@ -11,11 +11,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import cost
-from ..cost import _out, kv_bytes_per_token
-from ..dtypes import DType
+from ..cost import _out
+from ..deployment import Deployment
 from ..errors import KvlabError, check_number, unknown_name
 from ..hardware import Device, Tier, get_device, get_tier, tiers
-from ..models import ModelSpec
 
 HBM = "hbm"
 
@@ -196,23 +195,17 @@ def transfer_time_s(nbytes, bandwidth_bytes_per_s, efficiency=1.0, latency_s=0.0
     return _out(np.asarray(seconds))
 
 
-def kv_fetch_time_s(
-    model: ModelSpec | str,
-    tokens,
-    tier: Tier | Placement | str,
-    kv_dtype: str | DType = "fp16",
-    efficiency=1.0,
-    latency_s=0.0,
-    hardware: Device | str | None = None,
-    bandwidth_bytes_per_s=None,
-):
-    """Seconds to bring `tokens` tokens of KV over `tier` (vectorised over tokens/efficiency).
+def as_path(path: TierPath | Placement | Tier | str) -> TierPath:
+    """A `TierPath` as given, or a placement or tier at its peak with its own latency."""
+    return path if isinstance(path, TierPath) else TierPath(path)
 
-    `tier` is a catalogue tier ('pcie5-x16'), a placement ('host-pcie5'; 'hbm' needs
-    `hardware`) or a `Tier`. `latency_s` defaults to 0 here (a pure bandwidth figure);
-    pass `latency_s=None` to use the placement's per-fetch latency.
-    """
+
+def kv_fetch_time_s(d: Deployment, tokens, path: TierPath | Placement | Tier | str):
+    """Seconds to bring `tokens` tokens of deployment `d`'s KV over `path` once
+    (vectorised over tokens and the path's efficiency and bandwidth). `path` is a
+    `TierPath`, or a catalogue tier ('pcie5-x16') or placement ('host-pcie5') name at its
+    peak with its own per-fetch latency; `TierPath(..., latency_s=0.0)` gives a pure
+    bandwidth figure."""
     tokens = check_number("tokens", tokens, minimum=0, allow_equal_min=True, maximum=1e9)
-    _, bandwidth, latency = _path(tier, hardware, bandwidth_bytes_per_s, latency_s)
-    moved = np.asarray(tokens, dtype=float) * kv_bytes_per_token(model, kv_dtype)
-    return transfer_time_s(moved, bandwidth, efficiency, latency)
+    moved = np.asarray(tokens, dtype=float) * d.kv_bytes_per_token
+    return as_path(path).time_s(moved, d.hardware)

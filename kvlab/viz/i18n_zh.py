@@ -642,7 +642,7 @@ PATTERNS: list[tuple[str, str]] = [
     ),
     ("{a}: {b}", "{a}：{b}"),
     ("{a}; {b}", "{a}；{b}"),
-    # chapter 2b: how the kernel-table extract (kvlab.measured) derived its one-token figure
+    # chapter 2b: how the kernel-table extract (kvlab.kernel_tables) derived its one-token figure
     (
         "median of weight bytes / latency over the {n} bf16 GEMMs with m = 1 and at least {size} of weights",
         "对 m = 1、权重不少于 {size} 的 {n} 个 bf16 GEMM 取“权重字节 / 延迟”的中位数",

@@ -1,5 +1,5 @@
 """The ledger panels' "speed" choice: the ceiling (the sheet's peaks x an efficiency), or
-every operator timed from published kernel tables (`kvlab.measured`, the ledger's
+every operator timed from published kernel tables (`kvlab.kernel_tables`, the ledger's
 measured mode).
 
 A static page cannot run the measured timing, so the panels ship build-time terms that
@@ -51,7 +51,7 @@ def speed_control(default: str = "ceiling") -> Control:
 
 def short_source(hardware: str) -> str:
     """Framework and version of a device's tables, for legends: 'TRTLLM 1.3.0rc20 kernels'."""
-    from ..measured import load
+    from ..kernel_tables import load
 
     t = load(hardware)
     return f"{t.framework} {t.framework_version} kernels"
@@ -59,7 +59,7 @@ def short_source(hardware: str) -> str:
 
 def table_title(hardware: str) -> str:
     """Framework, version and device of a device's tables, for figure titles."""
-    from ..measured import load
+    from ..kernel_tables import load
 
     t = load(hardware)
     return f"{t.framework} {t.framework_version} kernel tables, {t.device_string}"
@@ -77,7 +77,7 @@ def speed_text(measured: bool, why: str, efficiency: float, hardware: str) -> st
 @functools.lru_cache(maxsize=1024)
 def why_not(model: str, hardware: str, weight_dtype: str, kv_dtype: str) -> str:
     """'' when the tables cover this configuration, else a short phrase saying why not."""
-    from ..measured import devices_with_data, kernels
+    from ..kernel_tables import devices_with_data, kernels
 
     if get_device(hardware).name not in devices_with_data():
         return NO_DEVICE
@@ -96,7 +96,7 @@ def why_not(model: str, hardware: str, weight_dtype: str, kv_dtype: str) -> str:
 
 def measured_time(model, hardware, weight_dtype, kv_dtype, batch, context) -> tuple[float, str]:
     """(seconds of one decode step from the kernel tables, '') or (NaN, why not)."""
-    from ..measured import kernels
+    from ..kernel_tables import kernels
 
     why = why_not(model, hardware, weight_dtype, kv_dtype)
     if why:
@@ -135,8 +135,8 @@ def _attention_rows(k, batches, contexts) -> list[list[float]]:
 
 @functools.lru_cache(maxsize=8)
 def _measured_terms(models: tuple, devices: tuple, batches: tuple, contexts: tuple) -> dict:
-    from ..measured import devices_with_data, kernels, load
-    from ..measured.tables import DTYPE_KEYS
+    from ..kernel_tables import devices_with_data, kernels, load
+    from ..kernel_tables.tables import DTYPE_KEYS
 
     numbers: list[float] = []
     fixed, attention, device_terms, model_terms = {}, {}, {}, {}

@@ -149,7 +149,7 @@ def _info(kind: str, entry: dict) -> TableInfo:
 
 
 def _folder():
-    return resources.files("kvlab").joinpath("data/measured")
+    return resources.files("kvlab").joinpath("data/kernel_tables")
 
 
 @lru_cache(maxsize=1)
@@ -217,7 +217,7 @@ class DeviceTables:
             raise KvlabError(
                 f"no measured {n}x{k} GEMM on {self.device}: the extract holds the "
                 "catalogue models' shapes (add a model to kvlab/data/models and run "
-                "`python -m kvlab.measured extract`)"
+                "`python -m kvlab.kernel_tables extract`)"
             )
         return Curve(table["m"], np.asarray(entry["latency_us"], dtype=float) * 1e-6), entry["how"]
 

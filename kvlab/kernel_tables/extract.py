@@ -1,7 +1,7 @@
 """Regenerate the committed kernel-table extract from aiconfigurator-core's parquet tables.
 
     pip install 'aiconfigurator-core==0.12.0'     # (kvlab's optional extra `measured`)
-    python -m kvlab.measured extract [--out DIR]
+    python -m kvlab.kernel_tables extract [--out DIR]
 
 NVIDIA's aiconfigurator-core 0.12.0 (Apache-2.0) ships per-kernel latencies measured with
 TensorRT-LLM, vLLM and SGLang under `aiconfigurator_core/systems/data/<system>/`. kvlab
@@ -412,7 +412,7 @@ def _copyright_lines(root: Path) -> list[str]:
 def notice(root: Path, extracts: dict) -> str:
     """The NOTICE: what was taken from where, under which licence, and what was changed."""
     lines = [
-        "kvlab/data/measured: kernel latency tables extracted from aiconfigurator-core",
+        "kvlab/data/kernel_tables: kernel latency tables extracted from aiconfigurator-core",
         "",
         "The JSON files in this directory are an extract of the kernel latency tables in the",
         f"Python package {PACKAGE} {PACKAGE_VERSION} by NVIDIA",
@@ -437,7 +437,7 @@ def notice(root: Path, extracts: dict) -> str:
         "off it interpolated linearly in query heads (each entry says how); latencies",
         "converted from milliseconds to microseconds and rounded to 5 significant digits;",
         "two figures per device derived from the GEMM table (see 'derived'). Regenerate with",
-        "`python -m kvlab.measured extract` (kvlab/measured/extract.py).",
+        "`python -m kvlab.kernel_tables extract` (kvlab/kernel_tables/extract.py).",
         "",
     ]
     return "\n".join(lines)

@@ -1,8 +1,8 @@
 """Measured kernel latencies: the published tables behind the ledger's measured mode.
 
-`kvlab/data/measured/` holds an extract of NVIDIA aiconfigurator-core 0.12.0's kernel
+`kvlab/data/kernel_tables/` holds an extract of NVIDIA aiconfigurator-core 0.12.0's kernel
 tables (TensorRT-LLM, Apache-2.0, see its NOTICE); `tables` reads and interpolates it with
-numpy alone; `timing` times a step's operators from it. `python -m kvlab.measured extract`
+numpy alone; `timing` times a step's operators from it. `python -m kvlab.kernel_tables extract`
 regenerates the extract (needs the optional extra `measured`).
 
 For a simulator: `kernels(model, hardware, weight_dtype, kv_dtype, tp).decode_step_s(batch,

@@ -27,8 +27,8 @@ import numpy as np
 from ..dtypes import DType, parse_dtype
 from ..errors import KvlabError
 from ..hardware import Device, get_device
-from ..models import ModelSpec, expected_experts_touched, get_model
-from ..operators import decode_operators, kv_bytes_per_token_per_gpu, layer_shapes
+from ..models import ModelSpec, get_model
+from ..operators import layer_shapes, operator_table, query_key_pairs
 from .tables import DTYPE_KEYS, Curve, load
 
 #: Operators timed from the tables, and how each small kernel is timed.
@@ -85,6 +85,13 @@ def _timed(name, kind, calls, per_call, ceiling_call, ok, how, limit) -> Operato
     )
 
 
+def fresh_prompt_of(pairs):
+    """The fresh prompt (no cached prefix) with this many query-key pairs: the inverse of
+    `query_key_pairs(n, 0)`. The context-attention tables hold fresh prompts only, so a
+    prefill over a cached prefix is timed at the fresh prompt of equal work."""
+    return (np.sqrt(1 + 8 * np.asarray(pairs, dtype=float)) - 1) / 2
+
+
 def _range(curve: Curve, what: str) -> str:
     return f"measured for {what} {curve.lo:g} to {curve.hi:g}"
 
@@ -101,45 +108,44 @@ class Kernels:
             )
         self.model, self.device, self.wdt, self.kdt, self.tp = m, dev, wdt, kdt, tp
         self.tables = load(dev.name)
+        self.table = operator_table(m, wdt, kdt, tp)  # the ledger's: ceilings come from it
         self.shapes = layer_shapes(m, tp)
         self.bandwidth = dev.memory_bandwidth_bytes_per_s
         self.peak = dev.peak_flops_per_s(wdt.compute)
         self.floor_s = self.tables.kernel_floor_s
         self.small_bandwidth = min(self.tables.gemv_bandwidth_bytes_per_s, self.bandwidth)
-        per_token = {op.name: op for op in decode_operators(m, 1.0, 0.0, wdt, kdt, tp)}
+        by_name = {op.name: op for op in self.table.operators}
+        label = DTYPE_KEYS.get(wdt.base, wdt.base)
         self.gemms = []
         for name, (n, k) in self.shapes.gemms.items():
             curve, how = self.tables.gemm(wdt.base, n, k)
-            op = per_token[name]
-            label = DTYPE_KEYS.get(wdt.base, wdt.base)
+            op = by_name[name]
             self.gemms.append(
                 (
                     name,
                     op.calls,
                     curve,
                     f"GEMM {n}x{k} {label}: {how}",
-                    float(op.bytes) / op.calls,
-                    float(op.flops) / op.calls,
+                    op.weight_bytes / op.calls,
+                    op.flops_per_token / op.calls,
                 )
             )
         self.small = [
-            (
-                op.name,
-                op.calls,
-                float(op.activation_bytes_per_call),
-                float(op.bytes),
-                float(op.flops),
-            )
-            for op in per_token.values()
+            (op.name, op.calls, op.activation_bytes_per_token, op.weight_bytes, op.flops_per_token)
+            for op in self.table.operators
             if op.kind == "elementwise"
         ]
         self.experts = None
         if m.is_moe:
             curve, how = self.tables.moe(*self.shapes.moe, tp, wdt.base)
-            label = DTYPE_KEYS.get(wdt.base, wdt.base)
-            self.experts = (curve, f"MoE {self.shapes.moe[0]}x{self.shapes.moe[1]} {label}: {how}")
-        self.kv_tok_layer = kv_bytes_per_token_per_gpu(m, kdt, tp) / m.num_layers
-        self.attn_flops_layer = m.attention_flops_per_cached_token / tp / m.num_layers
+            self.experts = (
+                curve,
+                f"MoE {self.shapes.moe[0]}x{self.shapes.moe[1]} {label}: {how}",
+                by_name["experts"],
+            )
+        attention = by_name["attention"]
+        self.kv_tok_layer = attention.kv_bytes_per_token / m.num_layers
+        self.attn_flops_layer = attention.flops_per_pair / m.num_layers
         self.all_reduce = self.tables.all_reduce(tp) if tp > 1 else None
         self.layout = (self.shapes.heads, self.shapes.kv_heads, self.shapes.head_dim, kdt.base)
         self.layout_label = (
@@ -163,12 +169,10 @@ class Kernels:
                 _timed(name, "gemm", calls, t, ceiling, ok, how, _range(curve, "m (tokens)"))
             )
         if self.experts:
-            m = self.model
-            curve, how = self.experts
-            p, layers = m.params, m.params.moe_layers
-            touched = expected_experts_touched(m.num_experts, m.experts_per_token, touching)
-            bytes_layer = touched * p.expert / self.tp * self.wdt.bytes_per_element
-            flops_layer = 2.0 * tokens * m.experts_per_token * p.expert / self.tp
+            curve, how, op = self.experts
+            layers = op.calls
+            bytes_layer = self.table.experts_touched(touching) * op.expert_bytes / layers
+            flops_layer = op.flops_per_token / layers * tokens
             ceiling = np.maximum(bytes_layer / self.bandwidth, flops_layer / self.peak)
             t, ok = curve(tokens)
             out.append(
@@ -239,7 +243,7 @@ class Kernels:
         """One layer's attention ceiling with q queries per sequence against ctx tokens."""
         return np.maximum(
             b * (ctx + q) * self.kv_tok_layer / self.bandwidth,
-            b * (q * ctx + q * (q - 1) / 2) * self.attn_flops_layer / self.peak,
+            b * query_key_pairs(q, ctx) * self.attn_flops_layer / self.peak,
         )
 
     def decode(self, batch, context, queries=1) -> StepTime:
@@ -284,8 +288,8 @@ class Kernels:
         b = np.asarray(batch, dtype=float)
         c = np.asarray(cached_tokens, dtype=float)
         n = np.asarray(prompt_tokens, dtype=float) - c
-        pairs = n * c + n * (n + 1) / 2
-        equal_work = (np.sqrt(1 + 8 * pairs) - 1) / 2
+        pairs = query_key_pairs(n, c)
+        equal_work = fresh_prompt_of(pairs)
         grid, how = self.tables.attention("context", *self.layout)
         t, ok = grid(b, equal_work)
         layers = self.model.num_layers
@@ -334,7 +338,7 @@ class Kernels:
             return per_layer
         floor = max(
             batch * (ctx + 1) * self.kv_tok_layer / self.bandwidth,
-            batch * ctx * self.attn_flops_layer / self.peak,
+            batch * query_key_pairs(1, ctx) * self.attn_flops_layer / self.peak,
         )
         return fixed + self.model.num_layers * max(per_layer, floor)
 
@@ -369,16 +373,19 @@ def _plain(x):
     return x.item() if np.ndim(x) == 0 else x
 
 
-def measured_decode_fields(
-    m, dev, wdt, kdt, batch, context, scalar: bool, tp: int = 1, queries=1
-) -> dict:
-    """The `DecodeStep` fields measured mode replaces (a verify step at `queries` > 1). A
-    scalar point outside the tables raises (naming the operators and their measured
+def deployment_kernels(d) -> Kernels:
+    """The cached interpolators of a `Deployment` whose speed is `KernelTables()`."""
+    return _kernels(d.model, d.hardware, d.weight_dtype, d.kv_dtype, d.tensor_parallel)
+
+
+def kernel_decode_fields(d, batch, context, scalar: bool, queries=1) -> dict:
+    """The `DecodeStep` fields the kernel tables replace (a verify step at `queries` > 1).
+    A scalar point outside the tables raises (naming the operators and their measured
     ranges); array points there are NaN."""
-    kernels_ = _kernels(m, dev, wdt, kdt, tp)
+    kernels_ = deployment_kernels(d)
     single = type(queries) is int and queries == 1
     extra = {}
-    if tp > 1:
+    if d.tensor_parallel > 1:
         rows = np.asarray(batch, dtype=float) * np.asarray(queries, dtype=float)
         total, latency = kernels_.allreduce_s(rows)
         extra = dict(
@@ -398,8 +405,8 @@ def measured_decode_fields(
     step = kernels_.decode(batch, context, queries)
     if scalar and not bool(step.in_range):
         raise KvlabError(
-            f"{m.name} on {dev.name}, batch {batch}, context {context}: outside the "
-            f"measured kernel tables ({'; '.join(step.out_of_range())})"
+            f"{d.model.name} on {d.hardware.name}, batch {batch}, context {context}: outside "
+            f"the measured kernel tables ({'; '.join(step.out_of_range())})"
         )
     t = np.asarray(step.step_time_s, dtype=float)
     b = np.asarray(batch, dtype=float) * np.asarray(queries, dtype=float)
@@ -413,14 +420,15 @@ def measured_decode_fields(
     )
 
 
-def measured_prefill_time(m, dev, wdt, kdt, batch, prompt, cached, tp: int = 1) -> tuple:
-    """(time_s, source) of a measured prefill; a scalar point outside the tables raises."""
-    step = _kernels(m, dev, wdt, kdt, tp).prefill(batch, prompt, cached)
+def kernel_prefill_time(d, batch, prompt, cached) -> tuple:
+    """(time_s, source) of a prefill from the kernel tables; a scalar point outside them
+    raises."""
+    step = deployment_kernels(d).prefill(batch, prompt, cached)
     scalar = all(np.ndim(v) == 0 for v in (batch, prompt, cached))
     if scalar and not bool(step.in_range):
         raise KvlabError(
-            f"{m.name} on {dev.name}: a prefill of {prompt - cached} tokens x batch "
-            f"{batch} is outside the measured kernel tables "
+            f"{d.model.name} on {d.hardware.name}: a prefill of {prompt - cached} tokens x "
+            f"batch {batch} is outside the measured kernel tables "
             f"({'; '.join(step.out_of_range())})"
         )
     return np.asarray(step.step_time_s), step.source
