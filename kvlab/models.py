@@ -189,17 +189,6 @@ def _attention_params(m: ModelSpec) -> int:
     return params
 
 
-def expected_experts_touched(num_experts: int, experts_per_token: int, batch_tokens):
-    """Expected distinct experts a batch touches in one MoE layer (uniform routing).
-
-    Each token picks k of E experts; an expert stays untouched with probability
-    (1 - k/E)^B, so E(1 - (1 - k/E)^B) are read. Real routers are skewed, which
-    touches fewer; uniform is the bandwidth-pessimistic case.
-    """
-    batch_tokens = np.asarray(batch_tokens, dtype=float)
-    return num_experts * (1.0 - (1.0 - experts_per_token / num_experts) ** batch_tokens)
-
-
 # --------------------------------------------------------------------------- loading
 
 #: A real config.json is a few kB; reading stops here (`--model /dev/zero` ends at once).

@@ -11,6 +11,7 @@ Every import counts, including the ones inside functions.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -118,7 +119,7 @@ def test_every_unit_has_a_layer():
         "cost",
         "operators",
         "ledger_rows",
-        "scenario",
+        "deployment",
         "errors",
         "fmt",
         "prompt",
@@ -126,7 +127,7 @@ def test_every_unit_has_a_layer():
         "published",
         "jsonsafe",
         "article",
-        "measured",
+        "kernel_tables",
         "parallel",
         "speculative",
     }
@@ -207,3 +208,30 @@ def test_numeric_core_imports_with_numpy_alone(module):
     code = BLOCKER.format(blocked=blocked, module=module)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+#: The ledger's counts, written as code: the causal pair count (`n * (n + 1) / 2` and its
+#: kin) and the expert touch (`1 - k / E` raised to the tokens).
+PRICING = re.compile(
+    r"\(\s*[A-Za-z_][\w.]*\s*[+-]\s*1\s*\)\s*/\s*2"
+    r"|experts_per_token\s*/\s*[\w.]*num_experts"
+)
+#: Where they may be written: the ledger's table, and its browser twin (tests/test_js.py
+#: holds the twin to it).
+PRICING_HOMES = {"kvlab/operators.py", "kvlab/viz/js/kvlab.js"}
+
+
+def test_the_ledger_is_written_once():
+    """A second pricing of a pass (a pair count or an expert touch written again outside
+    the table) fails here: every step, verify pass, prefill and simulator iteration must
+    evaluate `kvlab.operators`."""
+    found = []
+    for path in sorted([*ROOT.rglob("*.py"), *ROOT.rglob("*.js")]):
+        name = path.relative_to(ROOT.parent).as_posix()
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#", 1)[0] if path.suffix == ".py" else line.split("//", 1)[0]
+            if PRICING.search(code) and name not in PRICING_HOMES:
+                found.append(f"{name}:{i}: {line.strip()}")
+    assert not found, "\n".join(found)
+    for home in PRICING_HOMES:
+        assert PRICING.search((ROOT.parent / home).read_text()), home

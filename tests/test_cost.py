@@ -1,19 +1,24 @@
 """The ledger: hand-checked cases, broadcasting, and properties (hypothesis)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvlab import cost
+from kvlab.deployment import Ceiling, Deployment, KernelTables, parse_speed
 from kvlab.dtypes import bytes_per_element, parse_dtype
 from kvlab.errors import KvlabError
 from kvlab.hardware import USABLE_MEMORY_FRACTION, get_device, get_tier, tiers
 from kvlab.models import models
+from kvlab.operators import experts_touched, operator_work, pass_counts, query_key_pairs
 
 MODELS = sorted(models())
 DEVICES = ["b200", "h200", "h100-sxm", "a100-80gb", "l40s", "rtx-4090", "rtx-3090", "l4", "mi300x"]
 DTYPES = ["fp32", "bf16", "fp16", "fp8", "int8", "int4", "int4-g128"]
+H100 = Deployment("llama-3.1-8b", "h100-sxm")
 
 
 def test_element_sizes():
@@ -60,8 +65,8 @@ def test_device_figures():
 
 
 def test_batch_amortises_weights():
-    one = cost.decode_step("llama-3.1-8b", "h100-sxm", batch=1, context=1024)
-    sixteen = cost.decode_step("llama-3.1-8b", "h100-sxm", batch=16, context=1024)
+    one = cost.decode_step(H100, batch=1, context=1024)
+    sixteen = cost.decode_step(H100, batch=16, context=1024)
     assert sixteen.weight_read_bytes == one.weight_read_bytes
     assert sixteen.kv_read_bytes == 16 * one.kv_read_bytes
     assert sixteen.tokens_per_s > 10 * one.tokens_per_s
@@ -69,24 +74,26 @@ def test_batch_amortises_weights():
 
 
 def test_long_context_kv_overtakes_weights():
-    s = cost.decode_step("article-7b", "h100-sxm", batch=1, context=np.array([4096, 32768, 131072]))
+    s = cost.decode_step(
+        Deployment("article-7b", "h100-sxm"), batch=1, context=np.array([4096, 32768, 131072])
+    )
     assert s.kv_read_bytes[0] < s.weight_read_bytes < s.kv_read_bytes[2]
     assert s.tokens_per_s[1] < s.tokens_per_s[0]
 
 
 def test_weight_only_quantization_halves_little_at_16k_with_big_batch():
     # pitfall 2: int4 weights but fp16 KV at 16K; KV dominates the step
-    fp16 = cost.decode_step("llama-3.1-8b", "h100-sxm", batch=16, context=16384)
-    w4 = cost.decode_step("llama-3.1-8b", "h100-sxm", batch=16, context=16384, weight_dtype="int4")
+    fp16 = cost.decode_step(H100, batch=16, context=16384)
+    w4 = cost.decode_step(H100.replace(weight_dtype="int4"), batch=16, context=16384)
     w4kv8 = cost.decode_step(
-        "llama-3.1-8b", "h100-sxm", batch=16, context=16384, weight_dtype="int4", kv_dtype="fp8"
+        H100.replace(weight_dtype="int4", kv_dtype="fp8"), batch=16, context=16384
     )
     assert w4.tokens_per_s / fp16.tokens_per_s < 1.3
     assert w4kv8.tokens_per_s / w4.tokens_per_s > 1.7
 
 
 def test_compute_bound_at_huge_batch():
-    s = cost.decode_step("llama-3.1-8b", "h100-sxm", batch=4096, context=1)
+    s = cost.decode_step(H100, batch=4096, context=1)
     assert s.bound == "compute"
     assert s.arithmetic_intensity > s.ridge_flops_per_byte
 
@@ -120,14 +127,15 @@ def test_sliding_window_caps_kv(tmp_path):
     }
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     m = load_config(tmp_path / "config.json")
-    a = cost.decode_step(m, "h100-sxm", context=4096)
-    b = cost.decode_step(m, "h100-sxm", context=32768)
+    d = Deployment(m, "h100-sxm")
+    a = cost.decode_step(d, context=4096)
+    b = cost.decode_step(d, context=32768)
     assert a.kv_read_bytes == b.kv_read_bytes
-    assert cost.memory_fit(m, "h100-sxm", batch=1, context=8192).max_context == float("inf")
+    assert cost.memory_fit(d, batch=1, context=8192).max_context == float("inf")
 
 
 def test_memory_fit_and_max_batch():
-    fit = cost.memory_fit("llama-3.1-8b", "l4", batch=8, context=4096)
+    fit = cost.memory_fit(Deployment("llama-3.1-8b", "l4"), batch=8, context=4096)
     w = cost.weight_bytes("llama-3.1-8b")
     kv_seq = 4096 * 131072
     usable = 0.9 * 24e9  # an engine gives weights + KV 90% of the L4's 24 GB (vLLM's default)
@@ -135,14 +143,14 @@ def test_memory_fit_and_max_batch():
     assert fit.max_batch == int((usable - w) // kv_seq) == 10
     assert fit.fits == (w + 8 * kv_seq <= usable)
     assert fit.max_context == int((usable - w) // (8 * 131072))
-    big = cost.memory_fit("llama-3.1-70b", "l4", batch=1, context=4096)
+    big = cost.memory_fit(Deployment("llama-3.1-70b", "l4"), batch=1, context=4096)
     assert not big.fits and big.max_batch == 0 and big.max_context == 0
 
 
 def test_prefill_hit_saves_compute_and_is_causal():
-    full = cost.prefill("llama-3.1-8b", "h100-sxm", prompt_tokens=8192)
-    half = cost.prefill("llama-3.1-8b", "h100-sxm", prompt_tokens=8192, cached_tokens=4096)
-    full_hit = cost.prefill("llama-3.1-8b", "h100-sxm", prompt_tokens=8192, cached_tokens=8192)
+    full = cost.prefill(H100, prompt_tokens=8192)
+    half = cost.prefill(H100, prompt_tokens=8192, cached_tokens=4096)
+    full_hit = cost.prefill(H100, prompt_tokens=8192, cached_tokens=8192)
     m = models()["llama-3.1-8b"]
     linear = 2 * m.params.active_per_token(0) * 8192
     attention = m.attention_flops_per_cached_token * 8192 * 8193 / 2
@@ -155,9 +163,10 @@ def test_prefill_hit_saves_compute_and_is_causal():
 def test_grid_is_one_call_and_matches_points():
     batch = np.array([1, 8, 64])[:, None]
     context = np.array([1024, 8192])[None, :]
-    grid = cost.decode_step("qwen2.5-7b", "l40s", batch, context, efficiency=0.7)
+    d = Deployment("qwen2.5-7b", "l40s", speed=Ceiling(0.7))
+    grid = cost.decode_step(d, batch, context)
     assert grid.step_time_s.shape == (3, 2)
-    point = cost.decode_step("qwen2.5-7b", "l40s", 64, 8192, efficiency=0.7)
+    point = cost.decode_step(d, 64, 8192)
     assert grid.step_time_s[2, 1] == pytest.approx(point.step_time_s, rel=1e-12)
     assert grid.bound[2, 1] == point.bound
 
@@ -170,23 +179,40 @@ def test_grid_is_one_call_and_matches_points():
         ({"batch": float("nan")}, "finite"),
         ({"context": -1}, "context must be >= 0"),
         ({"context": 1e12}, "<= 1e\\+08"),
-        ({"efficiency": 0}, "efficiency must be >= 0.001"),
-        ({"efficiency": 1e-300}, "efficiency must be >= 0.001"),  # denormal: time would overflow
-        ({"efficiency": 1.5}, "efficiency must be <= 1"),
-        ({"bandwidth_bytes_per_s": float("inf")}, "finite"),
-        ({"bandwidth_bytes_per_s": -5}, ">= 1000"),
-        ({"bandwidth_bytes_per_s": 1e-300}, ">= 1000"),
         ({"batch": np.array([1, 2, -3])}, "got -3"),
     ],
 )
 def test_bad_numbers_raise(kwargs, message):
     with pytest.raises(KvlabError, match=message):
-        cost.decode_step("article-7b", "h100-sxm", **kwargs)
+        cost.decode_step(Deployment("article-7b", "h100-sxm"), **kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"speed": lambda: Ceiling(0)}, "efficiency must be >= 0.001"),
+        ({"speed": lambda: Ceiling(1e-300)}, "efficiency must be >= 0.001"),  # would overflow
+        ({"speed": lambda: Ceiling(1.5)}, "efficiency must be <= 1"),
+        ({"speed": 0.8}, "Ceiling\\(efficiency\\) or KernelTables"),
+        ({"bandwidth_bytes_per_s": float("inf")}, "finite"),
+        ({"bandwidth_bytes_per_s": -5}, ">= 1000"),
+        ({"bandwidth_bytes_per_s": 1e-300}, ">= 1000"),
+        ({"tensor_parallel": 3}, "one of \\(1, 2, 4, 8\\)"),
+        ({"tensor_parallel": True}, "tensor_parallel must be"),
+    ],
+)
+def test_bad_deployments_raise(kwargs, message):
+    with pytest.raises(KvlabError, match=message):
+        kw = {k: v for k, v in kwargs.items() if k != "speed"}
+        speed = kwargs.get("speed")
+        Deployment("article-7b", "h100-sxm", **kw) if speed is None else Deployment(
+            "article-7b", "h100-sxm", speed=speed() if callable(speed) else speed, **kw
+        )
 
 
 def test_unknown_hardware_lists_valid():
     with pytest.raises(KvlabError, match="h100-sxm"):
-        cost.decode_step("article-7b", "h1000")
+        Deployment("article-7b", "h1000")
 
 
 # ----------------------------------------------------------------- properties
@@ -202,20 +228,18 @@ common = dict(
 @settings(max_examples=150, deadline=None)
 @given(**common, extra=st.integers(1, 1000))
 def test_more_batch_or_context_moves_more_bytes(model, device, batch, context, extra):
-    base = cost.decode_step(model, device, batch, context)
-    assert cost.decode_step(model, device, batch + extra, context).step_bytes > base.step_bytes
-    assert cost.decode_step(model, device, batch, context + extra).step_bytes >= base.step_bytes
-    assert (
-        cost.decode_step(model, device, batch + extra, context).kv_cache_bytes
-        >= base.kv_cache_bytes
-    )
+    d = Deployment(model, device)
+    base = cost.decode_step(d, batch, context)
+    assert cost.decode_step(d, batch + extra, context).step_bytes > base.step_bytes
+    assert cost.decode_step(d, batch, context + extra).step_bytes >= base.step_bytes
+    assert cost.decode_step(d, batch + extra, context).kv_cache_bytes >= base.kv_cache_bytes
 
 
 @settings(max_examples=150, deadline=None)
 @given(**common, wd=st.sampled_from(DTYPES), kd=st.sampled_from(DTYPES))
 def test_quantized_never_moves_more_than_fp16(model, device, batch, context, wd, kd):
-    fp16 = cost.decode_step(model, device, batch, context)
-    q = cost.decode_step(model, device, batch, context, weight_dtype=wd, kv_dtype=kd)
+    fp16 = cost.decode_step(Deployment(model, device), batch, context)
+    q = cost.decode_step(Deployment(model, device, wd, kd), batch, context)
     if bytes_per_element(wd) <= 2 and bytes_per_element(kd) <= 2:
         assert q.step_bytes <= fp16.step_bytes
         assert q.max_batch >= fp16.max_batch
@@ -224,8 +248,10 @@ def test_quantized_never_moves_more_than_fp16(model, device, batch, context, wd,
 @settings(max_examples=150, deadline=None)
 @given(**common, bw=st.floats(1e9, 1e13), factor=st.floats(1.01, 10))
 def test_more_bandwidth_never_fewer_tokens(model, device, batch, context, bw, factor):
-    slow = cost.decode_step(model, device, batch, context, bandwidth_bytes_per_s=bw)
-    fast = cost.decode_step(model, device, batch, context, bandwidth_bytes_per_s=bw * factor)
+    slow = cost.decode_step(Deployment(model, device, bandwidth_bytes_per_s=bw), batch, context)
+    fast = cost.decode_step(
+        Deployment(model, device, bandwidth_bytes_per_s=bw * factor), batch, context
+    )
     assert fast.tokens_per_s >= slow.tokens_per_s
     if slow.bound == "memory":
         assert fast.tokens_per_s > slow.tokens_per_s
@@ -236,7 +262,7 @@ def test_more_bandwidth_never_fewer_tokens(model, device, batch, context, bw, fa
 def test_step_time_is_the_per_operator_ceiling(model, device, batch, context):
     """The sum over operators of their own max lies between the whole step's max and the
     sum of its memory and compute times, scaled by 1 / efficiency."""
-    s = cost.decode_step(model, device, batch, context, efficiency=0.8)
+    s = cost.decode_step(Deployment(model, device, speed=Ceiling(0.8)), batch, context)
     assert max(s.memory_time_s, s.compute_time_s) * (1 - 1e-12) <= s.step_time_s
     assert s.step_time_s <= (s.memory_time_s + s.compute_time_s) * (1 + 1e-12)
     assert s.step_time_s == pytest.approx(s.ceiling_step_time_s / 0.8, rel=1e-12)
@@ -266,13 +292,13 @@ def test_memory_bound_steps_keep_their_ceiling(model, device):
     m = models()[model]
     for batch in (1, 4, 16, 64):
         for context in (0, 1024, 32768):
-            s = cost.decode_step(model, device, batch, context)
+            s = cost.decode_step(Deployment(model, device), batch, context)
             assert s.bound == "memory"
             old = _whole_step_max(s)
             if not m.is_mla:
                 assert s.step_time_s == pytest.approx(old, rel=1e-9)
             peak = get_device(device).bf16_flops_per_s
-            attention_flops = batch * m.attention_flops_per_cached_token * context
+            attention_flops = batch * m.attention_flops_per_cached_token * (context + 1)
             ceiling = s.step_time_s
             assert old * (1 - 1e-12) <= ceiling <= (old + attention_flops / peak) * (1 + 1e-12)
 
@@ -281,7 +307,7 @@ def test_per_operator_ceiling_exceeds_the_whole_step_max_when_bounds_mix():
     """Batch 1024 at 256 tokens on an H100: GEMMs compute-bound (intensity 1024 > ridge
     295), attention memory-bound (4 FLOP/B); the step costs the GEMMs' FLOP time plus the
     KV's memory time, half again the single max over the whole step."""
-    s = cost.decode_step("llama-3.1-8b", "h100-sxm", 1024, 256)
+    s = cost.decode_step(H100, 1024, 256)
     p = models()["llama-3.1-8b"].params
     gemm_compute = 1024 * 2 * p.streamed_dense / 989e12
     kv = s.kv_read_bytes + s.kv_write_bytes
@@ -292,20 +318,22 @@ def test_per_operator_ceiling_exceeds_the_whole_step_max_when_bounds_mix():
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("batch", [1, 16, 300, 4096])
 def test_ceiling_is_the_sum_over_the_operator_list(model, batch):
-    """The grouped sum in cost equals the sum over kvlab.operators' detailed list."""
-    from kvlab.operators import ceiling_s, decode_operators, prefill_operators
-
-    m, fp16, fp8 = models()[model], parse_dtype("fp16"), parse_dtype("fp8")
-    s = cost.decode_step(model, "h100-sxm", batch, 4096, "fp8", "fp16")
-    ops = decode_operators(m, batch, 4096, fp8, fp16)
-    assert sum(float(o.bytes) for o in ops) == pytest.approx(s.step_bytes, rel=1e-12)
-    assert sum(float(o.flops) for o in ops) == pytest.approx(s.flops, rel=1e-12)
-    ceiling = float(ceiling_s(ops, 3.35e12, 1979e12))
+    """The grouped sum in cost equals the sum over the table's operators, one by one."""
+    d = Deployment(model, "h100-sxm", "fp8", "fp16")
+    s = cost.decode_step(d, batch, 4096)
+    counts = pass_counts(float(batch), 1, 4096.0)
+    work = [operator_work(op, d.table, counts) for op in d.table.operators]
+    assert sum(float(b) for b, _ in work) == pytest.approx(s.step_bytes, rel=1e-12)
+    assert sum(float(f) for _, f in work) == pytest.approx(s.flops, rel=1e-12)
+    ceiling = sum(max(b / 3.35e12, f / 1979e12) for b, f in work)
     assert ceiling == pytest.approx(s.ceiling_step_time_s, rel=1e-12)
-    pre = cost.prefill(model, "h100-sxm", 2048, 512, batch=2)
-    ops = prefill_operators(m, 2, 2048, 512, fp16, fp16)
-    assert sum(float(o.bytes) for o in ops) == pytest.approx(pre.bytes_moved, rel=1e-12)
-    assert float(ceiling_s(ops, 3.35e12, 989e12)) == pytest.approx(pre.time_s, rel=1e-12)
+    d16 = Deployment(model, "h100-sxm")
+    pre = cost.prefill(d16, 2048, 512, batch=2)
+    counts = pass_counts(2.0, 1536.0, 512.0)
+    work = [operator_work(op, d16.table, counts) for op in d16.table.operators]
+    assert sum(float(b) for b, _ in work) == pytest.approx(pre.bytes_moved, rel=1e-12)
+    ceiling = sum(max(b / 3.35e12, f / 989e12) for b, f in work)
+    assert ceiling == pytest.approx(pre.time_s, rel=1e-12)
 
 
 def test_flash_attention_shows_per_operator_in_prefill():
@@ -313,17 +341,66 @@ def test_flash_attention_shows_per_operator_in_prefill():
     old single max gave the same time); per operator, naive attention's score round trips
     (4 passes x 2 B per head and query-key pair: 64 FLOP/B, below the 295 ridge) make it
     memory-bound, and the prefill slower by exactly its memory time minus its FLOP time."""
-    from kvlab.operators import prefill_operators
-
-    flash = cost.prefill("llama-3.1-8b", "h100-sxm", 8192)
-    naive = cost.prefill("llama-3.1-8b", "h100-sxm", 8192, flash_attention=False)
+    flash = cost.prefill(H100, 8192)
+    naive = cost.prefill(H100, 8192, flash_attention=False)
     assert flash.bound == naive.bound == "compute"
     assert flash.compute_time_s == naive.compute_time_s  # the old ceiling: no difference
-    m, fp16 = models()["llama-3.1-8b"], parse_dtype("fp16")
-    ops = prefill_operators(m, 1, 8192, 0, fp16, fp16, flash_attention=False)
-    attention = {o.name: o for o in ops}["attention"]
-    assert attention.flops / attention.bytes == pytest.approx(64, rel=0.01)
-    assert naive.time_s - flash.time_s == pytest.approx(
-        attention.bytes / 3.35e12 - attention.flops / 989e12, rel=1e-9
-    )
+    attention = {o.name: o for o in H100.table.operators}["attention"]
+    nbytes, flops = operator_work(attention, H100.table, pass_counts(1.0, 8192.0, 0.0), False)
+    assert flops / nbytes == pytest.approx(64, rel=0.01)
+    assert naive.time_s - flash.time_s == pytest.approx(nbytes / 3.35e12 - flops / 989e12, rel=1e-9)
     assert naive.time_s > 1.05 * flash.time_s
+
+
+# ------------------------------------------------------------- the one table
+
+
+def test_pairs_and_experts_are_counted_once_by_hand():
+    """A decode step attends to its history and itself; a prefill of n new tokens after c
+    cached ones costs n*c + n(n+1)/2 pairs; even routing touches E(1 - (1 - k/E)^t)."""
+    assert query_key_pairs(1, 4096) == 4097
+    assert query_key_pairs(3, 10) == 3 * 10 + 6
+    assert experts_touched(8, 2, 1) == pytest.approx(2.0)
+    assert experts_touched(8, 2, 4) == pytest.approx(8 * (1 - 0.75**4))
+    assert experts_touched(0, 0, 4) == 0.0
+    m = models()["llama-3.1-8b"]
+    s = cost.decode_step(H100, 2, 4096)
+    attention = 2 * m.attention_flops_per_cached_token * 4097
+    assert s.flops == pytest.approx(2 * 2 * m.params.active_per_token(0) + attention, rel=1e-12)
+
+
+def test_tensor_parallel_needs_kv_heads_that_split_or_replicate():
+    """10 K/V heads split over 2 GPUs but neither split over 4 nor replicate evenly on them:
+    engines refuse that degree, so the ledger does too (it once undercounted the KV)."""
+    with_ten = dataclasses.replace(models()["llama-3.1-8b"], num_kv_heads=10, num_heads=40)
+    assert Deployment(with_ten, "h100-sxm", tensor_parallel=2).kv_bytes_per_token == (
+        2 * 32 * 5 * 128 * 2
+    )
+    for tp in (4, 8):
+        with pytest.raises(KvlabError, match="10 K/V heads neither split over"):
+            Deployment(with_ten, "h100-sxm", tensor_parallel=tp)
+    eight = Deployment("llama-3.1-70b", "h100-sxm", tensor_parallel=8)  # 8 heads: one each
+    assert eight.kv_bytes_per_token == cost.kv_bytes_per_token("llama-3.1-70b") / 8
+
+
+def test_a_share_of_the_layers_costs_that_share_of_the_per_layer_operators():
+    """The self-drafting head's table: one layer of every per-layer operator, the LM head
+    and the once-per-step kernels whole."""
+    one = H100.table.layers(1 / 32)
+    full, part = H100.table.groups, one.groups
+    head = {o.name: o for o in H100.table.operators}["lm_head"].weight_bytes
+    assert part["dense"].weight_bytes == pytest.approx(
+        (full["dense"].weight_bytes - head) / 32 + head, rel=1e-12
+    )
+    assert part["attention"].kv_bytes_per_token == full["attention"].kv_bytes_per_token / 32
+
+
+def test_speed_is_typed():
+    assert parse_speed("measured") == KernelTables()
+    assert parse_speed(" 0.8 ") == Ceiling(0.8)
+    with pytest.raises(KvlabError, match="'measured'"):
+        parse_speed("fast")
+    measured = Deployment("llama-3.1-8b", "h100-sxm", speed=KernelTables())
+    assert cost.decode_step(measured, 1, 4096).efficiency == "measured"
+    with pytest.raises(KvlabError, match="bandwidth override"):
+        measured.replace(bandwidth_bytes_per_s=1e12)

@@ -29,6 +29,7 @@ import pytest
 
 from kvlab import cost, fmt
 from kvlab.book.catalog import panels
+from kvlab.deployment import Ceiling, Deployment
 from kvlab.grids import BATCH_GRID, CONTEXT_GRID
 from kvlab.hardware import devices
 from kvlab.jsonsafe import jsonable
@@ -298,14 +299,14 @@ def _ledger_cases() -> dict[str, list[tuple[dict, dict]]]:
     batch, context = STEP_POINTS["batch"], STEP_POINTS["context"]
     for m, d, w, k in _catalogue_combos():
         names = {"model": m, "hardware": d, "weight_dtype": w, "kv_dtype": k}
-        dt = {"weight_dtype": w, "kv_dtype": k}
+        step_at = Deployment(m, d, w, k, Ceiling(STEP_POINTS["efficiency"]))
+        fill_at = Deployment(m, d, w, k, Ceiling(PREFILL_POINTS["efficiency"]))
+        fill = [PREFILL_POINTS[key] for key in ("prompt_tokens", "cached_tokens", "batch")]
         want = {
-            "step": _rows(cost.decode_step(m, d, **dt, **STEP_POINTS), 3),
-            "memoryFit": _rows(cost.memory_fit(m, d, batch, context, **dt), 3),
-            "prefill": _rows(cost.prefill(m, d, **dt, **PREFILL_POINTS), 3),
-            "prefill-naive": _rows(
-                cost.prefill(m, d, **dt, flash_attention=False, **PREFILL_POINTS), 3
-            ),
+            "step": _rows(cost.decode_step(step_at, batch, context), 3),
+            "memoryFit": _rows(cost.memory_fit(Deployment(m, d, w, k), batch, context), 3),
+            "prefill": _rows(cost.prefill(fill_at, *fill), 3),
+            "prefill-naive": _rows(cost.prefill(fill_at, *fill, flash_attention=False), 3),
         }
         for i in range(3):
             step = {**names, **{key: v[i].item() for key, v in STEP_POINTS.items()}}
@@ -351,7 +352,7 @@ def test_knee_twin_is_kvlab_cost_batch_knee(library):
     batches, contexts = np.array(BATCH_GRID)[:, None], np.array(CONTEXT_GRID)[None, :]
     columns = []
     for m, d, w, k in _catalogue_combos():
-        s = cost.decode_step(m, d, batches, contexts, w, k)  # (batch, context)
+        s = cost.decode_step(Deployment(m, d, w, k), batches, contexts)  # (batch, context)
         kv = np.asarray(s.kv_read_bytes)
         weights = np.broadcast_to(s.weight_read_bytes, kv.shape)
         bound = np.broadcast_to(s.bound, kv.shape)

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from kvlab import cost, metrics
 from kvlab.cli import main
+from kvlab.deployment import Deployment, KernelTables
 from kvlab.errors import KvlabError
 from kvlab.sim import (
     ARCHS,
@@ -34,6 +35,9 @@ from kvlab.sim.links import Link
 from kvlab.tiers import tiered_decode_step, transfer_time_s
 from kvlab.traces import Request, Trace
 from kvlab.traces_gen import generate_trace
+
+H100 = Deployment("llama-3.1-8b", "h100-sxm")
+H100_TABLES = H100.replace(speed=KernelTables())
 
 GOLDEN = Path(__file__).parent / "golden" / "sim_tiny.json"
 
@@ -319,45 +323,45 @@ def test_prefix_pool_saves_prefill(gen):
 
 @pytest.mark.parametrize("model", ["llama-3.1-8b", "mixtral-8x7b"])
 def test_ledger_cost_reproduces_the_ledger(model):
-    lc = LedgerCost(model, "h200", max_batch=64)
+    lc = LedgerCost(Deployment(model, "h200"), max_batch=64)
     for b in (1, 7, 64):
         for ctx in (1, 100, 4096, 32768):
-            want = cost.decode_step(model, "h200", b, ctx).step_time_s
+            want = cost.decode_step(lc.deployment, b, ctx).step_time_s
             assert lc.decode_times_s(b, ctx) == pytest.approx(want, rel=1e-12)
     got = lc.decode_times_s(8, np.array([10.0, 5000.0]))
     assert got == pytest.approx(
-        [cost.decode_step(model, "h200", 8, c).step_time_s for c in (10, 5000)], rel=1e-12
+        [cost.decode_step(lc.deployment, 8, c).step_time_s for c in (10, 5000)], rel=1e-12
     )
 
 
 def test_remote_steps_reproduce_tiered_decode_step():
-    lc = LedgerCost("llama-3.1-8b", "h100-sxm", remote_link="ib-200g", max_batch=32)
+    lc = LedgerCost(H100, remote_link="ib-200g", max_batch=32)
     for b, ctx in ((1, 4096), (16, 12000), (32, 100)):
         step, network = lc.remote_decode_times_s(b, ctx)
-        want = tiered_decode_step("llama-3.1-8b", "h100-sxm", b, ctx, tier="ib-200g")
+        want = tiered_decode_step(H100, b, ctx, "ib-200g")
         assert step == pytest.approx(want.step_time_s, rel=1e-12)
         assert network == pytest.approx(want.tier_time_s, rel=1e-12)
     with pytest.raises(KvlabError):
-        LedgerCost("llama-3.1-8b", "h100-sxm").remote_decode_times_s(1, 100)
+        LedgerCost(H100).remote_decode_times_s(1, 100)
 
 
 @pytest.mark.parametrize("model", ["llama-3.1-8b", "mixtral-8x7b", "llama-2-7b"])
 def test_prefill_times_are_the_ledgers(model):
     """LedgerCost reads the prefill's terms off the ledger once; it must stay the ledger."""
-    lc = LedgerCost(model, "h100-sxm")
+    lc = LedgerCost(Deployment(model, "h100-sxm"))
     for prompt, cached in ((1, 0), (100, 0), (4096, 2048), (50_000, 1_000), (8192, 8191)):
-        want = cost.prefill(model, "h100-sxm", prompt, cached)
+        want = cost.prefill(lc.deployment, prompt, cached)
         got = lc.prefill_times_s(prompt, cached)
         assert got == pytest.approx(
             (want.time_s, want.compute_time_s, want.memory_time_s), rel=1e-9
         )
     cached = np.array([0, 10, 4000])
     got, _, _ = lc.prefill_times_s(4096, cached)
-    assert got == pytest.approx(cost.prefill(model, "h100-sxm", 4096, cached).time_s, rel=1e-9)
+    assert got == pytest.approx(cost.prefill(lc.deployment, 4096, cached).time_s, rel=1e-9)
 
 
 def test_an_iteration_of_several_chunks_reads_the_weights_once():
-    lc = LedgerCost("llama-3.1-8b", "h100-sxm")
+    lc = LedgerCost(H100)
     chunks = [(512, 0), (3000, 2500), (100, 0)]
     alone = [float(lc.prefill_times_s(end, start)[0]) for end, start in chunks]
     together = lc.iteration_time_s(0, 0.0, chunks)
@@ -367,10 +371,10 @@ def test_an_iteration_of_several_chunks_reads_the_weights_once():
 
 
 def test_fused_iteration_shares_one_weight_read():
-    lc = LedgerCost("llama-3.1-8b", "h100-sxm")
-    prefill = cost.prefill("llama-3.1-8b", "h100-sxm", 4096, 2048).time_s
+    lc = LedgerCost(H100)
+    prefill = cost.prefill(H100, 4096, 2048).time_s
     assert lc.fused_time_s(0, 0.0, 4096, 2048) == pytest.approx(prefill)
-    decode = cost.decode_step("llama-3.1-8b", "h100-sxm", 32, 8000).step_time_s
+    decode = cost.decode_step(H100, 32, 8000).step_time_s
     fused = lc.fused_time_s(32, 8000.0, 4096, 2048)
     assert max(prefill, decode) <= fused < prefill + decode
 
@@ -396,9 +400,7 @@ def test_pipeline_between_max_and_sum(a, b, stages):
 
 
 def test_measured_step_times_plug_in():
-    table = BenchCost(
-        [1, 64], [0, 100_000], [[0.02, 0.02], [0.02, 0.02]], "llama-3.1-8b", "h100-sxm"
-    )
+    table = BenchCost([1, 64], [0, 100_000], [[0.02, 0.02], [0.02, 0.02]], H100)
     assert float(table.decode_times_s(5, 1234.0)) == pytest.approx(0.02)
     r = simulate(tiny_trace(), SimConfig(arch="disaggregated"), cost=table)
     steps = np.concatenate([np.diff(r.tokens(i)[1:]) for i in range(len(r.records))])
@@ -409,7 +411,7 @@ def test_measured_step_times_plug_in():
     assert np.all(
         (first >= 0.02 - 1e-12) & (first <= 0.04 + 1e-12)
     )  # a joiner waits at most one step
-    lin = BenchCost([1, 3], [0, 1000], [[1.0, 2.0], [3.0, 4.0]], "llama-3.1-8b", "h100-sxm")
+    lin = BenchCost([1, 3], [0, 1000], [[1.0, 2.0], [3.0, 4.0]], H100)
     assert float(lin.decode_times_s(2, 500.0)) == pytest.approx(2.5)
 
 
@@ -418,15 +420,15 @@ def test_measured_step_times_plug_in():
 
 def test_kernel_cost_reproduces_measured_decode_steps():
     """Pure decode steps are kvlab.cost's measured mode (scalar and vectorised paths)."""
-    kc = KernelCost("llama-3.1-8b", "h100-sxm")
+    kc = KernelCost(H100_TABLES)
     points = [(1, 1), (1, 4096), (7, 333), (16, 4096), (64, 8000), (200, 1000)]
     for b, ctx in points:
-        want = cost.decode_step("llama-3.1-8b", "h100-sxm", b, ctx, efficiency="measured")
+        want = cost.decode_step(H100_TABLES, b, ctx)
         assert float(kc.decode_times_s(b, ctx)) == pytest.approx(want.step_time_s, rel=1e-12)
-        assert want.step_time_s > cost.decode_step("llama-3.1-8b", "h100-sxm", b, ctx).step_time_s
+        assert want.step_time_s > cost.decode_step(H100, b, ctx).step_time_s
     many = np.arange(1000.0, 5000.0, 13.0)  # the vectorised path
     want = [
-        cost.decode_step("llama-3.1-8b", "h100-sxm", 8, c, efficiency="measured").step_time_s
+        cost.decode_step(H100_TABLES, 8, c).step_time_s
         for c in many[::50]
     ]
     assert kc.decode_times_s(8, many)[::50] == pytest.approx(want, rel=1e-12)
@@ -434,9 +436,9 @@ def test_kernel_cost_reproduces_measured_decode_steps():
 
 
 def test_kernel_cost_prefill_and_fused_passes():
-    kc = KernelCost("llama-3.1-8b", "h100-sxm")
+    kc = KernelCost(H100_TABLES)
     for prompt, cached in ((512, 0), (8192, 0), (4096, 2048), (8192, 8191)):
-        want = cost.prefill("llama-3.1-8b", "h100-sxm", prompt, cached, efficiency="measured")
+        want = cost.prefill(H100_TABLES, prompt, cached)
         assert kc.prefill_times_s(prompt, cached)[0] == pytest.approx(want.time_s, rel=1e-12)
         assert kc.iteration_time_s(0, 0.0, [(prompt, cached)]) == pytest.approx(want.time_s)
     prefill = kc.prefill_times_s(4096, 2048)[0]
@@ -449,7 +451,7 @@ def test_kernel_cost_prefill_and_fused_passes():
 
 
 def test_kernel_cost_beyond_the_tables_is_continuous_and_counted():
-    kc = KernelCost("llama-3.1-8b", "h100-sxm")
+    kc = KernelCost(H100_TABLES)
     edge, _, _ = kc._edge(64)
     contexts = np.array([edge - 1.0, edge, edge + 1.0, 2 * edge, 4 * edge])
     priced, outside = kc.counts()
@@ -457,14 +459,14 @@ def test_kernel_cost_beyond_the_tables_is_continuous_and_counted():
     assert kc.counts() == (priced + 5, outside + 3)
     assert np.all(np.diff(steps) > 0)
     assert steps[2] == pytest.approx(steps[1], rel=1e-3)  # no jump at the table's edge
-    ledger = LedgerCost("llama-3.1-8b", "h100-sxm").decode_times_s(64, contexts)
+    ledger = LedgerCost(H100).decode_times_s(64, contexts)
     assert np.all(steps > ledger)  # held at a measured efficiency, never above the ceiling
     longest = kc._reference_prompt()
     at, past = kc.prefill_times_s(longest, 0)[0], kc.prefill_times_s(longest + 1, 0)[0]
     assert past == pytest.approx(at, rel=1e-3) and past > at
     assert (
         kc.prefill_times_s(4 * longest, 0)[0]
-        > LedgerCost("llama-3.1-8b", "h100-sxm").prefill_times_s(4 * longest, 0)[0]
+        > LedgerCost(H100).prefill_times_s(4 * longest, 0)[0]
     )
 
 
@@ -483,10 +485,11 @@ def test_measured_single_request_hand_checked():
     """One request on a prefill and a decode GPU: every time is a measured-mode ledger call."""
     m, hw, n_in = "llama-3.1-8b", "h100-sxm", 2048
     trace = Trace("one", (Request(0.0, n_in, 4, _ids(1, 4)),), source="test", generated=True)
-    prefill = cost.prefill(m, hw, n_in, efficiency="measured").time_s
+    tables = Deployment(m, hw, speed=KernelTables())
+    prefill = cost.prefill(tables, n_in).time_s
     wire = transfer_time_s(n_in * cost.kv_bytes_per_token(m), 50e9, 1.0, 5e-6)
     steps = np.cumsum(
-        [cost.decode_step(m, hw, 1, n_in + j, efficiency="measured").step_time_s for j in range(3)]
+        [cost.decode_step(tables, 1, n_in + j).step_time_s for j in range(3)]
     )
     pd = simulate(
         trace,
@@ -709,11 +712,11 @@ def test_single_request_hand_checked():
     """One request, one prefill and one decode GPU, no prefix cache: every time is a ledger call."""
     m, hw, n_in = "llama-3.1-8b", "h100-sxm", 2048
     trace = Trace("one", (Request(0.0, n_in, 4, _ids(1, 4)),), source="test", generated=True)
-    prefill = cost.prefill(m, hw, n_in).time_s
+    prefill = cost.prefill(Deployment(m, hw), n_in).time_s
     wire = transfer_time_s(
         n_in * cost.kv_bytes_per_token(m), 50e9, 1.0, 5e-6
     )  # the default link, ib-400g: 400 Gb/s = 50 GB/s, 5 us a message
-    steps = np.cumsum([cost.decode_step(m, hw, 1, n_in + j).step_time_s for j in range(3)])
+    steps = np.cumsum([cost.decode_step(H100, 1, n_in + j).step_time_s for j in range(3)])
     kw = dict(prefill_workers=1, decode_workers=1, prefix_cache="none")
 
     pd = simulate(trace, arch="disaggregated", **kw)
@@ -888,7 +891,7 @@ def test_recompute_pays_a_prefill_of_prompt_plus_generated_tokens():
     produced = int(np.argmax(gaps)) + 1  # tokens made before the preemption
     # 2 x 32 blocks at first; both grow a block every 16 steps until 2 x 50 = 100 blocks are held
     assert 16 * 49 - 500 < produced <= 16 * 50 - 500
-    recompute = cost.prefill(m, "h100-sxm", 500 + produced).time_s
+    recompute = cost.prefill(Deployment(m, "h100-sxm"), 500 + produced).time_s
     assert gaps.max() >= recompute
     assert r.records["finish_s"][0] < r.records["finish_s"][1]  # the older request never waited
 

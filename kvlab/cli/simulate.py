@@ -70,7 +70,7 @@ def register(sub) -> None:
 def _efficiency(text: str):
     from .budget import efficiency
 
-    return efficiency(text)
+    return efficiency(text).label  # SimConfig keeps what its JSON echoes: a number or "measured"
 
 
 _KINDS = {"count": count, "number": number, "efficiency": _efficiency}

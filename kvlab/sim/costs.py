@@ -156,16 +156,16 @@ class LedgerCost:
         at this speed, with the last prompt token always computed."""
         if not isinstance(prompt_tokens, np.ndarray) and not isinstance(cached_tokens, np.ndarray):
             c = float(served_tokens(int(cached_tokens), int(prompt_tokens)))
-            return self._prefill(float(prompt_tokens) - c, c)
+            return self._ledger_prefill(float(prompt_tokens) - c, c)
         p = np.asarray(prompt_tokens, dtype=float)
         c = np.asarray(served_tokens(np.asarray(cached_tokens, dtype=float), p), dtype=float)
         n, c = np.broadcast_arrays(p - c, c)
         rows = [
-            self._prefill(float(a), float(b)) for a, b in zip(n.ravel(), c.ravel(), strict=True)
+            self._ledger_prefill(float(a), float(b)) for a, b in zip(n.ravel(), c.ravel(), strict=True)
         ]
         return tuple(np.array(col).reshape(n.shape) for col in zip(*rows, strict=True))
 
-    def _prefill(self, new: float, cached: float) -> tuple:
+    def _ledger_prefill(self, new: float, cached: float) -> tuple:
         counts = pass_counts(1.0, new, cached)
         work = self.deployment.table.work(counts)
         eff, d = self.efficiency, self.deployment

@@ -1,35 +1,48 @@
-"""Build-time numbers that static panels' JavaScript may combine (never re-derive).
+"""Build-time numbers that static panels' JavaScript combines (never re-derives).
 
-Everything here is read off kvlab's catalogues and ledger, so the browser recomputes
-with exactly the figures Python uses; the JS twin of the ledger lives in js/kvlab.js.
+The browser gets, per model and dtype, the ledger's operator groups as `kvlab.operators`
+builds them (bytes per pass, FLOPs per token, bytes per routed expert touched, bytes per
+KV token, FLOPs and score bytes per query-key pair); `KVLAB.step` and `KVLAB.prefill`
+(js/kvlab.js) only count a pass (rows, KV tokens, pairs, experts touched) and sum the
+groups' max(bytes / bandwidth, FLOPs / peak), as `kvlab.cost` does.
 """
 
 from __future__ import annotations
 
-from .. import cost
 from ..dtypes import parse_dtype
 from ..hardware import get_device
 from ..models import get_model
+from ..operators import operator_table
 
 DTYPES = ("fp16", "bf16", "fp8", "int8", "int4", "fp32")
 
 
-def model_terms(name: str) -> dict:
+def model_terms(name: str, dtypes=DTYPES) -> dict:
+    """One model's groups: weight groups per weight dtype, KV bytes per token per KV dtype,
+    attention per query-key pair, and what the expert count needs."""
     m = get_model(name)
-    p = m.params
+    weights, kv_bytes = {}, {}
+    for dt in dtypes:
+        table = operator_table(m, parse_dtype(dt), parse_dtype(dt))
+        dense, experts = table.groups["dense"], table.groups.get("experts")
+        weights[dt] = {
+            "dense_bytes": dense.weight_bytes,
+            "dense_flops_per_token": dense.flops_per_token,
+            "expert_bytes": experts.expert_bytes if experts else 0.0,
+            "experts_flops_per_token": experts.flops_per_token if experts else 0.0,
+            "resident_bytes": table.resident_weight_bytes,
+        }
+        kv_bytes[dt] = table.kv_bytes_per_token
+    attention = table.groups["attention"]
     return {
         "label": m.display_name,
-        "total_params": p.total,
-        "streamed_dense": p.streamed_dense,
-        "expert": p.expert,
-        "moe_layers": p.moe_layers,
         "num_experts": m.num_experts,
         "experts_per_token": m.experts_per_token,
-        "active_params": p.active_per_token(m.experts_per_token),
-        "kv_elements_per_token": m.kv_elements_per_token,
-        "attention_flops_per_cached_token": m.attention_flops_per_cached_token,
         "sliding_window": m.sliding_window or 0,
-        "heads_x_layers": m.num_heads * m.num_layers,
+        "weights": weights,
+        "kv_bytes_per_token": kv_bytes,
+        "flops_per_pair": attention.flops_per_pair,
+        "score_bytes_per_pair": attention.score_bytes_per_pair,
     }
 
 
@@ -52,9 +65,7 @@ def dtype_terms(name: str) -> dict:
 def ledger_terms(models, devices, dtypes=DTYPES) -> dict:
     """What `KVLAB.step` / `KVLAB.prefill` need for these models, devices and dtypes."""
     return {
-        "models": {m: model_terms(m) for m in models},
+        "models": {m: model_terms(m, dtypes) for m in models},
         "devices": {d: device_terms(d) for d in devices},
         "dtypes": {t: dtype_terms(t) for t in dtypes},
-        # attention without FlashAttention: bytes of score traffic per query-key pair
-        "naive_attention_bytes_per_pair": cost.NAIVE_ATTENTION_PASSES * cost.SCORE_BYTES,
     }

@@ -98,67 +98,75 @@ window.KVLAB = window.KVLAB || (function () {
   }
 
   // ---------------------------------------------------------------- kvlab.cost
-  function expertsTouched(m, batchTokens) {
+  // The groups come from kvlab.operators through kvlab/viz/terms.py; here a pass is only
+  // counted (kvlab.operators.pass_counts) and its groups summed (kvlab.cost.UnitSeconds).
+  function queryKeyPairs(n, c) { return n * c + n * (n + 1) / 2; }  // operators.query_key_pairs
+  function expertsTouched(m, tokens) {  // operators.experts_touched
     if (!(m.num_experts > 0)) return 0.0;
-    return m.num_experts * (1.0 - Math.pow(1.0 - m.experts_per_token / m.num_experts, batchTokens));
+    return m.num_experts * (1.0 - Math.pow(1.0 - m.experts_per_token / m.num_experts, tokens));
   }
-  function weightReadElements(m, batchTokens) {
-    let elements = m.streamed_dense;
-    if (m.num_experts > 0) {
-      elements = elements + m.moe_layers * expertsTouched(m, batchTokens) * m.expert;
-    }
-    return elements;
-  }
-  // Sum over operator groups of max(bytes / bandwidth, FLOPs / peak) (kvlab.cost._ceiling).
-  function operatorCeiling(terms, bandwidth, peak) {
-    let total = 0.0;
-    for (const [nbytes, flops] of terms) total = total + Math.max(nbytes / bandwidth, flops / peak);
-    return total;
+  function passCounts(b, n, c) {  // operators.pass_counts for scalars
+    const tokens = b * n;
+    return { tokens, touching: n >= 1 ? tokens : b * Math.max(n, 1),
+             kv_tokens: b * (c + n), pairs: b * queryKeyPairs(n, c) };
   }
   function peakFlops(d, dt) {
     return (dt.compute === "fp8" && d.fp8_flops_per_s) ? d.fp8_flops_per_s : d.bf16_flops_per_s;
   }
-  // Mirrors kvlab.cost.decode_step for scalar inputs.
+  // (bytes, FLOPs) of each operator group of a pass: OperatorTable.work.
+  function groupWork(m, w, kvTok, c, flash) {
+    let attention = kvTok * c.kv_tokens;
+    if (flash === false) attention = attention + m.score_bytes_per_pair * c.pairs;
+    return [
+      [w.dense_bytes, w.dense_flops_per_token * c.tokens],
+      [w.expert_bytes * expertsTouched(m, c.touching), w.experts_flops_per_token * c.tokens],
+      [attention, m.flops_per_pair * c.pairs],
+    ];
+  }
+  // Sum over groups of max(bytes / bandwidth, FLOPs / peak), and the bytes and FLOPs.
+  function sumGroups(groups, bandwidth, peak) {
+    let ceiling = 0.0, bytes = 0.0, flops = 0.0;
+    for (const [b, f] of groups) {
+      ceiling = ceiling + Math.max(b / bandwidth, f / peak);
+      bytes = bytes + b;
+      flops = flops + f;
+    }
+    return { ceiling, bytes, flops };
+  }
+  // Mirrors kvlab.cost.decode_step for scalar inputs (one GPU).
   function step(T, s) {
     const m = T.models[s.model], d = T.devices[s.hardware];
-    const wdt = T.dtypes[s.weight_dtype], kdt = T.dtypes[s.kv_dtype];
+    const w = m.weights[s.weight_dtype], kv_bytes_per_token = m.kv_bytes_per_token[s.kv_dtype];
     const b = s.batch, eff = (s.efficiency === undefined) ? 1.0 : s.efficiency;
     const bandwidth = s.bandwidth || d.memory_bandwidth_bytes_per_s;
     const attended = m.sliding_window ? Math.min(s.context, m.sliding_window) : s.context;
-    const weight_bytes = m.total_params * wdt.bytes_per_element;
-    const weight_read_bytes = weightReadElements(m, b) * wdt.bytes_per_element;
-    const kv_bytes_per_token = m.kv_elements_per_token * kdt.bytes_per_element;
-    const kv_read_bytes = b * attended * kv_bytes_per_token;
-    const kv_write_bytes = b * kv_bytes_per_token;
-    const step_bytes = weight_read_bytes + kv_read_bytes + kv_write_bytes;
-    const flops = b * (2.0 * m.active_params + m.attention_flops_per_cached_token * attended);
-    const peak = peakFlops(d, wdt);
+    const c = passCounts(b, 1, attended);
+    const groups = groupWork(m, w, kv_bytes_per_token, c, true);
+    const peak = peakFlops(d, T.dtypes[s.weight_dtype]);
+    const sum = sumGroups(groups, bandwidth, peak);
+    const weight_bytes = w.resident_bytes;
+    const weight_read_bytes = groups[0][0] + groups[1][0];
+    const step_bytes = sum.bytes, flops = sum.flops;
     const memory_time_s = step_bytes / (bandwidth * eff);
     const compute_time_s = flops / (peak * eff);
-    // per-operator ceiling, as kvlab.cost._ceiling: weight GEMMs, routed experts, attention
-    const ceiling = operatorCeiling([
-      [m.streamed_dense * wdt.bytes_per_element, b * 2.0 * m.streamed_dense],
-      [m.moe_layers * expertsTouched(m, b) * m.expert * wdt.bytes_per_element,
-       b * 2.0 * (m.active_params - m.streamed_dense)],
-      [kv_read_bytes + kv_write_bytes, b * m.attention_flops_per_cached_token * attended],
-    ], bandwidth, peak);
-    const step_time_s = ceiling / eff;
-    const kv_cache_bytes = b * attended * kv_bytes_per_token;
+    const step_time_s = sum.ceiling / eff;
+    const kv_cache_bytes = c.tokens * attended * kv_bytes_per_token;
     const memory_needed_bytes = weight_bytes + kv_cache_bytes;
     const per_seq_kv = Math.max(attended, 1.0) * kv_bytes_per_token;
     return {
       model: s.model, hardware: s.hardware, weight_dtype: s.weight_dtype, kv_dtype: s.kv_dtype,
       batch: b, context: s.context, bandwidth_bytes_per_s: bandwidth, efficiency: eff,
       weight_bytes, weight_read_bytes, kv_bytes_per_token,
-      kv_read_bytes, kv_write_bytes, step_bytes, flops,
+      kv_read_bytes: kv_cache_bytes, kv_write_bytes: c.tokens * kv_bytes_per_token,
+      step_bytes, flops,
       arithmetic_intensity: flops / step_bytes, ridge_flops_per_byte: peak / bandwidth,
       memory_time_s, compute_time_s, step_time_s,
       bound: compute_time_s > memory_time_s ? "compute" : "memory",
-      tokens_per_s: b / step_time_s, tokens_per_s_per_sequence: 1.0 / step_time_s,
+      tokens_per_s: c.tokens / step_time_s, tokens_per_s_per_sequence: 1 / step_time_s,
       kv_cache_bytes, memory_needed_bytes, capacity_bytes: d.capacity_bytes,
       fits: memory_needed_bytes <= d.capacity_bytes,
       max_batch: Math.floor(Math.max(d.capacity_bytes - weight_bytes, 0.0) / per_seq_kv),
-      ceiling_step_time_s: ceiling,
+      ceiling_step_time_s: sum.ceiling,
       efficiency_source: "the sheet's bandwidth and FLOP/s x efficiency",
       overhead_s: 0.0,
       // one GPU: no tensor parallelism, so no all-reduces and nothing to note about them
@@ -189,33 +197,22 @@ window.KVLAB = window.KVLAB || (function () {
   function servedTokens(hitTokens, promptTokens) {
     return Math.max(0, Math.min(hitTokens, promptTokens - 1));
   }
-  // Mirrors kvlab.cost.prefill for scalar inputs.
+  // Mirrors kvlab.cost.prefill for scalar inputs (one GPU).
   function prefill(T, s) {
     const m = T.models[s.model], d = T.devices[s.hardware];
-    const wdt = T.dtypes[s.weight_dtype], kdt = T.dtypes[s.kv_dtype];
+    const w = m.weights[s.weight_dtype], kvTok = m.kv_bytes_per_token[s.kv_dtype];
     const b = s.batch || 1, eff = (s.efficiency === undefined) ? 1.0 : s.efficiency;
     const bandwidth = s.bandwidth || d.memory_bandwidth_bytes_per_s;
     const p = s.prompt_tokens, c = servedTokens(s.cached_tokens || 0, p);  // the last token computes
     const n = p - c;
-    const pairs = n * c + n * (n + 1) / 2;
-    const flops = b * (2.0 * m.active_params * n + m.attention_flops_per_cached_token * pairs);
-    const kv_tok = m.kv_elements_per_token * kdt.bytes_per_element;
-    let attention_bytes = b * (c + n) * kv_tok;
-    if (s.flash_attention === false) {  // the score matrices' round trips through memory
-      attention_bytes = attention_bytes + b * m.heads_x_layers * pairs * T.naive_attention_bytes_per_pair;
-    }
-    const w_read = weightReadElements(m, b * Math.max(n, 1)) * wdt.bytes_per_element;
-    const bytes_moved = w_read + attention_bytes;
-    const peak = peakFlops(d, wdt);
+    const groups = groupWork(m, w, kvTok, passCounts(b, n, c), s.flash_attention !== false);
+    const peak = peakFlops(d, T.dtypes[s.weight_dtype]);
+    const sum = sumGroups(groups, bandwidth, peak);
+    const flops = sum.flops, bytes_moved = sum.bytes;
     const compute_time_s = n > 0 ? flops / (peak * eff) : 0.0;
     const memory_time_s = n > 0 ? bytes_moved / (bandwidth * eff) : 0.0;
-    const dense_w = m.streamed_dense * wdt.bytes_per_element;
-    const ceiling = n > 0 ? operatorCeiling([
-      [dense_w, b * 2.0 * m.streamed_dense * n],
-      [w_read - dense_w, b * 2.0 * (m.active_params - m.streamed_dense) * n],
-      [attention_bytes, b * m.attention_flops_per_cached_token * pairs],
-    ], bandwidth, peak) : 0.0;
-    const time_s = ceiling / eff;
+    const ceiling = n > 0 ? sum.ceiling : 0.0;
+    const time_s = n > 0 ? sum.ceiling / eff : 0.0;
     return { batch: b, prompt_tokens: p, cached_tokens: c, computed_tokens: n, flops, bytes_moved,
              compute_time_s, memory_time_s, time_s,
              bound: compute_time_s >= memory_time_s ? "compute" : "memory", ttft_s: time_s,
@@ -248,7 +245,8 @@ window.KVLAB = window.KVLAB || (function () {
   // KVLAB.panels[name](K, T, s) with K this library, T the panel's build-time terms and s
   // the state; lookup panels' source builders register in KVLAB.sources the same way.
   return { decimalsFor, fixed, sig, si, seconds, rate, percent, FORMATS, readoutHtml,
-           weightReadElements, peakFlops, step, prefill, memoryFit, batchKnee, servedTokens,
+           queryKeyPairs, expertsTouched, passCounts, peakFlops, step, prefill, memoryFit,
+           batchKnee, servedTokens,
            state, apply,
            panels: {}, sources: {}, tables: {} };
 })();

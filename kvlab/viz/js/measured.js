@@ -52,7 +52,7 @@
     const kvTok = m.kv_tok_layer[M.dtype_keys[s.kv_dtype]];
     const peak = KVLAB.peakFlops(d, T.dtypes[s.weight_dtype]);
     const floor = Math.max(b * (ctx + 1) * kvTok / d.memory_bandwidth_bytes_per_s,
-                           b * ctx * m.attn_flops_layer / peak);
+                           b * KVLAB.queryKeyPairs(1, ctx) * m.attn_flops_layer / peak);
     return { t: data[fixed[0] + i] + m.layers * Math.max(perLayer, floor), why: "" };
   }
 
