@@ -35,6 +35,7 @@ class Device:
     fp8_flops_per_s: float | None  # None: no fp8 tensor cores
     source: str
     gpu_link: str | None = None  # tier name of the GPU-to-GPU link in one server
+    kernel_tables_from: str | None = None  # a device of the same die whose tables stand in
 
     @property
     def usable_capacity_bytes(self) -> float:
@@ -101,6 +102,7 @@ def _catalogue() -> tuple[dict[str, Device], dict[str, Tier]]:
             fp8_flops_per_s=e["fp8_tflops"] * TFLOPS if "fp8_tflops" in e else None,
             source=e["source"],
             gpu_link=e.get("gpu_link"),
+            kernel_tables_from=e.get("kernel_tables_from"),
         )
         for name, e in raw["devices"].items()
     }
@@ -119,6 +121,11 @@ def _catalogue() -> tuple[dict[str, Device], dict[str, Tier]]:
     for d in devices.values():
         if d.gpu_link is not None and d.gpu_link not in tiers:
             raise KvlabError(f"hardware catalogue: {d.name}'s gpu_link {d.gpu_link!r} is no tier")
+        if d.kernel_tables_from is not None and d.kernel_tables_from not in devices:
+            raise KvlabError(
+                f"hardware catalogue: {d.name}'s kernel_tables_from "
+                f"{d.kernel_tables_from!r} is no device"
+            )
     return devices, tiers
 
 

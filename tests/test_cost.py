@@ -404,3 +404,26 @@ def test_speed_is_typed():
     assert cost.decode_step(measured, 1, 4096).efficiency == "measured"
     with pytest.raises(KvlabError, match="bandwidth override"):
         measured.replace(bandwidth_bytes_per_s=1e12)
+
+
+def test_a800_and_h800_are_their_siblings_with_a_slower_nvlink():
+    """Mooncake's A800 and DeepSeek's H800: the A100's and H100's die and memory with
+    NVLink cut to 400 GB/s in total (200 per direction). Their kernel tables are the
+    siblings'; an all-reduce is never faster than their own link allows."""
+    for slow, fast in (("a800-80gb", "a100-80gb"), ("h800-sxm", "h100-sxm")):
+        a, b = get_device(slow), get_device(fast)
+        assert (a.memory_bandwidth_bytes_per_s, a.bf16_flops_per_s, a.capacity_bytes) == (
+            b.memory_bandwidth_bytes_per_s,
+            b.bf16_flops_per_s,
+            b.capacity_bytes,
+        )
+        assert get_tier(a.gpu_link).bandwidth_bytes_per_s == 200e9 and a.kernel_tables_from == fast
+        tables = dict(speed=KernelTables(), tensor_parallel=8)
+        one = cost.decode_step(Deployment("llama-3.1-70b", slow, **tables), 16, 4096)
+        two = cost.decode_step(Deployment("llama-3.1-70b", fast, **tables), 16, 4096)
+        assert one.step_time_s >= two.step_time_s
+        assert fast.split("-")[0] in one.efficiency_source.lower()
+        big = Deployment("llama-3.1-70b", slow, **tables).replace(speed=Ceiling())
+        assert (
+            cost.prefill(big, 8192).time_s > cost.prefill(big.replace(hardware=fast), 8192).time_s
+        )

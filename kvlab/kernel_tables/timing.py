@@ -26,9 +26,9 @@ import numpy as np
 
 from ..dtypes import DType, parse_dtype
 from ..errors import KvlabError
-from ..hardware import Device, get_device
+from ..hardware import Device, get_device, gpu_link
 from ..models import ModelSpec, get_model
-from ..operators import layer_shapes, operator_table, query_key_pairs
+from ..operators import ACTIVATION_BYTES, layer_shapes, operator_table, query_key_pairs
 from .tables import DTYPE_KEYS, Curve, load
 
 #: Operators timed from the tables, and how each small kernel is timed.
@@ -107,7 +107,7 @@ class Kernels:
                 "whose tables are not in the extract"
             )
         self.model, self.device, self.wdt, self.kdt, self.tp = m, dev, wdt, kdt, tp
-        self.tables = load(dev.name)
+        self.tables = load(dev.kernel_tables_from or dev.name)  # the same die's, if borrowed
         self.table = operator_table(m, wdt, kdt, tp)  # the ledger's: ceilings come from it
         self.shapes = layer_shapes(m, tp)
         self.bandwidth = dev.memory_bandwidth_bytes_per_s
@@ -147,6 +147,13 @@ class Kernels:
         self.kv_tok_layer = attention.kv_bytes_per_token / m.num_layers
         self.attn_flops_layer = attention.flops_per_pair / m.num_layers
         self.all_reduce = self.tables.all_reduce(tp) if tp > 1 else None
+        # an all-reduce measured on a faster NVLink is never faster than this device's own
+        # link: the smallest message's latency plus the ring's traffic at its bandwidth
+        self.link_s_per_element = (
+            2 * (tp - 1) / tp * ACTIVATION_BYTES / gpu_link(dev).bandwidth_bytes_per_s
+            if tp > 1 and dev.kernel_tables_from
+            else 0.0
+        )
         self.layout = (self.shapes.heads, self.shapes.kv_heads, self.shapes.head_dim, kdt.base)
         self.layout_label = (
             f"{self.shapes.heads}/{self.shapes.kv_heads}/{self.shapes.head_dim} "
@@ -156,6 +163,12 @@ class Kernels:
 
     @property
     def source(self) -> str:
+        dev = self.device
+        if dev.kernel_tables_from:
+            return (
+                f"measured: {self.tables.label}, standing in for the {dev.display_name} "
+                "(the same die and memory; all-reduces at its own NVLink)"
+            )
         return f"measured: {self.tables.label}"
 
     # ---------------------------------------------------------------- shared parts
@@ -201,7 +214,7 @@ class Kernels:
             )
         if self.all_reduce is not None:
             calls = 2 * self.model.num_layers
-            t, ok = self.all_reduce(tokens * self.model.hidden_size)  # bf16 elements
+            t, ok = self._all_reduce_call_s(tokens * self.model.hidden_size)  # bf16 elements
             out.append(
                 OperatorTime(
                     "all_reduce",
@@ -235,8 +248,18 @@ class Kernels:
         if self.all_reduce is None:
             return 0.0, 0.0
         calls = 2 * self.model.num_layers
-        t, _ = self.all_reduce(np.asarray(tokens, float) * self.model.hidden_size)  # elements
+        elements = np.asarray(tokens, float) * self.model.hidden_size
+        t, _ = self._all_reduce_call_s(elements)
         return calls * t, calls * float(self.all_reduce.y[0])
+
+    def _all_reduce_call_s(self, elements):
+        """(seconds, in range) of one all-reduce of `elements` bf16 values: the table's,
+        floored at this device's own link where the tables are another device's."""
+        t, ok = self.all_reduce(elements)
+        if self.link_s_per_element:
+            floor = float(self.all_reduce.y[0]) + elements * self.link_s_per_element
+            t = np.where(np.isnan(t), np.nan, np.maximum(t, floor))
+        return t, ok
 
     # --------------------------------------------------------------------- the steps
     def _ceiling_attention(self, b, ctx, q):
