@@ -110,28 +110,64 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+#: Layer 1, data and model: catalogues, the ledger and the small shared rules.
+DATA_AND_MODEL = {
+    "hardware",
+    "models",
+    "dtypes",
+    "cost",
+    "operators",
+    "ledger_rows",
+    "deployment",
+    "errors",
+    "fmt",
+    "prompt",
+    "grids",
+    "published",
+    "jsonsafe",
+    "article",
+    "kernel_tables",
+    "parallel",
+    "speculative",
+}
+LAYERS = (
+    ("presentation", PRESENTATION - {"__main__"}),
+    ("domain", DOMAIN),
+    ("data and model", DATA_AND_MODEL),
+)
+PICTURE_BEGIN, PICTURE_END = "<!-- layers: generated -->", "<!-- /layers -->"
+
+
+def layer_picture(width: int = 88) -> str:
+    """ARCHITECTURE.md's picture of the layers, drawn from the sets this test enforces."""
+    lines = []
+    for i, (name, units) in enumerate(LAYERS):
+        row, words = f"{name:<15}", sorted(units)
+        for word in words:
+            if len(row) + len(word) + 1 > width and row.strip():
+                lines.append(row.rstrip())
+                row = " " * 15
+            row += word + " "
+        lines.append(row.rstrip())
+        if i < len(LAYERS) - 1:
+            lines.append(" " * 15 + "|")
+    return "\n".join(["```", *lines, "```"])
+
+
 def test_every_unit_has_a_layer():
     units = {_unit(m) for m in MODULES} - {"__init__"}
-    layer1 = {
-        "hardware",
-        "models",
-        "dtypes",
-        "cost",
-        "operators",
-        "ledger_rows",
-        "deployment",
-        "errors",
-        "fmt",
-        "prompt",
-        "grids",
-        "published",
-        "jsonsafe",
-        "article",
-        "kernel_tables",
-        "parallel",
-        "speculative",
-    }
-    assert units <= PRESENTATION | DOMAIN | layer1, units - (PRESENTATION | DOMAIN | layer1)
+    known = PRESENTATION | DOMAIN | DATA_AND_MODEL
+    assert units <= known, units - known
+    assert not (PRESENTATION & DOMAIN or DOMAIN & DATA_AND_MODEL or PRESENTATION & DATA_AND_MODEL)
+
+
+def test_architecture_md_draws_the_layers_this_test_enforces():
+    """ARCHITECTURE.md's picture is generated: `python tests/test_architecture.py` rewrites it."""
+    text = (ROOT.parent / "ARCHITECTURE.md").read_text()
+    start, end = text.index(PICTURE_BEGIN) + len(PICTURE_BEGIN), text.index(PICTURE_END)
+    assert text[start:end].strip() == layer_picture(), (
+        "ARCHITECTURE.md's layer picture is stale: run `python tests/test_architecture.py`"
+    )
 
 
 def test_no_import_cycle_between_modules():
@@ -235,3 +271,10 @@ def test_the_ledger_is_written_once():
     assert not found, "\n".join(found)
     for home in PRICING_HOMES:
         assert PRICING.search((ROOT.parent / home).read_text()), home
+
+
+if __name__ == "__main__":  # rewrite ARCHITECTURE.md's picture from the sets above
+    doc = ROOT.parent / "ARCHITECTURE.md"
+    text = doc.read_text()
+    start, end = text.index(PICTURE_BEGIN) + len(PICTURE_BEGIN), text.index(PICTURE_END)
+    doc.write_text(text[:start] + "\n" + layer_picture() + "\n" + text[end:])
