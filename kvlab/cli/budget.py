@@ -28,10 +28,8 @@ def efficiency(text: str):
     """A fraction such as 0.8, or 'measured' (the published kernel tables), as a speed."""
     try:
         return parse_speed(text)
-    except KvlabError:
-        raise argparse.ArgumentTypeError(
-            f"expected a number in (0, 1] such as 0.8, or 'measured', got {text!r}"
-        ) from None
+    except KvlabError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def register(sub) -> None:
@@ -78,7 +76,7 @@ def register(sub) -> None:
     p.add_argument(
         "--efficiency",
         type=efficiency,
-        default=1.0,
+        default="1.0",
         help="fraction of peak bandwidth/FLOP/s reached (default 1.0, the ceiling), or "
         "'measured': every operator timed from published kernel tables (TensorRT-LLM, "
         f"via aiconfigurator-core; {', '.join(devices_with_data())})",
