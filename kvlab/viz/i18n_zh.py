@@ -408,6 +408,8 @@ ZH: dict[str, str] = {
     "host <-> GPU on A100 / L40S / RTX class systems; GPU <-> GPU where there is no NVLink": "A100 / L40S / RTX 级系统上的主机 <-> GPU；没有 NVLink 时的 GPU <-> GPU",
     "GPU <-> GPU inside a B200 HGX node (18 links x 50 GB/s per direction)": "B200 HGX 节点内 GPU <-> GPU（18 条链路 × 每方向 50 GB/s）",
     "GPU <-> GPU inside an A100 HGX node (12 links x 25 GB/s per direction)": "A100 HGX 节点内 GPU <-> GPU（12 条链路 × 每方向 25 GB/s）",
+    "GPU <-> GPU inside an H800 HGX node": "H800 HGX 节点内 GPU <-> GPU",
+    "GPU <-> GPU inside an A800 HGX node": "A800 HGX 节点内 GPU <-> GPU",
     "GPU <-> GPU on an 8 x MI300X platform (each GPU linked to its 7 peers, 7 x 64 GB/s per "
     "direction)": "8 × MI300X 平台上的 GPU <-> GPU（每块 GPU 连向其余 7 块，7 × 每方向 64 GB/s）",
     "host <-> GPU on H100 / H200 systems": "H100 / H200 系统上的主机 <-> GPU",
