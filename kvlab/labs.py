@@ -24,7 +24,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
+
+from . import cost
+from .article import ARTICLE_BANDWIDTH_BYTES_PER_S
+from .deployment import Deployment, KernelTables
 from .errors import KvlabError, unknown_name
+from .grids import BATCH_GRID
+from .hardware import get_device
+from .kernel_tables import load
+from .models import get_model
+from .parallel import allreduce_link
+from .prefix import replay
+from .prompt import served_tokens
+from .speculative import breakeven_batch, tokens_per_verify_step
+from .tiers import TierPath, kv_fetch_time_s, tiered_decode_step
+from .traces import trace_or_generated
 from .viz.i18n import chinese
 
 ANSWER_MARK = "# ANSWER"
@@ -77,9 +92,6 @@ def exercise(key: str, unit: str, hint: str, rel_tol: float = 0.02, hint_zh: str
     hint_zh="权重字节数（fp16 下为参数量 × 2 字节）和以字节/秒计的带宽",
 )
 def _ceiling():
-    from . import cost
-    from .article import ARTICLE_BANDWIDTH_BYTES_PER_S
-
     return ARTICLE_BANDWIDTH_BYTES_PER_S / cost.weight_bytes("article-7b", "fp16")
 
 
@@ -90,13 +102,9 @@ def _ceiling():
     hint_zh="未缓存 token 的预填充 FLOP，包括它们对已缓存前缀所做的因果注意力",
 )
 def _ttft_ratio():
-    from . import cost
-    from .prompt import served_tokens
-
-    miss = cost.prefill("llama-3.1-8b", "h100-sxm", 8192)
-    hit = cost.prefill(
-        "llama-3.1-8b", "h100-sxm", 8192, cached_tokens=served_tokens(int(0.9 * 8192), 8192)
-    )
+    d = Deployment("llama-3.1-8b", "h100-sxm")
+    miss = cost.prefill(d, 8192)
+    hit = cost.prefill(d, 8192, cached_tokens=served_tokens(int(0.9 * 8192), 8192))
     return miss.ttft_s / hit.ttft_s
 
 
@@ -107,9 +115,7 @@ def _ttft_ratio():
     hint_zh="一个解码步搬运的字节（权重 + KV 历史）；命中率不影响 TPOT",
 )
 def _tpot_ms():
-    from . import cost
-
-    return 1e3 * cost.decode_step("llama-3.1-8b", "h100-sxm", 1, 8192).step_time_s
+    return 1e3 * cost.decode_step(Deployment("llama-3.1-8b", "h100-sxm"), 1, 8192).step_time_s
 
 
 @exercise(
@@ -119,8 +125,6 @@ def _tpot_ms():
     hint_zh="KV 头数：Llama 2 7B 用的是完整的多头注意力（32 个 KV 头），每个元素 2 字节",
 )
 def _kv_token():
-    from . import cost
-
     return cost.kv_bytes_per_token("llama-2-7b", "fp16")
 
 
@@ -131,9 +135,7 @@ def _kv_token():
     hint_zh="每步读取的权重字节数和每个 token 的 KV 字节数（Qwen2.5 7B 有 4 个 KV 头）",
 )
 def _kv_equals_weights():
-    from . import cost
-
-    s = cost.decode_step("qwen2.5-7b", "h100-sxm", 1, 8192)
+    s = cost.decode_step(Deployment("qwen2.5-7b", "h100-sxm"), 1, 8192)
     return s.weight_read_bytes / (8192 * s.kv_bytes_per_token)
 
 
@@ -144,10 +146,8 @@ def _kv_equals_weights():
     hint_zh="16K × 8 时哪一项占了字节的大头：int4 只压缩权重",
 )
 def _int4_speedup():
-    from . import cost
-
-    fp16 = cost.decode_step("article-7b", "h100-sxm", 8, 16384)
-    int4 = cost.decode_step("article-7b", "h100-sxm", 8, 16384, weight_dtype="int4")
+    fp16 = cost.decode_step(Deployment("article-7b", "h100-sxm"), 8, 16384)
+    int4 = cost.decode_step(Deployment("article-7b", "h100-sxm", "int4"), 8, 16384)
     return int4.tokens_per_s / fp16.tokens_per_s
 
 
@@ -160,9 +160,6 @@ def _int4_speedup():
     "再与 H100 数据手册上的带宽（kvlab.hardware）相比",
 )
 def _gemv_share():
-    from .hardware import get_device
-    from .kernel_tables import load
-
     curve, _how = load("h100-sxm").gemm("bf16", 6144, 4096)
     return 6144 * 4096 * 2 / curve.scalar(1) / get_device("h100-sxm").memory_bandwidth_bytes_per_s
 
@@ -170,17 +167,14 @@ def _gemv_share():
 @exercise(
     "ch2b.measured_over_ceiling",
     "x",
-    "the measured step time (efficiency='measured', bf16 weights and KV) over the same "
+    "the measured step time (speed=KernelTables(), bf16 weights and KV) over the same "
     "step's ceiling_step_time_s",
-    hint_zh="实测的步时间（efficiency='measured'，权重和 KV 均为 bf16）除以同一步的 "
+    hint_zh="实测的步时间（speed=KernelTables()，权重和 KV 均为 bf16）除以同一步的 "
     "ceiling_step_time_s",
 )
 def _measured_over_ceiling():
-    from . import cost
-
-    s = cost.decode_step(
-        "llama-3.1-8b", "h100-sxm", 16, 8192, "bf16", "bf16", efficiency="measured"
-    )
+    d = Deployment("llama-3.1-8b", "h100-sxm", "bf16", "bf16", KernelTables())
+    s = cost.decode_step(d, 16, 8192)
     return s.step_time_s / s.ceiling_step_time_s
 
 
@@ -193,8 +187,6 @@ def _measured_over_ceiling():
     "加上验证那一遍总会多出的一个 token",
 )
 def _tokens_per_verify():
-    from .speculative import tokens_per_verify_step
-
     return tokens_per_verify_step(0.8, 3)
 
 
@@ -207,12 +199,8 @@ def _tokens_per_verify():
     "（权重和 KV 均为 bf16，自带草稿头：没有草稿模型）",
 )
 def _spec_breakeven_batch():
-    from .speculative import breakeven_batch
-
     return float(
-        breakeven_batch(
-            "llama-3.1-8b", "h100-sxm", 256, 8, 0.8, weight_dtype="bf16", kv_dtype="bf16"
-        )
+        breakeven_batch(Deployment("llama-3.1-8b", "h100-sxm", "bf16", "bf16"), 256, 8, 0.8)
     )
 
 
@@ -225,13 +213,8 @@ def _spec_breakeven_batch():
     "（8 个 K/V 头一分为二，bf16）",
 )
 def _tp2_max_batch():
-    from . import cost
-
-    return float(
-        cost.decode_step(
-            "llama-3.1-70b", "h100-sxm", 1, 8192, "fp8", "bf16", tensor_parallel=2
-        ).max_batch
-    )
+    d = Deployment("llama-3.1-70b", "h100-sxm", "fp8", "bf16", tensor_parallel=2)
+    return float(cost.decode_step(d, 1, 8192).max_batch)
 
 
 @exercise(
@@ -243,10 +226,6 @@ def _tp2_max_batch():
     "以及环形算法的 2 (N - 1) / N 倍消息量除以链路的规格带宽",
 )
 def _allreduce_over_sheet():
-    from .kernel_tables import load
-    from .models import get_model
-    from .parallel import allreduce_link
-
     elements = 256 * get_model("llama-3.1-70b").hidden_size  # one bf16 activation per token
     sheet_s = 2 * (8 - 1) / 8 * 2 * elements / allreduce_link("h100-sxm", 8).bandwidth_bytes_per_s
     return load("h100-sxm").all_reduce(8).scalar(elements) / sheet_s
@@ -260,8 +239,6 @@ def _allreduce_over_sheet():
     "以及 MiB = 2**20 字节",
 )
 def _request_kv_mib():
-    from . import cost
-
     return 4096 * cost.kv_bytes_per_token("article-7b", "fp16") / 2**20
 
 
@@ -272,9 +249,8 @@ def _request_kv_mib():
     hint_zh="链路每秒传输的字节数：10 Gb/s 是 1.25e9 字节/秒，不是 10e9",
 )
 def _transfer_10gbe_s():
-    from .tiers import kv_fetch_time_s
-
-    return kv_fetch_time_s("article-7b", 4096, "ethernet-10g", latency_s=0.0)
+    d = Deployment("article-7b", "h100-sxm")
+    return kv_fetch_time_s(d, 4096, TierPath("ethernet-10g", latency_s=0.0))
 
 
 @exercise(
@@ -284,9 +260,7 @@ def _transfer_10gbe_s():
     hint_zh="每步读取的 KV 字节数，以及 PCIe 5.0 x16 的带宽（63 GB/s）与 HBM 带宽的对比",
 )
 def _host_slowdown():
-    from .tiers import tiered_decode_step
-
-    return tiered_decode_step("article-7b", "h100-sxm", 8, 4096, "host-pcie5").slowdown
+    return tiered_decode_step(Deployment("article-7b", "h100-sxm"), 8, 4096, "host-pcie5").slowdown
 
 
 @exercise(
@@ -296,13 +270,9 @@ def _host_slowdown():
     hint_zh="8,192 个 token 的 KV 字节以 25 GB/s（一块 200 Gb/s 网卡）传输，对比预填充的 FLOP",
 )
 def _transfer_over_prefill():
-    from . import cost
-    from .tiers import kv_fetch_time_s
-
-    return (
-        kv_fetch_time_s("llama-3.1-8b", 8192, "ib-200g")
-        / cost.prefill("llama-3.1-8b", "h100-sxm", 8192).time_s
-    )
+    d = Deployment("llama-3.1-8b", "h100-sxm")
+    fetch_s = kv_fetch_time_s(d, 8192, TierPath("ib-200g", latency_s=0.0))
+    return fetch_s / cost.prefill(d, 8192).time_s
 
 
 @exercise(
@@ -312,9 +282,8 @@ def _transfer_over_prefill():
     hint_zh="每一步都要经网卡读取完整的 KV 历史，此外还要从 HBM 读取权重",
 )
 def _remote_every_step():
-    from .tiers import tiered_decode_step
-
-    return tiered_decode_step("llama-3.1-8b", "h100-sxm", 1, 8192, "remote-ib-200g").slowdown
+    d = Deployment("llama-3.1-8b", "h100-sxm")
+    return tiered_decode_step(d, 1, 8192, "remote-ib-200g").slowdown
 
 
 @exercise(
@@ -324,13 +293,9 @@ def _remote_every_step():
     hint_zh="一步的 KV 读取量追上权重字节数时的批大小（kvlab.cost.batch_knee）",
 )
 def _knee_16k():
-    import numpy as np
-
-    from . import cost
-    from .grids import BATCH_GRID
-
     grid = np.array(BATCH_GRID)
-    return float(grid[cost.batch_knee(cost.decode_step("llama-3.1-8b", "h100-sxm", grid, 16384))])
+    step = cost.decode_step(Deployment("llama-3.1-8b", "h100-sxm"), grid, 16384)
+    return float(grid[cost.batch_knee(step)])
 
 
 @exercise(
@@ -340,9 +305,7 @@ def _knee_16k():
     hint_zh="上限：批大小 × 带宽 / 每步字节数，且要把全部 8 个序列的 KV 都算进去",
 )
 def _fraction_of_ceiling():
-    from . import cost
-
-    return 600 / cost.decode_step("llama-3.1-8b", "h100-sxm", 8, 16384).tokens_per_s
+    return 600 / cost.decode_step(Deployment("llama-3.1-8b", "h100-sxm"), 8, 16384).tokens_per_s
 
 
 @exercise(
@@ -354,11 +317,6 @@ def _fraction_of_ceiling():
     "而不是请求级命中率；命中从不提供 prompt 的最后一个 token",
 )
 def _unlimited_token_hit_ratio():
-    import math
-
-    from .prefix import replay
-    from .traces import trace_or_generated
-
     return replay(trace_or_generated("conversation"), math.inf).token_hit_ratio
 
 
@@ -370,11 +328,6 @@ def _unlimited_token_hit_ratio():
     hint_zh="同一次回放中“命中”的两种定义：找到了任意已缓存块的请求，对比由缓存提供的 prompt token",
 )
 def _request_over_token():
-    import math
-
-    from .prefix import replay
-    from .traces import trace_or_generated
-
     r = replay(trace_or_generated("conversation"), math.inf)
     return r.request_hit_rate / r.token_hit_ratio
 

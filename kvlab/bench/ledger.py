@@ -8,6 +8,7 @@ import time
 import numpy as np
 
 from .. import cost
+from ..deployment import Deployment
 
 
 def run_ledger_grid(
@@ -20,18 +21,19 @@ def run_ledger_grid(
     """Time `cost.decode_step` over a batch x context grid of about `points` points, once
     vectorised (median of `repeats`) and once as a Python loop of scalar calls over the
     first `loop_points` of the same points (all of them by default)."""
+    d = Deployment(model, hardware)
     batches = np.arange(1, 101, dtype=float)[:, None]
     contexts = np.linspace(256, 131072, max(points // 100, 1)).round()[None, :]
     n = batches.size * contexts.size
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        grid = cost.decode_step(model, hardware, batches, contexts)
+        grid = cost.decode_step(d, batches, contexts)
         times.append(time.perf_counter() - start)
     flat = [(int(b), int(c)) for b in batches.ravel() for c in contexts.ravel()][: loop_points or n]
     start = time.perf_counter()
     for b, c in flat:
-        last = cost.decode_step(model, hardware, b, c)
+        last = cost.decode_step(d, b, c)
     loop_s = time.perf_counter() - start
     assert last.step_time_s == np.ravel(grid.step_time_s)[len(flat) - 1]  # same numbers either way
     vector_s = float(np.median(times))

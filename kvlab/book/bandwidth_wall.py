@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
+
 from .. import cost, fmt
 from ..article import ARTICLE_BANDWIDTH_BYTES_PER_S, ARTICLE_CONTEXT_TOKENS, ARTICLE_MODEL
+from ..deployment import Deployment, KernelTables
 from ..hardware import get_device, get_tier
 from ..models import get_model
+from ..operators import operator_work, pass_counts
+from ..published import kv_quantization
 from ..viz.i18n import t
 from .lang import pick
 
@@ -31,10 +36,10 @@ ARTICLE_BATCH = 16
 
 def article_steps() -> tuple[cost.DecodeStep, cost.DecodeStep]:
     """The article's worked ledger: its 7B at a 4K context on a 2 TB/s device, batch 1 and 16."""
-    kw = dict(context=ARTICLE_CONTEXT_TOKENS, bandwidth_bytes_per_s=ARTICLE_BANDWIDTH_BYTES_PER_S)
+    d = Deployment(ARTICLE_MODEL, "h100-sxm", bandwidth_bytes_per_s=ARTICLE_BANDWIDTH_BYTES_PER_S)
     return (
-        cost.decode_step(ARTICLE_MODEL, "h100-sxm", batch=1, **kw),
-        cost.decode_step(ARTICLE_MODEL, "h100-sxm", batch=ARTICLE_BATCH, **kw),
+        cost.decode_step(d, 1, ARTICLE_CONTEXT_TOKENS),
+        cost.decode_step(d, ARTICLE_BATCH, ARTICLE_CONTEXT_TOKENS),
     )
 
 
@@ -96,26 +101,20 @@ def numbers() -> dict[str, str]:
     for name in ("ledger", "quantization"):
         out.update(p[name].readout_texts())
     base = p["ledger"].default_state
-    ridge = cost.decode_step(base["model"], base["hardware"], 1, 1).ridge_flops_per_byte
+    d = Deployment(base["model"], base["hardware"])
+    ridge = cost.decode_step(d, 1, 1).ridge_flops_per_byte
     out.update(
         {
             "wall_context": fmt.fixed(base["context"], 0),
-            "wall_limit": fmt.sig(
-                large_batch_intensity(base["model"], base["hardware"], base["context"]), 2
-            ),
+            "wall_limit": fmt.sig(large_batch_intensity(d, base["context"]), 2),
             "wall_ridge": fmt.sig(ridge, 3),
-            "wall_longest_context": fmt.fixed(
-                longest_compute_bound_context(base["model"], base["hardware"]), 0
-            ),
+            "wall_longest_context": fmt.fixed(longest_compute_bound_context(d), 0),
             "wall_device": get_device(base["hardware"]).display_name,
         }
     )
     out.update({k: fmt.sig(v, 2) for k, v in tier_step_ratios().items()})
     out.update(_moe_and_quantization_numbers())
-    short, long_ = (
-        flash_attention_effect(base["model"], base["hardware"], ctx)
-        for ctx in (base["context"], 32768)
-    )
+    short, long_ = (flash_attention_effect(d, ctx) for ctx in (base["context"], 32768))
     out.update(
         {
             "flash_attn_naive": fmt.sig(short["attention_intensity_naive"], 2),
@@ -170,27 +169,28 @@ def _source(citation: str) -> str:
 # ------------------------------------------------ what batching cannot do at long contexts
 
 
-def large_batch_intensity(model, hardware, context, weight_dtype="fp16", kv_dtype="fp16") -> float:
-    """FLOPs per byte a decode step tends to as the batch grows without bound.
+def large_batch_intensity(d: Deployment, context) -> float:
+    """FLOPs per byte a decode step of deployment `d` tends to as the batch grows without
+    bound.
 
     Weights are read once per step, so at a large batch they stop counting; each sequence
     still brings its own KV and its own FLOPs, so the intensity levels off at
     (FLOPs per sequence) / (KV bytes per sequence), whatever the batch.
     """
-    one = cost.decode_step(model, hardware, 1, context, weight_dtype, kv_dtype)
+    one = cost.decode_step(d, 1, context)
     return float(one.flops / (one.kv_read_bytes + one.kv_write_bytes))
 
 
-def longest_compute_bound_context(model, hardware, weight_dtype="fp16", kv_dtype="fp16") -> int:
+def longest_compute_bound_context(d: Deployment) -> int:
     """The longest context at which a large enough batch reaches the device's ridge point
     (0 if none does): beyond it, no batch makes decode compute-bound."""
-    ridge = cost.decode_step(model, hardware, 1, 1, weight_dtype, kv_dtype).ridge_flops_per_byte
+    ridge = cost.decode_step(d, 1, 1).ridge_flops_per_byte
     lo, hi = 0, int(cost.MAX_CONTEXT_TOKENS)
-    if large_batch_intensity(model, hardware, 1, weight_dtype, kv_dtype) < ridge:
+    if large_batch_intensity(d, 1) < ridge:
         return 0
     while hi - lo > 1:  # the intensity limit falls as the context grows
         mid = (lo + hi) // 2
-        if large_batch_intensity(model, hardware, mid, weight_dtype, kv_dtype) >= ridge:
+        if large_batch_intensity(d, mid) >= ridge:
             lo = mid
         else:
             hi = mid
@@ -216,26 +216,19 @@ def tier_step_ratios() -> dict[str, float]:
 # ----------------------------------------------------- FlashAttention, operator by operator
 
 
-def flash_attention_effect(model, hardware, prompt_tokens) -> dict:
+def flash_attention_effect(d: Deployment, prompt_tokens) -> dict:
     """What FlashAttention changes in one prefill: the attention operator's FLOPs per byte
     with and without it (the score matrices' round trips through memory), and the prefill
     time without it over the time with it (the ledger's per-operator ceiling)."""
-    from ..dtypes import parse_dtype
-    from ..models import get_model
-    from ..operators import prefill_operators
-
-    m, w, kv = get_model(model), parse_dtype("fp16"), parse_dtype("fp16")
+    attention = next(op for op in d.table.operators if op.kind == "attention")
+    counts = pass_counts(1, prompt_tokens, 0)
 
     def attention_intensity(flash):
-        op = next(
-            o
-            for o in prefill_operators(m, 1, prompt_tokens, 0, w, kv, flash)
-            if o.kind == "attention"
-        )
-        return float(op.flops / op.bytes)
+        nbytes, flops = operator_work(attention, d.table, counts, flash)
+        return float(flops / nbytes)
 
-    with_flash = cost.prefill(model, hardware, prompt_tokens)
-    without = cost.prefill(model, hardware, prompt_tokens, flash_attention=False)
+    with_flash = cost.prefill(d, prompt_tokens)
+    without = cost.prefill(d, prompt_tokens, flash_attention=False)
     return {
         "attention_intensity_naive": attention_intensity(False),
         "attention_intensity_flash": attention_intensity(True),
@@ -247,8 +240,6 @@ def flash_attention_effect(model, hardware, prompt_tokens) -> dict:
 
 
 def _moe_and_quantization_numbers() -> dict[str, str]:
-    from ..published import kv_quantization
-
     moe = moe_weight_reads()
     kivi, kvquant, fp8 = (
         kv_quantization("kivi"),
@@ -291,12 +282,12 @@ def moe_weight_reads(model: str = "mixtral-8x7b", batches=(1, 8, 32, 128)) -> di
 def int4_compute_bound_batch(model, hardware, context, kv_dtype="fp8") -> tuple[int, int]:
     """The smallest batch (on a powers-of-two grid up to 4096) at which decode turns
     compute-bound with int4 weights, and with fp16 weights and KV (0: none on the grid)."""
-    import numpy as np
-
     grid = 2 ** np.arange(0, 13)
 
     def first(wdt, kdt):
-        bound = np.asarray(cost.decode_step(model, hardware, grid, context, wdt, kdt).bound)
+        bound = np.asarray(
+            cost.decode_step(Deployment(model, hardware, wdt, kdt), grid, context).bound
+        )
         hit = np.flatnonzero(bound == "compute")
         return int(grid[hit[0]]) if hit.size else 0
 
@@ -308,6 +299,6 @@ def measured_int4_speedup(
 ) -> float:
     """Measured int4 weight-only decode at batch 1 over bf16, from the kernel tables (the
     only device whose tables have int4 GEMMs is the A100): unpacking costs the kernels."""
-    bf16 = cost.decode_step(model, hardware, 1, context, "bf16", efficiency="measured")
-    int4 = cost.decode_step(model, hardware, 1, context, "int4", efficiency="measured")
+    bf16 = cost.decode_step(Deployment(model, hardware, "bf16", speed=KernelTables()), 1, context)
+    int4 = cost.decode_step(Deployment(model, hardware, "int4", speed=KernelTables()), 1, context)
     return float(bf16.step_time_s / int4.step_time_s)

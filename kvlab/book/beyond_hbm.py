@@ -13,8 +13,13 @@ from ..article import (
     ARTICLE_MODEL,
 )
 from ..bench.report import kv_transfer_series
+from ..deployment import Ceiling, Deployment
 from ..hardware import USABLE_MEMORY_FRACTION
+from ..models import describe_params, get_model
+from ..sim.costs import pipeline_time_s
+from ..tiers import TierPath
 from ..viz import i18n
+from .bandwidth_wall import large_batch_intensity
 from .lang import pick
 
 #: The share of a link's line rate a realistic transfer reaches (quoted in the prose).
@@ -26,20 +31,19 @@ def article_numbers(
 ) -> dict:
     """The article's section-3 numbers as kvlab computes them (pure bandwidth, no latency)."""
     ctx = ARTICLE_CONTEXT_TOKENS
-    kv_tok = cost.kv_bytes_per_token(model)
+    d = Deployment(model, "h100-sxm", bandwidth_bytes_per_s=bandwidth_bytes_per_s)
+    kv_tok = d.kv_bytes_per_token
     request = ctx * kv_tok
-    step = cost.decode_step(model, "h100-sxm", 1, ctx, bandwidth_bytes_per_s=bandwidth_bytes_per_s)
+    step = cost.decode_step(d, 1, ctx)
 
     def over(tier=None, bw=None, eff=1.0):
-        return tiers.kv_fetch_time_s(
-            model, ctx, tier or "ib-200g", efficiency=eff, bandwidth_bytes_per_s=bw
-        )
+        return tiers.kv_fetch_time_s(d, ctx, TierPath(tier or "ib-200g", eff, bw, latency_s=0.0))
 
     return {
         "kv_bytes_per_token": kv_tok,
         "kv_bytes_4k_request": request,
         "kv_bytes_32_requests": 32 * request,
-        "weight_bytes": cost.decode_step(model, "h100-sxm", 1, 0).weight_bytes,
+        "weight_bytes": d.weight_bytes,
         "transfer_s": {
             "ethernet-10g": over("ethernet-10g"),
             "ethernet-10g at 60%": over("ethernet-10g", eff=REALISTIC_LINK_EFFICIENCY),
@@ -188,18 +192,11 @@ SWAP_BLOCK_TOKENS = 16
 def _hit(
     model, tier, prompt_tokens, efficiency=1.0, tier_efficiency=1.0, latency_s=None, overlap=False
 ) -> dict:
-    from ..models import get_model
-    from ..sim.costs import pipeline_time_s
-
     h = tiers.hit_value(
-        model,
-        "h100-sxm",
+        Deployment(model, "h100-sxm", speed=Ceiling(efficiency)),
         prompt_tokens,
-        tier,
+        TierPath(tier, tier_efficiency, latency_s=latency_s),
         1.0,
-        efficiency=efficiency,
-        tier_efficiency=tier_efficiency,
-        latency_s=latency_s,
     )
     hit = float(h.hit_time_s)
     if overlap:  # fetch layer by layer while the uncached part computes
@@ -211,8 +208,6 @@ def _hit(
 
 def hit_conditions() -> dict[str, dict]:
     """The anecdote, each of its conditions changed alone, and real liabilities."""
-    from ..models import get_model
-
     a = ANECDOTE
     blocks = -(-a["prompt_tokens"] // SWAP_BLOCK_TOKENS)
     per_copy = tiers.LINK_LATENCY_S["pcie5-x16"]
@@ -233,7 +228,7 @@ def hit_conditions() -> dict[str, dict]:
             "per_copy_s": per_copy,
         },
         "short_prompt_tokens": float(
-            tiers.breakeven_prompt_tokens("llama-3.1-8b", "h100-sxm", "host-pcie5")
+            tiers.breakeven_prompt_tokens(Deployment("llama-3.1-8b", "h100-sxm"), "host-pcie5")
         ),
     }
 
@@ -244,10 +239,8 @@ def hit_conditions() -> dict[str, dict]:
 def mla_numbers(hardware: str = "h100-sxm", context: int = 4096) -> dict[str, str]:
     """Multi-head latent attention: KV bytes per token, and the FLOPs per byte a large
     batch reaches at `context` (chapter 2's intensity limit), against GQA models."""
-    from ..models import describe_params, get_model
-    from .bandwidth_wall import large_batch_intensity
-
     v3 = get_model("deepseek-v3")
+    v3_on = Deployment(v3, hardware)
     return {
         "mla_latent": fmt.fixed(v3.kv_lora_rank, 0),
         "mla_rope": fmt.fixed(v3.qk_rope_head_dim, 0),
@@ -257,9 +250,9 @@ def mla_numbers(hardware: str = "h100-sxm", context: int = 4096) -> dict[str, st
         "mla_v3_heads": fmt.fixed(v3.num_heads, 0),
         "mla_v3_params": describe_params(v3.params.total),
         "mla_context": fmt.fixed(context, 0),
-        "mla_v3_intensity": fmt.sig(large_batch_intensity("deepseek-v3", hardware, context), 2),
-        "mla_gqa_intensity": fmt.sig(large_batch_intensity("llama-3.1-8b", hardware, context), 2),
-        "mla_ridge": fmt.sig(
-            cost.decode_step("deepseek-v3", hardware, 1, 1).ridge_flops_per_byte, 3
+        "mla_v3_intensity": fmt.sig(large_batch_intensity(v3_on, context), 2),
+        "mla_gqa_intensity": fmt.sig(
+            large_batch_intensity(Deployment("llama-3.1-8b", hardware), context), 2
         ),
+        "mla_ridge": fmt.sig(cost.decode_step(v3_on, 1, 1).ridge_flops_per_byte, 3),
     }

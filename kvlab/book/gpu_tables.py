@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import cost
+from ..deployment import Deployment, KernelTables
 from ..hardware import get_device
 from ..kernel_tables import devices_with_data, load
 
@@ -103,7 +104,7 @@ def ledger_against_kernels(
 ) -> dict:
     """A decode step's time, ceiling and measured mode, over the batch (bf16)."""
     b = np.asarray(batches)
-    step = cost.decode_step(model, device, b, context, "bf16", "bf16", efficiency="measured")
+    step = cost.decode_step(Deployment(model, device, "bf16", "bf16", KernelTables()), b, context)
     measured, ceiling = (
         np.asarray(step.step_time_s, dtype=float),
         np.asarray(step.ceiling_step_time_s),

@@ -9,8 +9,9 @@ import functools
 
 import numpy as np
 
-from .. import cost, fmt
-from ..hardware import get_tier
+from .. import fmt
+from ..hardware import get_device, get_tier
+from ..models import get_model
 from ..sim import SimConfig
 from ..viz.i18n import t
 from . import sim_runs
@@ -118,8 +119,8 @@ def _setup() -> str:
     cfg = SimConfig()
     tier = get_tier(cfg.link)
     prefill, decode = cfg.prefill_workers, cfg.decode_workers
-    device = cost.get_device(cfg.hardware).display_name
-    model = cost.get_model(cfg.model).display_name
+    device = get_device(cfg.hardware).display_name
+    model = get_model(cfg.model).display_name
     nic = fmt.si(tier.bandwidth_bytes_per_s * 8, "b/s")
     link = f"{cfg.link}, {fmt.si(tier.bandwidth_bytes_per_s, 'B/s')}"
     return pick(

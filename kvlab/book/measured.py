@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import fmt
+from .. import cost, fmt
 from ..bench import report
+from ..deployment import Deployment, KernelTables
 from ..hardware import get_device
+from ..kernel_tables import load
 from ..models import get_model
 from ..viz import i18n
 from . import gpu_tables
@@ -241,8 +243,6 @@ def _names() -> dict[str, str]:
 
 def _sources() -> list[str]:
     """One line per framework version: which GPUs' tables it measured, and the package."""
-    from ..kernel_tables import load
-
     by_version: dict[str, list[str]] = {}
     for d in gpu_tables.gpus():
         t = load(d)
@@ -352,19 +352,14 @@ def gpu_numbers() -> dict[str, str]:
 
 def _derived(device: str) -> dict:
     """Figures the extract derived from the whole source tables (kvlab/data/kernel_tables)."""
-    from ..kernel_tables import load
-
     return load(device).raw["derived"]
 
 
 def load_version(device: str) -> str:
-    from ..kernel_tables import load
-
     t = load(device)
     return f"{t.framework} {t.framework_version}"
 
 
 def _step(device: str):
-    from .. import cost
-
-    return cost.decode_step("llama-3.1-8b", device, 1, 4096, "bf16", "bf16", efficiency="measured")
+    d = Deployment("llama-3.1-8b", device, "bf16", "bf16", KernelTables())
+    return cost.decode_step(d, 1, 4096)

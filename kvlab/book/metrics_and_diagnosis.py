@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import functools
 
-from .. import cost, fmt
+from .. import cost, fmt, tiers
 from .. import diagnose as diagnosis
+from ..deployment import Deployment
 from ..diagnose import BUSY_SHARE_FOR_GAPS
+from ..hardware import get_device
+from ..models import get_model
 from ..viz.i18n import t
 from . import sim_runs
 from .lang import pick
@@ -30,17 +33,16 @@ def token_stream_figure():
 
 
 def ceiling_tokens_per_s() -> float:
-    return cost.decode_step(MODEL, HARDWARE, BATCH, CONTEXT).tokens_per_s
+    return cost.decode_step(Deployment(MODEL, HARDWARE), BATCH, CONTEXT).tokens_per_s
 
 
 def diagnosis_cases() -> dict:
     """{title: Diagnosis} for five deployments of one model, measured as a profiler and a
     load test would: tokens/s, and (where a profiler ran) the kernels' memory throughput."""
-    from .. import tiers
-
+    d = Deployment(MODEL, HARDWARE)
     ceiling = ceiling_tokens_per_s()
-    peak = cost.get_device(HARDWARE).memory_bandwidth_bytes_per_s
-    host = tiers.tiered_decode_step(MODEL, HARDWARE, BATCH, CONTEXT, HOST_TIER).tokens_per_s
+    peak = get_device(HARDWARE).memory_bandwidth_bytes_per_s
+    host = tiers.tiered_decode_step(d, BATCH, CONTEXT, HOST_TIER).tokens_per_s
     m, hw, b, ctx = MODEL, HARDWARE, BATCH, CONTEXT
     return {
         "near the ceiling": diagnosis.diagnose(
@@ -62,7 +64,7 @@ def diagnosis_cases() -> dict:
             ctx,
             0.85 * ceiling,
             network_bandwidth_bytes_per_s="ib-200g",
-            kv_bytes_per_request=ctx * cost.kv_bytes_per_token(m),
+            kv_bytes_per_request=ctx * d.kv_bytes_per_token,
         ),
     }
 
@@ -85,8 +87,8 @@ def panels() -> dict:
 
 def _setup() -> str:
     """The deployment the diagnosis cases share, for the prose."""
-    model = cost.get_model(MODEL).display_name
-    device = cost.get_device(HARDWARE).display_name
+    model = get_model(MODEL).display_name
+    device = get_device(HARDWARE).display_name
     context = fmt.fixed(CONTEXT, 0)
     return pick(
         f"{model} on an {device}, batch {BATCH}, {context}-token contexts",

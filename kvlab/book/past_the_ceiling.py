@@ -9,8 +9,11 @@ import functools
 import numpy as np
 
 from .. import cost, fmt
+from ..deployment import Ceiling, Deployment, KernelTables
 from ..hardware import get_device
-from ..models import describe_params, expected_experts_touched, get_model
+from ..kernel_tables import load
+from ..models import describe_params, get_model
+from ..operators import experts_touched
 from ..parallel import allreduce_link
 from ..speculative import breakeven_batch, speculative_step, tokens_per_verify_step
 from ..viz.i18n import t
@@ -19,6 +22,7 @@ from .lang import pick
 #: The chapter's running example: Llama 3.1 8B on one H100, bf16 weights and KV.
 MODEL, DEVICE, DTYPES = "llama-3.1-8b", "h100-sxm", dict(weight_dtype="bf16", kv_dtype="bf16")
 CONTEXT = 4096  # tokens per sequence
+CEILING = Ceiling()  # the sheet's peaks: the chapter's default speed
 BIG_BATCH = 64  # the batch the intro and the all-reduce paragraph compare with batch 1
 #: Speculative decoding: drafted tokens per round, acceptance per drafted token, a longer
 #: draft, and the short context at which the verify pass turns compute-bound.
@@ -81,8 +85,17 @@ def numbers() -> dict[str, str]:
     return out
 
 
+def _deployment(model=MODEL, hardware=DEVICE, speed=CEILING, tensor_parallel=1, **dtypes):
+    """`model` on `hardware` (bf16 weights and KV unless `dtypes` say otherwise)."""
+    dtypes = {**DTYPES, **dtypes}
+    return Deployment(
+        model, hardware, dtypes["weight_dtype"], dtypes["kv_dtype"], speed, tensor_parallel
+    )
+
+
 def _step(model=MODEL, hardware=DEVICE, batch=1, context=CONTEXT, **kw) -> cost.DecodeStep:
-    return cost.decode_step(model, hardware, batch, context, **{**DTYPES, **kw})
+    """A decode step of `_deployment(model, hardware, **kw)`."""
+    return cost.decode_step(_deployment(model, hardware, **kw), batch, context)
 
 
 def _times(x: float) -> str:
@@ -107,8 +120,19 @@ def intro_numbers() -> dict[str, str]:
 
 
 # ------------------------------------------------------------- speculative decoding
-def spec(batch=1, context=CONTEXT, k=SPEC_K, a=SPEC_A, model=MODEL, hardware=DEVICE, **kw):
-    return speculative_step(model, hardware, batch, context, k, a, **{**DTYPES, **kw})
+def spec(
+    batch=1,
+    context=CONTEXT,
+    k=SPEC_K,
+    a=SPEC_A,
+    model=MODEL,
+    hardware=DEVICE,
+    draft_model=None,
+    **kw,
+):
+    """A speculation round on `_deployment(model, hardware, **kw)`."""
+    d = _deployment(model, hardware, **kw)
+    return speculative_step(d, batch, context, k, a, draft_model)
 
 
 def draft_head_bytes(model=MODEL, weight_dtype="bf16") -> tuple[float, float]:
@@ -157,15 +181,12 @@ def speculative_numbers() -> dict[str, str]:
         "spec_70b_head_b1": _times(by_head.speculative_speedup),
         "spec_70b_draft_breakeven": _never(
             breakeven_batch(
-                TP_MODEL,
-                DEVICE,
+                _deployment(TP_MODEL, tensor_parallel=TP_DEGREE),
                 CONTEXT,
                 SPEC_K,
                 SPEC_A,
                 MODEL,
                 max_batch=fit_70b,
-                tensor_parallel=TP_DEGREE,
-                **DTYPES,
             )
         ),
         "spec_70b_fit": fmt.fixed(fit_70b, 0),
@@ -191,13 +212,10 @@ def _published_magicdec() -> dict[str, str]:
 
 
 # ------------------------------------------------------------- tensor parallelism
-def tp_steps(
-    batch=1, model=TP_MODEL, hardware=DEVICE, efficiency=1.0
-) -> dict[int, cost.DecodeStep]:
+def tp_steps(batch=1, model=TP_MODEL, hardware=DEVICE, speed=CEILING) -> dict[int, cost.DecodeStep]:
     """The model's decode step at 1, 2, 4 and 8 GPUs (bf16, the chapter's context)."""
     return {
-        tp: _step(model, hardware, batch, efficiency=efficiency, tensor_parallel=tp)
-        for tp in (1, 2, 4, 8)
+        tp: _step(model, hardware, batch, speed=speed, tensor_parallel=tp) for tp in (1, 2, 4, 8)
     }
 
 
@@ -231,10 +249,11 @@ def tensor_parallel_numbers() -> dict[str, str]:
         out[f"tp{tp}_weights"] = fmt.si(step.weight_bytes, "B")
         out[f"tp{tp}_max_batch"] = fmt.fixed(step.max_batch, 0)
 
-    def at(batch, efficiency):
-        return _step(TP_MODEL, DEVICE, batch, efficiency=efficiency, tensor_parallel=TP_DEGREE)
+    def at(batch, speed):
+        return _step(TP_MODEL, DEVICE, batch, speed=speed, tensor_parallel=TP_DEGREE)
 
-    measured, big, big_measured = at(1, "measured"), at(BIG_BATCH, 1.0), at(BIG_BATCH, "measured")
+    tables = KernelTables()
+    measured, big, big_measured = at(1, tables), at(BIG_BATCH, CEILING), at(BIG_BATCH, tables)
     out.update(
         {
             "tp8_measured_step": fmt.seconds(measured.step_time_s),
@@ -252,7 +271,7 @@ def tensor_parallel_numbers() -> dict[str, str]:
 
 def _pcie_numbers() -> dict[str, str]:
     """The same split over GPUs whose all-reduces cross PCIe, measured."""
-    s = _step(TP_MODEL, PCIE_DEVICE, PCIE_BATCH, efficiency="measured", tensor_parallel=TP_DEGREE)
+    s = _step(TP_MODEL, PCIE_DEVICE, PCIE_BATCH, speed=KernelTables(), tensor_parallel=TP_DEGREE)
     return {
         "pcie_device": get_device(PCIE_DEVICE).display_name,
         "pcie_batch": fmt.fixed(PCIE_BATCH, 0),
@@ -265,8 +284,6 @@ def allreduce_at_batch(batch=BIG_BATCH, model=TP_MODEL, hardware=DEVICE, gpus=TP
     """One all-reduce of a decode step's activations (batch x hidden bf16 elements) over
     `gpus` GPUs: measured (TensorRT-LLM's table), at the sheet's link bandwidth alone (ring
     traffic 2 (N - 1) / N of the message), and as the ceiling costs it (latency + sheet)."""
-    from ..kernel_tables import load
-
     elements = batch * get_model(model).hidden_size
     message = 2.0 * elements
     link = allreduce_link(hardware, gpus)
@@ -341,7 +358,8 @@ def mtp_numbers() -> dict[str, str]:
     m = get_model(V3)
     a = pub["acceptance_low"]
     b = np.array(V3_BATCHES)
-    s = speculative_step(V3, V3_DEVICE, b, CONTEXT, 1, a, tensor_parallel=TP_DEGREE, **V3_DTYPES)
+    d = _deployment(V3, V3_DEVICE, tensor_parallel=TP_DEGREE, **V3_DTYPES)
+    s = speculative_step(d, b, CONTEXT, 1, a)
     speedup, verify = np.asarray(s.speculative_speedup), np.asarray(s.verify_step_time_s)
     return {
         "mtp_a_low": fmt.percent(a, 2),
@@ -350,9 +368,7 @@ def mtp_numbers() -> dict[str, str]:
         "mtp_source": pick(pub["source"], pub["source_zh"]),
         "mtp_tau": fmt.sig(tokens_per_verify_step(a, 1), 3),
         "mtp_experts_1": fmt.fixed(m.experts_per_token, 0),  # one token: exactly its own
-        "mtp_experts_2": fmt.sig(
-            float(expected_experts_touched(m.num_experts, m.experts_per_token, 2)), 3
-        ),
+        "mtp_experts_2": fmt.sig(float(experts_touched(m.num_experts, m.experts_per_token, 2)), 3),
         "mtp_verify_b1": _times(float(verify[0] / np.asarray(s.baseline_step_time_s)[0])),
         "mtp_speedup_b1": _times(float(speedup[0])),
         "mtp_speedup_mid": _times(float(speedup[1])),

@@ -16,8 +16,13 @@ import math
 import numpy as np
 
 from .. import metrics
+from ..cost import kv_bytes_per_token
+from ..deployment import Deployment
+from ..hardware import get_device, get_tier
 from ..prefix.pools import global_vs_local
 from ..sim import ARCHS, SimConfig, make_cost, simulate, trace_at_rate, trace_slice
+from ..sim.links import PURPOSES
+from ..tiers import tiered_decode_step
 from ..traces import load_trace, trace_or_generated
 
 #: Links the chapter's network slider steps through (commodity Ethernet .. NVLink).
@@ -132,8 +137,6 @@ def sweep(
     per link-free point). The default grid is 243 runs: about 13 s of CPU on a 2-minute slice of
     the conversation trace (the chapter's) on the 2-core development machine.
     """
-    from ..hardware import get_tier
-
     sliced = _slice(trace, start_s, duration_s)
     base = _config(config, overrides)
     links, pools = tuple(links), tuple(float(p) for p in pool_bytes_per_node)
@@ -201,8 +204,6 @@ def bytes_vs_critical_path(
     "bytes": {purpose: bytes}, "wire_s", "exposed_s", "hidden_s" (same keys), "ttft_p50_s",
     "ttft_p90_s", "mean_transfer_exposed_s", "prefix_hit_ratio"}.
     """
-    from ..sim.links import PURPOSES
-
     sliced = _slice(trace, start_s, duration_s)
     base = _config(config, overrides)
     variants = {
@@ -250,8 +251,6 @@ def hit_rate_global_vs_local(
     "pool_bytes_per_node", "capacity_blocks_per_node", "global_token_hit_ratio",
     "local_token_hit_ratio", "infinite_token_hit_ratio"} (arrays over pool sizes).
     """
-    from ..cost import kv_bytes_per_token
-
     sliced = _slice(trace, start_s, duration_s)
     bt = sliced.block_tokens
     block_bytes = bt * kv_bytes_per_token(model, kv_dtype)
@@ -388,9 +387,6 @@ def remote_kv_disaster(
     A step reads the weights from HBM either way, so one step slows by less than the
     bandwidth ratio; under load a remote-KV decode GPU makes so few tokens per second that
     its batch and queue grow, which is how the simulated TPOT ratio outgrows both."""
-    from ..hardware import get_device, get_tier
-    from ..tiers import tiered_decode_step
-
     sliced = _slice(trace, start_s, duration_s)
     base = dataclasses.replace(_config(config, overrides), arch="disaggregated").resolved()
     light = trace_slice(sliced, 0.0, None, min(DISASTER_LIGHT_REQUESTS, len(sliced)))
@@ -400,15 +396,8 @@ def remote_kv_disaster(
             runs[load + where] = simulate(tr, dataclasses.replace(base, remote_kv=remote)).summary()
     device = get_device(base.hardware)
     context = int(np.median(sliced.input_tokens))
-    step = tiered_decode_step(
-        base.model,
-        device,
-        1,
-        context,
-        tier=base.link,
-        weight_dtype=base.weight_dtype,
-        kv_dtype=base.kv_dtype,
-    )
+    d = Deployment(base.model, device, base.weight_dtype, base.kv_dtype)
+    step = tiered_decode_step(d, 1, context, base.link)
     ratio = lambda a, b: a["tpot_p50_s"] / b["tpot_p50_s"]  # noqa: E731
     return {
         "trace": sliced.label,

@@ -6,19 +6,15 @@ import functools
 
 from .. import cost, fmt
 from ..article import ARTICLE_BANDWIDTH_BYTES_PER_S, ARTICLE_MODEL
+from ..deployment import Deployment
 from ..models import describe_params, get_model
 from .lang import pick
 
 
 def _article() -> cost.DecodeStep:
     """The article's 7B at batch 1 with no history, on its round 2 TB/s device."""
-    return cost.decode_step(
-        ARTICLE_MODEL,
-        "h100-sxm",
-        batch=1,
-        context=0,
-        bandwidth_bytes_per_s=ARTICLE_BANDWIDTH_BYTES_PER_S,
-    )
+    d = Deployment(ARTICLE_MODEL, "h100-sxm", bandwidth_bytes_per_s=ARTICLE_BANDWIDTH_BYTES_PER_S)
+    return cost.decode_step(d, 1, 0)
 
 
 @functools.cache

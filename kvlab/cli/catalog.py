@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from ..cost import kv_bytes_per_token
+from ..fmt import si
+from ..hardware import devices, tiers
+from ..models import describe_params, models
 from .args import print_json, table
 
 
@@ -15,10 +19,6 @@ def register(sub) -> None:
 
 
 def run_models(args) -> int:
-    from ..cost import kv_bytes_per_token
-    from ..fmt import si
-    from ..models import describe_params, models
-
     rows, out = [], {}
     for name, m in models().items():
         p = m.params
@@ -91,9 +91,6 @@ def _attention_kind(m) -> str:
 
 
 def run_hardware(args) -> int:
-    from ..fmt import si
-    from ..hardware import devices, tiers
-
     if args.json:
         print_json(
             {

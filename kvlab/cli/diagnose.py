@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..diagnose import diagnose
 from .args import count, number, print_json
 
 
@@ -43,8 +44,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..diagnose import diagnose
-
     network = args.network
     if network is not None:
         try:

@@ -10,6 +10,16 @@ from __future__ import annotations
 import argparse
 import math
 
+import numpy as np
+
+from ..deployment import Deployment
+from ..errors import KvlabError, check_number
+from ..fmt import percent, seconds
+from ..hardware import get_device, get_tier
+from ..models import get_model
+from ..prefix.blocks import replay
+from ..prefix.latency import mean_decode_context, tpot_s, ttft_s
+from ..traces import load_trace
 from .args import count, print_json
 
 UNLIMITED = ("inf", "infinite", "unlimited")
@@ -82,9 +92,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..prefix.blocks import replay
-    from ..traces import load_trace
-
     _check_options(args)
     trace = load_trace(args.trace)
     result = replay(trace, args.capacity_blocks, args.policy, args.capacity_tokens)
@@ -101,9 +108,6 @@ def run(args) -> int:
 def _check_options(args) -> None:
     """Every option is checked, used or not: a typo in --tier or --hardware without --model
     is an error, never silently ignored."""
-    from ..errors import KvlabError, check_number
-    from ..hardware import get_device, get_tier
-
     get_device(args.hardware)
     if args.tier.lower() not in RESIDENT:
         try:
@@ -112,21 +116,16 @@ def _check_options(args) -> None:
             raise KvlabError(f"{exc}, or hbm (KV resident in GPU memory)") from None
     check_number("batch", args.batch, minimum=1, allow_equal_min=True, maximum=1e6, integer=True)
     if args.model:
-        from ..models import get_model
-
         get_model(args.model)
 
 
 def _latency(args, trace, result) -> dict:
-    from ..prefix.latency import mean_decode_context, tpot_s, ttft_s
-
+    d = Deployment(args.model, args.hardware)
     tier = None if args.tier.lower() in RESIDENT else args.tier
     inputs = trace.input_tokens
-    with_cache = ttft_s(args.model, args.hardware, inputs, result.hit_tokens_per_request, tier)
-    without = ttft_s(args.model, args.hardware, inputs, 0)
-    tpot = tpot_s(
-        args.model, args.hardware, mean_decode_context(inputs, trace.output_tokens), args.batch
-    )
+    with_cache = ttft_s(d, inputs, result.hit_tokens_per_request, tier)
+    without = ttft_s(d, inputs, 0)
+    tpot = tpot_s(d, mean_decode_context(inputs, trace.output_tokens), args.batch)
     return {
         "model": args.model,
         "hardware": args.hardware,
@@ -140,15 +139,11 @@ def _latency(args, trace, result) -> dict:
 
 
 def _p90(x):
-    import numpy as np
-
     return np.percentile(x, 90)
 
 
 def share(x: float) -> str:
     """A ratio as a percentage that never rounds 99.99% up to 100% (or 0.004% down to 0%)."""
-    from ..fmt import percent
-
     if 0 < x < 1 and (x > 0.999 or x < 0.001):
         return f"{100 * x:.4g}%"
     return percent(x)
@@ -159,8 +154,6 @@ def tokens(n: float) -> str:
 
 
 def render(r: dict) -> str:
-    from ..fmt import seconds
-
     cap = (
         "unlimited"
         if r["capacity_blocks"] is None

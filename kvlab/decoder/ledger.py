@@ -23,10 +23,13 @@ from functools import lru_cache
 import numpy as np
 
 from ..cost import decode_step, prefill
+from ..cost import kv_bytes_per_token as ledger_kv
+from ..deployment import Deployment
 from ..dtypes import DType
+from ..errors import check_number
 from ..hardware import Device
 from ..models import ModelSpec, spec_from_config
-from ..tiers import Placement, kv_fetch_time_s
+from ..tiers import Placement, TierPath
 from .config import DecoderConfig, get_config
 
 
@@ -93,16 +96,24 @@ MEASURED_LINK = Placement(
 )
 
 
-def fetch_time_s(config, tokens, link_bytes_per_s: float, kv_dtype: str):
-    """The ledger's time to bring `tokens` tokens of KV over the measured link."""
-    return kv_fetch_time_s(
+def deployment(config, device: Device, weight_dtype: str, kv_dtype: str) -> Deployment:
+    """The decoder on a machine, in ledger terms (its shapes and dtypes as the ledger
+    counts them; the device's figures are what the benchmark measured)."""
+    return Deployment(
         model_spec(config),
-        tokens,
-        MEASURED_LINK,
+        device,
+        weight_ledger_dtype(config, weight_dtype),
         kv_ledger_dtype(config, kv_dtype),
-        latency_s=0.0,
-        bandwidth_bytes_per_s=float(link_bytes_per_s),
     )
+
+
+def fetch_time_s(config, tokens, link_bytes_per_s: float, kv_dtype: str):
+    """The ledger's time to bring `tokens` tokens of KV over the measured link (pure
+    bandwidth: no per-fetch latency)."""
+    tokens = check_number("tokens", tokens, minimum=0, allow_equal_min=True, maximum=1e9)
+    moved = np.asarray(tokens, dtype=float) * kv_bytes_per_token(config, kv_dtype)
+    link = TierPath(MEASURED_LINK, bandwidth_bytes_per_s=float(link_bytes_per_s), latency_s=0.0)
+    return link.time_s(moved)
 
 
 def predict_decode(
@@ -121,16 +132,7 @@ def predict_decode(
     Returns step_bytes, predicted_step_s, memory/compute time, bound, and for `host`
     placement fetch_bytes and fetch_s (the KV history crossing the host->device link).
     """
-    spec = model_spec(config)
-    step = decode_step(
-        spec,
-        device,
-        batch,
-        context,
-        weight_ledger_dtype(config, weight_dtype),
-        kv_ledger_dtype(config, kv_dtype),
-        bandwidth_bytes_per_s=device.memory_bandwidth_bytes_per_s,
-    )
+    step = decode_step(deployment(config, device, weight_dtype, kv_dtype), batch, context)
     out = {
         "step_bytes": step.step_bytes,
         "weight_read_bytes": step.weight_read_bytes,
@@ -166,23 +168,12 @@ def _plain(x):
 
 
 def predict_prefill(config, device: Device, tokens, weight_dtype: str, kv_dtype: str) -> float:
-    """The ledger's time to prefill `tokens` tokens of one sequence from scratch."""
-    spec = model_spec(config)
-    return _plain(
-        prefill(
-            spec,
-            device,
-            tokens,
-            0,
-            1,
-            weight_ledger_dtype(config, weight_dtype),
-            kv_ledger_dtype(config, kv_dtype),
-            flops_per_s=device.bf16_flops_per_s,
-        ).time_s
-    )
+    """The ledger's time to prefill `tokens` tokens of one sequence from scratch (at the
+    device's bf16 FLOP/s: a measured device has no other)."""
+    d = deployment(config, device, weight_dtype, kv_dtype)
+    return _plain(prefill(d, tokens, 0, 1).time_s)
 
 
 def kv_bytes_per_token(config, kv_dtype: str) -> float:
-    from ..cost import kv_bytes_per_token as ledger_kv
-
+    """KV bytes one token adds, over all layers, in the decoder's cache."""
     return ledger_kv(model_spec(config), kv_ledger_dtype(config, kv_dtype))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..deployment import Deployment, parse_speed
 from ..grids import BATCH_GRID, CONTEXT_GRID, DTYPE_CHOICES, EFFICIENCY_GRID, HIT_GRID  # noqa: F401
 from ..hardware import devices
 from ..models import models
@@ -79,9 +80,14 @@ def hit_control(default: float = 0.95) -> Control:
     )
 
 
-def ledger_state(state: dict, **override) -> dict:
-    """The `kvlab.cost.decode_step` keyword arguments a panel state stands for."""
-    keys = ("batch", "context", "weight_dtype", "kv_dtype", "efficiency")
-    out = {k: state[k] for k in keys if k in state}
-    out.update(override)
-    return out
+def deployment(state: dict, **override) -> Deployment:
+    """The deployment a panel state stands for: its model, device, dtypes and efficiency
+    (each overridable; dtypes fp16 and the ceiling where the state has none)."""
+    s = {**state, **override}
+    return Deployment(
+        s["model"],
+        s["hardware"],
+        s.get("weight_dtype", "fp16"),
+        s.get("kv_dtype", "fp16"),
+        parse_speed(s.get("efficiency", 1.0)),
+    )

@@ -15,11 +15,11 @@ from . import style
 from .controls import (
     batch_control,
     context_control,
+    deployment,
     dtype_control,
     efficiency_control,
     hardware_control,
     hit_control,
-    ledger_state,
     model_control,
 )
 from .decode_step import BYTES_Y, bytes_figure
@@ -59,34 +59,16 @@ DASHBOARD_READOUT = (
 
 
 def _dashboard_compute(state):
-    model, hw = state["model"], state["hardware"]
-    step = cost.decode_step(model, hw, **ledger_state(state))
+    d = deployment(state)
+    step = cost.decode_step(d, state["batch"], state["context"])
     tier = state["kv_tier"]
     placed = (
         step
         if tier == "hbm"
-        else tiers.tiered_decode_step(
-            model,
-            hw,
-            state["batch"],
-            state["context"],
-            tier,
-            weight_dtype=state["weight_dtype"],
-            kv_dtype=state["kv_dtype"],
-            efficiency=state["efficiency"],
-        )
+        else tiers.tiered_decode_step(d, state["batch"], state["context"], tier)
     )
     hit_tier = "host-pcie5" if tier == "hbm" else tier
-    hit = tiers.hit_value(
-        model,
-        hw,
-        state["context"],
-        hit_tier,
-        state["hit"],
-        state["weight_dtype"],
-        state["kv_dtype"],
-        state["efficiency"],
-    )
+    hit = tiers.hit_value(d, state["context"], hit_tier, state["hit"])
     transfer = step.kv_cache_bytes / state["batch"] / get_tier(state["link"]).bandwidth_bytes_per_s
     peak = step.ridge_flops_per_byte * step.bandwidth_bytes_per_s
     x = np.logspace(-1, 4, 41)

@@ -18,6 +18,7 @@ import math
 import numpy as np
 
 from .. import cost
+from ..deployment import KernelTables
 from ..fmt import percent, seconds
 from ..grids import BATCH_GRID, CONTEXT_GRID
 from ..hardware import devices
@@ -26,6 +27,7 @@ from . import speed, style
 from .controls import (
     batch_control,
     context_control,
+    deployment,
     dtype_control,
     efficiency_control,
     hardware_control,
@@ -77,10 +79,6 @@ MEASURED_POINT = ("decode step, measured", style.VERMILION, "star")
 BATCHES, CONTEXTS = np.array(BATCH_GRID, dtype=float), np.array(CONTEXT_GRID, dtype=float)
 
 
-def _kw(state: dict) -> dict:
-    return {k: state[k] for k in ("weight_dtype", "kv_dtype", "efficiency")}
-
-
 def _measured_times(state: dict, batches, contexts) -> list[float]:
     """Measured seconds at each (batch, context) pair (NaN where the tables have none)."""
     args = (state["model"], state["hardware"], state["weight_dtype"], state["kv_dtype"])
@@ -114,22 +112,21 @@ def _nan_ratio(a: float, b: float) -> float:
 
 # ------------------------------------------------------------------ the compute
 def _point(state: dict):
-    """The step the readout shows: measured where the tables cover it, else the ceiling;
-    and the readout's phrase for where its speed comes from."""
+    """The deployment and step the readout shows: measured where the tables cover it, else
+    the ceiling; and the readout's phrase for where its speed comes from."""
     m, hw, b, c = state["model"], state["hardware"], state["batch"], state["context"]
     measured = state["speed"] == "measured"
     why = ""
     if measured:
         _t, why = speed.measured_time(m, hw, state["weight_dtype"], state["kv_dtype"], b, c)
-    kw = _kw(state)
+    d = deployment(state)
     if measured and not why:
-        kw["efficiency"] = "measured"
-    step = cost.decode_step(m, hw, b, c, **kw)
-    return step, speed.speed_text(measured, why, state["efficiency"], hw)
+        d = d.replace(speed=KernelTables())
+    return d, cost.decode_step(d, b, c), speed.speed_text(measured, why, state["efficiency"], hw)
 
 
 def _batch_part(state: dict, short: str) -> tuple[dict, dict, int]:
-    s = cost.decode_step(state["model"], state["hardware"], BATCHES, state["context"], **_kw(state))
+    s = cost.decode_step(deployment(state), BATCHES, state["context"])
     k = cost.batch_knee(s)
     times, measured = _main(state, s.step_time_s, BATCHES, [state["context"]] * len(BATCHES))
     keep = [t == t for t in times]
@@ -173,7 +170,7 @@ def _batch_part(state: dict, short: str) -> tuple[dict, dict, int]:
 
 
 def _context_part(state: dict, short: str) -> tuple[dict, dict]:
-    s = cost.decode_step(state["model"], state["hardware"], state["batch"], CONTEXTS, **_kw(state))
+    s = cost.decode_step(deployment(state), state["batch"], CONTEXTS)
     times, measured = _main(state, s.step_time_s, [state["batch"]] * len(CONTEXTS), CONTEXTS)
     keep = [t == t for t in times]
     c = CONTEXTS.tolist()
@@ -210,13 +207,12 @@ def _context_part(state: dict, short: str) -> tuple[dict, dict]:
     return sources, values
 
 
-def _roofline_part(state: dict, point, short: str) -> tuple[dict, dict]:
-    m, hw, eff = state["model"], state["hardware"], state["efficiency"]
-    ceiling = cost.decode_step(m, hw, state["batch"], state["context"], **_kw(state))
-    kw = _kw(state)
-    no_cache = cost.prefill(m, hw, state["context"] + 1, **kw)
-    flash = cost.prefill(m, hw, state["context"], **kw)
-    naive = cost.prefill(m, hw, state["context"], flash_attention=False, **kw)
+def _roofline_part(state: dict, point, measured: bool, short: str) -> tuple[dict, dict]:
+    d, eff = deployment(state), state["efficiency"]
+    ceiling = cost.decode_step(d, state["batch"], state["context"])
+    no_cache = cost.prefill(d, state["context"] + 1)
+    flash = cost.prefill(d, state["context"])
+    naive = cost.prefill(d, state["context"], flash_attention=False)
     rows = [
         (ceiling.flops, ceiling.step_bytes, ceiling.step_time_s),
         (no_cache.flops, no_cache.bytes_moved, no_cache.time_s),
@@ -224,7 +220,7 @@ def _roofline_part(state: dict, point, short: str) -> tuple[dict, dict]:
         (flash.flops, flash.bytes_moved, flash.time_s),
     ]
     styles = list(POINTS)
-    if point.efficiency == "measured":
+    if measured:
         rows.append((point.flops, point.step_bytes, point.step_time_s))
         styles.append((f"{MEASURED_POINT[0]} ({short})", *MEASURED_POINT[1:]))
     peak = point.ridge_flops_per_byte * point.bandwidth_bytes_per_s
@@ -252,8 +248,8 @@ def _roofline_part(state: dict, point, short: str) -> tuple[dict, dict]:
 
 
 def _compute(state: dict) -> dict:
-    point, phrase = _point(state)
-    hw = state["hardware"]
+    d, point, phrase = _point(state)
+    measured, hw = d.kernel_tables, state["hardware"]
     short = (
         speed.short_source(hw)
         if state["speed"] == "measured"
@@ -262,8 +258,7 @@ def _compute(state: dict) -> dict:
     )
     batch_sources, batch_values, _k = _batch_part(state, short)
     context_sources, context_values = _context_part(state, short)
-    roof_sources, roof_values = _roofline_part(state, point, short)
-    measured = point.efficiency == "measured"
+    roof_sources, roof_values = _roofline_part(state, point, measured, short)
     times = [point.memory_time_s, point.compute_time_s, point.step_time_s]
     sources = {
         "bytes": {
@@ -304,7 +299,7 @@ def _budget(state: dict) -> dict:
     """The `kvlab budget` arguments of the readout's step (tests compare the two)."""
     keys = ("model", "hardware", "batch", "context", "weight_dtype", "kv_dtype", "efficiency")
     out = {k: state[k] for k in keys}
-    if _point(state)[0].efficiency == "measured":
+    if _point(state)[0].kernel_tables:
         out["efficiency"] = "measured"
     return out
 

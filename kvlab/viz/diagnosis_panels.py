@@ -9,6 +9,7 @@ import math
 import numpy as np
 
 from .. import cost
+from ..deployment import Deployment
 from ..diagnose import Diagnosis
 from ..hardware import devices
 from ..models import models
@@ -37,12 +38,12 @@ LIMIT_LABELS = (
 )
 
 
-def tpot_batch(model, hardware, context, slo_s, **dtypes) -> int:
+def tpot_batch(d: Deployment, context, slo_s) -> int:
     """The largest batch whose TPOT stays within `slo_s`, memory aside (0 if not even one
     sequence does): the ledger's step time grows with the batch, so a bisection finds it."""
 
     def within(b):
-        return cost.decode_step(model, hardware, b, context, **dtypes).step_time_s <= slo_s
+        return cost.decode_step(d, b, context).step_time_s <= slo_s
 
     if not within(1):
         return 0
@@ -71,14 +72,15 @@ def _limit(tpot: int, memory: int) -> str:
 
 
 def _tpot_budget_compute(state):
-    m, hw, ctx, slo = state["model"], state["hardware"], state["context"], state["slo"]
-    budget = tpot_batch(m, hw, ctx, slo, **DTYPES_USED)
-    grid = cost.decode_step(m, hw, np.array(BATCH_GRID), ctx, **DTYPES_USED)
+    ctx, slo = state["context"], state["slo"]
+    d = Deployment(state["model"], state["hardware"], **DTYPES_USED)
+    budget = tpot_batch(d, ctx, slo)
+    grid = cost.decode_step(d, np.array(BATCH_GRID), ctx)
     memory = int(np.ravel(grid.max_batch)[0])
     allowed = min(budget, memory)
     marks = [budget, memory, allowed]
     batches = sorted(set(BATCH_GRID) | {b for b in marks if b >= 1})
-    steps = [cost.decode_step(m, hw, b, ctx, **DTYPES_USED) for b in batches]
+    steps = [cost.decode_step(d, b, ctx) for b in batches]
     tpot = [s.step_time_s for s in steps]
     at = dict(zip(batches, steps, strict=True))
     chosen = at.get(allowed)

@@ -8,6 +8,7 @@ import math
 import numpy as np
 
 from .. import cost
+from ..deployment import Deployment
 from ..hardware import devices
 from ..models import models
 from ..prompt import served_tokens
@@ -45,14 +46,12 @@ def cached_tokens(hit: float, prompt_tokens: int) -> int:
 def _hit_compute(state):
     hits = np.array(HIT_GRID)
     prompt, batch = state["context"], state["batch"]
-    model, hw = state["model"], state["hardware"]
+    d = Deployment(state["model"], state["hardware"], **DTYPES_USED)
     cached = served_tokens(np.floor(hits * prompt), prompt)
-    curve = cost.prefill(model, hw, prompt, cached_tokens=cached, **DTYPES_USED)
-    miss = cost.prefill(model, hw, prompt, **DTYPES_USED)
-    here = cost.prefill(
-        model, hw, prompt, cached_tokens=cached_tokens(state["hit"], prompt), **DTYPES_USED
-    )
-    step = cost.decode_step(model, hw, batch, prompt, **DTYPES_USED)
+    curve = cost.prefill(d, prompt, cached_tokens=cached)
+    miss = cost.prefill(d, prompt)
+    here = cost.prefill(d, prompt, cached_tokens=cached_tokens(state["hit"], prompt))
+    step = cost.decode_step(d, batch, prompt)
     tpot = np.full(hits.shape, step.step_time_s)
     return {
         "sources": {

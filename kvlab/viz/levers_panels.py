@@ -22,6 +22,7 @@ from functools import lru_cache
 import numpy as np
 
 from .. import cost, fmt
+from ..deployment import Deployment, KernelTables
 from ..grids import BATCH_GRID
 from ..hardware import get_device
 from ..jsonsafe import jsonable
@@ -67,11 +68,14 @@ class SpecSetup:
     weight_dtype: str = "bf16"
     kv_dtype: str = "bf16"
 
-    def settings(self) -> dict:
-        return dict(
-            draft_model=self.draft_model,
-            weight_dtype=self.weight_dtype,
-            kv_dtype=self.kv_dtype,
+    @property
+    def deployment(self) -> Deployment:
+        """The target's deployment (the draft runs on the same GPUs, dtypes and degree)."""
+        return Deployment(
+            self.model,
+            self.hardware,
+            self.weight_dtype,
+            self.kv_dtype,
             tensor_parallel=self.tensor_parallel,
         )
 
@@ -121,7 +125,7 @@ def spec_times(setup: str, context, speculative_tokens) -> dict:
     """Step times over BATCH_GRID (s): plain decode, one drafted token, one verify pass."""
     s = SPEC_SETUPS[setup]
     step = speculative_step(
-        s.model, s.hardware, np.array(BATCH_GRID), context, speculative_tokens, 0.5, **s.settings()
+        s.deployment, np.array(BATCH_GRID), context, speculative_tokens, 0.5, s.draft_model
     )
     return {
         "base": np.asarray(step.baseline_step_time_s, dtype=float),
@@ -137,13 +141,12 @@ def spec_breakeven(setup: str, context, speculative_tokens, acceptance, fit: int
         return None
     s = SPEC_SETUPS[setup]
     return breakeven_batch(
-        s.model,
-        s.hardware,
+        s.deployment,
         context,
         speculative_tokens,
         acceptance,
+        s.draft_model,
         max_batch=min(fit, cost.MAX_BATCH),
-        **s.settings(),
     )
 
 
@@ -199,7 +202,7 @@ def _spec_inputs(state: dict) -> tuple:
             fit,
         )
     s = SPEC_SETUPS[setup]
-    step = speculative_step(s.model, s.hardware, np.array(batches), ctx, k, a, **s.settings())
+    step = speculative_step(s.deployment, np.array(batches), ctx, k, a, s.draft_model)
     fit = int(np.ravel(step.max_batch)[0])
     return (
         batches,
@@ -389,12 +392,12 @@ TP_READOUT = (
 def tp_run(model: str, hardware: str, tp: int, batches=TP_BATCHES) -> dict:
     """One model on `tp` GPUs over the batches: ceiling and measured step and all-reduce
     times (None where the tables have no data), and what memory fit needs (per GPU)."""
-    common = dict(weight_dtype=TP_MODELS[model], kv_dtype=TP_KV_DTYPE, tensor_parallel=tp)
+    d = Deployment(model, hardware, TP_MODELS[model], TP_KV_DTYPE, tensor_parallel=tp)
     b = np.array(batches)
-    ceiling = cost.decode_step(model, hardware, b, TP_CONTEXT, **common)
+    ceiling = cost.decode_step(d, b, TP_CONTEXT)
     nan = np.full(b.shape, np.nan)
     try:
-        measured = cost.decode_step(model, hardware, b, TP_CONTEXT, efficiency="measured", **common)
+        measured = cost.decode_step(d.replace(speed=KernelTables()), b, TP_CONTEXT)
         m_step, m_reduce = measured.step_time_s, measured.allreduce_time_s
     except ValueError:  # KvlabError: no tables for this model's layers (MLA)
         m_step, m_reduce = nan, nan

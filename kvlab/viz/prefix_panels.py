@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import prefix
-from ..traces import trace_or_generated
+from ..traces import trace_or_generated, trace_stats
 from . import style
 from .panel import Control, lookup_panel
 
@@ -41,8 +41,6 @@ def capacity_panel():
         half = int(
             np.argmin(np.abs(curve["capacity_blocks"] / curve["capacity_blocks"].max() - 0.5))
         )
-        from ..traces import trace_stats
-
         stats = trace_stats(trace)
         sources = {
             p: {

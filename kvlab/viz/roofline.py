@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import cost
+from ..deployment import Deployment
 from ..hardware import devices, tiers
 from ..models import models
 from . import style
@@ -108,7 +109,9 @@ def quantization_panel() -> Panel:
     def compute(state):
         rows = [
             cost.decode_step(
-                state["model"], state["hardware"], state["batch"], state["context"], w, k
+                Deployment(state["model"], state["hardware"], w, k),
+                state["batch"],
+                state["context"],
             )
             for w, k in QUANT_CONFIGS
         ]

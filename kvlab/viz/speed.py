@@ -25,6 +25,8 @@ import numpy as np
 from .. import fmt
 from ..errors import KvlabError
 from ..hardware import get_device
+from ..kernel_tables import devices_with_data, kernels, load
+from ..kernel_tables.tables import DTYPE_KEYS
 from ..models import get_model
 from .panel import Control
 
@@ -51,16 +53,12 @@ def speed_control(default: str = "ceiling") -> Control:
 
 def short_source(hardware: str) -> str:
     """Framework and version of a device's tables, for legends: 'TRTLLM 1.3.0rc20 kernels'."""
-    from ..kernel_tables import load
-
     t = load(hardware)
     return f"{t.framework} {t.framework_version} kernels"
 
 
 def table_title(hardware: str) -> str:
     """Framework, version and device of a device's tables, for figure titles."""
-    from ..kernel_tables import load
-
     t = load(hardware)
     return f"{t.framework} {t.framework_version} kernel tables, {t.device_string}"
 
@@ -77,8 +75,6 @@ def speed_text(measured: bool, why: str, efficiency: float, hardware: str) -> st
 @functools.lru_cache(maxsize=1024)
 def why_not(model: str, hardware: str, weight_dtype: str, kv_dtype: str) -> str:
     """'' when the tables cover this configuration, else a short phrase saying why not."""
-    from ..kernel_tables import devices_with_data, kernels
-
     if get_device(hardware).name not in devices_with_data():
         return NO_DEVICE
     if get_model(model).is_mla:
@@ -96,8 +92,6 @@ def why_not(model: str, hardware: str, weight_dtype: str, kv_dtype: str) -> str:
 
 def measured_time(model, hardware, weight_dtype, kv_dtype, batch, context) -> tuple[float, str]:
     """(seconds of one decode step from the kernel tables, '') or (NaN, why not)."""
-    from ..kernel_tables import kernels
-
     why = why_not(model, hardware, weight_dtype, kv_dtype)
     if why:
         return math.nan, why
@@ -135,9 +129,6 @@ def _attention_rows(k, batches, contexts) -> list[list[float]]:
 
 @functools.lru_cache(maxsize=8)
 def _measured_terms(models: tuple, devices: tuple, batches: tuple, contexts: tuple) -> dict:
-    from ..kernel_tables import devices_with_data, kernels, load
-    from ..kernel_tables.tables import DTYPE_KEYS
-
     numbers: list[float] = []
     fixed, attention, device_terms, model_terms = {}, {}, {}, {}
     for name in models:

@@ -13,13 +13,14 @@ import numpy as np
 from .. import tiers
 from ..article import ARTICLE_IB_BYTES_PER_S
 from ..bench.report import kv_transfer_series
+from ..deployment import Deployment
 from ..hardware import devices
 from ..models import get_model, models
 from ..tiers.links import MODEL_LINKS, link_model_curves
 from ..tiers.placement import PLACEMENT_NAMES
 from ..tiers.series import CONTEXTS as TIER_CONTEXTS
 from ..tiers.series import hit_rate_series, pd_series
-from . import style
+from . import speed, style
 from .controls import CONTEXT_GRID, batch_control, hardware_control, model_control
 from .panel import Control, Panel, lookup_panel
 from .terms import ledger_terms
@@ -74,9 +75,9 @@ def footprint_panel() -> Panel:
     grid = np.array(CONTEXT_GRID, dtype=float)
 
     def compute(state):
-        model, hw, batch = state["model"], state["hardware"], state["batch"]
-        fp = tiers.kv_footprint(model, hw, batch, grid, **DTYPES_USED)
-        at4k = tiers.kv_footprint(model, hw, batch, REQUEST_TOKENS, **DTYPES_USED)
+        d, batch = Deployment(state["model"], state["hardware"], **DTYPES_USED), state["batch"]
+        fp = tiers.kv_footprint(d, batch, grid)
+        at4k = tiers.kv_footprint(d, batch, REQUEST_TOKENS)
         # no room at all (the weights fill or overflow the device): no line on a log axis
         shown = grid.size if fp.kv_room_bytes > 0 else 0
         room = {
@@ -163,8 +164,6 @@ def _tier_times(state: dict) -> tuple[dict, np.ndarray, bool]:
     they are measured: the ceiling of kvlab.tiers; or, measured, the kernel tables' decode
     step (all KV in HBM) plus the KV's trip over the placement's path every step (the link
     model: the tables hold kernels, not links), a fetch that does not overlap the step."""
-    from . import speed
-
     model, batch = state["model"], state["batch"]
     measured = state["speed"] == "measured"
     kernel_s = np.array(
@@ -174,8 +173,9 @@ def _tier_times(state: dict) -> tuple[dict, np.ndarray, bool]:
         ]
     )
     out, local = {}, None
+    d = Deployment(model, TIER_HARDWARE)
     for name in SHOWN_PLACEMENTS:
-        step = tiers.tiered_decode_step(model, TIER_HARDWARE, batch, TIER_CONTEXTS, name)
+        step = tiers.tiered_decode_step(d, batch, TIER_CONTEXTS, name)
         tier_s, ceiling_s = np.asarray(step.tier_time_s), np.asarray(step.step_time_s)
         out[name] = kernel_s + tier_s if measured else ceiling_s
         local = kernel_s if measured else np.asarray(step.hbm_step_time_s)
@@ -198,7 +198,6 @@ def _decade_ticks(contexts):
 def tier_read_panel():
     """Tokens/s against context when the KV is read from each placement at every step,
     at the ceiling or with the decode kernels measured."""
-    from . import speed
 
     def compute(state):
         times, local, measured = _tier_times(state)
@@ -282,9 +281,8 @@ def hit_miss_panel():
     """Mean prefill time against hit rate per placement: a cache can be a liability."""
 
     def compute(state):
-        s = hit_rate_series(
-            state["model"], "h100-sxm", state["prompt"], HIT_RATES, placements=SHOWN_PLACEMENTS
-        )
+        d = Deployment(state["model"], "h100-sxm")
+        s = hit_rate_series(d, state["prompt"], HIT_RATES, placements=SHOWN_PLACEMENTS)
         rates = s["hit_rates"]
         sources = {
             p: {"rate": rates.tolist(), "time": v["mean_prefill_time_s"].tolist()}
@@ -296,7 +294,7 @@ def hit_miss_panel():
         }
         pl = s["placements"]
         i99 = int(np.argmin(np.abs(rates - 0.99)))
-        breakeven = tiers.breakeven_prompt_tokens(state["model"], "h100-sxm", "host-pcie4")
+        breakeven = tiers.breakeven_prompt_tokens(d, "host-pcie4")
         return {
             "sources": sources,
             "values": {
@@ -384,7 +382,9 @@ PD_GLUE = (("remote_slowdown_200g", "ratio"),)  # the 200 Gb/s case, for compari
 
 
 def _pd_compute(state):
-    s = pd_series(state["model"], TIER_HARDWARE, state["context"], state["batch"], PD_LINKS)
+    s = pd_series(
+        Deployment(state["model"], TIER_HARDWARE), state["context"], state["batch"], PD_LINKS
+    )
     names = list(s["links"])
     rows = s["links"]
     sources = {
