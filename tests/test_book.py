@@ -10,11 +10,15 @@ import json
 import numpy as np
 import pytest
 
+from kvlab import cost
 from kvlab.book import beyond_hbm, sim_runs
+from kvlab.deployment import Deployment
 from kvlab.jsonsafe import jsonable
 from kvlab.sim import ARCHS
 from kvlab.tiers import series
 from kvlab.traces_gen import generate_trace
+
+LLAMA_8B = Deployment("llama-3.1-8b", "h100-sxm")
 
 MiB, GiB = 2**20, 2**30
 
@@ -42,9 +46,10 @@ def test_article_numbers_are_book_ready():
 def test_tier_series_are_plot_ready():
     from kvlab.viz.tier_panels import PD_LINKS
 
-    t = series.tier_throughput_series("article-7b", "h100-sxm", 32)
-    hr = series.hit_rate_series("llama-2-7b", "h100-sxm", 4096, np.linspace(0, 1, 11))
-    pd = series.pd_series("article-7b", "h100-sxm", 4096, 1, PD_LINKS)
+    article = Deployment("article-7b", "h100-sxm")
+    t = series.tier_throughput_series(article, 32)
+    hr = series.hit_rate_series(Deployment("llama-2-7b", "h100-sxm"), 4096, np.linspace(0, 1, 11))
+    pd = series.pd_series(article, 4096, 1, PD_LINKS)
     for data in (t, hr, pd):
         json.dumps(jsonable(data), allow_nan=False)
     hbm = t["placements"]["hbm"]["tokens_per_s"]
@@ -147,19 +152,18 @@ def test_catalog_builds_every_embedded_panel():
 def test_batching_levels_off_below_the_ridge_at_4k():
     """GQA decode at 4K: the intensity a huge batch reaches is ~32 FLOP/B (Llama 3.1 8B),
     far below an H100's ridge (~295); only contexts of a few hundred tokens get there."""
-    from kvlab import cost
     from kvlab.book import bandwidth_wall as ch2
 
-    limit = ch2.large_batch_intensity("llama-3.1-8b", "h100-sxm", 4096)
+    limit = ch2.large_batch_intensity(LLAMA_8B, 4096)
     assert 31 < limit < 33
-    huge = cost.decode_step("llama-3.1-8b", "h100-sxm", 1_000_000, 4096)
+    huge = cost.decode_step(LLAMA_8B, 1_000_000, 4096)
     assert huge.arithmetic_intensity == pytest.approx(limit, rel=1e-3) and huge.bound == "memory"
-    longest = ch2.longest_compute_bound_context("llama-3.1-8b", "h100-sxm")
+    longest = ch2.longest_compute_bound_context(LLAMA_8B)
     ridge = huge.ridge_flops_per_byte
-    assert ch2.large_batch_intensity("llama-3.1-8b", "h100-sxm", longest) >= ridge
-    assert ch2.large_batch_intensity("llama-3.1-8b", "h100-sxm", longest + 1) < ridge
+    assert ch2.large_batch_intensity(LLAMA_8B, longest) >= ridge
+    assert ch2.large_batch_intensity(LLAMA_8B, longest + 1) < ridge
     assert 300 < longest < 500
-    assert cost.decode_step("llama-3.1-8b", "h100-sxm", 1_000_000, longest // 2).bound == "compute"
+    assert cost.decode_step(LLAMA_8B, 1_000_000, longest // 2).bound == "compute"
 
 
 def test_tier_steps_are_not_all_orders_of_magnitude():
@@ -207,14 +211,10 @@ def test_flash_attention_shows_per_operator():
     attention is memory-bound (64 FLOP/B: 4 x head_dim FLOPs per score, 4 fp16 round trips)."""
     from kvlab.book.bandwidth_wall import flash_attention_effect
 
-    e = flash_attention_effect("llama-3.1-8b", "h100-sxm", 4096)
+    e = flash_attention_effect(LLAMA_8B, 4096)
     assert e["attention_intensity_naive"] == pytest.approx(64.0, rel=0.02)  # + the KV it reads
     assert e["attention_intensity_flash"] > 295 > e["attention_intensity_naive"]
-    assert (
-        1.1
-        < e["time_ratio"]
-        < flash_attention_effect("llama-3.1-8b", "h100-sxm", 32768)["time_ratio"]
-    )
+    assert 1.1 < e["time_ratio"] < flash_attention_effect(LLAMA_8B, 32768)["time_ratio"]
 
 
 def test_the_hit_slower_than_a_miss_needs_all_its_conditions():
@@ -258,13 +258,12 @@ def load(gen):
 
 
 def test_load_sweep_attainment_falls_and_rejection_holds_goodput(gen, load):
-    from kvlab import cost
     from kvlab.sim import trace_slice
 
     rates = load["rates"]
     # the TTFT limit: ten idle prefills of the slice's p90 prompt (the ledger's ceiling)
     p90 = int(np.percentile(trace_slice(gen, 0, None, 150).input_tokens, 90))
-    idle = cost.prefill("llama-3.1-8b", "h100-sxm", p90).time_s
+    idle = cost.prefill(LLAMA_8B, p90).time_s
     assert load["ttft_slo_s"] == pytest.approx(10 * idle)
     assert load["settings"]["colocated"]["chunk_tokens"] == 8192  # vLLM's on an H100
     assert load["settings"]["colocated-512"]["chunk_tokens"] == 512
@@ -341,9 +340,7 @@ def test_speculation_pays_less_as_the_batch_grows_at_short_contexts():
     assert (
         breakeven
         == 180
-        == ch.breakeven_batch(
-            "llama-3.1-8b", "h100-sxm", 256, 4, 0.7, weight_dtype="bf16", kv_dtype="bf16"
-        )
+        == ch.breakeven_batch(Deployment("llama-3.1-8b", "h100-sxm", "bf16", "bf16"), 256, 4, 0.7)
     )
     assert np.all(speedup[batches < breakeven] > 1) and np.all(speedup[batches >= breakeven] <= 1)
     long_ = panel.values()  # 4K: pays at every batch that fits
@@ -384,7 +381,7 @@ def levers_setup_step(setup, batch, context, k, a):
     from kvlab.viz.levers_panels import SPEC_SETUPS
 
     s = SPEC_SETUPS[setup]
-    return speculative_step(s.model, s.hardware, batch, context, k, a, **s.settings())
+    return speculative_step(s.deployment, batch, context, k, a, s.draft_model)
 
 
 def test_tensor_parallel_eight_gpus_fit_the_70b_and_run_it_faster_but_not_eight_times():
@@ -435,17 +432,8 @@ def test_deepseek_v3_reads_more_experts_as_the_batch_grows_and_mtp_pays_more():
     tp8 = ch._step("deepseek-v3", "h200", 1, tensor_parallel=8, weight_dtype="fp8")
     assert tp8.fits and tp8.kv_bytes_per_token == 70272  # the latent is not split
     assert tp8.weight_read_bytes > reads[0] / 8  # the latent down-projections stay whole
-    mtp = ch.speculative_step(
-        "deepseek-v3",
-        "h200",
-        np.array([1, 64, 256]),
-        4096,
-        1,
-        0.85,
-        weight_dtype="fp8",
-        kv_dtype="bf16",
-        tensor_parallel=8,
-    )
+    v3 = Deployment("deepseek-v3", "h200", "fp8", "bf16", tensor_parallel=8)
+    mtp = ch.speculative_step(v3, np.array([1, 64, 256]), 4096, 1, 0.85)
     speedup = np.asarray(mtp.speculative_speedup)
     assert 1 < speedup[0] < speedup[1] < speedup[2] < 1.85  # the verify pass touches ~16 experts
 

@@ -244,12 +244,13 @@ def test_a_whole_prompt_hit_still_computes_the_last_token(capsys):
     """`--cached 4k --context 4k`: the prompt's last token is always computed (its logits give
     the first output token), so TTFT is the prefill of one token over 4,095 cached, not 0."""
     from kvlab import cost
+    from kvlab.deployment import Deployment
 
     code, out, _ = run(
         capsys, "budget", "--model", "llama-3.1-8b", "--cached", "4k", "--context", "4k", "--json"
     )
     r = json.loads(out)
-    one = cost.prefill("llama-3.1-8b", "h100-sxm", 4096, cached_tokens=4095)
+    one = cost.prefill(Deployment("llama-3.1-8b", "h100-sxm"), 4096, cached_tokens=4095)
     assert code == 0 and r["cached_tokens"] == 4095 and r["ttft_s"] == one.ttft_s > 0
 
 

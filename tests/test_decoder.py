@@ -24,6 +24,7 @@ from kvlab.decoder import (  # noqa: E402
 )
 from kvlab.decoder.config import get_config  # noqa: E402
 from kvlab.decoder.kvcache import quantize  # noqa: E402
+from kvlab.deployment import Deployment  # noqa: E402
 from kvlab.errors import KvlabError  # noqa: E402
 
 B, PROMPT, TOTAL, MAX_LEN = 3, 24, 40, 64
@@ -521,7 +522,7 @@ def test_host_prediction_adds_the_fetch():
     assert serial["predicted_step_s"] == pytest.approx(on_device["predicted_step_s"] + kv / 10e9)
     expected = max(on_device["predicted_step_s"], kv / 10e9)
     assert overlapped["predicted_step_s"] == pytest.approx(expected)
-    step = decode_step(ledger.model_spec("cpu-bench"), dev, 8, 4096, "bf16", "bf16")
+    step = decode_step(Deployment(ledger.model_spec("cpu-bench"), dev, "bf16", "bf16"), 8, 4096)
     assert on_device["predicted_step_s"] == pytest.approx(step.step_time_s)
 
 

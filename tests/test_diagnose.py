@@ -6,13 +6,16 @@ import pytest
 
 from kvlab import cost
 from kvlab.cli import main
+from kvlab.deployment import Deployment
 from kvlab.diagnose import diagnose
 from kvlab.errors import KvlabError
 from kvlab.tiers import tiered_decode_step
 
+LLAMA_8B = Deployment("llama-3.1-8b", "h100-sxm")
+
 
 def ceiling(**kw):
-    return cost.decode_step("llama-3.1-8b", "h100-sxm", **kw).tokens_per_s
+    return cost.decode_step(LLAMA_8B, **kw).tokens_per_s
 
 
 def test_near_the_ceiling_is_bandwidth_bound_and_says_cut_bytes():
@@ -46,7 +49,7 @@ def test_kv_in_host_memory_is_found():
 
 
 def test_network_transfer_in_decode_steps():
-    step = cost.decode_step("llama-3.1-8b", "h100-sxm", 8, 4096)
+    step = cost.decode_step(LLAMA_8B, 8, 4096)
     d = diagnose(
         "llama-3.1-8b",
         "h100-sxm",
@@ -98,7 +101,7 @@ def test_a_deployment_that_does_not_fit_is_said_so_before_any_advice(capsys):
 
 
 def test_too_many_sequences_names_the_largest_batch_that_fits():
-    step = cost.decode_step("llama-3.1-8b", "h100-sxm", 512, 32768)
+    step = cost.decode_step(LLAMA_8B, 512, 32768)
     d = diagnose("llama-3.1-8b", "h100-sxm", 512, 32768, 100)
     assert not d.fits and f"at most {step.max_batch} sequences fit" in d.fit.advice[0]
 
@@ -178,7 +181,7 @@ def test_the_steps_are_functions_and_agree_with_the_whole():
         "ib-200g",
         4096 * 131072,
     )
-    step = cost.decode_step("llama-3.1-8b", "h100-sxm", 8, 16384)
+    step = cost.decode_step(LLAMA_8B, 8, 16384)
     tier, _, tiered = module._kv_tier(inputs)
     assert d.findings == [
         module._memory_throughput(inputs, step),
@@ -202,7 +205,7 @@ def test_numbers_far_from_one_print_in_scientific_notation():
 def test_a_profiler_tells_kernels_from_gaps():
     """Kernels at 85% of the bandwidth while they run, the wall clock at 50% of the ceiling:
     the missing time is gaps between kernels (launches, host work), not bandwidth."""
-    step = cost.decode_step("llama-3.1-8b", "h100-sxm", 8, 16384)
+    step = cost.decode_step(LLAMA_8B, 8, 16384)
     peak = step.bandwidth_bytes_per_s
     d = diagnose(
         "llama-3.1-8b",
@@ -229,7 +232,7 @@ def test_a_profiler_tells_kernels_from_gaps():
 def test_a_slow_tier_sets_the_ceiling():
     """KV served from host memory: step 2 measures against that tier's ceiling, and a
     measurement above it is flagged as not describing what ran."""
-    t = tiered_decode_step("llama-3.1-8b", "h100-sxm", 8, 16384, "host-pcie5")
+    t = tiered_decode_step(LLAMA_8B, 8, 16384, "host-pcie5")
     ok = diagnose("llama-3.1-8b", "h100-sxm", 8, 16384, 0.9 * t.tokens_per_s, kv_tier="host-pcie5")
     assert ok.findings[1].numbers["ceiling_tokens_per_s"] == pytest.approx(t.tokens_per_s)
     assert ok.findings[1].numbers["fraction_of_ceiling"] == pytest.approx(0.9)

@@ -12,25 +12,28 @@ from collections import Counter
 import pytest
 
 from kvlab import cost, fmt
+from kvlab.deployment import Deployment
 from kvlab.diagnose import Diagnosis, diagnose
+from kvlab.hardware import get_device
 from kvlab.tiers import tiered_decode_step
 from kvlab.viz import i18n
 from kvlab.viz.diagnosis_panels import DiagnosisReport, report_text
 
 CJK = re.compile(r"[\u4e00-\u9fff]")
 M, HW = "llama-3.1-8b", "h100-sxm"
+D = Deployment(M, HW)
 
 
 def _ceiling(batch: int, context: int) -> float:
-    return cost.decode_step(M, HW, batch, context).tokens_per_s
+    return cost.decode_step(D, batch, context).tokens_per_s
 
 
 def _peak() -> float:
-    return cost.get_device(HW).memory_bandwidth_bytes_per_s
+    return get_device(HW).memory_bandwidth_bytes_per_s
 
 
 def _host() -> float:
-    return tiered_decode_step(M, HW, 8, 16384, "host-pcie5").tokens_per_s
+    return tiered_decode_step(D, 8, 16384, "host-pcie5").tokens_per_s
 
 
 def _cases() -> dict[str, Diagnosis]:

@@ -12,14 +12,22 @@ from test_cli import BUDGET_KEYS  # the budget command's JSON contract
 
 from kvlab import cost
 from kvlab.cli import main
+from kvlab.deployment import Deployment, KernelTables, parse_speed
 from kvlab.errors import KvlabError
 from kvlab.kernel_tables import devices_with_data, kernels, load
 from kvlab.kernel_tables.extract import SYSTEMS, dumps
 from kvlab.kernel_tables.tables import Curve, Grid
+from kvlab.ledger_rows import operator_rows
 
 FOLDER = resources.files("kvlab").joinpath("data/kernel_tables")
 DEVICES = ["a100-80gb", "b200", "h100-sxm", "h200", "l40s"]
 TABLES = ("gemm", "generation_attention", "context_attention", "moe", "all_reduce")
+TABLES_SPEED = KernelTables()
+
+
+def measured(model="llama-3.1-8b", hardware="h100-sxm", weight_dtype="fp16", kv_dtype="fp16"):
+    """A deployment timed from the kernel tables."""
+    return Deployment(model, hardware, weight_dtype, kv_dtype, TABLES_SPEED)
 
 
 # ------------------------------------------------------------------- the extract
@@ -136,23 +144,21 @@ def test_measured_llama_8b_on_h100_is_a_sane_band_below_the_ceiling():
     attention ~75%, and ~100 small kernels at the ~2.7 us floor add ~0.27 ms. So the ceiling
     is 60-85% of the measured step, the band issue 14 found for TensorRT-LLM end to end."""
     for batch in (1, 16):
-        s = cost.decode_step(
-            "llama-3.1-8b", "h100-sxm", batch, 4096, "bf16", "bf16", efficiency="measured"
-        )
+        s = cost.decode_step(measured(weight_dtype="bf16", kv_dtype="bf16"), batch, 4096)
         assert s.efficiency == "measured" and "TRTLLM 1.3.0rc20" in s.efficiency_source
-        ceiling = cost.decode_step("llama-3.1-8b", "h100-sxm", batch, 4096).step_time_s
+        ceiling = cost.decode_step(Deployment("llama-3.1-8b", "h100-sxm"), batch, 4096).step_time_s
         assert s.ceiling_step_time_s == ceiling
         assert 0.6 < s.ceiling_step_time_s / s.step_time_s < 0.85
         assert s.tokens_per_s == pytest.approx(batch / s.step_time_s)
-    one = cost.decode_step("llama-3.1-8b", "h100-sxm", 1, 4096, efficiency="measured")
-    sixteen = cost.decode_step("llama-3.1-8b", "h100-sxm", 16, 4096, efficiency="measured")
+    one = cost.decode_step(measured(), 1, 4096)
+    sixteen = cost.decode_step(measured(), 16, 4096)
     assert sixteen.step_time_s > one.step_time_s and sixteen.tokens_per_s > 10 * one.tokens_per_s
 
 
 def test_overhead_is_the_kernel_floor_times_the_small_kernels():
     """Llama 3.1 8B: 2 add+norm per layer and a final norm (65), SiLU x up per layer (32),
     embedding and sampling: 99 launches at the H100 table's floor."""
-    s = cost.decode_step("llama-3.1-8b", "h100-sxm", 1, 4096, efficiency="measured")
+    s = cost.decode_step(measured(), 1, 4096)
     assert s.overhead_s == pytest.approx(99 * load("h100-sxm").kernel_floor_s, rel=1e-12)
 
 
@@ -160,9 +166,7 @@ def test_no_operator_is_faster_than_its_ceiling():
     """L40S's tables beat its sheet bandwidth below ~256 MB (the weights sit in its 96 MB L2
     while a benchmark repeats); a decode step streams every layer once, so those operators
     are held at their ceiling and say so."""
-    from kvlab.ledger_rows import operator_table
-
-    rows = operator_table("llama-3.1-8b", "l40s", 1, 4096, efficiency="measured")
+    rows = operator_rows(measured(hardware="l40s"), 1, 4096)
     assert all(r["measured_s"] >= r["ceiling_s"] * (1 - 1e-12) for r in rows)
     assert any(r["at_ceiling"] for r in rows)
 
@@ -178,9 +182,7 @@ def test_no_operator_is_faster_than_its_ceiling():
 )
 def test_measured_is_never_below_the_ceiling(device, model, batch, context):
     """(Points beyond a table's batch x context triangle are NaN, and the fast path agrees.)"""
-    s = cost.decode_step(
-        model, device, np.array([batch]), context, "bf16", "bf16", efficiency="measured"
-    )
+    s = cost.decode_step(measured(model, device, "bf16", "bf16"), np.array([batch]), context)
     fast = kernels(model, device).decode_step_s(batch, context)
     if np.isnan(s.step_time_s[0]):
         assert math.isnan(fast)
@@ -195,22 +197,21 @@ def test_a_batch_of_unequal_contexts_is_timed_at_its_mean():
 
 
 def test_grids_give_nan_out_of_range_and_scalars_refuse():
-    grid = cost.decode_step(
-        "llama-3.1-8b", "h100-sxm", np.array([1, 16, 4096]), 4096, efficiency="measured"
-    )
+    d = measured()
+    grid = cost.decode_step(d, np.array([1, 16, 4096]), 4096)
     assert np.isfinite(grid.step_time_s[:2]).all() and np.isnan(grid.step_time_s[2])
     contexts = np.array([100, 1000, 200_000])
-    row = cost.decode_step("llama-3.1-8b", "h100-sxm", 8, contexts, efficiency="measured")
+    row = cost.decode_step(d, 8, contexts)
     assert np.isfinite(row.step_time_s[:2]).all() and np.isnan(row.step_time_s[2])
-    point = cost.decode_step("llama-3.1-8b", "h100-sxm", 8, 1000, efficiency="measured")
+    point = cost.decode_step(d, 8, 1000)
     assert row.step_time_s[1] == pytest.approx(point.step_time_s, rel=1e-12)
     with pytest.raises(KvlabError, match="outside the measured kernel tables.*attention"):
-        cost.decode_step("llama-3.1-8b", "h100-sxm", 4096, 4096, efficiency="measured")
+        cost.decode_step(d, 4096, 4096)
     with pytest.raises(KvlabError, match="outside"):
-        cost.decode_step("llama-3.1-8b", "h100-sxm", 1, 200_000, efficiency="measured")
+        cost.decode_step(d, 1, 200_000)
     assert math.isnan(kernels("llama-3.1-8b", "h100-sxm").decode_step_s(1, 200_000))
     with pytest.raises(KvlabError, match="m \\(tokens\\) 1 to 8192"):
-        cost.prefill("llama-3.1-8b", "a100-80gb", 16384, efficiency="measured")
+        cost.prefill(measured(hardware="a100-80gb"), 16384)
 
 
 @pytest.mark.parametrize(
@@ -222,42 +223,48 @@ def test_grids_give_nan_out_of_range_and_scalars_refuse():
         (dict(hardware="a100-80gb", kv_dtype="fp8"), "KV for fp8 on a100-80gb"),
         (dict(weight_dtype="fp32"), "no measured GEMMs for fp32"),
         (dict(bandwidth_bytes_per_s=2e12), "bandwidth override does not apply"),
-        (dict(efficiency="measureD "), None),
-        (dict(efficiency="fast"), "efficiency must be a number in \\(0, 1\\] or 'measured'"),
+        (dict(speed="measureD "), None),
+        (dict(speed="fast"), "efficiency must be a number in \\(0, 1\\] or 'measured'"),
     ],
 )
 def test_measured_mode_refuses_what_it_has_no_tables_for(kwargs, message):
-    args = dict(
-        model="llama-3.1-8b", hardware="h100-sxm", batch=4, context=1024, efficiency="measured"
-    )
+    """Whether it refuses when the deployment is made (an override, a word it does not know)
+    or when the step is timed (no tables for this device, model or dtype)."""
+    args = dict(model="llama-3.1-8b", hardware="h100-sxm", speed="measured")
     args.update(kwargs)
+
+    def step():
+        speed = parse_speed(args.pop("speed"))  # what the command line and the panels do
+        return cost.decode_step(Deployment(speed=speed, **args), 4, 1024)
+
     if message is None:
-        assert cost.decode_step(**args).efficiency == "measured"
+        assert step().efficiency == "measured"
         return
     with pytest.raises(KvlabError, match=message):
-        cost.decode_step(**args)
+        step()
 
 
 def test_int4_on_a100_is_measured_and_quantization_still_pays():
     """A100's TensorRT-LLM 1.0 tables have weight-only int8/int4 GEMMs: small int4 GEMVs
     are far from the bandwidth (latency-bound), so int4 buys ~2x at batch 1, not 4x."""
-    bf16 = cost.decode_step("llama-3.1-8b", "a100-80gb", 1, 1024, "bf16", efficiency="measured")
-    int4 = cost.decode_step("llama-3.1-8b", "a100-80gb", 1, 1024, "int4", efficiency="measured")
+    bf16 = cost.decode_step(measured(hardware="a100-80gb", weight_dtype="bf16"), 1, 1024)
+    int4 = cost.decode_step(measured(hardware="a100-80gb", weight_dtype="int4"), 1, 1024)
     assert 1.5 < bf16.step_time_s / int4.step_time_s < 3.5
     assert int4.ceiling_step_time_s / int4.step_time_s < bf16.ceiling_step_time_s / bf16.step_time_s
 
 
 def test_measured_prefill_keeps_flash_attention_and_prefix_hits_save():
-    full = cost.prefill("llama-3.1-8b", "h100-sxm", 8192, efficiency="measured")
-    half = cost.prefill("llama-3.1-8b", "h100-sxm", 8192, 4096, efficiency="measured")
-    done = cost.prefill("llama-3.1-8b", "h100-sxm", 8192, 8192, efficiency="measured")
+    d = measured()
+    full = cost.prefill(d, 8192)
+    half = cost.prefill(d, 8192, 4096)
+    done = cost.prefill(d, 8192, 8192)
     assert (
         full.time_s > half.time_s > done.time_s > 0
     )  # a whole-prompt hit still computes the last token
     assert done.cached_tokens == 8191
     assert 0.5 < full.ceiling_time_s / full.time_s < 0.9
     with pytest.raises(KvlabError, match="flash_attention=False"):
-        cost.prefill("llama-3.1-8b", "h100-sxm", 8192, flash_attention=False, efficiency="measured")
+        cost.prefill(d, 8192, flash_attention=False)
 
 
 def test_tensor_parallel_adds_all_reduces_and_splits_the_weights():

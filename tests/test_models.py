@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from kvlab.errors import KvlabError
-from kvlab.models import expected_experts_touched, get_model, load_config, models
+from kvlab.models import get_model, load_config, models
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,13 +61,6 @@ def test_catalogue_has_the_nine_models():
         "deepseek-v3",
     }
     assert all(m.source for m in models().values())
-
-
-def test_expected_experts_touched():
-    assert expected_experts_touched(8, 2, 1) == pytest.approx(2.0)
-    assert expected_experts_touched(8, 2, 1000) == pytest.approx(8.0)
-    # two tokens: 8 * (1 - (6/8)^2) = 3.5
-    assert expected_experts_touched(8, 2, 2) == pytest.approx(3.5)
 
 
 def _write(tmp_path, cfg):

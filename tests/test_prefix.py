@@ -14,12 +14,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvlab.cli import main
+from kvlab.cost import decode_step, prefill
+from kvlab.deployment import Deployment
 from kvlab.errors import KvlabError
 from kvlab.prefix import BlockPrefixCache, hit_ratio_curve, replay
 from kvlab.prefix.bench import ordered_dict_replay
 from kvlab.prefix.compare import compare_granularity, granularity_sweep
 from kvlab.prefix.latency import latency_vs_hit_ratio, tpot_s, ttft_s
 from kvlab.prefix.radix import RadixCache, WholeRequestCache
+from kvlab.tiers import TierPath, kv_fetch_time_s
 from kvlab.traces import Request, Trace
 from kvlab.traces_gen import generate_trace
 
@@ -268,22 +271,18 @@ def test_the_sweep_moves_token_hits_not_request_hits():
 
 
 def test_ttft_is_prefill_of_the_miss_plus_the_fetch_of_the_hit():
-    from kvlab.cost import prefill
-    from kvlab.tiers import kv_fetch_time_s
-
-    m, h = "llama-3.1-8b", "h100-sxm"
+    d = Deployment("llama-3.1-8b", "h100-sxm")
     inputs, cached = np.array([4096, 4096, 4096]), np.array([0, 2048, 4096])
-    resident = ttft_s(m, h, inputs, cached)
-    assert resident[0] == prefill(m, h, 4096).time_s
-    assert resident[2] == prefill(m, h, 4096, 4095).time_s  # the last token is always computed
+    resident = ttft_s(d, inputs, cached)
+    assert resident[0] == prefill(d, 4096).time_s
+    assert resident[2] == prefill(d, 4096, 4095).time_s  # the last token is always computed
     assert np.all(np.diff(resident) < 0)
-    host = ttft_s(m, h, inputs, cached, "pcie5-x16")
+    host = ttft_s(d, inputs, cached, "pcie5-x16")  # a tier name: its bandwidth alone
     assert host[0] == resident[0]  # nothing cached, nothing fetched
-    assert host[1] == pytest.approx(resident[1] + kv_fetch_time_s(m, 2048, "pcie5-x16"))
-    assert np.all(ttft_s(m, h, inputs, cached, "ethernet-10g") >= host)
-    assert tpot_s(m, h, 4096, 16) == pytest.approx(
-        __import__("kvlab.cost").cost.decode_step(m, h, 16, 4096).step_time_s
-    )
+    fetch = kv_fetch_time_s(d, 2048, TierPath("pcie5-x16", latency_s=0.0))
+    assert host[1] == pytest.approx(resident[1] + fetch)
+    assert np.all(ttft_s(d, inputs, cached, "ethernet-10g") >= host)
+    assert tpot_s(d, 4096, 16) == pytest.approx(decode_step(d, 16, 4096).step_time_s)
 
 
 def test_hit_ratio_moves_ttft_but_not_tpot():

@@ -9,20 +9,28 @@ from hypothesis import strategies as st
 
 from kvlab import cost, tiers
 from kvlab.bench.report import kv_transfer_series
+from kvlab.deployment import Deployment
 from kvlab.errors import KvlabError
-from kvlab.tiers import links
+from kvlab.tiers import TierPath, links
 
 MiB, GiB = 2**20, 2**30
 REQUEST_4K = 4096 * 131072  # tokens x 128 KiB per token of the article's 7B
+ARTICLE = Deployment("article-7b", "h100-sxm")
+LLAMA = Deployment("llama-3.1-8b", "h100-sxm")
+
+
+def bare(where, efficiency=1.0, bandwidth_bytes_per_s=None):
+    """A path at its bandwidth alone, no per-fetch latency (the article's arithmetic)."""
+    return TierPath(where, efficiency, bandwidth_bytes_per_s, latency_s=0.0)
 
 
 # ------------------------------------------------------------ the article, by hand
 
 
 def test_one_4k_request_is_512_mib_and_32_of_them_16_gib():
-    one = tiers.kv_footprint("article-7b", "h100-sxm", batch=1, context=4096)
+    one = tiers.kv_footprint(ARTICLE, batch=1, context=4096)
     assert one.kv_bytes_per_request == one.kv_cache_bytes == 512 * MiB == REQUEST_4K
-    many = tiers.kv_footprint("article-7b", "h100-sxm", batch=32, context=4096)
+    many = tiers.kv_footprint(ARTICLE, batch=32, context=4096)
     assert many.kv_cache_bytes == 16 * GiB  # 17.18e9 bytes: "close to the 14 GB of weights"
     assert many.weight_bytes == 14e9 and many.fits
 
@@ -30,20 +38,24 @@ def test_one_4k_request_is_512_mib_and_32_of_them_16_gib():
 def test_10_gbe_moves_a_4k_request_in_0_43_s_not_seconds():
     # 10 Gb/s / 8 = 1.25 GB/s; 536,870,912 B / 1.25e9 B/s = 0.4295 s at line rate.
     # The article says "measured in seconds": true as an order of magnitude, ~100 steps.
-    assert tiers.kv_fetch_time_s("article-7b", 4096, "ethernet-10g") == pytest.approx(
+    assert tiers.kv_fetch_time_s(ARTICLE, 4096, bare("ethernet-10g")) == pytest.approx(
         0.4294967296, rel=1e-12
     )
-    assert tiers.kv_fetch_time_s(
-        "article-7b", 4096, "ethernet-10g", efficiency=0.6
-    ) == pytest.approx(0.7158, abs=1e-4)
+    assert tiers.kv_fetch_time_s(ARTICLE, 4096, bare("ethernet-10g", 0.6)) == pytest.approx(
+        0.7158, abs=1e-4
+    )
+    # a name alone pays the placement's per-fetch latency (30 us of kernel TCP)
+    assert tiers.kv_fetch_time_s(ARTICLE, 4096, "ethernet-10g") == pytest.approx(
+        0.4294967296 + 30e-6, rel=1e-12
+    )
 
 
 def test_200_gb_per_s_is_2_7_ms_but_a_200_gbit_nic_is_8x_slower():
-    article = tiers.kv_fetch_time_s("article-7b", 4096, "ib-200g", bandwidth_bytes_per_s=200e9)
+    article = tiers.kv_fetch_time_s(ARTICLE, 4096, bare("ib-200g", bandwidth_bytes_per_s=200e9))
     assert (
         article == pytest.approx(REQUEST_4K / 200e9) == pytest.approx(2.684e-3, rel=1e-3)
     )  # "~2.5 ms"
-    nic = tiers.kv_fetch_time_s("article-7b", 4096, "ib-200g")  # 200 Gb/s = 25 GB/s
+    nic = tiers.kv_fetch_time_s(ARTICLE, 4096, bare("ib-200g"))  # 200 Gb/s = 25 GB/s
     assert nic == pytest.approx(REQUEST_4K / 25e9) == pytest.approx(21.47e-3, rel=1e-3)
     assert nic / article == pytest.approx(8.0)
 
@@ -82,18 +94,16 @@ def test_transfer_time_adds_latency_and_broadcasts():
 
 
 def test_kv_in_hbm_is_the_ledger_and_slower_tiers_collapse():
-    step = tiers.tiered_decode_step("article-7b", "h100-sxm", 32, 4096, "hbm")
-    ledger = cost.decode_step("article-7b", "h100-sxm", 32, 4096)
+    step = tiers.tiered_decode_step(ARTICLE, 32, 4096, "hbm")
+    ledger = cost.decode_step(ARTICLE, 32, 4096)
     assert step.step_time_s == pytest.approx(ledger.step_time_s) and step.slowdown == pytest.approx(
         1.0
     )
-    host = tiers.tiered_decode_step("article-7b", "h100-sxm", 32, 4096, "host-pcie5")
+    host = tiers.tiered_decode_step(ARTICLE, 32, 4096, "host-pcie5")
     # 16 GiB over 63 GB/s = 273 ms per step, against 9.3 ms with the KV in HBM
     assert host.tier_time_s == pytest.approx(17179869184 / 63.0e9 + 10e-6, rel=1e-3)
     assert host.slowdown > 25 and host.bound == "tier"
-    none = tiers.tiered_decode_step(
-        "article-7b", "h100-sxm", 32, 4096, "host-pcie5", tier_fraction=0.0
-    )
+    none = tiers.tiered_decode_step(ARTICLE, 32, 4096, "host-pcie5", tier_fraction=0.0)
     assert none.step_time_s == pytest.approx(ledger.step_time_s)
 
 
@@ -106,31 +116,17 @@ def test_kv_in_hbm_is_the_ledger_and_slower_tiers_collapse():
     frac=st.floats(0.01, 1.0),
 )
 def test_more_tier_bandwidth_never_lowers_tokens_per_s(bw, factor, batch, context, frac):
-    kw = dict(tier="remote-ib-400g", tier_fraction=frac)
-    slow = tiers.tiered_decode_step(
-        "llama-3.1-8b", "h100-sxm", batch, context, tier_bandwidth_bytes_per_s=bw, **kw
-    )
-    fast = tiers.tiered_decode_step(
-        "llama-3.1-8b", "h100-sxm", batch, context, tier_bandwidth_bytes_per_s=bw * factor, **kw
-    )
-    over = tiers.tiered_decode_step(
-        "llama-3.1-8b",
-        "h100-sxm",
-        batch,
-        context,
-        tier_bandwidth_bytes_per_s=bw,
-        overlap=True,
-        **kw,
-    )
+    path, faster = (TierPath("remote-ib-400g", bandwidth_bytes_per_s=b) for b in (bw, bw * factor))
+    slow = tiers.tiered_decode_step(LLAMA, batch, context, path, frac)
+    fast = tiers.tiered_decode_step(LLAMA, batch, context, faster, frac)
+    over = tiers.tiered_decode_step(LLAMA, batch, context, path, frac, overlap=True)
     assert fast.tokens_per_s >= slow.tokens_per_s
     assert over.step_time_s <= slow.step_time_s  # overlapping can only help
     assert slow.tokens_per_s <= slow.hbm_tokens_per_s * (1 + 1e-12)  # nothing beats all-in-HBM
 
 
 def test_remote_kv_every_step_is_the_disaster_moving_once_is_the_fix():
-    m = tiers.move_once_vs_every_step(
-        "article-7b", "h100-sxm", 1, 4096, "remote-10gbe", output_tokens=256
-    )
+    m = tiers.move_once_vs_every_step(ARTICLE, 1, 4096, "remote-10gbe", output_tokens=256)
     assert m.fetch_once_s == pytest.approx(REQUEST_4K / 1.25e9 + 30e-6)
     assert m.every_step_time_s > 90 * m.hbm_step_time_s  # each token waits for 0.43 s of network
     assert m.breakeven_tokens <= 2 and m.speedup > 50
@@ -141,7 +137,7 @@ def test_remote_kv_every_step_is_the_disaster_moving_once_is_the_fix():
 
 
 def test_value_is_saved_minus_fetch_and_full_hits_keep_one_token():
-    h = tiers.hit_value("article-7b", "h100-sxm", 4096, "host-pcie5")
+    h = tiers.hit_value(ARTICLE, 4096, "host-pcie5")
     assert h.cached_tokens == 4095  # the last token is always computed
     assert h.value_s == pytest.approx(h.saved_s - h.fetch_time_s)
     assert h.saved_s == pytest.approx(h.miss_time_s - h.hit_compute_time_s)
@@ -153,66 +149,55 @@ def test_value_is_saved_minus_fetch_and_full_hits_keep_one_token():
     "model,prompt", [("article-7b", 4096), ("llama-2-7b", 1024), ("llama-3.1-70b", 16384)]
 )
 def test_at_the_breakeven_bandwidth_fetch_equals_recompute_saved(model, prompt):
-    h = tiers.hit_value(model, "h100-sxm", prompt, "host-pcie5")
+    d = Deployment(model, "h100-sxm")
+    h = tiers.hit_value(d, prompt, "host-pcie5")
     bw = h.breakeven_bandwidth_bytes_per_s
-    at = tiers.hit_value(model, "h100-sxm", prompt, "host-pcie5", tier_bandwidth_bytes_per_s=bw)
-    assert at.fetch_time_s == pytest.approx(at.saved_s, rel=1e-9)
-    assert at.value_s == pytest.approx(0.0, abs=1e-12)
-    assert (
-        tiers.hit_value(
-            model, "h100-sxm", prompt, "host-pcie5", tier_bandwidth_bytes_per_s=bw * 1.01
-        ).value_s
-        > 0
-    )
-    assert (
-        tiers.hit_value(
-            model, "h100-sxm", prompt, "host-pcie5", tier_bandwidth_bytes_per_s=bw * 0.99
-        ).value_s
-        < 0
-    )
+
+    def at(bandwidth):
+        return tiers.hit_value(d, prompt, TierPath("host-pcie5", bandwidth_bytes_per_s=bandwidth))
+
+    assert at(bw).fetch_time_s == pytest.approx(at(bw).saved_s, rel=1e-9)
+    assert at(bw).value_s == pytest.approx(0.0, abs=1e-12)
+    assert at(bw * 1.01).value_s > 0
+    assert at(bw * 0.99).value_s < 0
 
 
 @pytest.mark.parametrize("tier", ["hbm", "host-pcie5", "host-pcie4", "remote-ib-200g"])
 def test_breakeven_prompt_is_the_sign_change(tier):
-    n = tiers.breakeven_prompt_tokens("article-7b", "h100-sxm", tier)
+    n = tiers.breakeven_prompt_tokens(ARTICLE, tier)
     assert np.isfinite(n)
     n = int(n)
-    assert tiers.hit_value("article-7b", "h100-sxm", n - 1, tier).value_s <= 0
-    assert tiers.hit_value("article-7b", "h100-sxm", n, tier).value_s > 0
+    assert tiers.hit_value(ARTICLE, n - 1, tier).value_s <= 0
+    assert tiers.hit_value(ARTICLE, n, tier).value_s > 0
 
 
 def test_breakeven_prompt_vectorises_over_bandwidth_and_can_be_never():
     bws = np.array([1e9, 1e10, 1e11])
-    many = tiers.breakeven_prompt_tokens(
-        "article-7b", "h100-sxm", "host-pcie5", tier_bandwidth_bytes_per_s=bws
-    )
+    many = tiers.breakeven_prompt_tokens(ARTICLE, TierPath("host-pcie5", bandwidth_bytes_per_s=bws))
     one = [
-        tiers.breakeven_prompt_tokens(
-            "article-7b", "h100-sxm", "host-pcie5", tier_bandwidth_bytes_per_s=b
-        )
+        tiers.breakeven_prompt_tokens(ARTICLE, TierPath("host-pcie5", bandwidth_bytes_per_s=b))
         for b in bws
     ]
     np.testing.assert_array_equal(many, one)
     assert np.all(np.diff(many[np.isfinite(many)]) <= 0)  # faster link -> pays from shorter prompts
     # 10 GbE: within the article model's 32K window a hit never pays...
-    assert tiers.breakeven_prompt_tokens("article-7b", "h100-sxm", "remote-10gbe") == np.inf
+    assert tiers.breakeven_prompt_tokens(ARTICLE, "remote-10gbe") == np.inf
     # ...quadratic attention makes recompute dear enough only at ~340K tokens
     assert (
-        300_000
-        < tiers.breakeven_prompt_tokens("article-7b", "h100-sxm", "remote-10gbe", max_tokens=2**20)
-        < 400_000
+        300_000 < tiers.breakeven_prompt_tokens(ARTICLE, "remote-10gbe", max_tokens=2**20) < 400_000
     )
 
 
 def test_99_percent_hit_rate_slower_than_a_miss():
     # llama-2-7b keeps all 32 KV heads: 512 KiB per token. Over PCIe 4 the 4K prefix costs
     # 67 ms to fetch, more than the 59 ms it takes to recompute from HBM-resident weights.
-    h = tiers.hit_value("llama-2-7b", "h100-sxm", 4096, "host-pcie4")
+    llama2 = Deployment("llama-2-7b", "h100-sxm")
+    h = tiers.hit_value(llama2, 4096, "host-pcie4")
     assert h.liability and h.fetch_time_s > h.saved_s
     assert tiers.mean_prefill_time_s(h, 0.99) > h.miss_time_s
     rates = np.linspace(0, 1, 11)
     assert np.all(np.diff(tiers.mean_prefill_time_s(h, rates)) > 0)  # more hits, slower
-    good = tiers.hit_value("llama-2-7b", "h100-sxm", 4096, "hbm")
+    good = tiers.hit_value(llama2, 4096, "hbm")
     assert np.all(np.diff(tiers.mean_prefill_time_s(good, rates)) < 0)
 
 
@@ -220,19 +205,17 @@ def test_99_percent_hit_rate_slower_than_a_miss():
 
 
 def test_overflow_starts_right_after_max_batch():
-    fp = tiers.kv_footprint("article-7b", "h100-sxm", 1, 4096)
+    fp = tiers.kv_footprint(ARTICLE, 1, 4096)
     limit = fp.max_batch  # (90% of 80e9 - 14e9) / 512 MiB = 108.03 -> 108
     assert limit == 108
-    at, past = (tiers.kv_footprint("article-7b", "h100-sxm", b, 4096) for b in (limit, limit + 1))
+    at, past = (tiers.kv_footprint(ARTICLE, b, 4096) for b in (limit, limit + 1))
     assert at.fits and at.overflow_bytes == 0
     assert not past.fits and past.overflow_bytes == pytest.approx((limit + 1) * REQUEST_4K - 58e9)
     assert 0 < past.overflow_fraction < 1
 
 
 def test_spilling_costs_tokens_per_s_and_capping_does_not():
-    s = tiers.spill_cost(
-        "article-7b", "h100-sxm", np.array([64, 108, 109, 116, 256]), 4096, "host-pcie5"
-    )
+    s = tiers.spill_cost(ARTICLE, np.array([64, 108, 109, 116, 256]), 4096, "host-pcie5")
     np.testing.assert_allclose(
         s.tokens_per_s_spilled[:2], s.tokens_per_s_unlimited[:2]
     )  # fits: no spill
@@ -246,9 +229,10 @@ def test_spilling_costs_tokens_per_s_and_capping_does_not():
 
 
 def test_weights_that_do_not_fit_spill_everything():
-    fp = tiers.kv_footprint("llama-3.1-70b", "rtx-4090", 1, 4096)
+    d = Deployment("llama-3.1-70b", "rtx-4090")
+    fp = tiers.kv_footprint(d, 1, 4096)
     assert fp.kv_room_bytes == 0 and fp.overflow_fraction == 1.0 and fp.max_batch == 0
-    assert tiers.spill_cost("llama-3.1-70b", "rtx-4090", 1, 4096).tokens_per_s_capped == 0
+    assert tiers.spill_cost(d, 1, 4096, "host-pcie5").tokens_per_s_capped == 0
 
 
 # ------------------------------------------------------------------ link model

@@ -9,10 +9,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvlab import fmt
+from kvlab import cost, fmt
 from kvlab.book.catalog import panels
 from kvlab.cli.budget import budget
+from kvlab.deployment import Deployment, parse_speed
 from kvlab.viz.panel import FORMATS, readout_html
+
+
+def cli_budget(keys: dict) -> dict:
+    """What `kvlab budget --json` prints for a panel's budget keys (its command-line options)."""
+    d = Deployment(
+        keys["model"],
+        keys["hardware"],
+        keys.get("weight_dtype", "fp16"),
+        keys.get("kv_dtype", "fp16"),
+        parse_speed(keys.get("efficiency", 1.0)),
+    )
+    return budget(d, keys["batch"], keys["context"], keys.get("cached", 0))
 
 
 def test_rounding_is_half_away_from_zero_on_the_exact_value():
@@ -78,7 +91,7 @@ def test_ledger_panel_values_are_the_cli_budget(speed, efficiency_in_cli):
     values = panel.compute(state)["values"]
     keys = panel.budget_keys(state)
     assert keys["efficiency"] == efficiency_in_cli
-    cli = budget(**keys)
+    cli = cli_budget(keys)
     shared = [key for key, _, _ in panel.readout if key in cli]
     assert len(shared) == 9
     for key in shared:
@@ -94,19 +107,18 @@ def test_ledger_panel_values_are_the_cli_budget(speed, efficiency_in_cli):
 def test_ledger_panel_sweeps_are_the_ledger_at_each_point():
     """The decode-step panel's knee, context and roofline values (chapter 2's prose quotes
     them) are kvlab.cost's, at the panel's state and over the shared grids."""
-    from kvlab import cost
     from kvlab.grids import BATCH_GRID
 
     panel = panels()["ledger"]()
     state = {**panel.default_state, "batch": 8}
     v = panel.compute(state)["values"]
-    m, hw = state["model"], state["hardware"]
-    sweep = cost.decode_step(m, hw, np.array(BATCH_GRID), state["context"])
+    d = Deployment(state["model"], state["hardware"])
+    sweep = cost.decode_step(d, np.array(BATCH_GRID), state["context"])
     assert v["knee_batch"] == BATCH_GRID[cost.batch_knee(sweep)]
-    at = lambda ctx: cost.decode_step(m, hw, 8, ctx).tokens_per_s_per_sequence  # noqa: E731
+    at = lambda ctx: cost.decode_step(d, 8, ctx).tokens_per_s_per_sequence  # noqa: E731
     assert v["at_4k"] == pytest.approx(at(4096)) and v["at_32k"] == pytest.approx(at(32768))
     assert v["slowdown"] == pytest.approx(at(4096) / at(32768))
-    step = cost.decode_step(m, hw, 8, state["context"])
+    step = cost.decode_step(d, 8, state["context"])
     assert v["arithmetic_intensity"] == pytest.approx(step.arithmetic_intensity)
     # whole tokens: the longest context whose KV reads stay within the weights
     assert v["kv_equals_weights_context"] == step.weight_read_bytes // (8 * step.kv_bytes_per_token)
@@ -198,10 +210,9 @@ def test_hit_panel_moves_ttft_not_tpot():
 
 
 def test_knee_is_where_kv_reads_reach_the_weights():
-    from kvlab import cost
     from kvlab.viz.controls import BATCH_GRID
 
-    s = cost.decode_step("llama-3.1-8b", "h100-sxm", np.array(BATCH_GRID), 4096)
+    s = cost.decode_step(Deployment("llama-3.1-8b", "h100-sxm"), np.array(BATCH_GRID), 4096)
     k = cost.batch_knee(s)
     assert s.kv_read_bytes[k] >= s.weight_read_bytes > s.kv_read_bytes[k - 1]
     # at the knee throughput is within 2x of the bandwidth ceiling B/(K) for this context
@@ -479,14 +490,13 @@ def test_footprint_draws_no_room_when_the_weights_overflow_the_device():
 def test_tpot_budget_keeps_the_slo_and_the_memory_limit_apart():
     """Pitfall 1: at 8K tokens on an H100 a 50 ms budget would allow far more sequences than
     fit in memory; memory sets the batch, and TPOT there is well within the budget."""
-    from kvlab import cost
-
     panel = panels()["tpot-budget"]()
     v = panel.values()
     m, hw, ctx, slo = (panel.default_state[k] for k in ("model", "hardware", "context", "slo"))
-    step = lambda b: cost.decode_step(m, hw, b, ctx).step_time_s  # noqa: E731
+    d = Deployment(m, hw)
+    step = lambda b: cost.decode_step(d, b, ctx).step_time_s  # noqa: E731
     assert step(v["tpot_batch"]) <= slo < step(v["tpot_batch"] + 1)  # the budget's exact edge
-    assert v["max_batch"] == cost.memory_fit(m, hw, 1, ctx).max_batch
+    assert v["max_batch"] == cost.memory_fit(d, 1, ctx).max_batch
     assert v["max_batch"] < v["tpot_batch"] and v["limited_by"] == "device memory"
     assert v["allowed_batch"] == v["max_batch"] and v["allowed_tpot_s"] < 0.5 * slo
     tight = panel.values(slo=0.02)  # a tight budget: now the budget sets the batch
