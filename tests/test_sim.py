@@ -427,10 +427,7 @@ def test_kernel_cost_reproduces_measured_decode_steps():
         assert float(kc.decode_times_s(b, ctx)) == pytest.approx(want.step_time_s, rel=1e-12)
         assert want.step_time_s > cost.decode_step(H100, b, ctx).step_time_s
     many = np.arange(1000.0, 5000.0, 13.0)  # the vectorised path
-    want = [
-        cost.decode_step(H100_TABLES, 8, c).step_time_s
-        for c in many[::50]
-    ]
+    want = [cost.decode_step(H100_TABLES, 8, c).step_time_s for c in many[::50]]
     assert kc.decode_times_s(8, many)[::50] == pytest.approx(want, rel=1e-12)
     assert kc.iteration_time_s(16, 4096.0, []) == pytest.approx(float(kc.decode_times_s(16, 4096)))
 
@@ -465,8 +462,7 @@ def test_kernel_cost_beyond_the_tables_is_continuous_and_counted():
     at, past = kc.prefill_times_s(longest, 0)[0], kc.prefill_times_s(longest + 1, 0)[0]
     assert past == pytest.approx(at, rel=1e-3) and past > at
     assert (
-        kc.prefill_times_s(4 * longest, 0)[0]
-        > LedgerCost(H100).prefill_times_s(4 * longest, 0)[0]
+        kc.prefill_times_s(4 * longest, 0)[0] > LedgerCost(H100).prefill_times_s(4 * longest, 0)[0]
     )
 
 
@@ -488,9 +484,7 @@ def test_measured_single_request_hand_checked():
     tables = Deployment(m, hw, speed=KernelTables())
     prefill = cost.prefill(tables, n_in).time_s
     wire = transfer_time_s(n_in * cost.kv_bytes_per_token(m), 50e9, 1.0, 5e-6)
-    steps = np.cumsum(
-        [cost.decode_step(tables, 1, n_in + j).step_time_s for j in range(3)]
-    )
+    steps = np.cumsum([cost.decode_step(tables, 1, n_in + j).step_time_s for j in range(3)])
     pd = simulate(
         trace,
         arch="disaggregated",

@@ -13,7 +13,7 @@
 from .cluster import Simulation, simulate
 from .config import ARCH_DEFAULTS, ARCHS, PREFIX_CACHES, SimConfig, engine_chunk_tokens
 from .cost_model import make_cost
-from .costs import LedgerCost, BenchCost, pipeline_time_s
+from .costs import BenchCost, LedgerCost, pipeline_time_s
 from .kernel_cost import KernelCost
 from .loop import EventLoop, SimulationError
 from .results import RECORD_DTYPE, SUMMARY_KEYS, SimResult

@@ -161,7 +161,8 @@ class LedgerCost:
         c = np.asarray(served_tokens(np.asarray(cached_tokens, dtype=float), p), dtype=float)
         n, c = np.broadcast_arrays(p - c, c)
         rows = [
-            self._ledger_prefill(float(a), float(b)) for a, b in zip(n.ravel(), c.ravel(), strict=True)
+            self._ledger_prefill(float(a), float(b))
+            for a, b in zip(n.ravel(), c.ravel(), strict=True)
         ]
         return tuple(np.array(col).reshape(n.shape) for col in zip(*rows, strict=True))
 
