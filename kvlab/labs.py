@@ -28,6 +28,7 @@ import numpy as np
 
 from . import cost
 from .article import ARTICLE_BANDWIDTH_BYTES_PER_S
+from .cli import Parser, guarded
 from .deployment import Deployment, KernelTables
 from .errors import KvlabError, unknown_name
 from .grids import BATCH_GRID
@@ -523,8 +524,6 @@ def _make_dirs(out_dir: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m kvlab.labs [NOTEBOOK_DIR] [OUT_DIR] [--force]`: write the student copies."""
-    from .cli import Parser
-
     parser = Parser(
         prog="python -m kvlab.labs",
         description="Write student copies of "
@@ -560,6 +559,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from .cli import guarded
-
     sys.exit(guarded(main, "kvlab labs"))

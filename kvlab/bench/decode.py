@@ -28,10 +28,12 @@ import gc
 import sys
 from dataclasses import dataclass
 
+from ..decoder import fit, ledger
 from ..errors import KvlabError
-from .memory import copy_bandwidth
-from .results import environment
+from .memory import GiB, MiB, copy_bandwidth, matmul_rate
+from .results import environment, write_result
 from .timing import Budget, Progress, machine_state, measure_undisturbed, open_device, time_call
+from .transfer import link_bandwidth
 
 K = 1024
 GRIDS = {
@@ -231,9 +233,6 @@ def _measure_point(fn, dev, probe, repeats, warmup, tries):
 
 def measure_machine(device, compute_dtype: str, need_link: bool, quick: bool) -> dict:
     """The figures the ledger is fed: copy bandwidth, matmul rate, host->device bandwidth."""
-    from .memory import GiB, MiB, matmul_rate
-    from .transfer import link_bandwidth
-
     cuda = str(device).startswith("cuda")
     size = (GiB if cuda else 512 * MiB) if not quick else (256 * MiB if cuda else 128 * MiB)
     (bw, timing), stall, _ = measure_undisturbed(
@@ -334,8 +333,6 @@ class _Sweep:
         self._release()
 
     def predict(self, group: Group, ctx: int) -> dict:
-        from ..decoder import ledger
-
         return ledger.predict_decode(
             self.model.config,
             self.spec_device,
@@ -394,8 +391,6 @@ class _Sweep:
     def record(self, model, group: Group, ctx: int, measured, graphed: bool) -> dict:
         """One decode point: the measurement, and the ledger fed the copy bandwidth measured
         around it (a shared machine's memory bandwidth moves with its neighbours' load)."""
-        from ..decoder import ledger
-
         (t, bw0, bw1), stall, attempts = measured
         bw_point = (bw0 + bw1) / 2
         point_device = ledger.measured_device(
@@ -485,7 +480,7 @@ def run_decode(
     point a second time, right after, with PyTorch's kernels (same weights, same cache); the
     result then carries that run as `comparison`, a result of the same shape. A shared machine's
     bandwidth drifts, so the two are compared point by point, never across separate runs."""
-    from ..decoder import Decoder, fit, ledger
+    from ..decoder import Decoder  # torch
 
     dev, alloc = open_device(device)
     cuda = dev.type == "cuda"
@@ -540,8 +535,6 @@ def run_decode(
 
 
 def _result(env, quick, model, grid, spec_device, machine, points, skipped) -> dict:
-    from ..decoder import ledger
-
     cfg = model.config
     weights = ledger.predict_decode(cfg, spec_device, 1, 0, grid["weight_dtype"], "bf16")[
         "weight_read_bytes"
@@ -575,8 +568,6 @@ def write_comparison(result: dict, device: str, write: bool = True):
     """Take the PyTorch-kernel run out of `result` (compare_kernels) and write it as
     decode-torch-kernels[-quick].json; leaves its summary as `comparison_summary`. Returns
     the path, or None when there was no comparison or `write` is off."""
-    from .results import write_result
-
     comparison = result.pop("comparison", None)
     if comparison is None:
         return None

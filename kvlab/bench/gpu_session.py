@@ -36,6 +36,8 @@ import threading
 import time
 from pathlib import Path
 
+from .findings import findings
+
 ROOT = Path(__file__).resolve().parents[2]
 #: The GPU tests: the decoder on CUDA (placements, prefetch, graphs), bench and transfer.
 GPU_TESTS = ("tests/test_decoder.py", "tests/test_bench.py", "tests/test_transfer.py")
@@ -399,8 +401,6 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
-    from .findings import findings
-
     args = parse_args(argv)
     session = Session(args.out, args.deadline)
     session.record.update(dry_run=args.dry_run, device=args.device, only=args.only)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..decoder import fit
 from .results import environment
 from .timing import (
     Budget,
@@ -126,8 +127,6 @@ def run_memory(
     quiet: bool = False,
 ) -> dict:
     """Copy/read/write bandwidth over several sizes and the matmul rate; a JSON-ready dict."""
-    from ..decoder import fit
-
     dev, alloc = open_device(device)
     repeats = repeats or (5 if quick else 9)
     sizes = (QUICK_SIZES if quick else SIZES).get(dev.type, SIZES["cpu"])

@@ -13,9 +13,18 @@ before it spends device time.
 
 from __future__ import annotations
 
+from ..cost import weight_bytes
+from ..decoder import get_config, ledger
+from ..decoder.fit import HEADROOM
 from ..errors import KvlabError
 from ..fmt import seconds, si
 from ..hardware import Device, get_device, get_tier
+from . import memory as memory_bench
+from . import transfer as transfer_bench
+from .decode import PROBE_BYTES, decode_groups, default_repeats, point_cost_s, resolve_grid
+from .recompute import recompute_grid
+from .suite import SHARES, allowance_s
+from .timing import calls_per_repeat
 
 DEFAULT_LINK = "pcie5-x16"
 #: Seconds of set-up per benchmark not counted in its points: building the model,
@@ -50,12 +59,8 @@ def _point(
 
 def plan_memory(dev: Device, quick: bool = False, repeats: int | None = None) -> list[dict]:
     """Copy, read and write at each size, then the matmul rate (bf16; fp32 unless quick)."""
-    from ..decoder.fit import HEADROOM
-    from .memory import MATMUL_N, QUICK_SIZES, SIZES
-    from .timing import calls_per_repeat
-
     repeats = repeats or (5 if quick else 9)
-    sizes = (QUICK_SIZES if quick else SIZES)["cuda"]
+    sizes = (memory_bench.QUICK_SIZES if quick else memory_bench.SIZES)["cuda"]
     sizes = [s for s in sizes if 2.5 * s < (1 - HEADROOM) * dev.capacity_bytes] or sizes[:1]
     out = []
     for size in sizes:
@@ -71,7 +76,7 @@ def plan_memory(dev: Device, quick: bool = False, repeats: int | None = None) ->
                     (2 + repeats) * inner * t,
                 )
             )
-    n = MATMUL_N["cuda"]
+    n = memory_bench.MATMUL_N["cuda"]
     for dtype, itemsize in (("bf16", 2),) if quick else (("bf16", 2), ("fp32", 4)):
         t = 2.0 * n**3 / dev.bf16_flops_per_s if dtype == "bf16" else None  # no fp32 figure
         out.append(
@@ -91,12 +96,9 @@ def plan_transfer(
 ) -> list[dict]:
     """Host->device and device->host copies, pinned and pageable, at each size (the
     pageable ones are predicted at the link's speed too: the ledger has no staging copy)."""
-    from .timing import calls_per_repeat
-    from .transfer import QUICK_SIZES, SIZES
-
     repeats = repeats or (5 if quick else 9)
     out = []
-    for size in (QUICK_SIZES if quick else SIZES)["cuda"]:
+    for size in (transfer_bench.QUICK_SIZES if quick else transfer_bench.SIZES)["cuda"]:
         inner = calls_per_repeat(size)
         t = size / link_bytes_per_s
         for kind in ("pinned", "pageable"):
@@ -124,9 +126,7 @@ def plan_recompute(
     kv_dtype: str = "bf16",
 ) -> list[dict]:
     """Per preset and N: the prefill's and the fetch's predicted times, the KV bytes fetched."""
-    from ..decoder import get_config, ledger
     from ..decoder.kvcache import cache_footprint
-    from .recompute import recompute_grid
 
     repeats = repeats or (3 if quick else 10)
     presets, grid_tokens = recompute_grid(True, quick, presets, tokens)
@@ -156,9 +156,7 @@ def plan_decode(
     **overrides,
 ) -> list[dict]:
     """Every point of the decode sweep in the order it runs (`decode_groups`)."""
-    from ..decoder import get_config, ledger
     from ..decoder.kvcache import cache_footprint
-    from .decode import PROBE_BYTES, decode_groups, default_repeats, point_cost_s, resolve_grid
 
     grid = resolve_grid(True, quick, **overrides)
     cfg, wd = get_config(grid["preset"]), grid["weight_dtype"]
@@ -203,16 +201,11 @@ def plan_decode(
 
 
 def _weight_bytes(cfg, weight_dtype: str) -> float:
-    from ..cost import weight_bytes
-    from ..decoder import ledger
-
     return weight_bytes(ledger.model_spec(cfg), ledger.weight_ledger_dtype(cfg, weight_dtype))
 
 
 def _refusal(device_bytes: float, dev: Device) -> str | None:
     """The reason the run would refuse a point needing `device_bytes` (as `fit.require` does)."""
-    from ..decoder.fit import HEADROOM
-
     usable = dev.capacity_bytes * (1 - HEADROOM)
     if device_bytes <= usable:
         return None
@@ -240,8 +233,6 @@ def plan_suite(
     with the suite's budget shared as `run_suite` shares it (one benchmark alone has all of
     it). `options`: per benchmark, keyword arguments for its planner (decode's grid
     overrides, recompute's presets)."""
-    from .suite import SHARES, allowance_s
-
     dev, tier = get_device(hardware), get_tier(link)
     if tier.kind != "link":
         raise KvlabError(f"--plan-link {link!r} is a {tier.kind}, not a link; try {DEFAULT_LINK}")

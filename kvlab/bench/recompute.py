@@ -20,9 +20,12 @@ import gc
 import math
 from dataclasses import dataclass
 
+from ..decoder import fit, ledger
 from ..errors import KvlabError
+from .memory import MiB, copy_bandwidth, matmul_rate
 from .results import environment
 from .timing import Budget, Progress, machine_state, measure_undisturbed, open_device, time_call
+from .transfer import link_bandwidth
 
 GRIDS = {
     "cpu": dict(presets=("cpu-bench",), tokens=(16, 32, 64, 128, 256, 512, 1024)),
@@ -70,9 +73,6 @@ def recompute_grid(
 
 def _machine(dev, weight_dtype: str, quick: bool) -> dict:
     """The figures the ledger is fed: matmul rate, copy bandwidth, host->device bandwidth."""
-    from .memory import MiB, copy_bandwidth, matmul_rate
-    from .transfer import link_bandwidth
-
     compute = weight_dtype if weight_dtype in ("fp32", "bf16", "fp16") else "bf16"
     size = 64 * MiB if quick else 256 * MiB
     machine = {"flops_per_s": matmul_rate(dev, compute), "flops_dtype": compute}
@@ -144,8 +144,6 @@ def measure_tokens(run: _Run, model, n: int) -> dict | None:
     """One point: prefill N tokens against fetching their KV; None when refused (and logged)."""
     import torch
 
-    from ..decoder import fit, ledger
-
     cfg, preset = model.config, model.config.name
     pred_re = float(ledger.predict_prefill(cfg, run.spec_device, n, run.weight_dtype, run.kv_dtype))
     if not run.budget.allows(3 * pred_re * (run.repeats + 2) + 1):
@@ -188,7 +186,7 @@ def measure_preset(run: _Run, preset: str, grid_tokens: list[int], kernels: str,
     """One decoder preset's curve: every N, the two crossovers (measured and predicted)."""
     import torch
 
-    from ..decoder import Decoder, ledger
+    from ..decoder import Decoder  # torch
 
     model = Decoder(preset, run.weight_dtype, run.dev, seed=run.seed, kernels=kernels)
     env["kernels"], env["kernels_note"] = model.kernels, model.kernels_note
@@ -237,8 +235,6 @@ def run_recompute(
     kernels="auto",
 ) -> dict:
     """Prefill N tokens against fetching their KV, for every preset and N; a JSON-ready dict."""
-    from ..decoder import fit, ledger
-
     dev, alloc = open_device(device)
     cuda = dev.type == "cuda"
     presets, grid_tokens = recompute_grid(cuda, quick, presets, tokens)

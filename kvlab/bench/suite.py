@@ -14,6 +14,7 @@ import time
 import traceback
 
 from ..errors import KvlabError
+from . import decode, memory, recompute, transfer
 from .results import write_result
 
 #: Share of the suite's budget for each benchmark (decode gets what the others leave).
@@ -23,16 +24,12 @@ MIN_START_S = 5.0
 
 
 def _runners() -> dict:
-    from .decode import run_decode
-    from .memory import run_memory
-    from .recompute import run_recompute
-    from .transfer import run_transfer
-
+    """The benchmarks, looked up when the suite runs (a test replaces them)."""
     return {
-        "memory": run_memory,
-        "transfer": run_transfer,
-        "recompute-vs-fetch": run_recompute,
-        "decode": run_decode,
+        "memory": memory.run_memory,
+        "transfer": transfer.run_transfer,
+        "recompute-vs-fetch": recompute.run_recompute,
+        "decode": decode.run_decode,
     }
 
 
@@ -52,8 +49,6 @@ def run_suite(
 ) -> dict:
     """Run memory, transfer, recompute-vs-fetch and decode; returns {benchmark: summary}:
     where its result was written and its headline numbers, or `refused` / `error`."""
-    from .decode import write_comparison
-
     runners = _runners()
     deadline = time.monotonic() + budget_s
     out = {}
@@ -79,7 +74,7 @@ def run_suite(
             out[name] = failure(name, exc)
             continue
         if name == "decode":
-            write_comparison(result, device, write)
+            decode.write_comparison(result, device, write)
         path = write_result(f"{name}-quick" if quick else name, result, device) if write else None
         out[name] = {"written_to": str(path) if path else None, **headline(name, result)}
     return out

@@ -15,6 +15,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
+from ..errors import KvlabError
+
 #: glibc mallopt parameters (malloc.h).
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 
@@ -24,8 +26,6 @@ def open_device(device: str):
 
     Returns (torch.device, allocator settings to record in the environment)."""
     import torch
-
-    from ..errors import KvlabError
 
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():

@@ -5,18 +5,19 @@ from __future__ import annotations
 
 from typing import Callable
 
+from . import (
+    bandwidth_wall,
+    beyond_hbm,
+    kv_centric,
+    metrics_and_diagnosis,
+    past_the_ceiling,
+    prefix_caching,
+    what_a_hit_saves,
+)
+
 
 def panels() -> dict[str, Callable[[], object]]:
     """{panel key: a factory returning that kvlab.viz.Panel}."""
-    from . import (
-        bandwidth_wall,
-        beyond_hbm,
-        kv_centric,
-        metrics_and_diagnosis,
-        past_the_ceiling,
-        prefix_caching,
-        what_a_hit_saves,
-    )
 
     def pick(module, name):
         return lambda: module.panels()[name]

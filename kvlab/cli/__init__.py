@@ -14,6 +14,9 @@ import importlib
 import os
 import sys
 
+from .. import __version__
+from ..errors import KvlabError
+
 #: command -> (module that registers it, one-line help for `kvlab --help`). The help
 #: strings are the ones each module registers (tests/test_cli.py checks they agree), kept
 #: here so that listing the commands imports none of them.
@@ -70,8 +73,6 @@ def build_parser(command: str | None = ALL) -> Parser:
         description="Why decode stays slow when the KV cache hits: the byte ledger, "
         "traces, simulators and benchmarks behind the kvlab book.",
     )
-    from .. import __version__
-
     parser.add_argument("--version", action="version", version=f"kvlab {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
@@ -117,8 +118,6 @@ def report(prog: str, exc: BaseException) -> int:
     """The one line for an exception that reached the top: bad input (KvlabError) -> exit 2;
     a closed pipe (`kvlab models | head`) -> quiet exit 0; anything else is a bug in kvlab
     -> exit 70, with the traceback under KVLAB_DEBUG=1."""
-    from ..errors import KvlabError
-
     if isinstance(exc, UsageError):
         print(one_line(f"{exc.prog}: error: {exc} (see '{exc.prog} --help')"), file=sys.stderr)
         return EXIT_USAGE

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib
 
+from . import Parser
+
 BENCH_COMMANDS: tuple[str, ...] = (
     "kvlab.cli.bench_kv_transfer",
     "kvlab.cli.bench_memory",
@@ -17,8 +19,6 @@ BENCH_COMMANDS: tuple[str, ...] = (
 
 
 def register(sub) -> None:
-    from . import Parser
-
     p = sub.add_parser("bench", help="microbenchmarks: results as JSON under results/<machine>/")
     bench = p.add_subparsers(dest="benchmark", metavar="BENCHMARK", parser_class=Parser)
     bench.required = True

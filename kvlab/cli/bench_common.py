@@ -12,7 +12,10 @@ import argparse
 import math
 import sys
 
+from ..bench.plan import plan_suite
+from ..bench.results import write_result
 from ..errors import KvlabError
+from ..fmt import seconds, si
 from .args import count, number, print_json, table
 
 #: Bounds of the whole-number options (timed repeats, torch threads).
@@ -130,8 +133,6 @@ def repeats(args):
 
 def show_plan(args, only: tuple[str, ...], options: dict | None = None) -> int:
     """--plan: print what the run would do on the named catalogue device; nothing runs."""
-    from ..bench.plan import plan_suite
-
     plan = plan_suite(
         args.plan,
         args.plan_link,
@@ -150,7 +151,6 @@ def show_plan(args, only: tuple[str, ...], options: dict | None = None) -> int:
 
 def render_plan(plan: dict) -> str:
     """A plan as text: one table per benchmark, a total line."""
-    from ..fmt import seconds, si
 
     def note(p):
         if p["refused"]:
@@ -192,8 +192,6 @@ def render_plan(plan: dict) -> str:
 
 def finish(args, kind: str, result: dict, device: str, rows=None, header=None) -> int:
     """Write the result (unless --no-write), then print JSON or a table and where it went."""
-    from ..bench.results import write_result
-
     name = f"{kind}-quick" if result.get("quick") else kind
     path = None if args.no_write else write_result(name, result, device)
     if path is not None:

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import sys
 
-from ..decoder.config import MAX_TOKENS
+from ..bench.decode import run_decode, write_comparison
+from ..decoder.config import (
+    KV_DTYPES,
+    MAX_TOKENS,
+    PLACEMENTS,
+    WEIGHT_DTYPES,
+    check_choice,
+    get_config,
+)
 from . import bench_common as common
 
 
@@ -56,8 +64,6 @@ def register(sub) -> None:
 
 def grid_options(args) -> dict:
     """The sweep's grid overrides from the arguments, checked (shared with --plan)."""
-    from ..decoder.config import KV_DTYPES, PLACEMENTS, WEIGHT_DTYPES, check_choice, get_config
-
     if args.preset:
         get_config(args.preset)
     for name in args.placements or ():
@@ -79,8 +85,6 @@ def grid_options(args) -> dict:
 
 
 def run(args) -> int:
-    from ..bench.decode import run_decode, write_comparison
-
     options = grid_options(args)
     if args.plan:
         return common.show_plan(args, ("decode",), {"decode": options})

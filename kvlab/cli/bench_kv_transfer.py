@@ -12,7 +12,17 @@ import argparse
 import importlib.util
 import sys
 
-from .args import number, print_json
+from ..fmt import seconds, si
+from ..transfer import (
+    TransferConfig,
+    parse_size,
+    parse_sizes,
+    quick_config,
+    run_benchmark,
+    save_results,
+)
+from ..transfer.config import format_size
+from .args import number, print_json, table
 
 ENGINE_CHOICES = ("all", "torch", "mooncake")
 
@@ -99,8 +109,6 @@ def configs_from_args(args) -> list:
     """One TransferConfig per engine from the parsed arguments (validated)."""
     from dataclasses import replace
 
-    from ..transfer import TransferConfig, parse_size, parse_sizes, quick_config
-
     base = quick_config() if args.quick else TransferConfig()
     changes = {
         "device": args.device,
@@ -154,8 +162,6 @@ def command_line(args) -> str:
 
 
 def run(args) -> int:
-    from ..transfer import run_benchmark, save_results
-
     configs = configs_from_args(args)
     result = run_benchmark(configs)
     if not result:  # the decode rank under torchrun: rank 0 reports
@@ -171,10 +177,6 @@ def run(args) -> int:
 
 
 def render(result: dict) -> str:
-    from ..fmt import seconds, si
-    from ..transfer.config import format_size
-    from .args import table
-
     lines = []
     env = result["environment"]
     lines.append(

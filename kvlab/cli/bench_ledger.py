@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from ..bench.ledger import run_ledger_grid
+from ..errors import check_number
+from ..fmt import seconds
 from .args import count, print_json
 
 
@@ -16,10 +19,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..bench.ledger import run_ledger_grid
-    from ..errors import check_number
-    from ..fmt import seconds
-
     points = check_number(
         "--points", args.points, minimum=100, allow_equal_min=True, maximum=1e8, integer=True
     )

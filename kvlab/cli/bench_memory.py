@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..bench.memory import run_memory
 from . import bench_common as common
 
 
@@ -17,8 +18,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..bench.memory import run_memory
-
     if args.plan:
         return common.show_plan(args, ("memory",))
     device = common.setup(args)

@@ -3,7 +3,8 @@ memory."""
 
 from __future__ import annotations
 
-from ..decoder.config import MAX_TOKENS
+from ..bench.recompute import run_recompute
+from ..decoder.config import KV_DTYPES, MAX_TOKENS, WEIGHT_DTYPES, check_choice, get_config
 from . import bench_common as common
 
 
@@ -33,9 +34,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..bench.recompute import run_recompute
-    from ..decoder.config import KV_DTYPES, WEIGHT_DTYPES, check_choice, get_config
-
     for name in args.presets or ():
         get_config(name)
     check_choice("weight dtype", args.weight_dtype, WEIGHT_DTYPES)

@@ -8,6 +8,8 @@ status is then 1.
 
 from __future__ import annotations
 
+from ..bench.suite import SHARES, run_suite
+from ..errors import KvlabError
 from . import bench_common as common
 from .args import print_json
 
@@ -43,9 +45,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..bench.suite import SHARES, run_suite
-    from ..errors import KvlabError
-
     names = tuple(name for name, _ in SHARES)
     for name in args.only or ():
         if name not in names:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..bench.transfer import run_transfer
 from . import bench_common as common
 
 
@@ -17,8 +18,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..bench.transfer import run_transfer
-
     if args.plan:
         return common.show_plan(args, ("transfer",))
     device = common.setup(args)

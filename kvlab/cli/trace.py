@@ -6,7 +6,11 @@ block_refs, unique_blocks (plus the sharing figures defined in kvlab.traces.trac
 
 from __future__ import annotations
 
+from ..fmt import seconds
+from ..traces import KNOWN_TRACES, load_trace, trace_stats
+from ..traces_download import download_trace
 from .args import print_json
+from .prefix import share as percent
 
 
 def register(sub) -> None:
@@ -53,9 +57,6 @@ def register(sub) -> None:
 
 
 def run_stats(args) -> int:
-    from ..traces import load_trace, trace_stats
-    from .prefix import share as percent
-
     st = trace_stats(load_trace(args.trace))
     if args.json:
         print_json(st.to_dict())
@@ -90,8 +91,6 @@ def run_stats(args) -> int:
 
 
 def _duration(st) -> str:
-    from ..fmt import seconds
-
     if st.duration_s <= 0:  # one request, or all at the same millisecond: no rate to give
         return (
             "0 s (a single request)"
@@ -102,9 +101,6 @@ def _duration(st) -> str:
 
 
 def run_download(args) -> int:
-    from ..traces import KNOWN_TRACES
-    from ..traces_download import download_trace
-
     names = args.names or list(KNOWN_TRACES)
     results = [
         download_trace(n, dest_dir=args.dir, base_url=args.base_url, force=args.force)

@@ -15,11 +15,13 @@ import torch
 import torch.nn.functional as F
 
 from .. import native
+from ..cost import weight_bytes
 from ..errors import KvlabError
 from . import fit
 from .attention import decode_attention, gather, prefill_attention, softmax_scale
 from .config import WEIGHT_DTYPES, DecoderConfig, check_choice, get_config
 from .kvcache import KVCache, torch_dtype
+from .ledger import model_spec, weight_ledger_dtype
 from .linear import Linear, NativeLinear, OneDNNLinear, make_linear
 
 FLOAT_DTYPES = ("fp32", "bf16", "fp16")
@@ -182,9 +184,6 @@ class Decoder(torch.nn.Module):
         return "torch", native.status()
 
     def _check_memory(self) -> None:
-        from ..cost import weight_bytes
-        from .ledger import model_spec, weight_ledger_dtype
-
         needed = weight_bytes(
             model_spec(self.config), weight_ledger_dtype(self.config, self.weight_dtype)
         )

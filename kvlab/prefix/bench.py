@@ -18,6 +18,9 @@ import sys
 import time
 from collections import OrderedDict
 
+from ..traces import load_trace
+from .blocks import replay
+
 
 def ordered_dict_replay(trace, capacity_blocks: int) -> list[int]:
     """Hit blocks per request under LRU, the plain way: look up, then touch the chain tail first."""
@@ -44,9 +47,6 @@ def ordered_dict_replay(trace, capacity_blocks: int) -> list[int]:
 
 def replay_speed(trace="conversation", capacities=(1000, 10000, 100000), repeats: int = 5) -> dict:
     """Median seconds of kvlab's replay and of the OrderedDict reference, interleaved."""
-    from ..traces import load_trace
-    from .blocks import replay
-
     trace = load_trace(trace)
     out = {"trace": trace.label, "requests": len(trace), "repeats": repeats, "capacities": {}}
     for cap in capacities:

@@ -26,8 +26,10 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+from ..cost import kv_bytes_per_token
 from ..errors import KvlabError, check_number, unknown_name
 from ..prompt import served_from_blocks
+from ..traces import load_trace
 
 POLICIES = ("lru", "lfu", "length-aware")
 
@@ -309,8 +311,6 @@ def replay(trace, capacity_blocks=None, policy: str = "lru", capacity_tokens=Non
     Give capacity in blocks or in tokens (tokens round down to whole blocks); with neither,
     the cache is unlimited. Each request looks up its chain, then caches all of it.
     """
-    from ..traces import load_trace
-
     trace = load_trace(trace)
     if capacity_blocks is None and capacity_tokens is None:
         capacity_blocks = math.inf
@@ -368,8 +368,6 @@ def hit_ratio_curve(
     "infinite": {...the same three for an unlimited cache}}, arrays aligned with capacity_blocks.
     With a model, capacity_bytes is what those blocks of KV weigh (kvlab.cost.kv_bytes_per_token).
     """
-    from ..traces import load_trace
-
     trace = load_trace(trace)
     caps = (
         default_capacities(trace)
@@ -388,8 +386,6 @@ def hit_ratio_curve(
         "policies": {},
     }
     if model is not None:
-        from ..cost import kv_bytes_per_token
-
         out["capacity_bytes"] = caps * trace.block_tokens * kv_bytes_per_token(model, kv_dtype)
     keys = ("block_hit_ratio", "token_hit_ratio", "request_hit_rate")
     for p in policies:

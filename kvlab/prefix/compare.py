@@ -25,6 +25,7 @@ import numpy as np
 from ..deployment import Deployment
 from ..errors import check_number, unknown_name
 from ..prompt import served_tokens
+from ..traces_gen import WorkloadSpec, generate_workload
 from .latency import default_deployment, mean_decode_context, tpot_s, ttft_s
 from .radix import RadixCache, WholeRequestCache
 
@@ -86,8 +87,6 @@ def compare_granularity(
     "key_tokens", "capacity_tokens", "model", "hardware", "tier", "no_cache_mean_ttft_s",
     "caches": {kind: GranularityResult}}.
     """
-    from ..traces_gen import generate_workload
-
     d = default_deployment() if d is None else d
     if workload is None:
         workload = generate_workload(preset, seed=seed, **workload_overrides)
@@ -158,8 +157,6 @@ def granularity_sweep(
     "p90_ttft_s", "mean_tpot_s"}}, "no_cache_mean_ttft_s", "ttft_ratio" (token / whole-request),
     "mean_input_tokens", "workload"}, arrays aligned with values.
     """
-    from ..traces_gen import WorkloadSpec
-
     if param not in {f.name for f in dataclasses.fields(WorkloadSpec)}:
         raise unknown_name(
             "workload knob", param, [f.name for f in dataclasses.fields(WorkloadSpec)]

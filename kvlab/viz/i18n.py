@@ -25,6 +25,9 @@ import os
 import re
 from functools import lru_cache
 
+from .. import hardware, models
+from .i18n_zh import KEEP, PATTERNS, ZH
+
 LANG_ENV = "KVLAB_BOOK_LANG"
 CHINESE = "zh_CN"
 
@@ -45,8 +48,6 @@ def chinese() -> bool:
 
 @lru_cache(maxsize=1)
 def _table() -> tuple[dict, list]:
-    from .i18n_zh import PATTERNS, ZH
-
     compiled = []
     for english, chinese_text in PATTERNS:
         names = re.findall(r"\{(\w+)\}", english)
@@ -66,9 +67,6 @@ _IDENTIFIER = re.compile(r"^[a-z0-9][a-z0-9.+_]*(?:[-_][a-z0-9.+]+)+$|^[a-z]*\d[
 @lru_cache(maxsize=1)
 def _names() -> frozenset:
     """Proper names that stay in every language: catalogue display names and ids."""
-    from .. import hardware, models
-    from .i18n_zh import KEEP
-
     names = set(KEEP)
     for name, device in hardware.devices().items():
         names.update({name, device.display_name})

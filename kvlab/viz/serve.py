@@ -19,6 +19,9 @@ import sys
 import time
 from pathlib import Path
 
+from ..cli import Parser, guarded
+from ..errors import KvlabError
+
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "notebooks" / "dashboard.ipynb"
 TEMPLATE = "kvlab"
@@ -72,8 +75,6 @@ def parse_port(text: str) -> int:
 
 def _check_free(port: int) -> None:
     """Fail now, in one line, when the port is taken (Voila would otherwise try others)."""
-    from ..errors import KvlabError
-
     with socket.socket() as s:
         try:
             s.bind(("127.0.0.1", port))
@@ -89,8 +90,6 @@ def start(
 ) -> tuple[subprocess.Popen, str]:
     """Start Voila in the background, in a process group of its own; returns the process and
     its URL once it answers on exactly that port (Voila may not move to another one)."""
-    from ..errors import KvlabError
-
     notebook = Path(notebook)
     if not notebook.is_file():
         raise KvlabError(f"notebook {str(notebook)[:200]!r} does not exist")
@@ -195,9 +194,6 @@ def _on_sigterm(signum, frame):
 
 
 def main(argv=None) -> int:
-    from ..cli import Parser
-    from ..errors import KvlabError
-
     parser = Parser(prog="python -m kvlab.viz.serve", description=__doc__.splitlines()[0])
     parser.add_argument("notebook", nargs="?", default=str(DASHBOARD))
     parser.add_argument(
@@ -229,6 +225,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from ..cli import guarded
-
     sys.exit(guarded(main, "python -m kvlab.viz.serve"))
