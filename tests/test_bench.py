@@ -11,11 +11,34 @@ import pytest
 
 pytest.importorskip("torch")
 
-from kvlab.bench import report  # noqa: E402
+from kvlab import native
+from kvlab.bench import (
+    decode,
+    gpu_session,
+    memory,
+    recompute,
+    report,  # noqa: E402
+    timing,
+    transfer,
+)
+from kvlab.bench.decode import (
+    GRIDS,
+    HOST_MAX_TOKENS,
+    decode_groups,
+    make_step,
+    resolve_grid,
+    skip_record,
+)
+from kvlab.bench.findings import findings
+from kvlab.bench.gpu_session import MAX_DEPTH, MAX_FILES, ROOT
 from kvlab.bench.recompute import crossover  # noqa: E402
 from kvlab.bench.results import machine_slug, write_result  # noqa: E402
 from kvlab.bench.timing import Budget, time_call  # noqa: E402
+from kvlab.book import measured as chapter
 from kvlab.cli import main  # noqa: E402
+from kvlab.decoder import fit, ledger
+from kvlab.errors import KvlabError
+from kvlab.hardware import get_device
 
 DECODE_KEYS = {
     "batch",
@@ -67,8 +90,6 @@ def test_decode_quick_points_carry_the_contract(results, capsys):
     """Every point carries the contract's keys and is self-consistent; comparisons between
     points use the ledger at one fixed bandwidth (each point's own prediction uses the copy
     bandwidth measured around it, which a busy machine moves between points)."""
-    from kvlab.decoder import ledger
-
     r = bench(capsys, "decode", "--quick")
     assert r["points"] and not r["skipped"]
     flops = r["machine"]["flops_per_s"]
@@ -113,8 +134,6 @@ def test_decode_quick_points_carry_the_contract(results, capsys):
 
 
 def test_decode_compares_kernels_point_by_point(results, capsys):
-    from kvlab import native
-
     if not native.available():
         pytest.skip(f"needs kvlab's native kernels: {native.status()}")
     r = bench(
@@ -159,8 +178,6 @@ def test_all_quick_writes_every_benchmark(results, capsys):
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and set(out) == {"memory", "transfer", "recompute-vs-fetch", "decode"}
     folder = results / machine_slug("cpu")
-    from kvlab import native
-
     expected = [
         "decode-quick.json",
         "memory-quick.json",
@@ -304,7 +321,6 @@ def test_report_keeps_the_pytorch_kernel_run_apart(results):
     assert report.targets(kernels="torch")[0]["rows"][0]["max_abs_error"] == pytest.approx(0.5)
     with pytest.raises(ValueError, match="kernels"):
         report.decode_comparison(kernels="fast")
-    from kvlab.book import measured as chapter
     from kvlab.viz import measured
 
     assert chapter.decode_summary() == (
@@ -328,18 +344,16 @@ def test_report_keeps_the_pytorch_kernel_run_apart(results):
 
 
 def test_pace_summary_tells_the_two_memory_states_apart(results):
-    from kvlab.book import measured
-
     run = _fake_decode("a", "CPU A", 0.05)
     write_result("decode", run, machine="cpu-a")
-    assert measured.pace_summary().startswith(
+    assert chapter.pace_summary().startswith(
         "In the recorded run on CPU A the copy bandwidth around these steps stayed between "
         "2.00 GB/s and 2.00 GB/s, and the cores kept up"
     )
     for p in run["points"][:2]:  # two steps while the machine's memory was faster
         p["bandwidth_bytes_per_s"], p["fraction_of_bandwidth"] = 4e9, 0.6
     write_result("decode", run, machine="cpu-a")
-    assert measured.pace_summary().startswith(
+    assert chapter.pace_summary().startswith(
         "On CPU A some steps ran while the copy bandwidth was up to 4.00 GB/s instead of 2.00 GB/s "
         "to 2.00 GB/s: those used 60.0% to 60.0% of it, the others 75.0% to 75.0%."
     )
@@ -373,8 +387,6 @@ def test_report_recompute_curves(results):
 def test_measure_undisturbed_retries_when_another_process_stalled_the_cpu(monkeypatch):
     import time as _time
 
-    from kvlab.bench import timing
-
     stalls = iter([0.0, 1e9, 1e9, 1e9 + 10])  # PSI counter (us): attempt 1 stalled, attempt 2 quiet
     monkeypatch.setattr(timing, "_stall_total_us", lambda: next(stalls))
     calls = []
@@ -405,11 +417,6 @@ def _fake_runner(kind):
 
 def _fake_suite(monkeypatch, recompute_runner):
     """Every benchmark of the suite replaced by a stand-in; recompute-vs-fetch by the one given."""
-    import kvlab.bench.decode as decode
-    import kvlab.bench.memory as memory
-    import kvlab.bench.recompute as recompute
-    import kvlab.bench.transfer as transfer
-
     for module, kind in ((memory, "memory"), (transfer, "transfer"), (decode, "decode")):
         monkeypatch.setattr(module, f"run_{kind}", _fake_runner(kind))
     monkeypatch.setattr(recompute, "run_recompute", recompute_runner)
@@ -434,7 +441,6 @@ def test_suite_survives_a_broken_benchmark(results, monkeypatch, capsys):
 def test_suite_records_a_refused_benchmark_and_goes_on(results, monkeypatch, capsys):
     """A refused benchmark (a KvlabError: its model does not fit, say) is one line in the
     summary, not the end of the run: the others still run and are written."""
-    from kvlab.errors import KvlabError
 
     def refuse(device, **kw):
         raise KvlabError(
@@ -454,8 +460,6 @@ def test_suite_records_a_refused_benchmark_and_goes_on(results, monkeypatch, cap
 def test_decode_refuses_points_one_by_one_and_goes_on(results, capsys, monkeypatch):
     """A cache too big for memory skips its points with the memory check's reason, and the
     sweep goes on with the next group."""
-    from kvlab.decoder import fit
-
     real = fit.require
 
     def tight(what, needed, device, hint):
@@ -486,8 +490,6 @@ def test_decode_refuses_points_one_by_one_and_goes_on(results, capsys, monkeypat
 def test_decode_groups_put_the_main_questions_first():
     """A run cut short by its budget has bf16 on device and host (serial and prefetch)
     before the other KV dtypes; host points beyond the limit are refused up front."""
-    from kvlab.bench.decode import HOST_MAX_TOKENS, decode_groups, resolve_grid, skip_record
-
     grid = resolve_grid(True, False)
     groups = decode_groups(grid, True)
     order = [(g.placement, g.prefetch, g.kv_dtype) for g, _, _ in groups]
@@ -519,10 +521,6 @@ def test_plan_walks_the_cuda_sweep_without_allocating(capsys, monkeypatch):
     """`--plan` prints every point with its bytes, predicted time and memory on a catalogue
     device, on a machine without CUDA, without allocating a single tensor."""
     import torch
-
-    from kvlab.bench.decode import GRIDS
-    from kvlab.decoder import ledger
-    from kvlab.hardware import get_device
 
     def refuse(*args, **kwargs):
         raise AssertionError("the plan allocated a tensor")
@@ -581,8 +579,6 @@ def test_plan_names_what_does_not_fit_and_what_the_budget_leaves_out(capsys):
 def test_small_copies_time_a_loop_of_calls(monkeypatch):
     """A 1 MiB copy takes microseconds, about a launch: small sizes time a loop of calls per
     repeat (at least 256 MiB moved), large ones one call."""
-    from kvlab.bench import memory, timing, transfer
-
     MiB = 1 << 20
     sizes = (MiB, 3 * MiB, 16 * MiB, 256 * MiB, 1 << 30)
     assert [timing.calls_per_repeat(s) for s in sizes] == [256, 86, 16, 1, 1]
@@ -669,8 +665,6 @@ def test_cuda_graph_capture_names_the_benchmarks_device(monkeypatch):
 
     import torch
 
-    from kvlab.bench.decode import make_step
-
     rec = _Recorder()
     rec.install(monkeypatch)
     gpu = torch.device("cuda:1")
@@ -725,8 +719,6 @@ def _point(placement, batch, ctx, measured, predicted, prefetch=False, kv="bf16"
 
 
 def test_findings_from_hand_made_results():
-    from kvlab.bench.findings import findings
-
     decode = {
         "points": [
             _point("device", 1, 1024, 1.1, 1.0, share=0.88),
@@ -762,8 +754,6 @@ def test_findings_from_hand_made_results():
 def test_gpu_session_packs_what_comes_back(tmp_path):
     import tarfile
 
-    from kvlab.bench import gpu_session
-
     names = (
         "NVIDIA H200",
         "NVIDIA H100 80GB HBM3",
@@ -793,8 +783,6 @@ def test_gpu_session_packs_what_comes_back(tmp_path):
 
 def test_gpu_session_stays_inside_its_deadline(tmp_path):
     """With no time left for the suite, the session says so and still leaves its record."""
-    from kvlab.bench import gpu_session
-
     code = gpu_session.main(["--out", str(tmp_path), "--dry-run", "--deadline", "20", "--tests"])
     record = json.loads((tmp_path / "session.json").read_text())
     assert record["suite"] == {"skipped": "only 0 s of suite budget left"} and code == 0
@@ -811,8 +799,6 @@ def test_gpu_session_dry_run_on_the_cpu(tmp_path):
     import re
     import subprocess
     import sys
-
-    from kvlab.bench.gpu_session import MAX_DEPTH, MAX_FILES, ROOT
 
     out = tmp_path / "out"
     argv = [

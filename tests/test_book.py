@@ -11,12 +11,28 @@ import numpy as np
 import pytest
 
 from kvlab import cost
-from kvlab.book import beyond_hbm, sim_runs
+from kvlab.book import bandwidth_wall as ch2
+from kvlab.book import (
+    beyond_hbm,
+    gpu_tables,
+    kv_centric,
+    measured,
+    metrics_and_diagnosis,
+    past_the_ceiling,
+    sim_runs,
+)
+from kvlab.book import past_the_ceiling as ch
+from kvlab.book.bandwidth_wall import flash_attention_effect, tier_step_ratios
+from kvlab.book.beyond_hbm import hit_conditions
+from kvlab.book.catalog import panels
 from kvlab.deployment import Deployment
+from kvlab.grids import BATCH_GRID
 from kvlab.jsonsafe import jsonable
-from kvlab.sim import ARCHS
+from kvlab.sim import ARCHS, trace_at_rate, trace_slice
+from kvlab.speculative import speculative_step
 from kvlab.tiers import series
 from kvlab.traces_gen import generate_trace
+from kvlab.viz import Panel
 
 LLAMA_8B = Deployment("llama-3.1-8b", "h100-sxm")
 
@@ -139,9 +155,6 @@ def test_remote_kv_disaster(gen):
 
 
 def test_catalog_builds_every_embedded_panel():
-    from kvlab.book.catalog import panels
-    from kvlab.viz import Panel
-
     built = {key: make() for key, make in panels().items()}
     assert all(isinstance(p, Panel) and p.key == key for key, p in built.items())
 
@@ -152,8 +165,6 @@ def test_catalog_builds_every_embedded_panel():
 def test_batching_levels_off_below_the_ridge_at_4k():
     """GQA decode at 4K: the intensity a huge batch reaches is ~32 FLOP/B (Llama 3.1 8B),
     far below an H100's ridge (~295); only contexts of a few hundred tokens get there."""
-    from kvlab.book import bandwidth_wall as ch2
-
     limit = ch2.large_batch_intensity(LLAMA_8B, 4096)
     assert 31 < limit < 33
     huge = cost.decode_step(LLAMA_8B, 1_000_000, 4096)
@@ -167,8 +178,6 @@ def test_batching_levels_off_below_the_ridge_at_4k():
 
 
 def test_tier_steps_are_not_all_orders_of_magnitude():
-    from kvlab.book.bandwidth_wall import tier_step_ratios
-
     r = tier_step_ratios()
     assert r["hbm_over_ddr"] == pytest.approx(15.6, rel=0.01)
     assert r["ddr_over_pcie"] == pytest.approx(4.9, rel=0.01)
@@ -182,8 +191,6 @@ def test_tier_steps_are_not_all_orders_of_magnitude():
 
 
 def test_gpu_tables_behind_the_measured_chapter():
-    from kvlab.book import gpu_tables, measured
-
     assert set(gpu_tables.gpus()) >= {"h100-sxm", "a100-80gb"}
     band = gpu_tables.gemv_band("h100-sxm")
     assert np.all(np.diff(band["weight_bytes"]) >= 0) and 0.6 < band["median_large_fraction"] < 0.85
@@ -209,8 +216,6 @@ def test_gpu_tables_behind_the_measured_chapter():
 def test_flash_attention_shows_per_operator():
     """One roofline for the whole prefill hides FlashAttention; per operator the naive
     attention is memory-bound (64 FLOP/B: 4 x head_dim FLOPs per score, 4 fp16 round trips)."""
-    from kvlab.book.bandwidth_wall import flash_attention_effect
-
     e = flash_attention_effect(LLAMA_8B, 4096)
     assert e["attention_intensity_naive"] == pytest.approx(64.0, rel=0.02)  # + the KV it reads
     assert e["attention_intensity_flash"] > 295 > e["attention_intensity_naive"]
@@ -218,8 +223,6 @@ def test_flash_attention_shows_per_operator():
 
 
 def test_the_hit_slower_than_a_miss_needs_all_its_conditions():
-    from kvlab.book.beyond_hbm import hit_conditions
-
     c = hit_conditions()
     assert not c["anecdote"]["pays"]
     for changed in ("pcie5", "gqa", "realistic", "realistic_both"):
@@ -258,8 +261,6 @@ def load(gen):
 
 
 def test_load_sweep_attainment_falls_and_rejection_holds_goodput(gen, load):
-    from kvlab.sim import trace_slice
-
     rates = load["rates"]
     # the TTFT limit: ten idle prefills of the slice's p90 prompt (the ledger's ceiling)
     p90 = int(np.percentile(trace_slice(gen, 0, None, 150).input_tokens, 90))
@@ -282,7 +283,6 @@ def test_load_sweep_attainment_falls_and_rejection_holds_goodput(gen, load):
 
 
 def test_capacity_panel_and_numbers(load):
-    from kvlab.book import kv_centric
     from kvlab.viz.sim_panels import capacity_panel
 
     panel = capacity_panel(load, sim_runs.SATURATION_ATTAINMENT)
@@ -303,8 +303,6 @@ def test_capacity_panel_and_numbers(load):
 
 
 def test_trace_at_rate_keeps_order_and_bursts(gen):
-    from kvlab.sim import trace_at_rate
-
     fast = trace_at_rate(gen, 10.0)
     a, b = gen.arrival_s, fast.arrival_s
     assert (len(fast) - 1) / (b[-1] - b[0]) == pytest.approx(10.0)
@@ -319,17 +317,12 @@ def test_trace_at_rate_keeps_order_and_bursts(gen):
 
 @pytest.fixture(scope="module")
 def ceiling_numbers():
-    from kvlab.book import past_the_ceiling
-
     return past_the_ceiling.numbers()
 
 
 def test_speculation_pays_less_as_the_batch_grows_at_short_contexts():
     """At 256 tokens the verify pass turns compute-bound: the speedup falls with the batch and
     crosses 1 where the readout says; at 4K the KV reads keep it paying (MagicDec)."""
-    from kvlab.book import past_the_ceiling as ch
-    from kvlab.grids import BATCH_GRID
-
     panel = ch.panels()["speculative"]
     short = panel.compute({**panel.default_state, "context": 256})
     speedup = np.array(short["sources"]["curve"]["speedup"])
@@ -358,8 +351,6 @@ def test_speculation_pays_less_as_the_batch_grows_at_short_contexts():
 
 
 def test_speculative_panel_terms_are_the_ledger_and_live_states_work():
-    from kvlab.book import past_the_ceiling as ch
-
     panel = ch.panels()["speculative"]
     for setup in ("8b-h100-head", "v3-8xh200-mtp"):
         v = panel.values(setup=setup, batch=64, context=1024, speculative_tokens=3, acceptance=0.8)
@@ -377,7 +368,6 @@ def test_speculative_panel_terms_are_the_ledger_and_live_states_work():
 
 
 def levers_setup_step(setup, batch, context, k, a):
-    from kvlab.speculative import speculative_step
     from kvlab.viz.levers_panels import SPEC_SETUPS
 
     s = SPEC_SETUPS[setup]
@@ -385,8 +375,6 @@ def levers_setup_step(setup, batch, context, k, a):
 
 
 def test_tensor_parallel_eight_gpus_fit_the_70b_and_run_it_faster_but_not_eight_times():
-    from kvlab.book import past_the_ceiling as ch
-
     steps = ch.tp_steps()
     one, eight = steps[1], steps[8]
     assert not one.fits and eight.fits  # 141 GB of bf16 weights: no single H100 holds them
@@ -423,9 +411,6 @@ def test_tensor_parallel_eight_gpus_fit_the_70b_and_run_it_faster_but_not_eight_
 
 
 def test_deepseek_v3_reads_more_experts_as_the_batch_grows_and_mtp_pays_more():
-    from kvlab import cost
-    from kvlab.book import past_the_ceiling as ch
-
     reads = [cost.weight_read_bytes("deepseek-v3", b, "fp8") for b in (1, 64, 256)]
     assert reads[0] == pytest.approx(36.6e9, rel=1e-2) and reads[0] < reads[1] < reads[2]
     assert reads[2] < cost.weight_bytes("deepseek-v3", "fp8")
@@ -455,8 +440,6 @@ def test_past_the_ceiling_numbers_glue_every_role(ceiling_numbers):
 def test_pitfall_one_prose_names_the_limit_that_binds():
     """Chapter 5's pitfall 1 says memory binds at the panel's starting budget and the TPOT
     budget binds at the tightest one; the panel must agree, or the prose must change."""
-    from kvlab.book import metrics_and_diagnosis
-
     n = metrics_and_diagnosis.numbers()
     assert n["tpot-budget_limited_by"] == "device memory"
     assert n["tpot-budget-tight_limited_by"] == "TPOT budget"
@@ -468,8 +451,6 @@ def test_pitfall_one_prose_names_the_limit_that_binds():
 def test_chapter_3_measured_tier_gap_narrows_but_stays_large():
     """The prose: with measured kernels HBM slows, the link-bound tiers hardly move, and the
     gap to host memory narrows but stays about an order of magnitude."""
-    from kvlab.book import beyond_hbm
-
     n = beyond_hbm.numbers()
     ratio = lambda k: float(n[k].rstrip("×"))  # noqa: E731
     assert 5 < ratio("tier-read-measured_host_slowdown") < ratio("tier-read_host_slowdown")

@@ -29,6 +29,11 @@ from browser import (
     site_pages,
 )
 
+from kvlab.book.catalog import panels
+from kvlab.cli import main
+from kvlab.viz import i18n
+from kvlab.viz.panel import FORMATS
+
 pytestmark = pytest.mark.browser
 
 CLI_FLAGS = {
@@ -157,8 +162,6 @@ def parse_readout(html: str) -> dict[str, tuple[str, str]]:
 
 
 def budget_json(kwargs: dict) -> dict:
-    from kvlab.cli import main
-
     argv = ["budget", "--json"]
     for key, value in kwargs.items():
         argv += [CLI_FLAGS[key], str(value)]
@@ -171,8 +174,6 @@ def budget_json(kwargs: dict) -> dict:
 @functools.lru_cache(maxsize=None)
 def built_panel(key: str, language: str = "en"):
     """Each panel once per session and edition (lookup panels replay traces when built)."""
-    from kvlab.book.catalog import panels
-
     with edition(language):
         return panels()[key]()
 
@@ -186,9 +187,6 @@ def check_readout(panel_key: str, state: dict, readout_html: str, language: str 
 
 def _check_readout(panel, state: dict, readout_html: str) -> None:
     import html as html_lib
-
-    from kvlab.viz import i18n
-    from kvlab.viz.panel import FORMATS
 
     expected = panel.compute(state)["values"]
     cli = budget_json(panel.budget_keys(state)) if panel.budget_keys else {}

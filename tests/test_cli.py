@@ -7,7 +7,11 @@ import sys
 
 import pytest
 
-from kvlab.cli import main
+import kvlab.cli.catalog as catalog
+from kvlab import cost, labs
+from kvlab.cli import ALL, COMMANDS, build_parser, guarded, main
+from kvlab.deployment import Deployment
+from kvlab.errors import KvlabError
 
 BUDGET_KEYS = {
     "weight_bytes",
@@ -167,8 +171,6 @@ def test_bench_ledger_reports_both_timings(capsys):
 
 
 def test_an_escaping_exception_is_one_line_naming_a_bug(capsys, monkeypatch):
-    import kvlab.cli.catalog as catalog
-
     def broken(args):
         raise RuntimeError("the ledger fell over\nsecond line")
 
@@ -184,10 +186,6 @@ def test_an_escaping_exception_is_one_line_naming_a_bug(capsys, monkeypatch):
 
 
 def test_python_m_entry_points_share_the_net(capsys, monkeypatch):
-    from kvlab import labs
-    from kvlab.cli import guarded
-    from kvlab.errors import KvlabError
-
     def bad_input(argv):
         raise KvlabError("no such folder")
 
@@ -229,8 +227,6 @@ def test_help_and_version_import_no_command_and_no_numpy():
 
 
 def test_the_command_table_matches_what_each_module_registers():
-    from kvlab.cli import ALL, COMMANDS, build_parser
-
     parser = build_parser(ALL)
     sub = next(a for a in parser._actions if a.dest == "command")
     registered = {a.dest: a.help for a in sub._choices_actions}
@@ -243,9 +239,6 @@ def test_the_command_table_matches_what_each_module_registers():
 def test_a_whole_prompt_hit_still_computes_the_last_token(capsys):
     """`--cached 4k --context 4k`: the prompt's last token is always computed (its logits give
     the first output token), so TTFT is the prefill of one token over 4,095 cached, not 0."""
-    from kvlab import cost
-    from kvlab.deployment import Deployment
-
     code, out, _ = run(
         capsys, "budget", "--model", "llama-3.1-8b", "--cached", "4k", "--context", "4k", "--json"
     )

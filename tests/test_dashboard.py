@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 from browser import CHROMIUM_ARGS, SHOTS, chromium_path
 
+from kvlab.viz.serve import free_port, start, stop
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def dashboard(tmp_path_factory):
-    from kvlab.viz.serve import start, stop
-
     proc, url = start(home=str(tmp_path_factory.mktemp("home")))
     yield url
     stop(proc)
@@ -92,8 +92,6 @@ def test_sigterm_takes_voila_and_its_kernel_down(tmp_path):
     """Start the server, open the page (Voila starts a kernel for it), SIGTERM the server:
     Voila and the kernel are gone and nothing listens on the port."""
     psutil = pytest.importorskip("psutil")
-    from kvlab.viz.serve import free_port
-
     port = free_port()
     server = _serve("--port", str(port), env={"HOME": str(tmp_path)})
     try:

@@ -14,6 +14,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from kvlab import native  # noqa: E402
+from kvlab.bench.decode import make_step  # noqa: E402
 from kvlab.cost import decode_step, kv_bytes_per_token, weight_read_bytes  # noqa: E402
 from kvlab.decoder import (  # noqa: E402
     PRESETS,
@@ -264,7 +266,6 @@ def test_cache_footprint_is_what_the_cache_allocates(model):
 
 
 def test_each_weight_gets_one_backend_chosen_once(tokens):
-    from kvlab import native
     from kvlab.decoder.linear import Int8Linear, NativeLinear, OneDNNLinear, TorchLinear
 
     def kinds(m):
@@ -551,8 +552,6 @@ def test_cuda_matches_cpu(model, tokens, reference):
 @cuda
 @pytest.mark.gpu
 def test_cuda_graph_step_equals_eager(tokens):
-    from kvlab.bench.decode import make_step
-
     m = Decoder("tiny", "bf16", device="cuda")
     cache = m.new_cache(B, MAX_LEN, "bf16")
     cache.fill_random_([32] * B)

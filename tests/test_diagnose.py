@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from kvlab import cost
+from kvlab import cost, fmt
+from kvlab import diagnose as module
 from kvlab.cli import main
 from kvlab.deployment import Deployment
 from kvlab.diagnose import diagnose
@@ -156,8 +157,6 @@ def test_a_tiny_measurement_prints_a_short_number(capsys):
 
 
 def test_the_steps_are_functions_and_agree_with_the_whole():
-    from kvlab import diagnose as module
-
     d = diagnose(
         "llama-3.1-8b",
         "h100-sxm",
@@ -193,8 +192,6 @@ def test_the_steps_are_functions_and_agree_with_the_whole():
 
 
 def test_numbers_far_from_one_print_in_scientific_notation():
-    from kvlab import fmt
-
     assert fmt.percent(4.64e-303) == "4.64e-301%"
     assert fmt.rate(1e-300) == "1.000e-300"
     assert fmt.sig(2.5e22, 3) == "2.50e+22"

@@ -21,7 +21,12 @@ sys.path.insert(0, str(ROOT / "book" / "_ext"))
 
 import kvlab_i18n  # noqa: E402  (book/_ext)
 
+from kvlab.book import measured  # noqa: E402
+from kvlab.book.catalog import panels  # noqa: E402
+from kvlab.book.lang import clauses, join, pick, sentences  # noqa: E402
 from kvlab.viz import i18n  # noqa: E402
+from kvlab.viz.i18n_zh import ZH  # noqa: E402
+from kvlab.viz.panel import FORMATS, Panel  # noqa: E402
 
 #: Pages whose Chinese translation has not landed yet. The lead removes a page when its
 #: catalogue (locale/zh_CN/LC_MESSAGES/<page>.po) is translated; the test below fails for a
@@ -128,8 +133,6 @@ def test_every_catalogue_keeps_the_glued_numbers_of_its_english(tmp_path):
 
 # ------------------------------------------------------------------ sentences
 def test_lists_and_wordings_follow_the_language(monkeypatch):
-    from kvlab.book.lang import clauses, join, pick, sentences
-
     assert join(["A"]) == "A" and join(["A", "B"]) == "A and B" and join("ABC") == "A, B and C"
     assert join(["A", "B"], "or") == "A or B"
     assert pick("en", "中") == "en" and sentences(["A.", "B."]) == "A. B."
@@ -146,8 +149,6 @@ def _numbers(text: str) -> Counter:
 
 
 def test_measured_sentences_state_the_same_numbers_in_both_languages(monkeypatch):
-    from kvlab.book import measured
-
     english = measured.numbers()
     monkeypatch.setenv("KVLAB_BOOK_LANG", "zh_CN")
     chinese_numbers = measured.numbers()
@@ -176,8 +177,6 @@ def panel_texts(panel) -> set[str]:
     """Every visible text of a static panel at its default state: control labels and
     option names, readout labels and text values, and its figures' texts (tests)."""
     from bokeh.models import ColumnDataSource
-
-    from kvlab.viz.panel import FORMATS
 
     result = panel.compute(panel.default_state)
     texts = {c.label for c in panel.controls}
@@ -214,9 +213,6 @@ def _notebook_figures() -> list:
 def test_every_visible_label_has_its_chinese():
     """Every label a reader sees in a panel (controls, options, readout names and words,
     titles, axes, legends, hover labels, categories) or in a figure the notebooks show."""
-    from kvlab.book.catalog import panels
-    from kvlab.viz.panel import Panel
-
     texts: set[str] = set()
     for factory in panels().values():
         texts |= panel_texts(factory())
@@ -230,8 +226,6 @@ def test_the_browser_translates_as_python_does(chinese, tmp_path):
     node = shutil.which("node")
     if node is None:
         pytest.skip("node is not installed")
-    from kvlab.viz.i18n_zh import ZH
-
     samples = sorted(ZH) + [
         "colocated: every output token of 6 requests",
         "NVIDIA L40S, batch 1",

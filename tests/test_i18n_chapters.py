@@ -12,7 +12,10 @@ from pathlib import Path
 import pytest
 
 from kvlab import labs
+from kvlab.book import bandwidth_wall, past_the_ceiling, what_a_hit_saves
+from kvlab.book.catalog import panels
 from kvlab.viz import i18n
+from kvlab.viz.panel import FORMATS
 
 ROOT = Path(__file__).resolve().parents[1]
 CJK = re.compile(r"[\u4e00-\u9fff]")
@@ -120,8 +123,6 @@ def test_every_translated_chapter_has_chinese_hints():
 
 
 def test_chapter_one_printout_in_both_languages(monkeypatch):
-    from kvlab.book import what_a_hit_saves
-
     english = what_a_hit_saves.worked_example()
     assert english.splitlines()[0].startswith("weights of the article's 7B in fp16: ")
     monkeypatch.setenv(i18n.LANG_ENV, i18n.CHINESE)
@@ -131,8 +132,6 @@ def test_chapter_one_printout_in_both_languages(monkeypatch):
 
 
 def test_chapter_2c_printout_and_published_words_in_both_languages(monkeypatch):
-    from kvlab.book import past_the_ceiling
-
     english = past_the_ceiling.worked_example()
     assert english.splitlines()[0] == "llama-3.1-70b bf16 on H100s, batch 1, 4096-token context:"
     words = past_the_ceiling._published_magicdec()
@@ -151,8 +150,6 @@ def test_chapter_2c_printout_and_published_words_in_both_languages(monkeypatch):
 def test_chapter_two_printout_and_worded_glue_in_both_languages(monkeypatch):
     """Chapter 2's printout and the glue values that are words (the bits-to-bytes and DDR5
     derivations, the papers' citations) read in Chinese with the English numbers."""
-    from kvlab.book import bandwidth_wall
-
     english, english_glue = bandwidth_wall.worked_example(), bandwidth_wall.numbers()
     assert english.splitlines()[0] == "KV per token: 131,072 B; KV read at 4K: 536,870,912 B"
     monkeypatch.setenv(i18n.LANG_ENV, i18n.CHINESE)
@@ -175,9 +172,6 @@ def test_the_browser_translates_the_decode_step_panel_as_python_does(tmp_path, m
     import subprocess
 
     from test_js import measured_states
-
-    from kvlab.book.catalog import panels
-    from kvlab.viz.panel import FORMATS
 
     node = shutil.which("node")
     if node is None:

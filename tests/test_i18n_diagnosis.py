@@ -12,6 +12,7 @@ from collections import Counter
 import pytest
 
 from kvlab import cost, fmt
+from kvlab.book import metrics_and_diagnosis as chapter
 from kvlab.deployment import Deployment
 from kvlab.diagnose import Diagnosis, diagnose
 from kvlab.hardware import get_device
@@ -202,8 +203,6 @@ def test_a_chinese_report_reads_as_written(cases, chinese):
 
 
 def test_the_chapter_speaks_chinese_with_the_same_numbers(monkeypatch):
-    from kvlab.book import metrics_and_diagnosis as chapter
-
     english = chapter.numbers()
     reports = [repr(r) for r in chapter.diagnosis_reports()]
     assert english["diag_setup"] == (

@@ -7,6 +7,7 @@ import nbformat
 import pytest
 
 from kvlab import labs
+from kvlab.cli import guarded
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
@@ -116,8 +117,6 @@ def _copy_chapters(tmp_path):
 
 
 def _run(*argv):
-    from kvlab.cli import guarded
-
     return guarded(labs.main, "kvlab labs", list(argv))
 
 

@@ -15,6 +15,7 @@ from kvlab.cli import main
 from kvlab.deployment import Deployment, KernelTables, parse_speed
 from kvlab.errors import KvlabError
 from kvlab.kernel_tables import devices_with_data, kernels, load
+from kvlab.kernel_tables.__main__ import main as extract_main
 from kvlab.kernel_tables.extract import SYSTEMS, dumps
 from kvlab.kernel_tables.tables import Curve, Grid
 from kvlab.ledger_rows import operator_rows
@@ -73,8 +74,6 @@ def test_extract_runs_only_with_its_extra(tmp_path, capsys):
         pytest.skip("aiconfigurator-core is installed here")
     except ImportError:
         pass
-    from kvlab.kernel_tables.__main__ import main as extract_main
-
     assert extract_main(["extract", "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "aiconfigurator-core==0.12.0" in err

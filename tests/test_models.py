@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from kvlab.cli import main
 from kvlab.errors import KvlabError
-from kvlab.models import get_model, load_config, models
+from kvlab.models import MAX_CONFIG_BYTES, get_model, load_config, models, spec_from_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -202,8 +203,6 @@ def test_qwen3_configs_explicit_head_dim_tied_and_qwen_moe():
 
 
 def test_every_published_config_loads_through_the_cli(capsys):
-    from kvlab.cli import main
-
     for folder in sorted(CONFIGS.iterdir()):
         if folder.is_dir():
             assert main(["budget", "--model", str(folder / "config.json"), "--json"]) == 0, folder
@@ -286,8 +285,6 @@ def test_stated_parameter_count_must_be_positive_and_plausible(tmp_path, num_par
 
 
 def test_a_nan_parameter_count_from_the_api_is_refused():
-    from kvlab.models import spec_from_config
-
     with pytest.raises(KvlabError, match="num_parameters"):
         spec_from_config({**BASE, "_kvlab": {"num_parameters": float("nan")}})
 
@@ -344,8 +341,6 @@ def test_a_piped_config_is_read_once(tmp_path):
     import os
     import threading
 
-    from kvlab.cli import main
-
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     writer = threading.Thread(target=lambda: fifo.write_text(json.dumps(BASE)), daemon=True)
@@ -356,8 +351,6 @@ def test_a_piped_config_is_read_once(tmp_path):
 
 
 def test_names_longer_than_the_file_system_allows(capsys):
-    from kvlab.cli import main
-
     for name in ("x" * 5000, "x" * 5000 + ".json", "/tmp/" + "y" * 300 + "/config.json", "a\0b"):
         assert main(["budget", "--model", name]) == 2
         err = capsys.readouterr().err
@@ -365,7 +358,5 @@ def test_names_longer_than_the_file_system_allows(capsys):
 
 
 def test_a_huge_file_is_refused_without_reading_it_all():
-    from kvlab.models import MAX_CONFIG_BYTES
-
     with pytest.raises(KvlabError, match=f"larger than {MAX_CONFIG_BYTES // 2**20} MiB"):
         load_config("/dev/zero")

@@ -11,6 +11,7 @@ from kvlab import cost, tiers
 from kvlab.bench.report import kv_transfer_series
 from kvlab.deployment import Deployment
 from kvlab.errors import KvlabError
+from kvlab.hardware import Tier
 from kvlab.tiers import TierPath, links
 
 MiB, GiB = 2**20, 2**30
@@ -73,8 +74,6 @@ def test_slowest_hop_sets_the_pace():
 
 
 def test_a_tier_of_your_own_needs_no_catalogue_entry():
-    from kvlab.hardware import Tier
-
     cxl = Tier("cxl-type3", "memory", 64e9, "64 GB/s", "a CXL memory expander", "hypothetical")
     p = tiers.get_placement(cxl)
     assert p.bandwidth_bytes_per_s() == 64e9 and p.bottleneck == "cxl-type3"

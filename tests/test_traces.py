@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvlab import traces, traces_download
+from kvlab import traces, traces_cache, traces_download
 from kvlab.cli import main
 from kvlab.errors import KvlabError
 from kvlab.traces import Request, Trace, load_trace, read_jsonl, trace_stats
@@ -571,8 +571,6 @@ def test_the_fast_path_agrees_with_parse_line(lines):
 
 
 def test_a_validated_trace_is_kept_parsed_while_the_file_is_unchanged(tmp_path, monkeypatch):
-    from kvlab import traces_cache
-
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.delenv("KVLAB_TRACE_CACHE", raising=False)
     monkeypatch.setattr(traces, "_LOADED", {})

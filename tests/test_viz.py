@@ -13,7 +13,13 @@ from kvlab import cost, fmt
 from kvlab.book.catalog import panels
 from kvlab.cli.budget import budget
 from kvlab.deployment import Deployment, parse_speed
-from kvlab.viz.panel import FORMATS, readout_html
+from kvlab.grids import BATCH_GRID, CONTEXT_GRID, DTYPE_CHOICES
+from kvlab.hardware import devices, get_device, tiers
+from kvlab.kernel_tables import kernels
+from kvlab.models import get_model, models
+from kvlab.viz import i18n, speed
+from kvlab.viz.panel import FORMATS, Panel, readout_html
+from kvlab.viz.terms import ledger_terms
 
 
 def cli_budget(keys: dict) -> dict:
@@ -107,8 +113,6 @@ def test_ledger_panel_values_are_the_cli_budget(speed, efficiency_in_cli):
 def test_ledger_panel_sweeps_are_the_ledger_at_each_point():
     """The decode-step panel's knee, context and roofline values (chapter 2's prose quotes
     them) are kvlab.cost's, at the panel's state and over the shared grids."""
-    from kvlab.grids import BATCH_GRID
-
     panel = panels()["ledger"]()
     state = {**panel.default_state, "batch": 8}
     v = panel.compute(state)["values"]
@@ -166,12 +170,6 @@ def test_measured_terms_add_up_to_the_measured_step_bit_for_bit():
     import base64
     import math
 
-    from kvlab.grids import BATCH_GRID, CONTEXT_GRID, DTYPE_CHOICES
-    from kvlab.hardware import devices, get_device
-    from kvlab.kernel_tables import kernels
-    from kvlab.models import get_model, models
-    from kvlab.viz import speed
-
     terms = speed.measured_terms(models(), devices(), BATCH_GRID, CONTEXT_GRID)
     data = np.frombuffer(base64.b64decode(terms["data"]), "<f8")
     checked = 0
@@ -210,8 +208,6 @@ def test_hit_panel_moves_ttft_not_tpot():
 
 
 def test_knee_is_where_kv_reads_reach_the_weights():
-    from kvlab.viz.controls import BATCH_GRID
-
     s = cost.decode_step(Deployment("llama-3.1-8b", "h100-sxm"), np.array(BATCH_GRID), 4096)
     k = cost.batch_knee(s)
     assert s.kv_read_bytes[k] >= s.weight_read_bytes > s.kv_read_bytes[k - 1]
@@ -220,7 +216,6 @@ def test_knee_is_where_kv_reads_reach_the_weights():
 
 
 def test_tiers_figure_lists_every_tier():
-    from kvlab.hardware import tiers
     from kvlab.viz.roofline import tiers_figure
 
     fig = tiers_figure()
@@ -228,10 +223,6 @@ def test_tiers_figure_lists_every_tier():
 
 
 def test_terms_are_json_and_small():
-    from kvlab.hardware import devices
-    from kvlab.models import models
-    from kvlab.viz.terms import ledger_terms
-
     text = json.dumps(ledger_terms(models(), devices()))
     assert len(text) < 8000
 
@@ -394,8 +385,6 @@ def test_every_legend_entry_has_finite_data_to_draw(notebook, expression, import
     are missing or all non-finite (a series the legend promises and the chart lacks) fails."""
     from bokeh.models import ColumnDataSource
 
-    from kvlab.viz.panel import Panel
-
     namespace: dict = {}
     exec(imports, namespace)  # the notebook's own imports
     obj = eval(expression, namespace)
@@ -448,9 +437,6 @@ def test_texts_that_only_some_states_show_have_their_chinese():
     phrases, the limit that binds the batch) are in the Chinese table too; tests/test_i18n.py
     checks every panel's default state."""
     from test_js import measured_states
-
-    from kvlab.viz import i18n
-    from kvlab.viz.panel import FORMATS
 
     texts = set()
     for key in ("ledger", "tier-read", "tpot-budget", "footprint", "pd"):
