@@ -113,13 +113,16 @@ window.KVLAB = window.KVLAB || (function () {
   function peakFlops(d, dt) {
     return (dt.compute === "fp8" && d.fp8_flops_per_s) ? d.fp8_flops_per_s : d.bf16_flops_per_s;
   }
-  // (bytes, FLOPs) of each operator group of a pass: OperatorTable.work.
+  // (bytes, FLOPs) of each operator group of a pass: OperatorTable.work, the table's
+  // element counts times the dtypes' bytes per element.
   function groupWork(m, w, kvTok, c, flash) {
     let attention = kvTok * c.kv_tokens;
     if (flash === false) attention = attention + m.score_bytes_per_pair * c.pairs;
+    const bpe = w.bytes_per_element;
     return [
-      [w.dense_bytes, w.dense_flops_per_token * c.tokens],
-      [w.expert_bytes * expertsTouched(m, c.touching), w.experts_flops_per_token * c.tokens],
+      [m.dense_elements * bpe, m.dense_flops_per_token * c.tokens],
+      [m.expert_elements * bpe * expertsTouched(m, c.touching),
+       m.experts_flops_per_token * c.tokens],
       [attention, m.flops_per_pair * c.pairs],
     ];
   }
@@ -136,7 +139,8 @@ window.KVLAB = window.KVLAB || (function () {
   // Mirrors kvlab.cost.decode_step for scalar inputs (one GPU).
   function step(T, s) {
     const m = T.models[s.model], d = T.devices[s.hardware];
-    const w = m.weights[s.weight_dtype], kv_bytes_per_token = m.kv_bytes_per_token[s.kv_dtype];
+    const w = T.dtypes[s.weight_dtype];
+    const kv_bytes_per_token = m.kv_elements_per_token * T.dtypes[s.kv_dtype].bytes_per_element;
     const b = s.batch, eff = (s.efficiency === undefined) ? 1.0 : s.efficiency;
     const bandwidth = s.bandwidth || d.memory_bandwidth_bytes_per_s;
     const attended = m.sliding_window ? Math.min(s.context, m.sliding_window) : s.context;
@@ -144,7 +148,7 @@ window.KVLAB = window.KVLAB || (function () {
     const groups = groupWork(m, w, kv_bytes_per_token, c, true);
     const peak = peakFlops(d, T.dtypes[s.weight_dtype]);
     const sum = sumGroups(groups, bandwidth, peak);
-    const weight_bytes = w.resident_bytes;
+    const weight_bytes = m.resident_elements * w.bytes_per_element;
     const weight_read_bytes = groups[0][0] + groups[1][0];
     const step_bytes = sum.bytes, flops = sum.flops;
     const memory_time_s = step_bytes / (bandwidth * eff);
@@ -200,7 +204,8 @@ window.KVLAB = window.KVLAB || (function () {
   // Mirrors kvlab.cost.prefill for scalar inputs (one GPU).
   function prefill(T, s) {
     const m = T.models[s.model], d = T.devices[s.hardware];
-    const w = m.weights[s.weight_dtype], kvTok = m.kv_bytes_per_token[s.kv_dtype];
+    const w = T.dtypes[s.weight_dtype];
+    const kvTok = m.kv_elements_per_token * T.dtypes[s.kv_dtype].bytes_per_element;
     const b = s.batch || 1, eff = (s.efficiency === undefined) ? 1.0 : s.efficiency;
     const bandwidth = s.bandwidth || d.memory_bandwidth_bytes_per_s;
     const p = s.prompt_tokens, c = servedTokens(s.cached_tokens || 0, p);  // the last token computes
