@@ -152,22 +152,47 @@ def test_memory_pressure_queues_then_drains(gen):
 
 
 def test_request_larger_than_any_gpu_is_reported_not_hung():
+    """On an L4 (~5.6 GB of KV room: ~42,000 tokens) a 100,000-token prompt, within the
+    model's trained context, can never run: rejected as too large, the run still ends."""
     reqs = (
         Request(0.0, 1000, 5, (1, 2)),
-        Request(0.1, 500_000, 5, _ids(100, 977)),
+        Request(0.1, 100_000, 5, _ids(100, 196)),
         Request(0.2, 800, 3, (1, 3)),
     )
     trace = Trace("big", reqs, source="test", generated=True)
     for arch in ARCHS:
-        r = simulate(trace, arch=arch)
+        r = simulate(trace, arch=arch, hardware="l4")
         assert r.records["status"].tolist() == [DONE, REJECTED, DONE]
-        assert r.rejected[0][0] == 1 and "room for KV" in r.rejected[0][1]
+        assert r.rejected[0] == (1, r.rejected[0][1], "too-large")
+        assert "room for KV" in r.rejected[0][1]
         s = r.summary()
-        assert s["requests_rejected"] == 1 and s["requests_completed"] == 2
+        assert s["requests_rejected"] == s["requests_rejected_too_large"] == 1
+        assert s["requests_completed"] == 2
         assert s["slo_attainment"] <= 2 / 3  # a rejected request missed its SLO
     only_big = Trace("only-big", (reqs[1],), source="test", generated=True)
-    s = simulate(only_big, arch="kv-centric").summary()
+    s = simulate(only_big, arch="kv-centric", hardware="l4").summary()
     assert s["requests_completed"] == 0 and s["throughput_tokens_per_s"] is None
+
+
+def test_context_past_the_trained_length_is_refused_per_request():
+    """Llama 3.1 8B is trained for 131,072 tokens (max_position_embeddings): a request whose
+    prompt plus output passes that is refused at arrival, as vLLM refuses it, even where
+    its KV would fit (an H100 holds ~430,000 tokens of it); one token less is served."""
+    limit = 131_072
+    reqs = (
+        Request(0.0, 1000, 5, (1, 2)),
+        Request(0.1, limit - 4, 5, _ids(100, 256)),  # 131,073 tokens: one too many
+        Request(0.2, limit - 5, 5, _ids(1000, 256)),  # exactly the trained context
+    )
+    trace = Trace("long", reqs, source="test", generated=True)
+    for arch in ARCHS:
+        r = simulate(trace, arch=arch)
+        check_conserved(r, trace)
+        assert r.records["status"].tolist() == [DONE, REJECTED, DONE]
+        assert r.rejected == ((1, r.rejected[0][1], "too-long"),)
+        assert "131,072" in r.rejected[0][1] and "trained context" in r.rejected[0][1]
+        s = r.summary()
+        assert s["requests_rejected_too_long"] == 1 and s["requests_rejected_too_large"] == 0
 
 
 def test_weights_that_do_not_fit_are_bad_input():
@@ -808,7 +833,11 @@ def check_conserved(result, trace) -> None:
         assert np.all(np.diff(result.tokens(i)) >= 0)
     s = result.summary()
     assert s["requests_completed"] + s["requests_rejected"] == len(trace)
-    assert s["requests_rejected"] == s["requests_rejected_early"] + s["requests_rejected_too_large"]
+    assert s["requests_rejected"] == (
+        s["requests_rejected_early"]
+        + s["requests_rejected_too_large"]
+        + s["requests_rejected_too_long"]
+    )
     assert (
         s["preemptions"]
         == rec["preemptions"].sum()
@@ -1006,11 +1035,12 @@ def test_early_rejection_keeps_goodput_under_overload():
 
 def test_early_rejection_and_too_large_are_counted_apart():
     reqs = tuple(Request(0.001 * i, 4000, 50, _ids(10 * i, 8)) for i in range(1, 60))
-    big = Request(0.0, 500_000, 5, _ids(10_000, 977))
+    big = Request(0.0, 100_000, 5, _ids(10_000, 196))
     trace = Trace("mixed", (big, *reqs), source="test", generated=True)
     r = simulate(
         trace,
         arch="colocated",
+        hardware="l4",
         prefill_workers=1,
         decode_workers=0,
         early_reject=True,

@@ -252,7 +252,12 @@ def render(r: dict, wall_s: float | None = None) -> str:
         + (", early rejection" if cfg["early_reject"] else ""),
         f"  step times from {r['efficiency_source']}" + _outside(r),
         f"  requests {r['requests']:,}: {r['requests_completed']:,} done, "
-        f"{r['requests_rejected_too_large']:,} rejected as too large for a GPU, "
+        + (
+            f"{r['requests_rejected_too_long']:,} rejected as longer than the model's context, "
+            if r["requests_rejected_too_long"]
+            else ""
+        )
+        + f"{r['requests_rejected_too_large']:,} rejected as too large for a GPU, "
         f"{r['requests_rejected_early']:,} rejected early; {r['tokens_generated']:,} tokens in "
         f"{s(r['duration_s'])}",
         "",

@@ -14,9 +14,11 @@ The first token reaches the user from the GPU that decodes (as in vLLM's disaggr
 proxy), so TTFT includes the KV move. With `remote_kv` nothing moves: the decode GPU
 reads the prompt's KV over the network at every step.
 
-A request whose KV cannot fit on an empty GPU is rejected at arrival and reported, so a
-run always ends: every request ends done or rejected. With `early_reject`, a request
-predicted to miss its SLOs is rejected at arrival too (kvlab.sim.admission), counted apart.
+A request longer than the model's trained context, or whose KV cannot fit on an empty GPU,
+is rejected at arrival and reported, so a run always ends: every request ends done or
+rejected. With `early_reject`, a request predicted to miss its SLOs is rejected at arrival
+too (kvlab.sim.admission), counted apart. A prefix load from another node's DRAM (the
+global pool) occupies the NICs of both nodes.
 KV lives in paged HBM on every decoding GPU; the newest sequence is preempted when a step
 finds no free block (kvlab.sim.engine).
 """
@@ -36,7 +38,7 @@ from ..hardware import get_device
 from ..models import get_model
 from ..prompt import served_from_blocks
 from ..traces import load_trace
-from .admission import early_reject_reason, too_large_reason
+from .admission import early_reject_reason, predict, too_large_reason, too_long_reason
 from .caches import make_caches
 from .config import SimConfig
 from .cost_model import make_cost
@@ -68,6 +70,7 @@ class Simulation:
         self.cost_counts_start = counts() if counts else (0, 0)
         self.kv_bytes_per_token = ledger.kv_bytes_per_token(model, c.kv_dtype)
         self.window = model.sliding_window or 0
+        self.max_context_tokens = model.max_position_embeddings or 0
         self.layers = model.num_layers
         self.overlap = bool(c.overlap)
         self.block_tokens = self.trace.block_tokens
@@ -150,12 +153,16 @@ class Simulation:
         reqs = self.requests
         events = [(reqs[i + 1].arrival_s, self._on_arrival, (i + 1,))] if i + 1 < len(reqs) else []
         req = reqs[i]
+        reason = too_long_reason(self, req)
+        if reason:
+            return events + self._reject(req, "too-long", reason)
         reason = too_large_reason(self, req)
         if reason:
             return events + self._reject(req, "too-large", reason)
         worker, req.est_s, wait_s = route_prefill(self, now, req, self.front)
         if self.config.early_reject:
-            reason = early_reject_reason(self, req, wait_s, req.est_s)
+            prediction = predict(self, now, req, worker, wait_s, req.est_s)
+            reason = early_reject_reason(self, req, prediction)
             if reason:
                 return events + self._reject(req, "early", reason)
         events += worker.enqueue(now, req) or []
@@ -181,10 +188,16 @@ class Simulation:
         remote_tok = cached - local_tok
         t_local = self.network.host_link.time_s(local_tok * kv)
         t_remote = 0.0
-        if remote_tok:
-            _, end, wire = self.network.reserve(worker.node, worker.node, remote_tok * kv, now)
-            t_remote = end - now
-            req.fetch_remote = (remote_tok * kv, wire)
+        if remote_tok:  # from each block's home node: both ends' NICs carry the bytes
+            sources = self.caches.remote_sources(worker.index, req.hash_ids, k)
+            blocks = sum(sources.values())
+            wire_total = 0.0
+            for src, n in sorted(sources.items()):
+                nbytes = remote_tok * kv * n / blocks
+                _, end, wire = self.network.reserve(self.front[src].node, worker.node, nbytes, now)
+                t_remote = max(t_remote, end - now)
+                wire_total += wire
+            req.fetch_remote = (remote_tok * kv, wire_total)
         req.fetch_local = (local_tok * kv, t_local)
         req.fetch_s = max(t_local, t_remote)
         req.cached_tokens = cached

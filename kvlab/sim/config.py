@@ -197,8 +197,19 @@ class SimConfig:
     )
     tbt_stat: str = _f(
         metrics.DEFAULT_TBT_STAT,
-        "which of a request's token gaps must meet the TBT limit (mean = TPOT)",
+        "which statistic of the token gaps must meet the TBT limit: per request mean "
+        "(TPOT, DistServe), p90 (Mooncake's arXiv report), p99, max, slowest10-mean (the mean "
+        "of the slowest tenth of a request's gaps, Mooncake FAST'25); or pooled-p99 (the p99 of "
+        "the run's gaps pooled, Sarathi-Serve, with --scheduling-delay-slo)",
         choices=metrics.TBT_STATS,
+    )
+    scheduling_delay_slo_s: float = _f(
+        metrics.DEFAULT_SCHEDULING_DELAY_SLO_S,
+        "with --tbt-stat pooled-p99: the median scheduling delay (arrival to prefill "
+        "start) must stay under this (Sarathi-Serve's capacity search: 2 s)",
+        kind="number",
+        flag="--scheduling-delay-slo",
+        metavar="S",
     )
     step_jitter: float = _f(
         0.0,
@@ -272,6 +283,7 @@ class SimConfig:
         check_number("step_jitter", self.step_jitter, minimum=0, allow_equal_min=True, maximum=10)
         check_number("ttft_slo_s", self.ttft_slo_s, maximum=1e9)
         check_number("tbt_slo_s", self.tbt_slo_s, maximum=1e9)
+        check_number("scheduling_delay_slo_s", self.scheduling_delay_slo_s, maximum=1e9)
 
     def resolved(self) -> "SimConfig":
         """This config with every None replaced by the architecture's (or the engine's) default."""

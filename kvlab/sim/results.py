@@ -64,7 +64,7 @@ class SimResult:
     cache: dict = dataclasses.field(repr=False)
     workers: tuple = dataclasses.field(repr=False)
     timeline: tuple = dataclasses.field(repr=False)  # (worker, start_s, end_s, kind, request)
-    rejected: tuple  # (request, reason, kind): kind "too-large" or "early"
+    rejected: tuple  # (request, reason, kind): kind "too-long", "too-large" or "early"
     events: int
     sim_end_s: float
     wall_s: float  # machine time of the run: not in summary() (results compare byte for byte)
@@ -129,6 +129,8 @@ class SimResult:
                 tbt_stat=tbt_stat,
                 records=_metric_view(r),
                 duration_s=self._duration_s(),
+                scheduling_delay_s=r["queue_s"],
+                scheduling_delay_slo_s=c.scheduling_delay_slo_s,
             )
         )
         out["requests"] = int(r.size)
@@ -137,6 +139,7 @@ class SimResult:
         kinds = [kind for _, _, kind in self.rejected]
         out["requests_rejected_early"] = kinds.count("early")
         out["requests_rejected_too_large"] = kinds.count("too-large")
+        out["requests_rejected_too_long"] = kinds.count("too-long")
         out["itl_max_s"] = (
             float(np.nanmax(r["itl_max_s"][done])) if (done & (r["tokens"] > 1)).any() else None
         )
