@@ -47,7 +47,12 @@ from .links import Link, Network
 from .loop import EventLoop
 from .routers import route_decode, route_prefill
 from .workers import ColocatedWorker, DecodeWorker, PrefillWorker
-from .workload import DONE, REJECTED, SimRequest
+from .workload import DONE, REJECTED, UNFINISHED, SimRequest, check_replayable
+
+
+class TargetMissed(Exception):
+    """Raised inside a run given a failure budget once more measured requests have failed
+    than the budget allows (`Simulation.meets`)."""
 
 
 class Simulation:
@@ -58,11 +63,14 @@ class Simulation:
         self.config = config or SimConfig()
         self._cost = cost
         self.progress = progress  # callable(done_requests, total) or None
+        self.fail_budget = None  # with meets(): measured failures allowed before stopping
+        self.failures = 0
 
     # ------------------------------------------------------------------ set-up
     def _build(self):
         c = self.config = self.config.resolved()
         self.trace = load_trace(self.trace)
+        check_replayable(self.trace)
         model, device = get_model(c.model), get_device(c.hardware)
         self.model = model
         self.cost = self._cost or make_cost(c)
@@ -149,6 +157,51 @@ class Simulation:
         self.loop.run()
         return build_result(self, time.perf_counter() - wall)
 
+    def meets(self, attainment: float):
+        """Whether at least `attainment` of the measured requests meet both SLOs: the run's
+        SimResult, or None as soon as more have missed their TTFT (or been rejected) than
+        that allows: a run past saturation stops early, its verdict known."""
+        from .results import build_result
+
+        self._build()
+        measured = len(self.requests) - self.trace.lead_in
+        self.fail_budget = math.floor(measured * (1.0 - attainment) + 1e-9)
+        self._awaiting = deque()  # measured, admitted, no first token yet: by arrival
+        if self.requests:
+            self.loop.schedule(self.requests[0].arrival_s, self._on_arrival, 0)
+        try:
+            self.loop.run()
+        except TargetMissed:
+            return None
+        return build_result(self, 0.0)
+
+    def _failed(self, req) -> None:
+        """A measured request is known to miss its SLOs (with a budget: maybe stop)."""
+        if req.id < self.trace.lead_in or req.missed:
+            return
+        req.missed = True
+        self.failures += 1
+        if self.fail_budget is not None and self.failures > self.fail_budget:
+            raise TargetMissed
+
+    def _past_deadline(self, now: float) -> None:
+        """With a failure budget: count the admitted requests still without a first token
+        whose TTFT limit has passed (deadlines come in arrival order)."""
+        awaiting, slo = self._awaiting, self.config.ttft_slo_s
+        while awaiting:
+            head = awaiting[0]
+            if head.status == UNFINISHED and math.isnan(head.first_token_s):
+                if now - head.arrival_s <= slo:
+                    return
+                self._failed(head)
+            awaiting.popleft()
+
+    def first_token_made(self, now: float, req) -> None:
+        """The first token of `req` reached the user at `now`."""
+        req.first_token_s = now
+        if now - req.arrival_s > self.config.ttft_slo_s:
+            self._failed(req)
+
     def _on_arrival(self, now: float, i: int):
         reqs = self.requests
         events = [(reqs[i + 1].arrival_s, self._on_arrival, (i + 1,))] if i + 1 < len(reqs) else []
@@ -165,12 +218,17 @@ class Simulation:
             reason = early_reject_reason(self, req, prediction)
             if reason:
                 return events + self._reject(req, "early", reason)
+        if self.fail_budget is not None:
+            self._past_deadline(now)
+            if i >= self.trace.lead_in:
+                self._awaiting.append(req)
         events += worker.enqueue(now, req) or []
         return events
 
     def _reject(self, req, kind: str, reason: str) -> list:
         req.status, req.reject_kind, req.reason = REJECTED, kind, reason
         self._count(req)
+        self._failed(req)
         return []
 
     def _count(self, req) -> None:
@@ -284,7 +342,7 @@ class Simulation:
 
     def _first_token(self, now: float, req, worker):
         """The first token reaches the user from the decode GPU; the request decodes there."""
-        req.first_token_s = now
+        self.first_token_made(now, req)
         req.token_times.append(now)
         req.produced = 1
         if req.output_tokens == 1:

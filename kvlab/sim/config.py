@@ -59,6 +59,9 @@ ARCH_DEFAULTS = {
 ENGINE_CHUNK_TOKENS_LARGE_GPU = 8192
 ENGINE_CHUNK_TOKENS_OTHER_GPU = 2048
 LARGE_GPU_BYTES = 70 * 2**30
+#: The least share of peak a run may assume: a millionth already makes a step last an hour;
+#: less would put events where the simulator's clock in seconds stops resolving token gaps.
+MIN_EFFICIENCY = 1e-6
 
 
 def engine_chunk_tokens(hardware: str) -> int:
@@ -66,6 +69,23 @@ def engine_chunk_tokens(hardware: str) -> int:
     device = get_device(hardware)
     large = device.capacity_bytes >= LARGE_GPU_BYTES and "a100" not in device.name.lower()
     return ENGINE_CHUNK_TOKENS_LARGE_GPU if large else ENGINE_CHUNK_TOKENS_OTHER_GPU
+
+
+def _check_link(field_name: str, name) -> None:
+    """A link field must name a catalogued link tier (a NIC, PCIe, NVLink), not a memory tier
+    (hbm3, ddr5): the simulator moves bytes over it, as `kvlab bench` refuses memories."""
+    from ..hardware import tiers
+
+    catalogue = tiers()
+    links = [n for n, t in catalogue.items() if t.kind == "link"]
+    tier = catalogue.get(str(name).lower())
+    if tier is None:
+        raise unknown_name(field_name.replace("_", " "), name, links)
+    if tier.kind != "link":
+        flag = "--" + field_name.replace("_", "-")
+        raise KvlabError(
+            f"{flag} {name!r} is a {tier.kind} tier, not a link; links: {', '.join(links)}"
+        )
 
 
 def _f(default, help: str, **cli):  # noqa: A002 - argparse's word
@@ -236,6 +256,8 @@ class SimConfig:
             if value is not None and value not in valid:
                 raise unknown_name(name.replace("_", " "), value, valid)
         self._check_numbers()
+        for name in ("link", "host_link"):
+            _check_link(name, getattr(self, name))
         if self.remote_kv and self.arch == "colocated":
             raise KvlabError(
                 "remote_kv needs separate decode workers: use arch 'disaggregated' or 'kv-centric'"
@@ -270,9 +292,21 @@ class SimConfig:
                 )
             object.__setattr__(self, "efficiency", "measured")
         else:
-            check_number("efficiency", self.efficiency, maximum=1.0)
-        for name in ("link_efficiency", "memory_fraction"):
-            check_number(name, getattr(self, name), maximum=1.0)
+            check_number(
+                "efficiency",
+                self.efficiency,
+                minimum=MIN_EFFICIENCY,
+                allow_equal_min=True,
+                maximum=1.0,
+            )
+        check_number(
+            "link_efficiency",
+            self.link_efficiency,
+            minimum=MIN_EFFICIENCY,
+            allow_equal_min=True,
+            maximum=1.0,
+        )
+        check_number("memory_fraction", self.memory_fraction, maximum=1.0)
         check_number(
             "pool_bytes_per_node",
             self.pool_bytes_per_node,
