@@ -51,7 +51,9 @@ class WorkloadSpec:
     turns_mean: float = 2.0  # mean turns per session (geometric, >= 1)
     think_time_s: float = 30.0  # mean gap between a session's turns (exponential)
     repeat_share: float = 0.0  # share of new sessions that resend an earlier first prompt verbatim
-    max_input_tokens: int = 131072  # a session ends before its prompt would exceed this
+    #: the context a request fills (Llama 3.1's 131,072): prompt + response stay within it (a
+    #: session ends, a first message is clipped, a response stops at it)
+    max_input_tokens: int = 131072
     vocab_size: int = 32000
     block_tokens: int = BLOCK_TOKENS
 
@@ -325,12 +327,16 @@ class _Sessions:
                     t_arrive += self.turns_rng.exponential(spec.think_time_s)
                 history += [out, self._segment(spec.followup_tokens, spec.followup_sigma)]
             total = sum(n for _, n in history)
-            if total > spec.max_input_tokens:
+            if total >= spec.max_input_tokens:  # no room left for a response
                 if turn:
                     break
-                keep = max(1, history[-1][1] - (total - spec.max_input_tokens))
+                keep = max(1, history[-1][1] - (total - spec.max_input_tokens + 1))
                 history[-1] = (history[-1][0], keep)  # clip a huge first message
+                total = sum(n for _, n in history)
             out = self._segment(spec.output_tokens, spec.output_sigma)
+            room = spec.max_input_tokens - total
+            if out[1] > room:  # the response stops at the context, as an engine stops it
+                out = (out[0], max(1, room))
             made.append(GenRequest(float(t_arrive), tuple(history), out, session, turn))
         return made
 
