@@ -48,9 +48,10 @@ def register(sub) -> None:
         "trace",
         metavar="TRACE",
         help="a known trace (conversation, synthetic), generated[:PRESET][:SEED], "
-        "poisson:rate=R,prompt=P,output=O[,requests=N][,seed=S] (P, O: a number of tokens or "
-        "lognormal(mean,sigma), exponential(mean), normal(mean,std), uniform(low,high)), or a "
-        ".jsonl path",
+        "poisson:rate=R,prompt=P,output=O[,requests=N][,seed=S][,shared=F][,prefix=T]"
+        "[,prefixes=M] (P, O: a number of tokens or lognormal(mean,sigma), exponential(mean), "
+        "normal(mean,std), uniform(low,high); shared/prefix: each prompt opens with F of its "
+        "tokens, at most T, from a pool of M common prefixes), or a .jsonl path",
     )
     add_config_flags(p, SimConfig)
     p.add_argument(

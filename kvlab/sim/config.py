@@ -119,13 +119,15 @@ class SimConfig:
     decode_workers: int = _f(2, "decode GPUs", kind="count", metavar="N")
     link: str = _f(
         "ib-400g",
-        "network between nodes, one NIC per GPU (a kvlab.hardware tier): H100 nodes carry one "
+        "network between nodes, one NIC per GPU (a kvlab.hardware link): H100 nodes carry one "
         "400 Gb/s NIC per GPU (50 GB/s), which Mooncake's transfer engine aggregates; ib-200g "
         "for one 200 Gb/s NIC",
         metavar="TIER",
     )
     host_link: str = _f(
-        "pcie5-x16", "host DRAM <-> GPU link inside a node (prefix loads, swaps)", metavar="TIER"
+        "pcie5-x16",
+        "host DRAM <-> GPU link inside a node (prefix loads, swaps; a kvlab.hardware link)",
+        metavar="TIER",
     )
     link_efficiency: float = _f(1.0, "share of the links' peak reached", kind="number", metavar="F")
     pool_bytes_per_node: float = _f(
@@ -159,7 +161,9 @@ class SimConfig:
         "chunked",
         "what each GPU runs per iteration: prefill-first (vLLM v0: a prompt runs "
         "alone, decodes wait), chunked (vLLM v1 / Sarathi: decodes plus prompt chunks up to "
-        "the token budget), decode-first (TGI-like: prompts wait up to --max-waiting-steps)",
+        "the token budget), decode-first (TGI-like: prompts wait up to --max-waiting-steps); "
+        "disaggregated and kv-centric: only what a decode GPU prefills again (its preempted "
+        "sequences); their prefill GPUs run one prompt at a time",
         choices=tuple(SCHEDULERS),
     )
     chunk_tokens: int | None = _f(
@@ -197,8 +201,9 @@ class SimConfig:
     )
     early_reject: bool = _f(
         False,
-        "reject at arrival a request whose predicted TTFT or TBT misses its SLO "
-        "given the current queues (Mooncake)",
+        "reject at arrival a request whose predicted TTFT (prefill queue + its prefill and "
+        "prefix load + wait for decode memory + KV move) or TBT misses its SLO (Mooncake's "
+        "Algorithm 1; early rejection, section 7 of its arXiv report)",
         kind="flag",
     )
     ttft_slo_s: float = _f(

@@ -109,7 +109,9 @@ class SimResult:
 
     def summary(self, ttft_slo_s=None, tbt_slo_s=None, tbt_stat: str | None = None) -> dict:
         """Headline figures (JSON-ready): latency percentiles, throughput, SLOs, hits, bytes,
-        preemptions. The SLOs default to the config's."""
+        preemptions. The SLOs default to the config's. Request figures are over the measured
+        requests (a warm-up's lead-in is left out); the network and cache ledgers and the
+        GPUs' busy shares cover the whole replay."""
         c = self.config
         ttft_slo_s = c.ttft_slo_s if ttft_slo_s is None else ttft_slo_s
         tbt_slo_s = c.tbt_slo_s if tbt_slo_s is None else tbt_slo_s
