@@ -114,9 +114,9 @@ def saturation(
     start_rate_per_s: float | None = None,
     cost=None,
 ) -> Saturation:
-    """The highest request rate at which `config` meets the attainment target on every
-    sample (a Trace or trace name, or a sequence of them; see `seed_samples`,
-    `slice_samples`), with its spread over the samples (see the module docstring).
+    """The highest request rate at which `config` meets the attainment target, found for
+    each sample (a Trace or trace name, or a sequence of them; see `seed_samples`,
+    `slice_samples`) and summarised as their mean and spread (see the module docstring).
 
     `start_rate_per_s` starts the first sample's search (default: its own mean rate); each
     later sample starts from the answer before. `cost` is the step-cost object shared by
