@@ -660,3 +660,13 @@ def test_shared_requests_said_exactly_where_a_percentage_rounds_to_100():
     assert shared_requests_words(12030, 12031) == "all but one of its 12,031 requests"
     assert shared_requests_words(12031, 12031) == "all 12,031 of its requests"
     assert shared_requests_words(6000, 12031) == "49.9% of its requests"
+
+
+def test_chapter_5b_says_all_but_one_where_a_percentage_says_100():
+    from kvlab.book import prefix_caching
+
+    n = prefix_caching.numbers()
+    if n["conv_requests"] == "12,031":  # the real trace (the generated one differs)
+        assert n["conv_shared_requests"] == "all but one of its 12,031 requests"
+        assert n["capacity_hit_requests"] == "all but one of its 12,031 requests"
+    assert "100.0%" not in n["conv_shared_requests"] + n["capacity_hit_requests"]

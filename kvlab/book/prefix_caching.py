@@ -91,6 +91,10 @@ def numbers() -> dict[str, str]:
         "block_tokens": fmt.fixed(conv.block_tokens, 0),
         "conv_reusable": fmt.percent(stats.reusable_token_share),
     }
+    unlimited = prefix.replay(conv, math.inf)
+    out["capacity_hit_requests"] = shared_requests_words(
+        round(unlimited.request_hit_rate * unlimited.requests), unlimited.requests
+    )
     curve = capacity_curve()
     least, most = definitions_disagree(curve)
     gap = widest_policy_gap(curve)
