@@ -400,6 +400,63 @@ def _spec_breakeven_batch():
     )
 
 
+def _breakeven_rough() -> tuple[float, str, str]:
+    from . import cost, fmt
+    from .speculative import tokens_per_verify_step
+
+    ridge = cost.decode_step(
+        "llama-3.1-8b", "h100-sxm", 1, 256, "bf16", "bf16"
+    ).ridge_flops_per_byte
+    tau = tokens_per_verify_step(0.8, 8)
+    value = tau * ridge / 9
+    r, t, v = fmt.sig(ridge, 3), fmt.sig(tau, 3), fmt.sig(value, 3)
+    return (
+        value,
+        f"a verify pass multiplies the weights by 9 rows per sequence and turns compute-bound "
+        f"at a batch of {r} / 9; beyond it, it costs 9 x batch / {r} plain steps and yields "
+        f"(1 - 0.8^9) / (1 - 0.8) = {t} tokens: it stops paying at {t} x {r} / 9 ≈ {v}",
+        f"验证前向让每个序列的 9 行乘以权重，在批大小为 {r} / 9 时变成受算力限制；"
+        f"此后它的开销是 9 × 批大小 / {r} 个普通解码步，"
+        f"而它产出 (1 - 0.8^9) / (1 - 0.8) = {t} 个 token：在 {t} × {r} / 9 ≈ {v} 时不再划算",
+    )
+
+
+estimate(
+    "ch2c.breakeven_estimate",
+    "sequences",
+    "the batch at which a verify pass of K + 1 = 9 rows per sequence turns compute-bound "
+    "(the ridge point over 9), and how many plain steps it then costs against the tokens "
+    "it yields, (1 - A^(K+1)) / (1 - A)",
+    "每个序列 K + 1 = 9 行的验证前向在多大的批上变成受算力限制（脊点除以 9），"
+    "以及此后它花掉的普通解码步数与它产出的 token 数 (1 - A^(K+1)) / (1 - A) 之比",
+    _breakeven_rough,
+    of="ch2c.spec_breakeven_batch",
+)
+
+
+@choice(
+    "ch2c.breakeven_why",
+    "abc",
+    "what a verify pass yields against what it costs once it is compute-bound: its cost "
+    "grows with the batch, its yield per sequence does not shrink",
+    "验证前向受算力限制之后，它的产出与开销之比：开销随批增长，每个序列的产出却不变",
+)
+def _breakeven_why():
+    """(b) when speculation still pays at twice the batch at which the verify pass's GEMMs
+    turn compute-bound (the ridge over K + 1)."""
+    from . import cost
+    from .speculative import speculative_step
+
+    ridge = cost.decode_step(
+        "llama-3.1-8b", "h100-sxm", 1, 256, "bf16", "bf16"
+    ).ridge_flops_per_byte
+    batch = int(2 * ridge / 9)
+    s = speculative_step(
+        "llama-3.1-8b", "h100-sxm", batch, 256, 8, 0.8, weight_dtype="bf16", kv_dtype="bf16"
+    )
+    return "b" if s.speculative_speedup > 1 else "a"
+
+
 @exercise(
     "ch2c.tp2_max_batch",
     "sequences",
@@ -445,10 +502,10 @@ def _tp2_rough() -> tuple[float, str, str]:
 estimate(
     "ch2c.tp2_estimate",
     "sequences",
-    "each GPU's usable memory (90% of 80 GB) less half of the fp8 weights, over one sequence's "
-    "KV on one GPU (half of its 8 K/V heads, bf16)",
-    "每块 GPU 的可用显存（80 GB 的 90%）减去一半的 fp8 权重，"
-    "再除以一个序列在一块 GPU 上的 KV（8 个 K/V 头的一半，bf16）",
+    "each GPU's usable memory less half of the fp8 weights, over one sequence's KV on one "
+    "GPU (half of its K/V heads, bf16)",
+    "每块 GPU 的可用显存减去一半的 fp8 权重，再除以一个序列在一块 GPU 上的 KV"
+    "（K/V 头的一半，bf16）",
     _tp2_rough,
     of="ch2c.tp2_max_batch",
 )
@@ -632,8 +689,9 @@ def _remote_rough() -> tuple[float, str, str]:
 estimate(
     "ch4.remote_estimate",
     "x",
-    "the KV of 8,192 tokens over one 400 Gb/s NIC (50 GB/s) added to the step read from HBM",
-    "8,192 个 token 的 KV 经一块 400 Gb/s 网卡（50 GB/s）传输的时间，加上从 HBM 读的那一步",
+    "the KV of 8,192 tokens over one 400 Gb/s NIC (in bytes per second) added to the step "
+    "read from HBM",
+    "8,192 个 token 的 KV 经一块 400 Gb/s 网卡传输的时间（按字节/秒换算），加上从 HBM 读的那一步",
     _remote_rough,
     of="ch4.remote_every_step",
 )

@@ -670,3 +670,12 @@ def test_chapter_5b_says_all_but_one_where_a_percentage_says_100():
         assert n["conv_shared_requests"] == "all but one of its 12,031 requests"
         assert n["capacity_hit_requests"] == "all but one of its 12,031 requests"
     assert "100.0%" not in n["conv_shared_requests"] + n["capacity_hit_requests"]
+
+
+def test_chapter_1_says_128_kib_is_131_kb_once():
+    """The article's "128 KB" per token is 128 KiB = 131,072 bytes, which kvlab writes as
+    131 kB (SI units)."""
+    from kvlab.book import what_a_hit_saves
+
+    n = what_a_hit_saves.numbers()
+    assert (n["kv_per_token_kib"], n["kv_per_token"]) == ("128", "131 kB")
