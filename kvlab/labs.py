@@ -79,19 +79,12 @@ class CheckResult:
 _EXERCISES: dict[str, Exercise] = {}
 
 
-def exercise(
-    key: str,
-    unit: str,
-    hint: str,
-    rel_tol: float = 0.02,
-    hint_zh: str | None = None,
-    rough: Callable[[], tuple[float, str, str]] | None = None,
-):
+def exercise(key: str, unit: str, hint: str, rel_tol: float = 0.02, hint_zh: str | None = None):
     """Register the decorated function as the kvlab computation of exercise `key`'s answer
-    (`hint_zh`: the hint for the Chinese edition; `rough`: an estimate's arithmetic)."""
+    (`hint_zh`: the hint for the Chinese edition)."""
 
     def register(expected: Callable[[], float]) -> Callable[[], float]:
-        _EXERCISES[key] = Exercise(key, unit, expected, hint, rel_tol, hint_zh, rough)
+        _EXERCISES[key] = Exercise(key, unit, expected, hint, rel_tol, hint_zh)
         return expected
 
     return register

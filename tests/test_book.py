@@ -662,6 +662,15 @@ def test_shared_requests_said_exactly_where_a_percentage_rounds_to_100():
     assert shared_requests_words(6000, 12031) == "49.9% of its requests"
 
 
+def test_the_chinese_says_all_but_one_in_words_too(monkeypatch):
+    """The Chinese edition states the same numbers as the English: a word, not a digit."""
+    from kvlab.book.prefix_caching import shared_requests_words
+    from kvlab.viz import i18n
+
+    monkeypatch.setenv(i18n.LANG_ENV, i18n.CHINESE)
+    assert shared_requests_words(12030, 12031) == "12,031 个请求中除一个以外的所有请求"
+
+
 def test_chapter_5b_says_all_but_one_where_a_percentage_says_100():
     from kvlab.book import prefix_caching
 

@@ -239,4 +239,5 @@ def test_display_math_survives_translation():
             block.strip().startswith(r"\[") and "::" not in block for block in chinese_blocks
         ), english.name
     (ceiling,) = _math_blocks(site / "zh" / "notebooks" / "01_what_a_hit_saves.html")
-    assert r"\text{每秒 token 数}" in ceiling and r"\frac{\text{内存带宽}}" in ceiling
+    # device memory bandwidth is 显存带宽 (内存 is host DRAM)
+    assert r"\text{每秒 token 数}" in ceiling and r"\frac{\text{显存带宽}}" in ceiling

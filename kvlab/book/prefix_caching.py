@@ -63,12 +63,14 @@ def shared_requests_words(shared: int, requests: int) -> str:
     if n == 0:
         return pick(f"all {total} of its requests", f"全部 {total} 个请求")
     if n < 10:
+        # in words in both editions, as the English says "one": the numbers match
         few = pick(
-            ("one", "two", "three", "four", "five", "six", "seven", "eight", "nine")[n - 1], str(n)
+            ("one", "two", "three", "four", "five", "six", "seven", "eight", "nine")[n - 1],
+            "一二三四五六七八九"[n - 1],
         )
         return pick(
             f"all but {few} of its {total} requests",
-            f"{total} 个请求中除 {few} 个以外的所有请求",
+            f"{total} 个请求中除{few}个以外的所有请求",
         )
     return pick(
         f"{fmt.percent(shared / requests)} of its requests",
