@@ -344,8 +344,11 @@ def _live_widget(c: Control):
             layout=layout,
         )
     if c.live_range:
-        cls = w.IntSlider if c.integer else w.FloatSlider
-        return cls(value=c.default, min=c.live_range[0], max=c.live_range[1], layout=layout)
+        if c.integer:
+            return w.IntSlider(c.default, min=c.live_range[0], max=c.live_range[1], layout=layout)
+        return w.FloatSlider(  # any value to the hundredth, not ipywidgets' tenth
+            c.default, min=c.live_range[0], max=c.live_range[1], step=0.01, layout=layout
+        )
     return w.SelectionSlider(
         options=[(c.label_of(v), v) for v in c.options], value=c.default, layout=layout
     )
