@@ -115,6 +115,15 @@ def test_log_axes_are_ticked_at_one_two_five_of_each_decade():
     assert grid.ticker is axis.ticker or (grid.ticker is None and grid.axis is axis)
 
 
+def test_a_log_axis_ticked_on_purpose_keeps_its_ticks():
+    from bokeh.models import FixedTicker
+
+    fig = _figure(x_axis_type="log")
+    fig.xaxis.ticker = FixedTicker(ticks=[512, 1024, 2048])  # say, the measured contexts
+    fit(fig)
+    assert fig.xaxis[0].ticker.ticks == [512, 1024, 2048]
+
+
 NODE = shutil.which("node")
 
 
@@ -133,3 +142,14 @@ def test_log_ticks_under_node(start, end, ticks):
     code += f"console.log(JSON.stringify(f({{start: {start}, end: {end}}})));"
     out = subprocess.run([NODE, "-e", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == pytest.approx(ticks, rel=1e-12)
+
+
+def test_a_caption_below_the_plot_becomes_page_text_that_wraps():
+    from bokeh.models import Title
+
+    fig = _figure()
+    fig.add_layout(Title(text="Data: a long source line", text_font_style="italic"), "below")
+    out = fit(fig)
+    first, plot, last = out.children  # the title above the plot, the caption below it
+    assert (first.text, plot, last.text) == ("A title", fig, "Data: a long source line")
+    assert not any(isinstance(r, Title) for r in fig.below)

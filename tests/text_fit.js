@@ -115,19 +115,34 @@
     const name = pv.model.title && pv.model.title.text ? pv.model.title.text
                                                         : (pv.model.name || "a plot");
     const frame = pv.frame.bbox, whole = pv.bbox;
-    const title = pv.model.title;
-    if (title && title.text && title.visible) {  // its widest line, placed as bokeh aligns it
-      const need = Math.max(...title.text.split("\n").map((l) => textWidth(l, font(title, "text"))));
+    const width = whole.x1 - whole.x0;  // the frame is in the plot's own coordinates
+    // A title, or a caption (a Title beside the plot): its widest line, placed as bokeh
+    // aligns it on the frame, inside the plot.
+    const checkTitle = (t, what) => {
+      const need = Math.max(...t.text.split("\n").map((l) => textWidth(l, font(t, "text"))));
       const start = { left: frame.x0, center: (frame.x0 + frame.x1 - need) / 2,
-                      right: frame.x1 - need }[title.align] ?? frame.x0;
-      const width = whole.x1 - whole.x0;  // the frame is in the plot's own coordinates
+                      right: frame.x1 - need }[t.align] ?? frame.x0;
       if (start < -SLACK || start + need > width + SLACK) {
-        problems.push(`title ${short(title.text)} is cut (${need.toFixed(0)} px of text from ` +
+        problems.push(`${what} ${short(t.text)} is cut (${need.toFixed(0)} px of text from ` +
                       `${start.toFixed(0)} px in a ${width.toFixed(0)} px plot)`);
       }
+    };
+    const title = pv.model.title;
+    if (title && title.text && title.visible) checkTitle(title, "title");
+    const sides = [...pv.model.below, ...pv.model.above, ...pv.model.left, ...pv.model.right];
+    for (const t of sides.filter((m) => m.type === "Title" && m !== title)) {
+      if (t.visible && t.text) checkTitle(t, `caption of ${short(name)}`);
     }
-    for (const axis of [...pv.model.below, ...pv.model.above, ...pv.model.left,
-                        ...pv.model.right]) {
+    for (const v of views(pv)) {  // text placed in the plot at a screen position
+      const m = v.model;
+      if (!m || m.type !== "Label" || !m.visible || !m.text || m.x_units !== "screen") continue;
+      const need = textWidth(m.text, font(m, "text"));
+      if (m.x + need > width + SLACK) {
+        problems.push(`label ${short(m.text)} of ${short(name)} is cut (${need.toFixed(0)} px ` +
+                      `of text from ${m.x} px in a ${width.toFixed(0)} px plot)`);
+      }
+    }
+    for (const axis of sides) {
       if (!axis.axis_label || typeof axis.axis_label !== "string" || !axis.visible) continue;
       if (!("axis_label_text_font_size" in axis)) continue;
       const need = textWidth(axis.axis_label, font(axis, "axis_label_text"));

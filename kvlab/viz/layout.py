@@ -27,8 +27,10 @@ MIN_SIDE_BY_SIDE_PX = 300
 #: full-width) character, room taken by the select's padding and arrow, and the widest
 #: control a phone's column (358 px) takes.
 OPTION_LATIN_PX, OPTION_WIDE_PX, OPTION_PADDING_PX, MOST_CONTROL_PX = 7.2, 13.5, 40, 350
-#: Height of a plot's x axis (ticks and label): what the plotting area had below it.
-X_AXIS_PX = 50
+#: Height of a plot's x axis (ticks and label), of a legend's row beside the plot and of a
+#: caption line (a Title below it), as the figures were drawn: what the plotting area
+#: had around it.
+X_AXIS_PX, LEGEND_ROW_PX, CAPTION_PX = 50, 22, 14
 #: Legend entries flow left to right and wrap at the plot's width, a long label (or title)
 #: within its line; no box is drawn around a legend outside the plot.
 LEGEND_CSS = """
@@ -46,6 +48,8 @@ TITLE_STYLES = {
     "margin": "4px 0 0 0",
     "line-height": "1.3",
 }
+
+
 ROW_STYLES = {"flex-wrap": "wrap", "column-gap": "8px", "row-gap": "8px"}
 #: Log-axis ticks at 1, 2 and 5 of every decade the range covers (1 to 9 where that gives
 #: fewer than three, every decade's 1 where there are many): bokeh's LogTicker turns
@@ -110,6 +114,7 @@ def fit(layout):
         CustomJSTicker,
         InlineStyleSheet,
         LogAxis,
+        LogTicker,
         NoOverlap,
         Plot,
         Row,
@@ -123,7 +128,7 @@ def fit(layout):
         for axis in (*plot.below, *plot.above, *plot.left, *plot.right):
             if hasattr(axis, "major_label_policy") and not isinstance(axis, CategoricalAxis):
                 axis.major_label_policy = no_overlap
-            if isinstance(axis, LogAxis):
+            if isinstance(axis, LogAxis) and type(axis.ticker) is LogTicker:  # not one chosen
                 _retick(plot, axis, log_ticks)
     layout = _titled(layout)
     for model in layout.select({"type": Row}):
@@ -149,8 +154,13 @@ def _retick(plot, axis, ticker) -> None:
 
 
 def _fit_plot(plot, legend_css) -> None:
-    from bokeh.models import Legend
+    from bokeh.models import Legend, Title
 
+    # the plotting area the figure had: its height less the x axis and what sat beside it
+    beside = sum(
+        _legend_rows(r) * LEGEND_ROW_PX for r in (*plot.below, *plot.above) if isinstance(r, Legend)
+    )
+    beside += CAPTION_PX * sum(isinstance(r, Title) for r in (*plot.below, *plot.above))
     for legend in [r for r in plot.center if isinstance(r, Legend)]:
         plot.center = [r for r in plot.center if r is not legend]
         plot.add_layout(legend, "below")
@@ -162,27 +172,55 @@ def _fit_plot(plot, legend_css) -> None:
         legend.label_text_font_size = "11px"
         legend.stylesheets = [*legend.stylesheets, legend_css]
     if plot.height and plot.frame_height is None:
-        # the plotting area as it was (title now outside), fixed: a legend adds its rows
-        plot.frame_height = max(60, plot.height - X_AXIS_PX)
+        # fixed (its title, now page text, makes room for it): a legend adds its rows
+        plot.frame_height = max(60, plot.height - X_AXIS_PX - beside)
     plot.sizing_mode = "stretch_width"
 
 
+def _legend_rows(legend) -> int:
+    """Rows a legend beside the plot took as its figure was drawn (an estimate)."""
+    items = max(len(legend.items), 1)
+    if isinstance(legend.ncols, int):
+        return -(-items // legend.ncols)
+    return 1 if legend.orientation == "horizontal" else items
+
+
 def _titled(model):
-    """Each titled plot in `model` as column(its title as page text, the plot)."""
+    """Each titled plot in `model` as column(its title, the plot, its captions), the title
+    and the captions (Titles below the plot) as page text."""
     from bokeh.layouts import column
-    from bokeh.models import Column, Paragraph, Plot, Row, Tabs
+    from bokeh.models import Column, Paragraph, Plot, Row, Tabs, Title
 
     if isinstance(model, Plot):
+        parts = [model]
         title = model.title
-        if title is None or not getattr(title, "text", "") or not title.visible:
-            return model
-        text = Paragraph(text=title.text, styles=TITLE_STYLES, sizing_mode="stretch_width")
-        title.js_link("text", text, "text")  # a panel that retitles the plot retitles this
-        title.visible = False
-        return column(text, model, spacing=0)
+        if title is not None and getattr(title, "text", "") and title.visible:
+            text = Paragraph(text=title.text, styles=TITLE_STYLES, sizing_mode="stretch_width")
+            title.js_link("text", text, "text")  # a panel that retitles the plot retitles this
+            title.visible = False
+            parts.insert(0, text)
+        for caption in [r for r in model.below if isinstance(r, Title)]:
+            model.below = [r for r in model.below if r is not caption]
+            parts.append(
+                Paragraph(
+                    text=caption.text, styles=_caption_styles(caption), sizing_mode="stretch_width"
+                )
+            )
+        return column(*parts, spacing=0) if len(parts) > 1 else model
     if isinstance(model, (Row, Column)):
         model.children = [_titled(child) for child in model.children]
     elif isinstance(model, Tabs):
         for tab in model.tabs:
             tab.child = _titled(tab.child)
     return model
+
+
+def _caption_styles(title) -> dict:
+    """A caption's look as page text: its Title's size, slant and colour."""
+    return {
+        "font-size": str(title.text_font_size),
+        "font-style": str(title.text_font_style),
+        "color": str(title.text_color),
+        "margin": "2px 0 0 0",
+        "line-height": "1.3",
+    }
