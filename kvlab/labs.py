@@ -10,6 +10,14 @@ labs` writes student copies in which every `# ANSWER` line becomes `answer = ...
 check within tolerance passes; a wrong or missing answer gets a hint naming the quantity
 to recheck. The expected values come from kvlab, never from a typed number.
 
+Three kinds of exercise teach a reasoning in three steps: an *estimate* by hand (checked
+at a loose tolerance; a wrong one is shown the arithmetic, computed from kvlab's catalogues),
+the *number* from kvlab (the exact answer), and a *choice*, one letter for why the two
+agree or differ:
+
+    answer = "b"  # ANSWER
+    labs.check("ch3.host_why", answer)
+
 The verdicts speak the reader's language: in the Chinese edition (KVLAB_BOOK_LANG=zh_CN,
 kvlab.viz.i18n) they are written in Chinese, with the exercise's `hint_zh` (its English
 hint where an exercise has none yet).
@@ -26,7 +34,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import cost
+from . import cost, fmt
 from .article import ARTICLE_BANDWIDTH_BYTES_PER_S
 from .cli import Parser, guarded
 from .deployment import Deployment, KernelTables
@@ -38,9 +46,9 @@ from .models import get_model
 from .parallel import allreduce_link
 from .prefix import replay
 from .prompt import served_tokens
-from .speculative import breakeven_batch, tokens_per_verify_step
-from .tiers import TierPath, kv_fetch_time_s, tiered_decode_step
-from .traces import trace_or_generated
+from .speculative import breakeven_batch, speculative_step, tokens_per_verify_step
+from .tiers import TierPath, get_placement, kv_fetch_time_s, tiered_decode_step
+from .traces import trace_or_generated, trace_stats
 from .viz.i18n import chinese
 
 ANSWER_MARK = "# ANSWER"
@@ -51,10 +59,22 @@ BLANK = "answer = ...  # your answer here"
 class Exercise:
     key: str
     unit: str
-    expected: Callable[[], float]  # computed by kvlab
+    expected: Callable[[], float | str]  # computed by kvlab (a choice: the right letter)
     hint: str  # the quantity to recheck
     rel_tol: float = 0.02
     hint_zh: str | None = None  # the same hint in Chinese, for the Chinese edition
+    #: An estimate's arithmetic by hand: () -> (value, English, Chinese), from kvlab's
+    #: catalogues; shown after a wrong estimate. None: not an estimate.
+    rough: Callable[[], tuple[float, str, str]] | None = None
+    options: tuple[str, ...] = ()  # a choice's letters; () for a number
+
+    @property
+    def is_choice(self) -> bool:
+        return bool(self.options)
+
+    @property
+    def is_estimate(self) -> bool:
+        return self.rough is not None
 
 
 @dataclass(frozen=True)
@@ -86,6 +106,28 @@ def exercise(key: str, unit: str, hint: str, rel_tol: float = 0.02, hint_zh: str
     return register
 
 
+#: A loose tolerance: an estimate by hand, from round numbers, passes within it.
+ESTIMATE_TOL = 0.3
+
+
+def estimate(key: str, unit: str, hint: str, hint_zh: str, rough, of: str):
+    """Register an estimate by hand of exercise `of`'s answer (the same kvlab value, checked
+    within ESTIMATE_TOL); `rough` gives the arithmetic a wrong estimate is shown."""
+    ex = _EXERCISES[of]
+    _EXERCISES[key] = Exercise(key, unit, ex.expected, hint, ESTIMATE_TOL, hint_zh, rough)
+
+
+def choice(key: str, options: str, hint: str, hint_zh: str):
+    """Register the decorated function as the right letter of a multiple-choice question
+    (`options`: its letters, such as "abc"); kvlab computes it where the reason is a number."""
+
+    def register(expected: Callable[[], str]) -> Callable[[], str]:
+        _EXERCISES[key] = Exercise(key, "", expected, hint, 0.0, hint_zh, None, tuple(options))
+        return expected
+
+    return register
+
+
 @exercise(
     "ch1.ceiling",
     "tokens/s",
@@ -107,6 +149,46 @@ def _ttft_ratio():
     miss = cost.prefill(d, 8192)
     hit = cost.prefill(d, 8192, cached_tokens=served_tokens(int(0.9 * 8192), 8192))
     return miss.ttft_s / hit.ttft_s
+
+
+def _ttft_rough() -> tuple[float, str, str]:
+
+    prompt = 8192
+    computed = prompt - served_tokens(int(0.9 * prompt), prompt)
+    value = prompt / computed
+    n, c, v = fmt.fixed(prompt, 0), fmt.fixed(computed, 0), fmt.sig(value, 3)
+    return (
+        value,
+        f"a 90% hit leaves {c} of the {n} prompt tokens to compute: {n} / {c} ≈ {v}×",
+        f"命中 90% 后，{n} 个 prompt token 中还剩 {c} 个要计算：{n} / {c} ≈ {v} 倍",
+    )
+
+
+estimate(
+    "ch1.ttft_estimate",
+    "x",
+    "the share of the prompt's tokens that a 90% hit leaves to compute",
+    "命中 90% 之后，prompt 中还要计算的 token 占多少",
+    _ttft_rough,
+    of="ch1.ttft_ratio",
+)
+
+
+@choice(
+    "ch1.ttft_why",
+    "abc",
+    "what the uncached tokens compute: each attends to every token before it, cached or not",
+    "未缓存的 token 要算什么：每一个都要对它之前的所有 token（无论是否已缓存）做注意力",
+)
+def _ttft_why():
+    """(b) when the hit's prefill does more FLOPs per computed token than the full prefill:
+    the uncached tokens sit at the end of the prompt and attend to all of it."""
+
+    d = Deployment("llama-3.1-8b", "h100-sxm")
+    miss = cost.prefill(d, 8192)
+    hit = cost.prefill(d, 8192, cached_tokens=served_tokens(int(0.9 * 8192), 8192))
+    per_token = (hit.flops / hit.computed_tokens) / (miss.flops / miss.computed_tokens)
+    return "b" if per_token > 1 else "a"
 
 
 @exercise(
@@ -152,6 +234,48 @@ def _int4_speedup():
     return int4.tokens_per_s / fp16.tokens_per_s
 
 
+def _int4_rough() -> tuple[float, str, str]:
+
+    weights = cost.weight_bytes("article-7b", "fp16")
+    kv = 8 * 16384 * cost.kv_bytes_per_token("article-7b", "fp16")
+    value = (weights + kv) / (weights / 4 + kv)
+    w, w4, k = fmt.si(weights, "B"), fmt.si(weights / 4, "B"), fmt.si(kv, "B")
+    fp16, int4, v = fmt.si(weights + kv, "B"), fmt.si(weights / 4 + kv, "B"), fmt.sig(value, 3)
+    return (
+        value,
+        f"KV: 8 x 16,384 tokens x {fmt.si(kv / 8 / 16384, 'B')} = {k}; fp16 step {w} + {k} = "
+        f"{fp16}; int4 weights are a quarter, {w4}: {w4} + {k} = {int4}; {fp16} / {int4} ≈ {v}×",
+        f"KV：8 × 16,384 个 token × {fmt.si(kv / 8 / 16384, 'B')} = {k}；fp16 时每步 {w} + {k} = "
+        f"{fp16}；int4 权重只有四分之一，即 {w4}：{w4} + {k} = {int4}；{fp16} / {int4} ≈ {v} 倍",
+    )
+
+
+estimate(
+    "ch2.int4_estimate",
+    "x",
+    "the bytes of one step before and after: weights (int4: a quarter of fp16) plus the KV "
+    "of 8 sequences of 16,384 tokens, which int4 weights leave as they are",
+    "量化前后一步的字节数：权重（int4 只有 fp16 的四分之一）加上 8 个 16,384 token 序列的 KV，"
+    "而 KV 不受权重量化影响",
+    _int4_rough,
+    of="ch2.int4_speedup",
+)
+
+
+@choice(
+    "ch2.int4_why",
+    "abc",
+    "which term is most of the bytes once the weights are int4, and which term int4 shrinks",
+    "权重变成 int4 之后字节的大头是哪一项，而 int4 压缩的又是哪一项",
+)
+def _int4_why():
+    """(b) when the step stays memory-bound and KV outweighs the int4 weights."""
+
+    int4 = cost.decode_step(Deployment("article-7b", "h100-sxm", "int4"), 8, 16384)
+    kv_dominates = int4.kv_read_bytes > int4.weight_read_bytes and int4.bound == "memory"
+    return "b" if kv_dominates else "c"
+
+
 @exercise(
     "ch2b.gemv_share",
     "",
@@ -177,6 +301,49 @@ def _measured_over_ceiling():
     d = Deployment("llama-3.1-8b", "h100-sxm", "bf16", "bf16", KernelTables())
     s = cost.decode_step(d, 16, 8192)
     return s.step_time_s / s.ceiling_step_time_s
+
+
+def _measured_rough() -> tuple[float, str, str]:
+
+    share = _gemv_share()
+    value = 1 / share
+    pct, v = fmt.percent(share), fmt.sig(value, 3)
+    return (
+        value,
+        f"if every byte moved at the {pct} of the sheet bandwidth that the QKV product reached "
+        f"in exercise 1, the step would take 1 / {pct} ≈ {v}× its ceiling",
+        f"如果每个字节都以练习 1 中 QKV 乘法达到的规格带宽的 {pct} 搬运，"
+        f"这一步就要花上限的 1 / {pct} ≈ {v} 倍",
+    )
+
+
+estimate(
+    "ch2b.measured_estimate",
+    "x",
+    "the share of the sheet bandwidth a real kernel reaches (exercise 1): a step whose bytes all "
+    "move at that share takes its ceiling divided by it",
+    "真实内核能达到的规格带宽比例（练习 1）：如果一步的所有字节都按这个比例搬运，"
+    "用时就是上限除以这个比例",
+    _measured_rough,
+    of="ch2b.measured_over_ceiling",
+)
+
+
+@choice(
+    "ch2b.measured_why",
+    "abc",
+    "the share of the sheet bandwidth each of the step's kernels reaches: the large gate/up "
+    "product and attention over 16 long contexts against the 6,144 x 4,096 QKV product",
+    "这一步每个内核能达到的规格带宽比例：大的 gate/up 乘法和 16 条长上下文上的注意力，"
+    "对比 6,144 × 4,096 的 QKV 乘法",
+)
+def _measured_why():
+    """(a) when the step's largest GEMM reads closer to the sheet than the QKV product does."""
+
+    tables, sheet = load("h100-sxm"), get_device("h100-sxm").memory_bandwidth_bytes_per_s
+    gate_up, _how = tables.gemm("bf16", 28672, 4096)
+    share = 28672 * 4096 * 2 / gate_up.scalar(16) / sheet
+    return "a" if share > _gemv_share() else "c"
 
 
 @exercise(
@@ -205,6 +372,55 @@ def _spec_breakeven_batch():
     )
 
 
+def _breakeven_rough() -> tuple[float, str, str]:
+
+    d = Deployment("llama-3.1-8b", "h100-sxm", "bf16", "bf16")
+    ridge = cost.decode_step(d, 1, 256).ridge_flops_per_byte
+    tau = tokens_per_verify_step(0.8, 8)
+    value = tau * ridge / 9
+    r, t, v = fmt.sig(ridge, 3), fmt.sig(tau, 3), fmt.sig(value, 3)
+    return (
+        value,
+        f"a verify pass multiplies the weights by 9 rows per sequence and turns compute-bound "
+        f"at a batch of {r} / 9; beyond it, it costs 9 x batch / {r} plain steps and yields "
+        f"(1 - 0.8^9) / (1 - 0.8) = {t} tokens: it stops paying at {t} x {r} / 9 ≈ {v}",
+        f"验证前向让每个序列的 9 行乘以权重，在批大小为 {r} / 9 时变成受算力限制；"
+        f"此后它的开销是 9 × 批大小 / {r} 个普通解码步，"
+        f"而它产出 (1 - 0.8^9) / (1 - 0.8) = {t} 个 token：在 {t} × {r} / 9 ≈ {v} 时不再划算",
+    )
+
+
+estimate(
+    "ch2c.breakeven_estimate",
+    "sequences",
+    "the batch at which a verify pass of K + 1 = 9 rows per sequence turns compute-bound "
+    "(the ridge point over 9), and how many plain steps it then costs against the tokens "
+    "it yields, (1 - A^(K+1)) / (1 - A)",
+    "每个序列 K + 1 = 9 行的验证前向在多大的批上变成受算力限制（脊点除以 9），"
+    "以及此后它花掉的普通解码步数与它产出的 token 数 (1 - A^(K+1)) / (1 - A) 之比",
+    _breakeven_rough,
+    of="ch2c.spec_breakeven_batch",
+)
+
+
+@choice(
+    "ch2c.breakeven_why",
+    "abc",
+    "what a verify pass yields against what it costs once it is compute-bound: its cost "
+    "grows with the batch, its yield per sequence does not shrink",
+    "验证前向受算力限制之后，它的产出与开销之比：开销随批增长，每个序列的产出却不变",
+)
+def _breakeven_why():
+    """(b) when speculation still pays at twice the batch at which the verify pass's GEMMs
+    turn compute-bound (the ridge over K + 1)."""
+
+    d = Deployment("llama-3.1-8b", "h100-sxm", "bf16", "bf16")
+    ridge = cost.decode_step(d, 1, 256).ridge_flops_per_byte
+    batch = int(2 * ridge / 9)
+    s = speculative_step(d, batch, 256, 8, 0.8)
+    return "b" if s.speculative_speedup > 1 else "a"
+
+
 @exercise(
     "ch2c.tp2_max_batch",
     "sequences",
@@ -216,6 +432,56 @@ def _spec_breakeven_batch():
 def _tp2_max_batch():
     d = Deployment("llama-3.1-70b", "h100-sxm", "fp8", "bf16", tensor_parallel=2)
     return float(cost.decode_step(d, 1, 8192).max_batch)
+
+
+def _tp2_rough() -> tuple[float, str, str]:
+
+    m = get_model("llama-3.1-70b")
+    usable = get_device("h100-sxm").usable_capacity_bytes
+    weights = cost.weight_bytes(m, "fp8") / 2
+    kv_token = 2 * m.num_layers * (m.num_kv_heads // 2) * m.head_dim * 2
+    kv_seq = 8192 * kv_token
+    value = (usable - weights) / kv_seq
+    u, w, room = fmt.si(usable, "B"), fmt.si(weights, "B"), fmt.si(usable - weights, "B")
+    kv, v = fmt.si(kv_seq, "B"), fmt.sig(value, 3)
+    layers, heads, dim = m.num_layers, m.num_kv_heads // 2, m.head_dim
+    return (
+        value,
+        f"usable memory {u} - half of the fp8 weights {w} = {room}; one sequence's KV per GPU: "
+        f"8,192 x 2 x {layers} layers x {heads} K/V heads x {dim} x 2 B = {kv}; "
+        f"{room} / {kv} ≈ {v}",
+        f"可用显存 {u} - 一半的 fp8 权重 {w} = {room}；一个序列在每块 GPU 上的 KV："
+        f"8,192 × 2 × {layers} 层 × {heads} 个 K/V 头 × {dim} × 2 B = {kv}；{room} / {kv} ≈ {v}",
+    )
+
+
+estimate(
+    "ch2c.tp2_estimate",
+    "sequences",
+    "each GPU's usable memory less half of the fp8 weights, over one sequence's KV on one "
+    "GPU (half of its K/V heads, bf16)",
+    "每块 GPU 的可用显存减去一半的 fp8 权重，再除以一个序列在一块 GPU 上的 KV"
+    "（K/V 头的一半，bf16）",
+    _tp2_rough,
+    of="ch2c.tp2_max_batch",
+)
+
+
+@choice(
+    "ch2c.tp_why",
+    "abc",
+    "what a GPU holds at TP2 and at TP4: its share of the weights and each sequence's share "
+    "of the KV both halve",
+    "TP2 和 TP4 时每块 GPU 各放了什么：它分到的权重和每个序列分到的 KV 都减半",
+)
+def _tp_why():
+    """(b) when four GPUs fit more than twice the sequences two do."""
+
+    def fit(tp):
+        d = Deployment("llama-3.1-70b", "h100-sxm", "fp8", "bf16", tensor_parallel=tp)
+        return cost.decode_step(d, 1, 8192).max_batch
+
+    return "b" if fit(4) > 2 * fit(2) else "a"
 
 
 @exercise(
@@ -264,15 +530,63 @@ def _host_slowdown():
     return tiered_decode_step(Deployment("article-7b", "h100-sxm"), 8, 4096, "host-pcie5").slowdown
 
 
+def _host_rough() -> tuple[float, str, str]:
+
+    kv = 8 * 4096 * cost.kv_bytes_per_token("article-7b", "fp16")
+    weights = cost.weight_bytes("article-7b", "fp16")
+    pcie = get_placement("host-pcie5").bandwidth_bytes_per_s()
+    hbm = get_device("h100-sxm").memory_bandwidth_bytes_per_s
+    t_pcie, t_hbm = kv / pcie, (weights + kv) / hbm
+    value = t_pcie / t_hbm
+    k, w = fmt.si(kv, "B"), fmt.si(weights, "B")
+    tp, th, v = fmt.seconds(t_pcie), fmt.seconds(t_hbm), fmt.sig(value, 3)
+    link, mem = fmt.si(pcie, "B/s"), fmt.si(hbm, "B/s")
+    return (
+        value,
+        f"KV per step 8 x 4,096 tokens = {k}; over PCIe at {link}: {tp}; the whole step from "
+        f"HBM ({w} + {k} at {mem}): {th}; {tp} / {th} ≈ {v}×",
+        f"每步的 KV 为 8 × 4,096 个 token = {k}；经 PCIe 以 {link} 传输：{tp}；整步都从 HBM 读"
+        f"（{w} + {k}，{mem}）：{th}；{tp} / {th} ≈ {v} 倍",
+    )
+
+
+estimate(
+    "ch3.host_estimate",
+    "x",
+    "the KV bytes a step reads (8 sequences x 4,096 tokens) over PCIe 5.0, against the whole "
+    "step (weights + KV) read from HBM",
+    "一步读取的 KV 字节（8 个序列 × 4,096 个 token）经 PCIe 5.0 传输的时间，"
+    "对比整步（权重 + KV）从 HBM 读取的时间",
+    _host_rough,
+    of="ch3.host_slowdown",
+)
+
+
+@choice(
+    "ch3.host_why",
+    "abc",
+    "which bytes cross PCIe at every step, and which ones int4 weights shrink",
+    "每一步经 PCIe 传的是哪些字节，而 int4 权重压缩的又是哪些",
+)
+def _host_why():
+    """(b) when int4 weights buy under 10% with the KV read from host memory."""
+
+    def tps(weights):
+        d = Deployment("article-7b", "h100-sxm", weights)
+        return tiered_decode_step(d, 8, 4096, "host-pcie5").tokens_per_s
+
+    return "b" if tps("int4") < 1.1 * tps("fp16") else "a"
+
+
 @exercise(
     "ch4.transfer_over_prefill",
     "",
-    "the KV bytes of 8,192 tokens over 25 GB/s (a 200 Gb/s NIC) against the prefill's FLOPs",
-    hint_zh="8,192 个 token 的 KV 字节以 25 GB/s（一块 200 Gb/s 网卡）传输，对比预填充的 FLOP",
+    "the KV bytes of 8,192 tokens over 50 GB/s (a 400 Gb/s NIC) against the prefill's FLOPs",
+    hint_zh="8,192 个 token 的 KV 字节以 50 GB/s（一块 400 Gb/s 网卡）传输，对比预填充的 FLOP",
 )
 def _transfer_over_prefill():
     d = Deployment("llama-3.1-8b", "h100-sxm")
-    fetch_s = kv_fetch_time_s(d, 8192, TierPath("ib-200g", latency_s=0.0))
+    fetch_s = kv_fetch_time_s(d, 8192, TierPath("ib-400g", latency_s=0.0))
     return fetch_s / cost.prefill(d, 8192).time_s
 
 
@@ -284,7 +598,52 @@ def _transfer_over_prefill():
 )
 def _remote_every_step():
     d = Deployment("llama-3.1-8b", "h100-sxm")
-    return tiered_decode_step(d, 1, 8192, "remote-ib-200g").slowdown
+    return tiered_decode_step(d, 1, 8192, "remote-ib-400g").slowdown
+
+
+def _remote_rough() -> tuple[float, str, str]:
+
+    step = cost.decode_step(Deployment("llama-3.1-8b", "h100-sxm"), 1, 8192)
+    nic = get_placement("remote-ib-400g").bandwidth_bytes_per_s()
+    t_nic = step.kv_read_bytes / nic
+    value = (t_nic + step.step_time_s) / step.step_time_s
+    k, link, tn = fmt.si(step.kv_read_bytes, "B"), fmt.si(nic, "B/s"), fmt.seconds(t_nic)
+    b, mem = fmt.si(step.step_bytes, "B"), fmt.si(step.bandwidth_bytes_per_s, "B/s")
+    th, v = fmt.seconds(step.step_time_s), fmt.sig(value, 3)
+    return (
+        value,
+        f"the KV of 8,192 tokens, {k}, over the NIC at {link}: {tn}; the step from HBM, {b} at "
+        f"{mem}: {th}; ({tn} + {th}) / {th} ≈ {v}×",
+        f"8,192 个 token 的 KV（{k}）经网卡以 {link} 传输：{tn}；从 HBM 读的一步（{b}，{mem}）："
+        f"{th}；({tn} + {th}) / {th} ≈ {v} 倍",
+    )
+
+
+estimate(
+    "ch4.remote_estimate",
+    "x",
+    "the KV of 8,192 tokens over one 400 Gb/s NIC (in bytes per second) added to the step "
+    "read from HBM",
+    "8,192 个 token 的 KV 经一块 400 Gb/s 网卡传输的时间（按字节/秒换算），加上从 HBM 读的那一步",
+    _remote_rough,
+    of="ch4.remote_every_step",
+)
+
+
+@choice(
+    "ch4.remote_why",
+    "abc",
+    "how often decode reads the KV history: at every step, all of it",
+    "解码多久读一次 KV 历史：每一步，全部读一遍",
+)
+def _remote_why():
+    """(b) when reading the KV remotely at every step costs more than moving it once and
+    decoding the next token locally."""
+
+    d = Deployment("llama-3.1-8b", "h100-sxm")
+    s = tiered_decode_step(d, 1, 8192, "remote-ib-400g")
+    once = kv_fetch_time_s(d, 8192, TierPath("remote-ib-400g", latency_s=0.0))
+    return "b" if 2 * s.step_time_s > once + 2 * s.hbm_step_time_s else "a"
 
 
 @exercise(
@@ -297,6 +656,53 @@ def _knee_16k():
     grid = np.array(BATCH_GRID)
     step = cost.decode_step(Deployment("llama-3.1-8b", "h100-sxm"), grid, 16384)
     return float(grid[cost.batch_knee(step)])
+
+
+def _knee_rough() -> tuple[float, str, str]:
+
+    step = cost.decode_step(Deployment("llama-3.1-8b", "h100-sxm"), 1, 16384)
+    value = step.weight_read_bytes / step.kv_read_bytes
+    w, k, v = (
+        fmt.si(step.weight_read_bytes, "B"),
+        fmt.si(step.kv_read_bytes, "B"),
+        fmt.sig(value, 3),
+    )
+    per = fmt.si(step.kv_bytes_per_token, "B")
+    return (
+        value,
+        f"one sequence's KV: 16,384 tokens x {per} = {k}; it equals the {w} of weights a step "
+        f"reads at a batch of {w} / {k} ≈ {v}",
+        f"一个序列的 KV：16,384 个 token × {per} = {k}；当批大小为 {w} / {k} ≈ {v} 时，"
+        f"它就等于一步读取的 {w} 权重",
+    )
+
+
+estimate(
+    "ch5.knee_estimate",
+    "sequences",
+    "the weight bytes a step reads, over the KV bytes of one sequence of 16,384 tokens",
+    "一步读取的权重字节数，除以一个 16,384 token 序列的 KV 字节数",
+    _knee_rough,
+    of="ch5.knee_16k",
+)
+
+
+@choice(
+    "ch5.knee_why",
+    "abc",
+    "the bytes per token of a step as the batch grows: the weights are shared, each "
+    "sequence's KV is not",
+    "批增大时一步中每个 token 摊到的字节：权重是共享的，每个序列的 KV 不是",
+)
+def _knee_why():
+    """(b) when a huge batch's throughput is at most twice the knee's (memory-bound)."""
+
+    grid = np.array(BATCH_GRID)
+    d = Deployment("llama-3.1-8b", "h100-sxm")
+    steps = cost.decode_step(d, grid, 16384)
+    knee = cost.batch_knee(steps)
+    huge = cost.decode_step(d, 1_000_000, 16384)
+    return "b" if huge.tokens_per_s <= 2 * np.asarray(steps.tokens_per_s)[knee] else "a"
 
 
 @exercise(
@@ -333,6 +739,47 @@ def _request_over_token():
     return r.request_hit_rate / r.token_hit_ratio
 
 
+def _request_over_token_rough() -> tuple[float, str, str]:
+
+    stats = trace_stats(trace_or_generated("conversation"))
+    value = stats.shared_prefix_share / stats.reusable_token_share
+    shared = fmt.percent(stats.shared_prefix_share, 4)
+    tokens = fmt.percent(stats.reusable_token_share)
+    v = fmt.sig(value, 3)
+    return (
+        value,
+        f"an unlimited cache finds a block for about every request that begins with a shared "
+        f"block ({shared}) and serves the reusable tokens ({tokens}): {shared} / {tokens} ≈ {v}×",
+        f"不限容量的缓存，几乎为每个以共享块开头的请求（{shared}）都找到一个块，"
+        f"而它提供的是可复用的 token（{tokens}）：{shared} / {tokens} ≈ {v} 倍",
+    )
+
+
+estimate(
+    "ch5b.request_over_token_estimate",
+    "x",
+    "the chapter's two figures for the trace: the share of requests that begin with a shared "
+    "block, and the share of prompt tokens that any cache could reuse",
+    "本章给出的两个数：以共享块开头的请求占比，以及任何缓存最多能复用的 prompt token 占比",
+    _request_over_token_rough,
+    of="ch5b.request_over_token",
+)
+
+
+@choice(
+    "ch5b.hit_why",
+    "abc",
+    "what requests share: a short beginning (a system prompt), then prompts of their own",
+    "请求之间共享的是什么：一段很短的开头（系统提示词），之后就各不相同",
+)
+def _hit_why():
+    """(b) when nearly every request hits and the request-level rate is far above the token
+    hit ratio (on the real trace and on its generated stand-in alike)."""
+
+    r = replay(trace_or_generated("conversation"), math.inf)
+    return "b" if r.request_hit_rate > 0.9 and r.request_hit_rate > 1.5 * r.token_hit_ratio else "a"
+
+
 def _exercises() -> dict[str, Exercise]:
     return dict(_EXERCISES)
 
@@ -350,32 +797,66 @@ def check(key: str, answer) -> CheckResult:
     say = _chinese_verdicts if chinese() else _english_verdicts
     if answer is Ellipsis or answer is None:
         return CheckResult(key, False, say(ex, "blank"))
+    if ex.is_choice:
+        return _check_choice(ex, answer, say)
     try:
         value = float(answer)
     except (TypeError, ValueError):
         return CheckResult(key, False, say(ex, "not a number", answer=answer))
     expected = ex.expected()
     if math.isfinite(value) and math.isclose(value, expected, rel_tol=ex.rel_tol):
-        return CheckResult(key, True, say(ex, "correct", value=value))
+        return CheckResult(key, True, say(ex, "correct", value=value, expected=expected))
     off = (value - expected) / expected if math.isfinite(value) else math.inf
     return CheckResult(key, False, say(ex, "wrong", value=value, off=off))
 
 
+def _check_choice(ex: Exercise, answer, say) -> CheckResult:
+    """A letter, in either case, with or without parentheses: '(b)', 'B', 'b'."""
+    letter = answer.strip().strip("()").strip().lower() if isinstance(answer, str) else None
+    if letter not in ex.options:
+        return CheckResult(ex.key, False, say(ex, "not a letter", answer=answer))
+    if letter == ex.expected():
+        return CheckResult(ex.key, True, say(ex, "right letter", answer=letter))
+    return CheckResult(ex.key, False, say(ex, "wrong letter", answer=letter))
+
+
+def _letters(ex: Exercise, last: str, sep: str = ", ") -> str:
+    """'"a", "b" or "c"' (in Chinese '"a"、"b" 或 "c"')."""
+    quoted = [f'"{o}"' for o in ex.options]
+    return sep.join(quoted[:-1]) + f" {last} " + quoted[-1]
+
+
 def _english_verdicts(
-    ex: Exercise, kind: str, answer=None, value: float = 0.0, off: float = 0.0
+    ex: Exercise, kind: str, answer=None, value: float = 0.0, off: float = 0.0, expected=None
 ) -> str:
     key = ex.key
     if kind == "blank":
+        what = f"one of {_letters(ex, 'or')}" if ex.is_choice else "your answer"
+        unit = f" in {ex.unit}" if ex.unit else ""
         return (
-            f"{key}: not answered yet. Replace `...` with your answer"
-            f"{' in ' + ex.unit if ex.unit else ''}. Hint: work from {ex.hint}."
+            f"{key}: not answered yet. Replace `...` with {what}{unit}. Hint: work from {ex.hint}."
         )
+    if kind == "not a letter":
+        return f"{key}: answer with one letter, {_letters(ex, 'or')}; got {answer!r}."
+    if kind == "right letter":
+        return f"{key}: correct ({answer})."
+    if kind == "wrong letter":
+        return f"{key}: ({answer}) is not the reason. Recheck {ex.hint}."
     if kind == "not a number":
         return f"{key}: expected a number in {ex.unit}, got {answer!r}."
     if kind == "correct":
+        if ex.is_estimate:
+            return (
+                f"{key}: a good estimate ({value:,.4g}{_unit(ex)}; kvlab's exact figure is "
+                f"{expected:,.4g}{_unit(ex)})."
+            )
         return f"{key}: correct ({value:,.4g}{_unit(ex)})."
     direction = "high" if off > 0 else "low"
-    return f"{key}: {value:,.4g}{_unit(ex)} is {abs(off):.0%} too {direction}. Recheck {ex.hint}."
+    arithmetic = f" The arithmetic: {ex.rough()[1]}." if ex.is_estimate else ""
+    return (
+        f"{key}: {value:,.4g}{_unit(ex)} is {abs(off):.0%} too {direction}. "
+        f"Recheck {ex.hint}.{arithmetic}"
+    )
 
 
 #: Units of the exercises in Chinese: (as a unit's name, after a number); others stay.
@@ -383,19 +864,34 @@ UNITS_ZH = {"bytes": ("字节", " 字节"), "sequences": ("序列数", " 个序�
 
 
 def _chinese_verdicts(
-    ex: Exercise, kind: str, answer=None, value: float = 0.0, off: float = 0.0
+    ex: Exercise, kind: str, answer=None, value: float = 0.0, off: float = 0.0, expected=None
 ) -> str:
     key, hint = ex.key, ex.hint_zh or ex.hint
     name, after = UNITS_ZH.get(ex.unit, (ex.unit, _unit(ex)))
     in_unit = f"（单位：{name}）" if ex.unit else ""
     if kind == "blank":
-        return f"{key}：尚未作答。请把 `...` 换成你的答案{in_unit}。提示：{hint}。"
+        what = f"{_letters(ex, '或', '、')} 中的一个字母" if ex.is_choice else "你的答案"
+        return f"{key}：尚未作答。请把 `...` 换成{what}{in_unit}。提示：{hint}。"
+    if kind == "not a letter":
+        return f"{key}：请用一个字母作答（{_letters(ex, '或', '、')}），收到的却是 {answer!r}。"
+    if kind == "right letter":
+        return f"{key}：正确（{answer}）。"
+    if kind == "wrong letter":
+        return f"{key}：（{answer}）不是原因。请重新核对：{hint}。"
     if kind == "not a number":
         return f"{key}：这里要填一个数{in_unit}，收到的却是 {answer!r}。"
     if kind == "correct":
+        if ex.is_estimate:
+            return (
+                f"{key}：估得不错（{value:,.4g}{after}；kvlab 的精确值是 {expected:,.4g}{after}）。"
+            )
         return f"{key}：正确（{value:,.4g}{after}）。"
     direction = "偏高" if off > 0 else "偏低"
-    return f"{key}：{value:,.4g}{after}，{direction}了 {abs(off):.0%}。请重新核对：{hint}。"
+    arithmetic = f"算式：{ex.rough()[2]}。" if ex.is_estimate else ""
+    return (
+        f"{key}：{value:,.4g}{after}，{direction}了 {abs(off):.0%}。请重新核对：{hint}。"
+        f"{arithmetic}"
+    )
 
 
 def _unit(ex: Exercise) -> str:
@@ -550,11 +1046,17 @@ def main(argv: list[str] | None = None) -> int:
             f"the notebook folder {src}, and the copies would replace the reference "
             "answers"
         )
-    written = write_student_copies(sorted(src.glob("[0-9]*.ipynb")), out, force=args.force)
+    notebooks = sorted(src.glob("*.ipynb"))  # any name: chapters, a teacher's own labs
+    if not notebooks:
+        raise KvlabError(f"{src} holds no notebook (*.ipynb)")
+    written = write_student_copies(notebooks, out, force=args.force)
     for path in written:
         print(f"wrote {path}")
     if not written:
-        raise KvlabError(f"no notebook in {src} holds an exercise (`# ANSWER` lines)")
+        raise KvlabError(
+            f"none of the {len(notebooks)} notebooks in {src} holds an exercise (a cell with "
+            f"an `answer = ...  {ANSWER_MARK}` line)"
+        )
     return 0
 
 

@@ -29,6 +29,9 @@ class Trace:
     source: str  # file path, or a description of the generator and its seed
     generated: bool = False
     block_tokens: int = BLOCK_TOKENS
+    #: the first `lead_in` requests are replayed before measuring (they warm the caches and
+    #: load the cluster) and are left out of the results (kvlab.sim.workload.trace_slice)
+    lead_in: int = 0
 
     def __len__(self) -> int:
         return len(self.requests)

@@ -51,7 +51,9 @@ class WorkloadSpec:
     turns_mean: float = 2.0  # mean turns per session (geometric, >= 1)
     think_time_s: float = 30.0  # mean gap between a session's turns (exponential)
     repeat_share: float = 0.0  # share of new sessions that resend an earlier first prompt verbatim
-    max_input_tokens: int = 131072  # a session ends before its prompt would exceed this
+    #: the context a request fills (Llama 3.1's 131,072): prompt + response stay within it (a
+    #: session ends, a first message is clipped, a response stops at it)
+    max_input_tokens: int = 131072
     vocab_size: int = 32000
     block_tokens: int = BLOCK_TOKENS
 
@@ -325,12 +327,16 @@ class _Sessions:
                     t_arrive += self.turns_rng.exponential(spec.think_time_s)
                 history += [out, self._segment(spec.followup_tokens, spec.followup_sigma)]
             total = sum(n for _, n in history)
-            if total > spec.max_input_tokens:
+            if total >= spec.max_input_tokens:  # no room left for a response
                 if turn:
                     break
-                keep = max(1, history[-1][1] - (total - spec.max_input_tokens))
+                keep = max(1, history[-1][1] - (total - spec.max_input_tokens + 1))
                 history[-1] = (history[-1][0], keep)  # clip a huge first message
+                total = sum(n for _, n in history)
             out = self._segment(spec.output_tokens, spec.output_sigma)
+            room = spec.max_input_tokens - total
+            if out[1] > room:  # the response stops at the context, as an engine stops it
+                out = (out[0], max(1, room))
             made.append(GenRequest(float(t_arrive), tuple(history), out, session, turn))
         return made
 
@@ -401,30 +407,56 @@ LENGTH_DISTRIBUTIONS = {
         lambda rng, n, low, high: rng.integers(int(low), int(high) + 1, n),
     ),
 }
-POISSON_FIELDS = ("rate", "prompt", "output", "requests", "seed")
+POISSON_FIELDS = ("rate", "prompt", "output", "requests", "seed", "shared", "prefix", "prefixes")
 MAX_DRAWN_TOKENS = 10_000_000  # a longer draw is a typo or a runaway tail, not a workload
 MAX_POISSON_REQUESTS = 1_000_000
+#: Prompt blocks (hash ids) a generated workload may hold in all: about 0.4 GB of Python
+#: ints. 1e4 prompts of 1e7 tokens (2e8 blocks) would take ~7 GB before anything runs; the
+#: public conversation trace holds 0.3e6.
+MAX_TRACE_BLOCKS = 10_000_000
+#: The latest arrival a workload may have, in seconds (2^32 s, 136 years): a simulator's
+#: float64 clock still resolves a microsecond there (2^32 x 2^-52 s), so a token gap of a
+#: few milliseconds after such an arrival is not rounded away.
+MAX_ARRIVAL_S = 2.0**32
 
 
 @dataclass(frozen=True)
 class PoissonSpec:
-    """A plain synthetic workload: Poisson arrivals, lengths fixed or drawn, no shared prefixes."""
+    """A plain synthetic workload: Poisson arrivals, lengths fixed or drawn; prompts unique,
+    or opening with a prefix drawn from a pool (`shared`, `prefix`, `prefixes`)."""
 
     rate_per_s: float
     prompt: tuple  # (distribution name or "fixed", parameters...)
     output: tuple
     requests: int = 1000
     seed: int = 0
+    #: share of each prompt drawn from the pool of common prefixes (None: no pool)
+    shared: float | None = None
+    #: length of each common prefix in tokens (None: as long as the share asks)
+    prefix_tokens: int | None = None
+    #: common prefixes in the pool, each request's drawn uniformly
+    prefixes: int = 1
+
+    @property
+    def pooled(self) -> bool:
+        return self.shared is not None or self.prefix_tokens is not None
 
     @property
     def text(self) -> str:
         def length(d):
             return str(d[1]) if d[0] == "fixed" else f"{d[0]}({','.join(f'{p:g}' for p in d[1:])})"
 
-        return (
+        text = (
             f"{POISSON}:rate={self.rate_per_s:g},prompt={length(self.prompt)},output={length(self.output)},"
             f"requests={self.requests},seed={self.seed}"
         )
+        if self.shared is not None:
+            text += f",shared={self.shared:g}"
+        if self.prefix_tokens is not None:
+            text += f",prefix={self.prefix_tokens}"
+        if self.pooled:
+            text += f",prefixes={self.prefixes}"
+        return text
 
 
 def _split_fields(text: str, body: str) -> list[str]:
@@ -498,7 +530,8 @@ def _length(text: str, where: str) -> tuple:
 
 
 def parse_poisson(text: str) -> PoissonSpec:
-    """Parse `poisson:rate=R,prompt=P,output=O[,requests=N][,seed=S]`; errors name the field."""
+    """Parse `poisson:rate=R,prompt=P,output=O[,requests=N][,seed=S][,shared=F][,prefix=T]
+    [,prefixes=M]`; errors name the field."""
     body = text[len(POISSON) + 1 :] if text.startswith(POISSON + ":") else text
     given: dict[str, str] = {}
     for number, field in enumerate(_split_fields(text, body), start=1):
@@ -542,12 +575,51 @@ def parse_poisson(text: str) -> PoissonSpec:
             maximum=2**63 - 1,
             integer=True,
         )
+    if requests > 1 and (requests - 1) / rate > MAX_ARRIVAL_S:
+        raise KvlabError(
+            f"{where('rate')}: {requests:,} requests at {rate:g}/s arrive over about "
+            f"{(requests - 1) / rate:.3g} s, beyond {MAX_ARRIVAL_S:.3g} s (136 years), where a "
+            "clock in seconds stops resolving token gaps; raise the rate or lower requests"
+        )
+    shared = prefix = None
+    prefixes = 1
+    if "shared" in given:
+        shared = check_number(
+            where("shared"),
+            _number(given["shared"], where("shared")),
+            minimum=0,
+            allow_equal_min=True,
+            maximum=1,
+        )
+    if "prefix" in given:
+        prefix = check_number(
+            where("prefix"),
+            _number(given["prefix"], where("prefix")),
+            minimum=1,
+            allow_equal_min=True,
+            maximum=MAX_DRAWN_TOKENS,
+            integer=True,
+        )
+    if "prefixes" in given:
+        if shared is None and prefix is None:
+            raise KvlabError(f"{where('prefixes')}: a pool of prefixes needs shared=F or prefix=T")
+        prefixes = check_number(
+            where("prefixes"),
+            _number(given["prefixes"], where("prefixes")),
+            minimum=1,
+            allow_equal_min=True,
+            maximum=MAX_POISSON_REQUESTS,
+            integer=True,
+        )
     return PoissonSpec(
         rate,
         _length(given["prompt"], where("prompt")),
         _length(given["output"], where("output")),
         requests,
         seed,
+        shared,
+        prefix,
+        prefixes,
     )
 
 
@@ -567,22 +639,43 @@ def _draw_lengths(rng, dist: tuple, n: int, what: str) -> np.ndarray:
 
 def poisson_trace(spec: str | PoissonSpec, block_tokens: int = BLOCK_TOKENS) -> Trace:
     """A seeded plain workload: the first request at 0 s, then exponential gaps of mean
-    1/rate; prompt and output lengths fixed or drawn; every prompt unique (no prefix is
-    shared, so a prefix cache never hits). The same text and seed give the same trace."""
+    1/rate; prompt and output lengths fixed or drawn. The same text and seed give the same
+    trace.
+
+    Without `shared`/`prefix` every prompt is unique (a prefix cache never hits). With them,
+    each prompt opens with the start of a common prefix drawn uniformly from a pool of
+    `prefixes` (default 1), each `prefix` tokens long (default: as long as needed): the
+    share `shared` (default 1) of the prompt, rounded to whole blocks (a prefix cache
+    reuses whole blocks), at most `prefix` tokens and never the prompt's last token. The
+    rest is unique. Block hash ids follow the traces' meaning: two prompts share their k-th
+    id exactly when their first k blocks hold the same tokens, so a prefix cache hits on the
+    shared part and only there. Examples: L-Eval-like (the Mooncake report's >80% cache
+    ratio: long documents, many questions each) `prompt=19019,output=72,prefix=16384,
+    prefixes=20`; the report's 50% simulated data `prompt=16384,output=512,shared=0.5`."""
     spec = parse_poisson(spec) if isinstance(spec, str) else spec
-    arrivals_rng, prompt_rng, output_rng = (
-        np.random.default_rng(s) for s in np.random.SeedSequence(spec.seed).spawn(3)
+    arrivals_rng, prompt_rng, output_rng, pool_rng = (
+        np.random.default_rng(s) for s in np.random.SeedSequence(spec.seed).spawn(4)
     )
     n = spec.requests
-    gaps = arrivals_rng.exponential(1.0 / spec.rate_per_s, n)
-    arrivals = np.concatenate(([0.0], np.cumsum(gaps[:-1])))
+    gaps = arrivals_rng.exponential(1.0 / spec.rate_per_s, n - 1)
+    arrivals = np.concatenate(([0.0], np.cumsum(gaps)))
+    if arrivals[-1] > MAX_ARRIVAL_S:
+        raise KvlabError(
+            f"{spec.text}: the last request arrives at {arrivals[-1]:.3g} s, beyond "
+            f"{MAX_ARRIVAL_S:.3g} s; raise the rate or lower requests"
+        )
     prompts = _draw_lengths(prompt_rng, spec.prompt, n, "prompt")
     outputs = _draw_lengths(output_rng, spec.output, n, "output")
     blocks = -(-prompts // block_tokens)
-    starts = np.concatenate(([0], np.cumsum(blocks[:-1])))
+    check_trace_blocks(int(blocks.sum()), f"{spec.text}: {n:,} prompts")
+    if spec.pooled:
+        ids = _pooled_ids(spec, prompts, blocks, block_tokens, pool_rng)
+    else:
+        starts = np.concatenate(([0], np.cumsum(blocks[:-1])))
+        ids = [tuple(range(int(s), int(s + b))) for s, b in zip(starts, blocks, strict=True)]
     requests = tuple(
-        Request(float(t), int(p), int(o), tuple(range(int(s), int(s + b))))
-        for t, p, o, s, b in zip(arrivals, prompts, outputs, starts, blocks, strict=True)
+        Request(float(t), int(p), int(o), h)
+        for t, p, o, h in zip(arrivals, prompts, outputs, ids, strict=True)
     )
     return Trace(
         spec.text,
@@ -591,3 +684,39 @@ def poisson_trace(spec: str | PoissonSpec, block_tokens: int = BLOCK_TOKENS) -> 
         generated=True,
         block_tokens=block_tokens,
     )
+
+
+def check_trace_blocks(blocks: int, what: str) -> None:
+    """Refuse a workload of more than MAX_TRACE_BLOCKS prompt blocks before building it."""
+    if blocks > MAX_TRACE_BLOCKS:
+        raise KvlabError(
+            f"{what} hold {blocks:,} blocks of {BLOCK_TOKENS} tokens, beyond "
+            f"{MAX_TRACE_BLOCKS:,} (about {MAX_TRACE_BLOCKS * 40 / 1e9:.1f} GB of hash ids); "
+            "ask for fewer requests or shorter prompts"
+        )
+
+
+def shared_tokens(spec: PoissonSpec, prompts: np.ndarray, block_tokens: int) -> np.ndarray:
+    """Tokens of each prompt taken from its common prefix (see `poisson_trace`)."""
+    share = 1.0 if spec.shared is None else spec.shared
+    want = np.rint(share * prompts / block_tokens).astype(np.int64) * block_tokens
+    if spec.prefix_tokens is not None:
+        want = np.minimum(want, spec.prefix_tokens)
+    return np.clip(want, 0, prompts - 1)
+
+
+def _pooled_ids(spec, prompts, blocks, block_tokens: int, rng) -> list[tuple]:
+    """Hash ids with common prefixes: prefix j's k-th whole block has the same id in every
+    prompt that holds it; every other block (the one where the prompt's own tokens start,
+    and all after it) gets an id of its own."""
+    shared = shared_tokens(spec, prompts, block_tokens)
+    whole = shared // block_tokens  # blocks made only of the prefix's tokens
+    pick = rng.integers(0, spec.prefixes, prompts.size)
+    span = int(whole.max()) if whole.size else 0
+    next_id = spec.prefixes * span  # prefix j's block k is j * span + k
+    ids = []
+    for j, w, b in zip(pick.tolist(), whole.tolist(), blocks.tolist(), strict=True):
+        own = b - w
+        ids.append(tuple(range(j * span, j * span + w)) + tuple(range(next_id, next_id + own)))
+        next_id += own
+    return ids

@@ -14,7 +14,8 @@ import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SITE = ROOT / "_build" / "html"
+#: The built site; KVLAB_SITE points the browser tests at another build (say, main's).
+SITE = Path(os.environ.get("KVLAB_SITE") or ROOT / "_build" / "html")
 SHOTS = ROOT / "_build" / "screenshots"
 CHROMIUM_ARGS = [
     "--headless",
@@ -26,6 +27,42 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+
+
+#: The widths readers use: the book theme at 1280 px and a 390 px phone.
+WIDTHS = {"desktop": 1280, "phone": 390}
+#: tests/text_fit.js: what a reader cannot read (cut, or past the column) on a page.
+TEXT_FIT = (Path(__file__).with_name("text_fit.js")).read_text(encoding="utf-8")
+#: Every tab of every bokeh Tabs on the page, to show in turn ([model id, tab count]).
+TABS = """() => {
+  const out = [];
+  for (const d of Bokeh.documents) {
+    for (const m of d.all_models) if (m.type === "Tabs") out.push([m.id, m.tabs.length]);
+  }
+  return out;
+}"""
+SHOW_TAB = """async ([id, index]) => {
+  for (const d of Bokeh.documents) {
+    const m = d.get_model_by_id(id);
+    if (m) m.active = index;
+  }
+  await new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)));
+}"""
+
+
+def unreadable(tab, scope: str, column: str = "article.bd-article") -> list[str]:
+    """tests/text_fit.js over `scope` (a CSS selector) on an open page, each tab of every
+    bokeh Tabs shown in turn (a hidden tab's text is not checked while it is hidden)."""
+    tab.wait_for_timeout(150)  # BokehJS lays out and paints after a change
+    problems = tab.evaluate(TEXT_FIT, [scope, column])
+    for model_id, count in tab.evaluate(TABS):
+        for index in [*range(1, count), 0]:  # back to the first tab, as the reader left it
+            tab.evaluate(SHOW_TAB, [model_id, index])
+            tab.wait_for_timeout(100)
+            if index:
+                found = tab.evaluate(TEXT_FIT, [scope, column])
+                problems += [f"(tab {index + 1}) {p}" for p in found]
+    return list(dict.fromkeys(problems))
 
 
 def chromium_path() -> str:
@@ -121,3 +158,8 @@ def page_panels() -> list[tuple[str, str]]:
         for key in re.findall(r'class="kvlab-panel" data-panel="([\w-]+)"', text):
             found.append((page, key))
     return found
+
+
+def bokeh_pages() -> list[str]:
+    """Every page of the built book (both editions) that embeds bokeh figures or panels."""
+    return [page for page in site_pages() if "data-root-id=" in (SITE / page).read_text("utf-8")]

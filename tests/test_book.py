@@ -22,12 +22,13 @@ from kvlab.book import (
     sim_runs,
 )
 from kvlab.book import past_the_ceiling as ch
-from kvlab.book.bandwidth_wall import flash_attention_effect, tier_step_ratios
+from kvlab.book.bandwidth_wall import NIC, flash_attention_effect, tier_step_ratios
 from kvlab.book.beyond_hbm import hit_conditions
 from kvlab.book.catalog import panels
 from kvlab.deployment import Deployment
 from kvlab.grids import BATCH_GRID
 from kvlab.jsonsafe import jsonable
+from kvlab.operators import operator_work, pass_counts
 from kvlab.sim import ARCHS, trace_at_rate, trace_slice
 from kvlab.speculative import speculative_step
 from kvlab.tiers import series
@@ -178,13 +179,71 @@ def test_batching_levels_off_below_the_ridge_at_4k():
 
 
 def test_tier_steps_are_not_all_orders_of_magnitude():
+    """HBM3e 4.8 TB/s, DDR5 307 GB/s, PCIe 5.0 x16 63 GB/s, and the book's NIC, one
+    400 Gb/s card per GPU: 50 GB/s (an older 200 Gb/s card: 25 GB/s)."""
+    assert NIC == "ib-400g"
     r = tier_step_ratios()
     assert r["hbm_over_ddr"] == pytest.approx(15.6, rel=0.01)
     assert r["ddr_over_pcie"] == pytest.approx(4.9, rel=0.01)
-    assert r["pcie_over_nic"] == pytest.approx(2.5, rel=0.01)
+    assert r["pcie_over_nic"] == pytest.approx(63 / 50, rel=0.01)
     assert r["hbm_over_nic"] == pytest.approx(
         r["hbm_over_ddr"] * r["ddr_over_pcie"] * r["pcie_over_nic"]
     )
+    assert tier_step_ratios("ib-200g")["pcie_over_nic"] == pytest.approx(2.52, rel=0.01)
+
+
+def test_one_definition_of_a_step_the_sum_over_operators():
+    """Chapter 2 states it once: the sum over operators of max(bytes/bw, FLOPs/peak); it
+    equals one max over the whole step where every operator is memory-bound (batch 1), and
+    exceeds it where the GEMMs are compute-bound and attention is not (batch 1024, 256
+    tokens), never by more than the two times added."""
+    d = Deployment("llama-3.1-8b", "h100-sxm")
+    start = ch2.step_definitions(d, 1, 4096)
+    assert start["sum_s"] == pytest.approx(start["whole_max_s"], rel=1e-9)
+    mixed = ch2.step_definitions(d, ch2.MIXED_BATCH, ch2.MIXED_CONTEXT)
+    step = cost.decode_step(d, ch2.MIXED_BATCH, ch2.MIXED_CONTEXT)
+    assert 1.3 * mixed["whole_max_s"] < mixed["sum_s"] < step.memory_time_s + step.compute_time_s
+    bw, peak = d.memory_bandwidth_bytes_per_s, d.peak_flops_per_s
+    counts = pass_counts(float(ch2.MIXED_BATCH), 1, float(ch2.MIXED_CONTEXT))
+    work = {op.kind: operator_work(op, d.table, counts) for op in d.table.operators}
+    by_hand = sum(
+        max(b / bw, f / peak)
+        for op in d.table.operators
+        for b, f in [operator_work(op, d.table, counts)]
+    )
+    assert mixed["sum_s"] == pytest.approx(float(by_hand), rel=1e-9)
+    kinds = {k: work[k][1] / peak > work[k][0] / bw for k in ("gemm", "attention")}
+    assert kinds == {"gemm": True, "attention": False}
+
+
+def test_flops_per_kv_byte_all_of_a_sequence_against_attention_alone():
+    """Hand-checked: Llama 3.1 8B attention does 4 x 32 heads x 128 FLOPs per cached token
+    and layer against 2 x 8 x 128 x 2 bytes: 4 FLOP/B. DeepSeek-V3's absorbed MLA does
+    2 x 128 heads x (2 x 512 + 64) FLOPs against (512 + 64) x 2 bytes: 241.8 FLOP/B, just
+    under an H100's ridge; with each sequence's pass through the weights, 32 and 496."""
+    gqa = Deployment("llama-3.1-8b", "h100-sxm")
+    assert ch2.attention_intensity(gqa) == pytest.approx(4.0, rel=1e-12)
+    v3 = ch2.attention_intensity(Deployment("deepseek-v3", "h100-sxm"))
+    assert v3 == pytest.approx(2 * 128 * (2 * 512 + 64) / ((512 + 64) * 2), rel=1e-12)
+    assert 241 < v3 < 295.3
+    n = beyond_hbm.mla_numbers()
+    assert (n["mla_gqa_attention"], n["mla_v3_attention"]) == ("4.0", "242")
+    assert (n["mla_gqa_intensity"], n["mla_v3_intensity"]) == ("32", "496")
+    assert ch2.large_batch_intensity(gqa, 4096) > 7 * 4.0
+
+
+def test_chapter_2_glues_its_former_typed_numbers():
+    """'a sixteenth' and 'the 4x' were typed beside glued numbers: now computed."""
+    from kvlab.book import bandwidth_wall as ch2
+
+    n = ch2.numbers()
+    assert n["kvw_batch"] == "16"
+    assert (
+        int(n["kvw_context_batch"].replace(",", ""))
+        == int(n["ledger_kv_equals_weights_context"].replace(",", "")) // 16
+    )
+    assert 3.5 < float(n["int4_bytes_speedup"].rstrip("×")) < 4.0  # scales cost a little
+    assert n["nic_sold"] == "400 Gb/s" and "= 50 GB/s" in n["nic_derivation"]
 
 
 # ------------------------------------------------------------ measured chapter
@@ -449,8 +508,141 @@ def test_pitfall_one_prose_names_the_limit_that_binds():
 
 
 def test_chapter_3_measured_tier_gap_narrows_but_stays_large():
-    """The prose: with measured kernels HBM slows, the link-bound tiers hardly move, and the
-    gap to host memory narrows but stays about an order of magnitude."""
+    """The prose: with measured kernels HBM slows, the link-bound tiers (at line rate) change
+    little, and the gap to host memory narrows but stays about an order of magnitude."""
     n = beyond_hbm.numbers()
     ratio = lambda k: float(n[k].rstrip("×"))  # noqa: E731
     assert 5 < ratio("tier-read-measured_host_slowdown") < ratio("tier-read_host_slowdown")
+
+
+def test_chapter_3_measured_mode_with_links_at_a_share():
+    """The measured mode adds each tier's trip at line rate to the measured kernels (the
+    panel's numbers, reproduced); at 80% of line rate the slow tiers slow by up to 1/0.8
+    and the gap to host memory widens again."""
+    from kvlab.book import beyond_hbm
+
+    n = beyond_hbm.numbers()
+    line = beyond_hbm.measured_tier_reads(1.0)
+    assert fmt_rate(line["hbm"]) == n["tier-read-measured_hbm_4k"]
+    assert fmt_rate(line["host"]) == n["tier-read-measured_host_4k"]
+    assert fmt_rate(line["remote"]) == n["tier-read-measured_remote_400g_4k"]
+    shared = beyond_hbm.measured_tier_reads(0.8)
+    assert shared["hbm"] == line["hbm"]
+    for tier in ("host", "remote"):
+        assert 0.8 * line[tier] < shared[tier] < line[tier]
+    assert line["host_slowdown"] < shared["host_slowdown"] < line["host_slowdown"] / 0.8
+    assert n["tm_link_share"] == "80%" and n["tm_host_share"] == fmt_rate(shared["host"])
+
+
+def fmt_rate(x):
+    from kvlab import fmt
+
+    return fmt.rate(x)
+
+
+def test_the_hit_never_pays_only_inside_llama_2s_window():
+    """Llama 2 7B, a full hit over PCIe 4.0: no prompt up to its 4,096-token window pays;
+    with the window raised it pays from ~14K tokens, where the miss's quadratic attention
+    outgrows the linear copy."""
+    from kvlab import tiers
+    from kvlab.book import beyond_hbm
+
+    b = beyond_hbm.breakeven_beyond_the_window()
+    assert b["window"] == 4096 and b["inside_window"] == float("inf")
+    assert 13_000 < b["uncapped"] < 15_000
+    d = Deployment("llama-2-7b", "h100-sxm")
+    below = tiers.hit_value(d, b["uncapped"] - 1, "host-pcie4")
+    above = tiers.hit_value(d, b["uncapped"], "host-pcie4")
+    assert float(below.value_s) <= 0 < float(above.value_s)
+    n = beyond_hbm.numbers()
+    assert n["hc_window"] == "4,096" and n["hc_breakeven_uncapped"] == "14,018"
+
+
+def test_chapter_3_and_5_name_the_400g_nic_per_gpu():
+    from kvlab.book import beyond_hbm, metrics_and_diagnosis
+
+    n = beyond_hbm.numbers()
+    assert n["nic_400g_sold"] == "400 Gb/s"
+    assert float(n["pd_remote_slowdown_400g"].rstrip("×")) < float(
+        n["pd_remote_slowdown_200g"].rstrip("×")
+    )
+    cases = metrics_and_diagnosis.diagnosis_cases()
+    net = cases["disaggregated, KV over one 400 Gb/s NIC"].findings[4]
+    assert net.numbers["network_bytes_per_s"] == 50e9
+
+
+def test_deepseek_v3_fixed_costs_beside_its_ceiling():
+    """The ledger's own fixed-cost estimate: its operator list's kernels per GPU (all but
+    the all-reduces) at the H200 tables' smallest-kernel latency, ~2.7 us."""
+    from kvlab.book import past_the_ceiling as ch
+    from kvlab.kernel_tables import load
+
+    f = ch.v3_fixed_costs()
+    # 61 layers: attention + its projections + 2 norms each; 58 MoE layers: router, top-k,
+    # shared gate/up and down, experts; 3 dense layers: gate/up, down, act; plus the
+    # final norm, LM head, embedding, sampling
+    assert f["kernels"] == 61 * 4 + 58 * 5 + 3 * 3 + 4
+    assert f["allreduces"] == 2 * 61
+    assert f["kernel_floor_s"] == load("h200").kernel_floor_s
+    assert 2e-6 < f["kernel_floor_s"] < 3.5e-6
+    assert f["fixed_s"] == pytest.approx(f["kernels"] * f["kernel_floor_s"])
+    assert 0.5 < f["fixed_s"] / f["ceiling_step_s"] < 1.5  # as large as the ceiling itself
+    assert f["with_fixed_tokens_per_s"] == pytest.approx(1 / (f["ceiling_step_s"] + f["fixed_s"]))
+    n = ch.v3_fixed_cost_numbers()
+    assert n["v3_kernels"] == "547" and n["v3_step_b1"] == "1.58 ms"
+
+
+def test_mtp_pays_more_with_the_batch_only_until_every_expert_is_read():
+    from kvlab.book import past_the_ceiling as ch
+
+    peak = ch.mtp_peak()
+    assert peak["batch"] == 128 and peak["experts_touched"] > 0.98 * 256
+    assert peak["speedup_at_max"] < peak["speedup"]
+    n = ch.mtp_numbers()
+    assert n["mtp_peak_batch"] == "128" and n["mtp_experts_2"] == "15.8"
+
+
+def test_magicdec_is_quoted_with_its_version():
+    from kvlab.book import past_the_ceiling as ch
+
+    p = ch.PUBLISHED["magicdec"]
+    assert (p["speedup"], p["iclr_speedup"]) == (1.84, 2.51)
+    n = ch.speculative_numbers()
+    assert "v1" in n["magicdec_source"] and "ICLR 2025" in n["magicdec_iclr_source"]
+    assert "v4" in n["magicdec_iclr_source"]
+
+
+def test_shared_requests_said_exactly_where_a_percentage_rounds_to_100():
+    from kvlab.book.prefix_caching import shared_requests_words
+
+    assert shared_requests_words(12030, 12031) == "all but one of its 12,031 requests"
+    assert shared_requests_words(12031, 12031) == "all 12,031 of its requests"
+    assert shared_requests_words(6000, 12031) == "49.9% of its requests"
+
+
+def test_the_chinese_says_all_but_one_in_words_too(monkeypatch):
+    """The Chinese edition states the same numbers as the English: a word, not a digit."""
+    from kvlab.book.prefix_caching import shared_requests_words
+    from kvlab.viz import i18n
+
+    monkeypatch.setenv(i18n.LANG_ENV, i18n.CHINESE)
+    assert shared_requests_words(12030, 12031) == "12,031 个请求中除一个以外的所有请求"
+
+
+def test_chapter_5b_says_all_but_one_where_a_percentage_says_100():
+    from kvlab.book import prefix_caching
+
+    n = prefix_caching.numbers()
+    if n["conv_requests"] == "12,031":  # the real trace (the generated one differs)
+        assert n["conv_shared_requests"] == "all but one of its 12,031 requests"
+        assert n["capacity_hit_requests"] == "all but one of its 12,031 requests"
+    assert "100.0%" not in n["conv_shared_requests"] + n["capacity_hit_requests"]
+
+
+def test_chapter_1_says_128_kib_is_131_kb_once():
+    """The article's "128 KB" per token is 128 KiB = 131,072 bytes, which kvlab writes as
+    131 kB (SI units)."""
+    from kvlab.book import what_a_hit_saves
+
+    n = what_a_hit_saves.numbers()
+    assert (n["kv_per_token_kib"], n["kv_per_token"]) == ("128", "131 kB")

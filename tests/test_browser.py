@@ -2,8 +2,11 @@
 root, Chinese under zh/): every page clean and offline, every static panel's readout equal
 to what kvlab computes (`kvlab budget --json` for ledger quantities) as built and after a
 few control changes (in Chinese: the same values, their words through kvlab.viz.i18n), a
-slider dragged with the mouse, the Chinese search. The panels' JavaScript over their whole
-grids, and the formatting twins digit for digit, are checked under node by tests/test_js.py."""
+slider dragged with the mouse, the Chinese search. Every panel and figure can be read at
+the widths readers use (1280 px and a 390 px phone): no text cut by an ancestor that hides
+overflow or running past the text column, no legend over the data, as built and after
+every control moves (tests/text_fit.js). The panels' JavaScript over their whole grids,
+and the formatting twins digit for digit, are checked under node by tests/test_js.py."""
 
 from __future__ import annotations
 
@@ -19,7 +22,9 @@ from browser import (
     CHROMIUM_ARGS,
     ROOT,
     SHOTS,
+    WIDTHS,
     ZH,
+    bokeh_pages,
     chromium_path,
     edition,
     ensure_site,
@@ -27,6 +32,7 @@ from browser import (
     page_panels,
     serve,
     site_pages,
+    unreadable,
 )
 
 from kvlab.book.catalog import panels
@@ -50,12 +56,17 @@ CLI_FLAGS = {
 
 
 def pytest_generate_tests(metafunc):
-    if "page" in metafunc.fixturenames or "panel" in metafunc.fixturenames:
+    names = metafunc.fixturenames
+    if {"page", "panel", "figure_page"} & set(names):
         ensure_site()
-    if "page" in metafunc.fixturenames:
+    if "page" in names:
         metafunc.parametrize("page", site_pages())
-    if "panel" in metafunc.fixturenames:
+    if "figure_page" in names:
+        metafunc.parametrize("figure_page", bokeh_pages())
+    if "panel" in names:
         metafunc.parametrize("panel", page_panels(), ids=lambda p: f"{p[0]}#{p[1]}")
+    if "width" in names:
+        metafunc.parametrize("width", list(WIDTHS.values()), ids=list(WIDTHS))
 
 
 @pytest.fixture(scope="module")
@@ -74,9 +85,9 @@ def browser():
         b.close()
 
 
-def open_page(browser, url):
+def open_page(browser, url, width: int = WIDTHS["desktop"]):
     """Open a page and record everything that went wrong while it loaded."""
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page = browser.new_page(viewport={"width": width, "height": 900})
     problems = []
     page.on(  # the location names what failed (a favicon fetch fires no response event)
         "console",
@@ -156,7 +167,7 @@ def parse_readout(html: str) -> dict[str, tuple[str, str]]:
     return {
         k: (raw, text)
         for k, raw, text in re.findall(
-            r'<td data-key="([\w-]+)" data-value="([^"]*)">([^<]*)</td>', html
+            r'<td data-key="([\w-]+)" data-value="([^"]*)"[^>]*>([^<]*)</td>', html
         )
     }
 
@@ -236,6 +247,38 @@ def test_panel_readouts_match_kvlab(browser, base_url, panel):
             now = tab.evaluate(READ_PANEL, [key])
             check_readout(key, now["state"], now["readout"], language)
     tab.close()
+    assert problems == []
+
+
+def test_panel_text_fits_the_column(browser, base_url, panel, width):
+    """Every readout value and label, control title and option, tab title, legend entry
+    and figure title of the panel can be read whole at this width, as built and after
+    each control moves (two other values each, as the readout test moves them)."""
+    page_path, key = panel
+    tab, problems = open_page(browser, f"{base_url}/{page_path}", width)
+    tab.wait_for_function("window.Bokeh && Bokeh.documents.length > 0 && window.KVLAB")
+    scope = f'.kvlab-panel[data-panel="{key}"]'
+    cut = [f"as built: {p}" for p in unreadable(tab, scope)]
+    first = tab.evaluate(READ_PANEL, [key])
+    for control, meta in first["meta"].items():
+        for value in other_values(meta, first["state"][control]):
+            before = tab.evaluate(READ_PANEL, [key])["updates"]
+            assert tab.evaluate(SET_CONTROL, [f"{key}.{control}", value])
+            tab.wait_for_function(f"(window.KVLAB.updates || 0) > {before}", timeout=5000)
+            state = tab.evaluate(READ_PANEL, [key])["state"]
+            cut += [f"{state}: {p}" for p in unreadable(tab, scope)]
+    tab.close()
+    assert not cut, "\n".join(cut[:12]) + f"\n({len(cut)} in all)"
+    assert problems == []
+
+
+def test_figures_fit_the_column(browser, base_url, figure_page, width):
+    """Every figure of the page (panels as built included) can be read whole at this width."""
+    tab, problems = open_page(browser, f"{base_url}/{figure_page}", width)
+    tab.wait_for_function("window.Bokeh && Bokeh.documents.length > 0")
+    cut = unreadable(tab, ".bd-article [data-root-id]")
+    tab.close()
+    assert not cut, "\n".join(cut[:12]) + f"\n({len(cut)} in all)"
     assert problems == []
 
 

@@ -1,6 +1,8 @@
 """The Voila dashboard, live: it starts offline, a dragged slider re-runs the ledger, and
-the numbers shown are kvlab's for the new value; the server checks its port and takes
-everything it started down when it is stopped."""
+the numbers shown are kvlab's for the new value; so do the levers the static book teaches
+(measured kernels, tensor parallelism, speculative decoding) and the serving run with its
+latency percentiles; every label is whole at 1280 px and on a 390 px phone; the server
+checks its port and takes everything it started down when it is stopped."""
 
 import os
 import re
@@ -12,7 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from browser import CHROMIUM_ARGS, SHOTS, chromium_path
+from browser import CHROMIUM_ARGS, SHOTS, TEXT_FIT, WIDTHS, chromium_path
 
 from kvlab.viz.serve import free_port, start, stop
 
@@ -26,54 +28,182 @@ def dashboard(tmp_path_factory):
     stop(proc)
 
 
-def readout_values(page) -> dict[str, float]:
-    html = page.inner_html(".kvlab-readout")
+def readout_values(page, where: str = ".kvlab-readout") -> dict[str, str]:
+    html = page.inner_html(where)
     return dict(re.findall(r'data-key="(\w+)" data-value="([^"]*)"', html))
 
 
-@pytest.mark.browser
-def test_dragging_a_live_slider_reruns_the_ledger(dashboard):
+@pytest.fixture(scope="module")
+def browser():
     from playwright.sync_api import sync_playwright
 
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+def open_dashboard(browser, url: str, width: int = WIDTHS["desktop"], height: int = 1000):
+    """The dashboard, loaded (its kernel computed the readout, drew the figures and ran the
+    serving simulation once), and the list its errors will be collected into."""
+    page = browser.new_page(viewport={"width": width, "height": height})
+    problems = []
+    page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    page.on("requestfailed", lambda r: problems.append(f"failed: {r.url}"))
+    page.goto(url)
+    page.wait_for_selector(".kvlab-readout", timeout=90_000)
+    page.wait_for_selector(".bk-Canvas, .bk-canvas, canvas", timeout=30_000)
+    page.wait_for_selector(".kvlab-serving-readout .kvlab-readout", timeout=60_000)
+    return page, problems
+
+
+def wait_for_change(page, key: str, old: str, where: str = ".kvlab-readout") -> None:
+    page.wait_for_function(
+        "([where, key, old]) => { const el = document.querySelector("
+        '`${where} td[data-key="${key}"]`); return el && el.dataset.value !== old; }',
+        arg=[where, key, old],
+        timeout=30_000,
+    )
+
+
+def type_into_readout(page, control: str, text: str) -> None:
+    """Set a live slider by typing into its readout, as a reader can."""
+    readout = page.locator(f".kvlab-control-{control} .widget-readout")
+    readout.click()
+    page.keyboard.press("Control+A")
+    page.keyboard.type(text)
+    page.keyboard.press("Enter")
+
+
+def step_slider(page, control: str, presses: int) -> None:
+    """Move a live slider `presses` grid steps right with the keyboard."""
+    page.locator(f".kvlab-control-{control} .noUi-handle").focus()
+    for _ in range(presses):
+        page.keyboard.press("ArrowRight")
+
+
+@pytest.mark.browser
+def test_dragging_a_live_slider_reruns_the_ledger(dashboard, browser):
     from kvlab.viz.dashboard import dashboard_panel
 
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1300, "height": 1000})
-        problems = []
-        page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
-        page.on("pageerror", lambda e: problems.append(str(e)))
-        page.on("requestfailed", lambda r: problems.append(f"failed: {r.url}"))
-        page.goto(dashboard)
-        page.wait_for_selector(".kvlab-readout", timeout=90_000)
-        page.wait_for_selector(".bk-Canvas, .bk-canvas, canvas", timeout=30_000)
-        before = readout_values(page)
-        batch = page.locator(".widget-slider").first
-        handle = batch.locator(".noUi-handle")
-        box = handle.bounding_box()
-        page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-        page.mouse.down()
-        page.mouse.move(box["x"] + 80, box["y"] + box["height"] / 2, steps=6)
-        page.mouse.up()
-        page.wait_for_function(
-            "(old) => { const el = "
-            "document.querySelector('.kvlab-readout td[data-key=\"tokens_per_s\"]');"
-            " return el && el.dataset.value !== old; }",
-            arg=before["tokens_per_s"],
-            timeout=20_000,
-        )
-        page.wait_for_timeout(500)
-        after = readout_values(page)
-        shown_batch = int(batch.locator(".widget-readout").inner_text().replace(",", ""))
-        SHOTS.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(SHOTS / "dashboard.png"), full_page=True)
-        browser.close()
+    page, problems = open_dashboard(browser, dashboard, 1300)
+    before = readout_values(page)
+    batch = page.locator(".kvlab-control-batch .widget-slider")
+    handle = batch.locator(".noUi-handle")
+    box = handle.bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.mouse.down()
+    page.mouse.move(box["x"] + 80, box["y"] + box["height"] / 2, steps=6)
+    page.mouse.up()
+    wait_for_change(page, "tokens_per_s", before["tokens_per_s"])
+    page.wait_for_timeout(500)
+    after = readout_values(page)
+    shown_batch = int(batch.locator(".widget-readout").inner_text().replace(",", ""))
+    page.close()
     assert problems == []
     panel = dashboard_panel()
     expected = panel.values(batch=shown_batch)
     assert float(after["tokens_per_s"]) == pytest.approx(expected["tokens_per_s"], rel=1e-9)
     assert float(after["step_time_s"]) == pytest.approx(expected["step_time_s"], rel=1e-9)
     assert after["tokens_per_s"] != before["tokens_per_s"]
+
+
+@pytest.mark.browser
+def test_the_books_levers_rerun_the_ledger_and_the_serving_run(dashboard, browser):
+    """Measured kernels, tensor parallelism, the draft length and its acceptance, then a
+    serving run on another cluster design: each shows kvlab's numbers for what the page's
+    widgets show."""
+    from kvlab.viz.dashboard import SERVING_RATES, _serving_run, dashboard_panel
+
+    page, problems = open_dashboard(browser, dashboard)
+    first = readout_values(page)
+    page.select_option(".kvlab-control-speed select", label="measured kernels")
+    wait_for_change(page, "speed", first["speed"])
+    step_slider(page, "tensor_parallel", 1)  # 1 -> 2 GPUs
+    wait_for_change(page, "allreduce_share", first["allreduce_share"])
+    before = readout_values(page)
+    type_into_readout(page, "draft_tokens", "6")
+    wait_for_change(page, "spec_tokens_per_verify", before["spec_tokens_per_verify"])
+    before = readout_values(page)
+    type_into_readout(page, "acceptance", "0.85")
+    wait_for_change(page, "spec_tokens_per_verify", before["spec_tokens_per_verify"])
+    page.wait_for_timeout(500)
+    shown = readout_values(page)
+
+    def readout_of(control: str) -> str:
+        return page.locator(f".kvlab-control-{control} .widget-readout").inner_text()
+
+    state = {
+        "speed": "measured",
+        "tensor_parallel": int(readout_of("tensor_parallel")),
+        "draft_tokens": int(readout_of("draft_tokens")),
+        "acceptance": float(readout_of("acceptance")),
+    }
+    serving = readout_values(page, ".kvlab-serving-readout")
+    page.select_option(".kvlab-control-arch select", label="colocated")
+    step_slider(page, "rate", 1)
+    page.click(".kvlab-serving-run")
+    page.wait_for_function(
+        "() => (document.querySelector('.kvlab-serving-status') || {}).textContent"
+        "?.includes('colocated')",
+        timeout=60_000,
+    )
+    wait_for_change(page, "ttft_p50_s", serving["ttft_p50_s"], ".kvlab-serving-readout")
+    ran = readout_values(page, ".kvlab-serving-readout")
+    run = {
+        "arch": "colocated",
+        "rate": SERVING_RATES[SERVING_RATES.index(4) + 1],
+        "prefill": int(readout_of("prefill")),
+        "decode": int(readout_of("decode")),
+    }
+    rate_shown = readout_of("rate")
+    page.close()
+    assert problems == []
+    assert state == {
+        "speed": "measured",
+        "tensor_parallel": 2,
+        "draft_tokens": 6,
+        "acceptance": 0.85,
+    }
+    panel = dashboard_panel()
+    want = panel.values(**state)
+    assert shown["speed"] == want["speed"] and shown["speed"].startswith("measured: ")
+    for key in (
+        "step_time_s",
+        "tokens_per_s",
+        "allreduce_share",
+        "spec_tokens_per_verify",
+        "spec_each",
+        "spec_speedup",
+    ):
+        assert float(shown[key]) == pytest.approx(want[key], rel=1e-9), key
+    # (1 - A^(K+1)) / (1 - A): Leviathan et al.'s expected tokens per verify pass, by hand
+    assert float(shown["spec_tokens_per_verify"]) == pytest.approx((1 - 0.85**7) / 0.15)
+    assert 0 < float(shown["allreduce_share"]) < 1  # two GPUs: all-reduces take part of a step
+    assert rate_shown == str(run["rate"])
+    summary = _serving_run({**panel.default_state, **state}, run)
+    for key in ("requests_completed", "ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s"):
+        assert float(ran[key]) == pytest.approx(summary[key], rel=1e-9), key
+    assert float(ran["ttft_p50_s"]) <= float(ran["ttft_p90_s"]) <= float(ran["ttft_p99_s"])
+    assert float(ran["itl_p50_s"]) <= float(ran["itl_p90_s"]) <= float(ran["itl_p99_s"])
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("width", list(WIDTHS.values()), ids=list(WIDTHS))
+def test_every_label_and_value_is_whole(dashboard, browser, width):
+    """No control label ("Achieved fraction of peak", "Prefix-cache hit (share of
+    prompt)"), readout or serving-run text is cut or runs off the page (tests/text_fit.js)."""
+    page, problems = open_dashboard(browser, dashboard, width, height=3200)
+    page.wait_for_timeout(1000)
+    cut = page.evaluate(TEXT_FIT, ["body", "body"])
+    labels = page.locator(".kvlab-label").all_inner_texts()
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"dashboard-{width}.png"), full_page=True)
+    page.close()
+    assert not cut, "\n".join(cut[:12])
+    assert problems == []
+    assert {"Achieved fraction of peak", "Prefix-cache hit (share of prompt)"} <= set(labels)
 
 
 def _serve(*argv, env=None):
@@ -137,3 +267,40 @@ def test_a_taken_port_fails_instead_of_moving():
         out, err = server.communicate(timeout=60)
     assert server.returncode == 2 and out == ""
     assert f"port {port} on 127.0.0.1 is not available" in err
+
+
+# ------------------------------------------------------------------ the Python side
+def test_dashboard_levers_hand_checked():
+    """Llama 3.1 8B, fp16 KV, 4,096 tokens: 32 layers x 8 KV heads x 128 x 2 (K, V) x 2 B
+    = 131,072 B a token, 537 MB a request, 10.7 ms over one 400 Gb/s NIC (50 GB/s)."""
+    from kvlab.viz.dashboard import dashboard_panel
+
+    panel = dashboard_panel()
+    plain = panel.values()
+    assert plain["transfer_s"] == pytest.approx(131_072 * 4096 / 50e9, rel=1e-12)
+    assert plain["allreduce_share"] == 0.0  # one GPU: nothing to all-reduce
+    assert plain["speed"] == "ceiling × 100%"
+    k, a = 4, 0.7
+    assert plain["spec_tokens_per_verify"] == pytest.approx((1 - a ** (k + 1)) / (1 - a))
+    split = panel.values(tensor_parallel=2)
+    assert 0 < split["allreduce_share"] < 1
+    assert split["weight_read_bytes"] == pytest.approx(plain["weight_read_bytes"] / 2, rel=0.02)
+    assert split["transfer_s"] == plain["transfer_s"]  # a request's KV is the same KV
+    measured = panel.values(speed="measured")
+    assert measured["speed"].startswith("measured: ")
+    assert measured["step_time_s"] > plain["step_time_s"]  # real kernels, below the ceiling
+    outside = panel.values(speed="measured", batch=4096, context=262144)
+    assert outside["speed"] == "ceiling × 100%: outside the tables' range"
+
+
+def test_serving_run_is_small_and_orders_its_percentiles():
+    from kvlab.viz.dashboard import SERVING_REQUESTS, _serving_run, dashboard_panel
+
+    state = dashboard_panel().default_state
+    run = {"arch": "disaggregated", "rate": 4, "prefill": 1, "decode": 2}
+    summary = _serving_run(state, run)
+    assert summary["requests"] == SERVING_REQUESTS and summary["requests_completed"] > 0
+    for kind in ("ttft", "itl"):
+        assert summary[f"{kind}_p50_s"] <= summary[f"{kind}_p90_s"] <= summary[f"{kind}_p99_s"]
+    assert "3 GPUs" in summary["note"] and "(generated)" in summary["note"]
+    assert summary == _serving_run(state, run)  # seeded: the same run, the same numbers

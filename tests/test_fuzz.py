@@ -185,6 +185,66 @@ def test_simulate_numbers(option, tiny_trace):
     fuzz(lambda v: ["simulate", tiny_trace, "--arch", "colocated", "--json", option, v])
 
 
+SATURATION_OPTIONS = ["--attainment", "--tolerance", "--seeds", "--rate-scale", "--warmup"]
+
+
+@pytest.mark.parametrize("option", SATURATION_OPTIONS)
+def test_simulate_saturation_numbers(option, tiny_trace):
+    """A saturation search with hostile numbers: a search, or one line and exit 2."""
+    base = ["simulate", tiny_trace, "--arch", "colocated", "--saturation", "--json"]
+    fuzz(lambda v: base + [option, v])
+
+
+#: Values a hostile user gives each field of a generated workload (`poisson:...`).
+LENGTHS = ["1", "512", "lognormal(1024,0.5)", "uniform(5,2)", "uniform(1,3)", "exponential(0)"]
+LENGTHS += ["normal(100,1e9)", "lognormal(1e6,4)", "gamma(1,2)", "1e7", "1e8", "(", "1)", "0"]
+POISSON_VALUES = {
+    "rate": ["4", "1e-15", "1e-308", "1e6", "1e7", "0", "-1", "nan", "inf", "x", ""],
+    "prompt": LENGTHS,
+    "output": LENGTHS,
+    "requests": ["1", "30", "0", "-1", "2.5", "1e7", "1e400", "nan", ""],
+    "seed": ["0", "7", "-1", str(2**63 - 1), str(2**63), "1e30", "nan"],
+    "shared": ["0", "0.5", "1", "1.5", "-0.1", "nan", "inf", "x"],
+    "prefix": ["1", "512", "4096", "0", "2.5", "1e7", "1e8", "nan"],
+    "prefixes": ["1", "3", "0", "1e6", "1e7", "nan"],
+    "bogus": ["1"],
+}
+poisson_specs = st.lists(
+    st.sampled_from(sorted(POISSON_VALUES)).flatmap(
+        lambda k: st.sampled_from(POISSON_VALUES[k]).map(lambda v, k=k: f"{k}={v}")
+    ),
+    min_size=0,
+    max_size=8,
+).map(lambda fields: "poisson:" + ",".join(fields))
+
+
+def test_workload_strings():
+    """Generated workloads as the trace argument, every field hostile: a trace (and a short
+    run of it), or one line and exit 2; never a traceback, a hang or memory exhausted."""
+    fixed = [
+        "poisson:rate=1e-15,prompt=10,output=5,requests=3",
+        "poisson:rate=1e-308,prompt=10,output=5,requests=2",
+        "poisson:rate=10,prompt=100,output=1000,requests=1e5",
+        "poisson:rate=10,prompt=1e7,output=5,requests=1e4",
+        "poisson:rate=4,prompt=19019,output=72,requests=30,prefix=16384,prefixes=20",
+        "poisson:rate=4,prompt=8088,output=229,requests=30,shared=0.5",
+    ]
+
+    def check(spec):
+        run(["trace", "stats", spec, "--json"])
+        run(["simulate", spec, "--arch", "colocated", "--limit", "30", "--json"])
+
+    for spec in fixed:
+        check(spec)
+
+    @settings(max_examples=40, deadline=None, derandomize=True, database=None)
+    @given(poisson_specs)
+    def random_specs(spec):
+        check(spec)
+
+    random_specs()
+
+
 def test_every_command_combines_hostile_numbers(tiny_trace):
     """All of a command's numeric options at once, random values."""
     commands = {

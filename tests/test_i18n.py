@@ -115,6 +115,8 @@ def test_the_chinese_configuration_is_derived_from_config_yml():
     settings = derived["sphinx"]["config"]
     assert settings["language"] == "zh_CN"
     assert derived["title"] == config["sphinx"]["config"]["kvlab_editions"]["zh_CN"]["title"]
+    # the footer reads "作者： <author>": the author in Chinese too
+    assert derived["author"] == "kvlab 项目组" != config["author"]
     assert all(Path(p).is_absolute() for p in derived["sphinx"]["local_extensions"].values())
     for key in ("execute", "parse", "html", "exclude_patterns"):
         assert derived[key] == config[key]

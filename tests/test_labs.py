@@ -8,6 +8,7 @@ import pytest
 
 from kvlab import labs
 from kvlab.cli import guarded
+from kvlab.deployment import Deployment
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
@@ -16,7 +17,80 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
 def test_every_exercise_checks_its_own_answer():
     for key, ex in labs.exercises().items():
         assert labs.check(key, ex.expected()).passed
+        if ex.is_choice:
+            wrong = next(o for o in ex.options if o != ex.expected())
+            assert not labs.check(key, wrong).passed
+            continue
         assert labs.check(key, ex.expected() * 1.01).passed  # within tolerance
+
+
+def _numbers_exercises():
+    return {k: ex for k, ex in labs.exercises().items() if not ex.is_choice}
+
+
+def test_estimates_pass_with_their_own_arithmetic_and_show_it_when_wrong():
+    """The arithmetic a wrong estimate is shown lands within the estimate's tolerance of
+    kvlab's exact answer; it is not the exact answer's tight check."""
+    estimates = {k: ex for k, ex in labs.exercises().items() if ex.is_estimate}
+    assert len(estimates) >= 8  # one reasoning lab per chapter
+    for key, ex in estimates.items():
+        rough, english, chinese = ex.rough()
+        assert labs.check(key, rough).passed, (key, rough, ex.expected())
+        assert ex.rel_tol == labs.ESTIMATE_TOL > 0.2
+        assert f"{rough:.3g}".rstrip("0").rstrip(".")[:3] in english.replace(",", "")
+        wrong = labs.check(key, 3 * ex.expected())
+        assert not wrong.passed and "The arithmetic: " + english in wrong.message
+        right = labs.check(key, ex.expected())
+        assert "a good estimate" in right.message and "kvlab's exact figure" in right.message
+        assert chinese and chinese != english
+
+
+def test_every_estimate_comes_with_a_kvlab_call_and_a_why_in_its_chapter():
+    """The three steps: estimate, the kvlab figure it estimates, and a why question."""
+    exercises = labs.exercises()
+    for path in NOTEBOOKS:
+        text = "".join(c.source for c in nbformat.read(path, as_version=4).cells)
+        order = [k for k in exercises if f'labs.check("{k}"' in text]
+        order.sort(key=lambda k: text.index(f'labs.check("{k}"'))
+        estimates = [k for k in order if exercises[k].is_estimate]
+        assert estimates, f"{path.name} has no exercise in three steps"
+        for key in estimates:
+            i = order.index(key)
+            exact, why = order[i + 1], order[i + 2]
+            assert exercises[exact].expected is exercises[key].expected, (key, exact)
+            assert exercises[why].is_choice, (key, why)
+
+
+def test_choices_take_one_letter_in_any_case_and_refuse_the_rest():
+    ex = labs.exercises()["ch3.host_why"]
+    right = ex.expected()
+    for answer in (right, right.upper(), f"({right})", f" {right} "):
+        assert labs.check(ex.key, answer).passed, answer
+    wrong = labs.check(ex.key, next(o for o in ex.options if o != right))
+    assert not wrong.passed and "is not the reason" in wrong.message and ex.hint in wrong.message
+    for nonsense in ("z", "ab", 2, 0.5):
+        result = labs.check(ex.key, nonsense)
+        assert not result.passed and "one letter" in result.message
+    blank = labs.check(ex.key, ...)
+    assert not blank.passed and '"a", "b" or "c"' in blank.message and "Hint" in blank.message
+
+
+def test_the_why_answers_follow_from_kvlab_where_a_number_decides():
+    """The letters kvlab computes: the premise of each question holds in the ledger."""
+    from kvlab import cost
+
+    for key in (
+        "ch1.ttft_why",
+        "ch2.int4_why",
+        "ch2b.measured_why",
+        "ch2c.tp_why",
+        "ch3.host_why",
+        "ch4.remote_why",
+        "ch5.knee_why",
+    ):
+        assert labs.exercises()[key].expected() in "ab", key
+    int4 = cost.decode_step(Deployment("article-7b", "h100-sxm", "int4"), 8, 16384)
+    assert int4.kv_read_bytes > 4 * int4.weight_read_bytes  # the KV is most of the bytes
 
 
 def test_wrong_missing_and_nonsense_answers_get_hints():
@@ -74,6 +148,26 @@ def test_student_copies_fail_with_hints(tmp_path):
         for output in checks:
             text = output["data"]["text/plain"]
             assert text.startswith("FAIL") and "Hint" in text, text
+
+
+def test_labs_tool_copies_notebooks_of_any_name_and_says_when_none_holds_a_lab(tmp_path, capsys):
+    src, out = tmp_path / "nb", tmp_path / "labs"
+    src.mkdir()
+    chapter = next(p for p in NOTEBOOKS if p.name.startswith("01_"))
+    (src / "my_lab.ipynb").write_bytes(chapter.read_bytes())  # no leading digit
+    assert _run(str(src), str(out)) == 0
+    assert [p.name for p in out.iterdir()] == ["my_lab.ipynb"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert _run(str(empty), str(tmp_path / "o1")) == 2
+    assert "holds no notebook (*.ipynb)" in capsys.readouterr().err
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")])
+    nbformat.write(nb, str(plain / "notes.ipynb"))
+    assert _run(str(plain), str(tmp_path / "o2")) == 2
+    err = capsys.readouterr().err
+    assert "none of the 1 notebooks in" in err and "# ANSWER" in err
 
 
 def test_answers_are_hidden_in_the_built_book():

@@ -69,6 +69,58 @@ def test_tbt_statistic_changes_the_verdict():
     assert curve["attainment"] == pytest.approx([2 / 3, 2 / 3, 1.0])
 
 
+def test_slowest10_mean_hand_checked():
+    """Mooncake FAST'25's TBT: the mean of the longest 10% of a request's gaps (at least one)."""
+    gaps = [0.01] * 17 + [0.2, 0.3, 0.5]  # 20 gaps: the slowest 2 are 0.5 and 0.3
+    tokens = np.concatenate([[1.0], 1.0 + np.cumsum(gaps)])
+    r = metrics.request_metrics([0.0, 0.5, 1.0], [tokens, [2.0], [1.25, 1.30]])
+    assert r["itl_slowest10_mean_s"][0] == pytest.approx(0.4)
+    assert math.isnan(r["itl_slowest10_mean_s"][1])  # one token, no gap
+    assert r["itl_slowest10_mean_s"][2] == pytest.approx(0.05)  # one gap: itself
+    assert metrics.slowest_share_mean_s(gaps) == pytest.approx(0.4)
+    assert metrics.slowest_share_mean_s(gaps[:11]) == pytest.approx(0.01)  # ceil(1.1) = 2 gaps
+    # the p90 of the gaps (0.22) passes a 0.25 s limit that the slowest-10% mean (0.4) fails
+    assert r["itl_p90_s"][0] == pytest.approx(np.percentile(gaps, 90))
+    assert metrics.slo_met(r, None, 0.25, "p90").tolist() == [True, True, True]
+    assert metrics.slo_met(r, None, 0.25, "slowest10-mean").tolist() == [False, True, True]
+
+
+def test_effective_request_capacity_is_mooncakes_share():
+    """A share of all requests (unfinished ones fail), judged by the slowest-10% mean."""
+    gaps = [0.01] * 18 + [0.25, 0.25]  # slowest 2: mean 0.25 s
+    slow = np.concatenate([[1.0], 1.0 + np.cumsum(gaps)])
+    fast = 2.0 + 0.02 * np.arange(30)
+    r = metrics.request_metrics([0.0, 0.0, 0.0, 0.0], [slow, fast, [40.0], []])
+    assert metrics.effective_request_capacity(r, 30.0, 0.2) == pytest.approx(1 / 4)
+    assert metrics.effective_request_capacity(r, 30.0, 0.3) == pytest.approx(2 / 4)
+    assert metrics.effective_request_capacity(r, 50.0, 0.3) == pytest.approx(3 / 4)
+    s = metrics.summarize([0.0] * 4, [slow, fast, [40.0], []], ttft_slo_s=30, tbt_slo_s=0.2)
+    assert s["effective_request_capacity"] == pytest.approx(1 / 4)
+    assert metrics.capacity_gain(0.9, 0.15) == pytest.approx(5.0)  # Mooncake's "+500%"
+    assert metrics.capacity_gain(0.5, 0.0) == math.inf
+
+
+def test_pooled_p99_is_one_verdict_for_the_run_with_a_scheduling_delay_limit():
+    """Sarathi-Serve: the p99 of every gap pooled, and the median scheduling delay <= 2 s."""
+    steady = [1.0 + 0.01 * np.arange(101), 1.0 + 0.02 * np.arange(51)]
+    stall = steady + [[1.0, 1.5]]  # one 0.5 s gap among 151: the pooled p99 stays small
+    kw = dict(ttft_slo_s=None, tbt_slo_s=0.05, tbt_stat="pooled-p99")
+    s = metrics.summarize([0.0, 0.0, 0.0], stall, **kw)
+    gaps = metrics.itl_s(stall)
+    assert s["pooled_itl_s"] == pytest.approx(np.percentile(gaps, 99)) and s["pooled_itl_s"] < 0.05
+    assert s["slo_attainment"] == 1.0  # every request passes with the pool
+    assert metrics.summarize([0.0] * 3, stall, **{**kw, "tbt_slo_s": 0.015})["slo_attainment"] == 0
+    late = metrics.summarize([0.0] * 3, stall, scheduling_delay_s=[0.5, 3.0, 3.0], **kw)
+    assert late["scheduling_delay_p50_s"] == 3.0 and late["slo_attainment"] == 0.0
+    ok = metrics.summarize([0.0] * 3, stall, scheduling_delay_s=[0.5, 1.0, 3.0], **kw)
+    assert ok["scheduling_delay_p50_s"] == 1.0 and ok["slo_attainment"] == 1.0
+    r = metrics.request_metrics([0.0] * 3, stall)
+    with pytest.raises(KvlabError, match="pooled_itl_s"):
+        metrics.slo_met(r, None, 0.05, "pooled-p99")
+    with pytest.raises(KvlabError, match="per-request"):
+        metrics.slo_curve(r, None, (0.1,), "pooled-p99")
+
+
 def test_unfinished_request_misses_slo_and_is_not_completed():
     s = metrics.summarize([0.0, 0.0], [[0.1, 0.2], []], ttft_slo_s=10, tbt_slo_s=10)
     assert s["requests"] == 2 and s["requests_completed"] == 1
@@ -123,6 +175,11 @@ def test_properties_against_numpy(gaps, ttfts):
             assert r["itl_p90_s"][i] == pytest.approx(np.percentile(g, 90), abs=1e-9)
             assert r["itl_max_s"][i] == pytest.approx(max(g), abs=1e-9)
             assert r["itl_p90_s"][i] <= r["itl_max_s"][i] + 1e-12
+            assert r["itl_slowest10_mean_s"][i] == pytest.approx(
+                metrics.slowest_share_mean_s(g), abs=1e-9
+            )
+            assert r["tpot_s"][i] - 1e-9 <= r["itl_slowest10_mean_s"][i]
+            assert r["itl_slowest10_mean_s"][i] <= r["itl_max_s"][i] + 1e-9
         else:
             assert math.isnan(r["tpot_s"][i])
     s = metrics.summarize(arrivals, tokens, ttft_slo_s=2.5, tbt_slo_s=0.5)

@@ -156,22 +156,47 @@ def test_memory_pressure_queues_then_drains(gen):
 
 
 def test_request_larger_than_any_gpu_is_reported_not_hung():
+    """On an L4 (~5.6 GB of KV room: ~42,000 tokens) a 100,000-token prompt, within the
+    model's trained context, can never run: rejected as too large, the run still ends."""
     reqs = (
         Request(0.0, 1000, 5, (1, 2)),
-        Request(0.1, 500_000, 5, _ids(100, 977)),
+        Request(0.1, 100_000, 5, _ids(100, 196)),
         Request(0.2, 800, 3, (1, 3)),
     )
     trace = Trace("big", reqs, source="test", generated=True)
     for arch in ARCHS:
-        r = simulate(trace, arch=arch)
+        r = simulate(trace, arch=arch, hardware="l4")
         assert r.records["status"].tolist() == [DONE, REJECTED, DONE]
-        assert r.rejected[0][0] == 1 and "room for KV" in r.rejected[0][1]
+        assert r.rejected[0] == (1, r.rejected[0][1], "too-large")
+        assert "room for KV" in r.rejected[0][1]
         s = r.summary()
-        assert s["requests_rejected"] == 1 and s["requests_completed"] == 2
+        assert s["requests_rejected"] == s["requests_rejected_too_large"] == 1
+        assert s["requests_completed"] == 2
         assert s["slo_attainment"] <= 2 / 3  # a rejected request missed its SLO
     only_big = Trace("only-big", (reqs[1],), source="test", generated=True)
-    s = simulate(only_big, arch="kv-centric").summary()
+    s = simulate(only_big, arch="kv-centric", hardware="l4").summary()
     assert s["requests_completed"] == 0 and s["throughput_tokens_per_s"] is None
+
+
+def test_context_past_the_trained_length_is_refused_per_request():
+    """Llama 3.1 8B is trained for 131,072 tokens (max_position_embeddings): a request whose
+    prompt plus output passes that is refused at arrival, as vLLM refuses it, even where
+    its KV would fit (an H100 holds ~430,000 tokens of it); one token less is served."""
+    limit = 131_072
+    reqs = (
+        Request(0.0, 1000, 5, (1, 2)),
+        Request(0.1, limit - 4, 5, _ids(100, 256)),  # 131,073 tokens: one too many
+        Request(0.2, limit - 5, 5, _ids(1000, 256)),  # exactly the trained context
+    )
+    trace = Trace("long", reqs, source="test", generated=True)
+    for arch in ARCHS:
+        r = simulate(trace, arch=arch)
+        check_conserved(r, trace)
+        assert r.records["status"].tolist() == [DONE, REJECTED, DONE]
+        assert r.rejected == ((1, r.rejected[0][1], "too-long"),)
+        assert "131,072" in r.rejected[0][1] and "trained context" in r.rejected[0][1]
+        s = r.summary()
+        assert s["requests_rejected_too_long"] == 1 and s["requests_rejected_too_large"] == 0
 
 
 def test_weights_that_do_not_fit_are_bad_input():
@@ -803,9 +828,13 @@ def check_conserved(result, trace) -> None:
     assert sorted(i for i, _, _ in result.rejected) == np.flatnonzero(~done).tolist()
     for i in np.flatnonzero(done):
         assert np.all(np.diff(result.tokens(i)) >= 0)
-    s = result.summary()
-    assert s["requests_completed"] + s["requests_rejected"] == len(trace)
-    assert s["requests_rejected"] == s["requests_rejected_early"] + s["requests_rejected_too_large"]
+    s = result.summary()  # over the measured requests: all but the lead-in
+    assert s["requests_completed"] + s["requests_rejected"] == len(trace) - trace.lead_in
+    assert s["requests_rejected"] == (
+        s["requests_rejected_early"]
+        + s["requests_rejected_too_large"]
+        + s["requests_rejected_too_long"]
+    )
     assert (
         s["preemptions"]
         == rec["preemptions"].sum()
@@ -1003,11 +1032,12 @@ def test_early_rejection_keeps_goodput_under_overload():
 
 def test_early_rejection_and_too_large_are_counted_apart():
     reqs = tuple(Request(0.001 * i, 4000, 50, _ids(10 * i, 8)) for i in range(1, 60))
-    big = Request(0.0, 500_000, 5, _ids(10_000, 977))
+    big = Request(0.0, 100_000, 5, _ids(10_000, 196))
     trace = Trace("mixed", (big, *reqs), source="test", generated=True)
     r = simulate(
         trace,
         arch="colocated",
+        hardware="l4",
         prefill_workers=1,
         decode_workers=0,
         early_reject=True,
@@ -1126,3 +1156,124 @@ def test_cli_records_paths(tmp_path, capsys):
     rows = [json.loads(line) for line in good.read_text().splitlines()]
     assert len(rows) == 5 and {"preemptions", "swapped_bytes"} <= set(rows[0])
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp file left
+
+
+# ------------------------------------------------- warm-up, rate scale, flags that do nothing
+
+
+def test_warmup_raises_the_hit_ratio_of_the_same_requests(gen):
+    """The same measured window, cold and led in by 60 s of the trace: the lead-in fills
+    the prefix caches, so more of the measured prompts are served from them; the lead-in
+    runs (conservation) but is left out of every figure."""
+    cold = trace_slice(gen, 60, 40)
+    warm = trace_slice(gen, 60, 40, warmup_s=60)
+    assert warm.lead_in > 0 and len(warm) - warm.lead_in == len(cold)
+    assert [r.input_tokens for r in warm.requests[warm.lead_in :]] == [
+        r.input_tokens for r in cold.requests
+    ]
+    for arch in ("colocated", "kv-centric"):
+        c, w = simulate(cold, arch=arch), simulate(warm, arch=arch)
+        check_conserved(w, warm)
+        assert w.prefix_hit_ratio > c.prefix_hit_ratio + 0.03
+        s = w.summary()
+        assert s["requests"] == len(cold) and s["requests_warmup"] == warm.lead_in
+        assert s["requests_completed"] == len(cold)
+        assert s["tokens_generated"] == sum(r.output_tokens for r in cold.requests)
+        assert int(w.records["measured"].sum()) == len(cold)
+
+
+def test_warmup_slices_are_clipped_at_the_trace_start(gen):
+    t = trace_slice(gen, 10, 20, warmup_s=100)
+    assert t.requests[0].arrival_s == 0.0 and "warm-up 10 s" in t.name
+    assert trace_slice(gen, 0, 20, warmup_s=50).lead_in == 0
+
+
+def test_rate_scale_replays_the_same_requests_faster(gen):
+    from kvlab.sim import measured_rate_per_s, scale_arrivals
+
+    sliced = trace_slice(gen, 0, 60)
+    fast = scale_arrivals(sliced, 2.0)
+    assert measured_rate_per_s(fast) == pytest.approx(2 * measured_rate_per_s(sliced))
+    assert [r.hash_ids for r in fast.requests] == [r.hash_ids for r in sliced.requests]
+    slow, quick = simulate(sliced, arch="colocated"), simulate(fast, arch="colocated")
+    assert quick.summary()["duration_s"] < slow.summary()["duration_s"]
+    with pytest.raises(KvlabError):
+        scale_arrivals(sliced, 0.0)
+
+
+def test_cli_warmup_and_rate_scale(capsys):
+    base = ["simulate", POISSON_CLI, "--arch", "colocated", "--json"]
+    assert main([*base, "--warmup", "2", "--limit", "20"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["requests"] == 20 and out["requests_warmup"] > 0 and "warm-up 2 s" in out["trace"]
+    assert main([*base, "--limit", "20", "--rate-scale", "0.5"]) == 0
+    slow = json.loads(capsys.readouterr().out)
+    assert main([*base, "--limit", "20"]) == 0
+    assert slow["duration_s"] > json.loads(capsys.readouterr().out)["duration_s"]
+    for bad in (["--warmup", "-1"], ["--rate-scale", "0"], ["--warmup", "nan"]):
+        assert main([*base, *bad]) == 2
+        assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_the_scheduler_says_what_it_acts_on(capsys):
+    """Apart from a colocated cluster, the scheduler and its budget only order a decode
+    GPU's recomputes of preempted sequences; the JSON and the report say so."""
+    for arch, scope in (("colocated", "every GPU"), ("kv-centric", "recomputes")):
+        assert main(["simulate", POISSON_CLI, "--arch", arch, "--limit", "5", "--json"]) == 0
+        assert scope in json.loads(capsys.readouterr().out)["scheduler_scope"]
+    assert main(["simulate", POISSON_CLI, "--arch", "disaggregated", "--limit", "5"]) == 0
+    assert "on decode GPUs' recomputes of preempted sequences only" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--link", "hbm3"], "--link 'hbm3' is a memory tier, not a link"),
+        (["--host-link", "hbm3e"], "--host-link 'hbm3e' is a memory tier, not a link"),
+        (["--link", "ib-800g"], "unknown link 'ib-800g'"),
+    ],
+)
+def test_memory_tiers_are_not_links(capsys, argv, says):
+    assert main(["simulate", POISSON_CLI, "--arch", "disaggregated", *argv]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1
+    with pytest.raises(KvlabError, match="not a link"):
+        SimConfig(link="ddr5")
+
+
+def test_cli_records_path_checked_before_the_run(tmp_path, capsys):
+    argv = ["simulate", POISSON_CLI, "--arch", "colocated", "--limit", "5", "--records"]
+    a_file = tmp_path / "data"
+    a_file.write_text("x")
+    for path, says in (
+        (str(a_file / "x.jsonl"), "is a file, not a folder"),
+        (str(a_file / "deeper" / "x.csv"), "is a file, not a folder"),
+        (str(tmp_path / ("z" * 300 + ".csv")), "too long"),
+    ):
+        assert main([*argv, path]) == 2, path
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") == 1
+    assert not [p for p in tmp_path.iterdir() if p.name != "data"]
+
+
+@pytest.mark.parametrize(
+    "trace, says",
+    [
+        ("poisson:rate=1e-15,prompt=100,output=5,requests=3", "beyond 4.29e+09 s"),
+        ("poisson:rate=1e-308,prompt=100,output=5,requests=2", "beyond 4.29e+09 s"),
+        ("poisson:rate=10,prompt=100,output=1000,requests=1e5", "output tokens"),
+        ("poisson:rate=10,prompt=1e7,output=5,requests=1e4", "blocks of 512 tokens"),
+    ],
+)
+def test_workloads_that_cannot_run_are_refused_before_they_start(capsys, trace, says):
+    """Arrivals past the clock's resolution, or more tokens than memory holds: one line,
+    exit 2, before any work (formerly TTFT of 0.0, numpy warnings, or memory exhausted)."""
+    assert main(["simulate", trace, "--arch", "colocated", "--json"]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1
+
+
+def test_a_lone_request_at_a_tiny_rate_is_timed_right():
+    r = simulate("poisson:rate=1e-300,prompt=1000,output=20,requests=1", arch="colocated")
+    s = r.summary()
+    assert s["ttft_p50_s"] > 0 and s["itl_p50_s"] > 0

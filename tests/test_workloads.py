@@ -114,3 +114,77 @@ def test_cli_takes_a_poisson_workload(capsys):
     assert main(["simulate", "poisson:rate=10,prompt=512,output=oops", "--arch", "colocated"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "field 3 (output=oops)" in err
+
+
+# ------------------------------------------------------------ shared prefixes (a cache ratio)
+
+
+def test_shared_prefixes_set_the_cache_ratio():
+    """shared=F: each prompt's first F of its tokens (whole 512-token blocks) come from the
+    pool; an infinite cache then serves about F of every prompt after the pool's first use."""
+    half = poisson_trace("poisson:rate=4,prompt=8192,output=229,requests=500,shared=0.5")
+    assert half.name.endswith(",shared=0.5,prefixes=1")
+    ids = [r.hash_ids for r in half.requests]
+    assert all(h[:8] == ids[0][:8] for h in ids)  # 4,096 tokens: 8 whole blocks, shared
+    assert len({h[8] for h in ids}) == len(ids)  # the rest is each prompt's own
+    s = trace_stats(half)
+    assert s.reusable_token_share == pytest.approx(0.5 * 499 / 500, abs=1e-9)
+    leval = poisson_trace(
+        "poisson:rate=4,prompt=19019,output=72,requests=1000,prefix=16384,prefixes=20"
+    )
+    assert trace_stats(leval).reusable_token_share > 0.8  # the Mooncake report's L-Eval: >80%
+    heads = {r.hash_ids[0] for r in leval.requests}
+    assert len(heads) == 20  # 20 documents
+    plain = poisson_trace("poisson:rate=4,prompt=8192,output=229,requests=500")
+    assert trace_stats(plain).reusable_token_share == 0.0
+
+
+def test_lengths_vary_and_the_last_token_is_never_shared():
+    t = poisson_trace(
+        "poisson:rate=4,prompt=lognormal(3000,0.8),output=50,requests=400,shared=0.6,"
+        "prefix=4096,prefixes=3,seed=2"
+    )
+    for r in t.requests:
+        assert len(r.hash_ids) == -(-r.input_tokens // 512) and len(set(r.hash_ids)) == len(
+            r.hash_ids
+        )
+    s = trace_stats(t)
+    assert 0.35 < s.reusable_token_share < 0.6  # capped at 4,096 tokens, rounded to blocks
+    one = poisson_trace("poisson:rate=4,prompt=512,output=5,requests=50,shared=1")
+    assert trace_stats(one).reusable_token_share == 0.0  # 511 tokens at most: no whole block
+
+
+def test_the_simulated_prefix_cache_hits_on_the_shared_part():
+    from kvlab.sim import simulate
+
+    t = "poisson:rate=2,prompt=8192,output=20,requests=60,shared=0.5"
+    r = simulate(t, arch="colocated", prefill_workers=1, decode_workers=0)
+    cached = r.records["cached_tokens"]
+    assert cached[0] == 0 and (cached[1:] == 4096).all()
+    assert r.prefix_hit_ratio == pytest.approx(0.5 * 59 / 60)
+    none = simulate(t.replace(",shared=0.5", ""), arch="colocated", prefill_workers=1)
+    assert none.prefix_hit_ratio == 0.0
+
+
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ("poisson:rate=4,prompt=100,output=5,shared=1.5", "field 4 (shared=1.5) must be <= 1"),
+        ("poisson:rate=4,prompt=100,output=5,shared=x", "'x' is not a number"),
+        ("poisson:rate=4,prompt=100,output=5,prefix=0", ">= 1"),
+        ("poisson:rate=4,prompt=100,output=5,prefix=2.5", "whole number"),
+        ("poisson:rate=4,prompt=100,output=5,prefixes=3", "needs shared=F or prefix=T"),
+        ("poisson:rate=4,prompt=100,output=5,shared=0.5,prefixes=0", ">= 1"),
+        ("poisson:rate=1e-12,prompt=100,output=5,requests=10", "beyond 4.29e+09 s"),
+        ("poisson:rate=4,prompt=1e7,output=5,requests=1e4", "blocks of 512 tokens"),
+    ],
+)
+def test_bad_pool_and_bounds_name_the_field(text, says):
+    with pytest.raises(KvlabError) as err:
+        load_trace(text)
+    assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_lone_request_at_a_tiny_rate_is_fine():
+    t = poisson_trace("poisson:rate=1e-308,prompt=10,output=5,requests=1")
+    assert len(t) == 1 and t.requests[0].arrival_s == 0.0

@@ -2,7 +2,7 @@
 
 `make book` builds the English site into _build/html/ and then the Chinese one, with a
 configuration derived from _config.yml by `python book/_ext/kvlab_i18n.py config zh_CN
-OUT.yml` (language, locale folder, title), into _build/zh/_build/html/, copied to
+OUT.yml` (language, locale folder, title, author), into _build/zh/_build/html/, copied to
 _build/html/zh/. The editions are listed in _config.yml (`kvlab_editions`).
 
 Translators edit locale/zh_CN/LC_MESSAGES/<docname>.po and write glued numbers as in the
@@ -120,6 +120,7 @@ def edition_config(config: dict, language: str, root: Path) -> dict:
         name: str((root / path).resolve()) for name, path in extensions.items()
     }
     derived["title"] = edition.get("title", derived.get("title"))
+    derived["author"] = edition.get("author", derived.get("author"))  # the footer's "作者："
     settings = derived["sphinx"]["config"]
     settings["language"] = language
     settings["locale_dirs"] = []  # set by builder-inited to the compiled catalogues

@@ -28,8 +28,14 @@ QUOTED_TIERS = (
     "pcie4-x16",
     "pcie5-x16",
     "ib-200g",
+    "ib-400g",
     "nvlink4",
 )
+#: The network card of the book's node: one 400 Gb/s NIC per GPU (chapter 3).
+NIC = "ib-400g"
+#: A point where one max over the whole step and the sum over operators differ: a large
+#: batch at a short context (its GEMMs compute-bound, its attention memory-bound).
+MIXED_BATCH, MIXED_CONTEXT = 1024, 256
 #: The batch the article's amortisation example uses.
 ARTICLE_BATCH = 16
 
@@ -80,6 +86,8 @@ def numbers() -> dict[str, str]:
             "band_low": fmt.percent(roofline.ACHIEVABLE_BAND[0]),
             "band_high": fmt.percent(roofline.ACHIEVABLE_BAND[1]),
             "ib200_derivation": t(get_tier("ib-200g").derivation),
+            "nic_derivation": t(get_tier(NIC).derivation),
+            "nic_sold": _as_sold(get_tier(NIC).bandwidth_bytes_per_s),
         }
     )
     art, art16 = article_steps()
@@ -103,10 +111,15 @@ def numbers() -> dict[str, str]:
     base = p["ledger"].default_state
     d = Deployment(base["model"], base["hardware"])
     ridge = cost.decode_step(d, 1, 1).ridge_flops_per_byte
+    out.update(_step_definition_numbers(d, base["context"]))
+    kv_equals_16 = kv_equals_weights_context(d, ARTICLE_BATCH)
     out.update(
         {
+            "kvw_batch": fmt.fixed(ARTICLE_BATCH, 0),
+            "kvw_context_batch": fmt.fixed(kv_equals_16, 0),
             "wall_context": fmt.fixed(base["context"], 0),
             "wall_limit": fmt.sig(large_batch_intensity(d, base["context"]), 2),
+            "wall_attention": fmt.sig(attention_intensity(d), 2),
             "wall_ridge": fmt.sig(ridge, 3),
             "wall_longest_context": fmt.fixed(longest_compute_bound_context(d), 0),
             "wall_device": get_device(base["hardware"]).display_name,
@@ -161,9 +174,56 @@ def worked_example() -> str:
     )
 
 
+def _as_sold(bytes_per_s: float) -> str:
+    """A NIC's bandwidth as it is sold, in bits: 50 GB/s -> '400 Gb/s'."""
+    return f"{fmt.sig(bytes_per_s * 8 / 1e9, 3)} Gb/s"
+
+
 def _source(citation: str) -> str:
     """A published figure's citation in the edition's language ('(abstract)': 摘要)."""
     return pick(citation, citation.replace(" (abstract)", "（摘要）"))
+
+
+# ------------------------------------------------------------- how long a step takes
+
+
+def step_definitions(d: Deployment, batch, context) -> dict:
+    """The ledger's step time, the sum over operators of max(bytes / bandwidth, FLOPs / peak)
+    (`step_time_s`), against one max over the whole step, max(step bytes / bandwidth, step
+    FLOPs / peak): equal when every operator is bound by the same resource, larger when some
+    are compute-bound and others memory-bound."""
+    s = cost.decode_step(d, batch, context)
+    return {
+        "sum_s": float(s.step_time_s),
+        "whole_max_s": float(max(s.memory_time_s, s.compute_time_s)),
+    }
+
+
+def _step_definition_numbers(d: Deployment, context) -> dict[str, str]:
+    start = step_definitions(d, 1, context)
+    mixed = step_definitions(d, MIXED_BATCH, MIXED_CONTEXT)
+    return {
+        "stepdef_start_sum": fmt.seconds(start["sum_s"]),
+        "stepdef_start_max": fmt.seconds(start["whole_max_s"]),
+        "stepdef_batch": fmt.fixed(MIXED_BATCH, 0),
+        "stepdef_context": fmt.fixed(MIXED_CONTEXT, 0),
+        "stepdef_mixed_sum": fmt.seconds(mixed["sum_s"]),
+        "stepdef_mixed_max": fmt.seconds(mixed["whole_max_s"]),
+    }
+
+
+def kv_equals_weights_context(d: Deployment, batch) -> int:
+    """The context at which a step's KV reads equal the weights it reads, at `batch`."""
+    one = cost.decode_step(d, 1, 1)
+    return int(one.weight_read_bytes // (batch * one.kv_bytes_per_token))
+
+
+def attention_intensity(d: Deployment) -> float:
+    """FLOPs decode attention does per byte of KV it reads (long contexts, any batch): the
+    query's scores and weighted sum over each cached token, against that token's KV bytes
+    (the attention group of the deployment's operator table). Unlike the weights, the KV is
+    not shared by the batch, so no batch raises this."""
+    return float(d.table.groups["attention"].flops_per_pair / d.kv_bytes_per_token)
 
 
 # ------------------------------------------------ what batching cannot do at long contexts
@@ -175,7 +235,9 @@ def large_batch_intensity(d: Deployment, context) -> float:
 
     Weights are read once per step, so at a large batch they stop counting; each sequence
     still brings its own KV and its own FLOPs, so the intensity levels off at
-    (FLOPs per sequence) / (KV bytes per sequence), whatever the batch.
+    (FLOPs per sequence) / (KV bytes per sequence), whatever the batch. Those FLOPs are all
+    of a sequence's: its token through the weights (2 per parameter) and its attention; the
+    attention alone is `attention_intensity`.
     """
     one = cost.decode_step(d, 1, context)
     return float(one.flops / (one.kv_read_bytes + one.kv_write_bytes))
@@ -197,19 +259,17 @@ def longest_compute_bound_context(d: Deployment) -> int:
     return lo
 
 
-def tier_step_ratios() -> dict[str, float]:
+def tier_step_ratios(nic: str = NIC) -> dict[str, float]:
     """How much bandwidth each step down the hierarchy costs, from the catalogue: HBM3e to
     8-channel DDR5 host memory, DDR5 to the PCIe 5.0 x16 link it reaches the GPU through,
-    PCIe 5.0 to one 200 Gb/s NIC, and HBM3e to that NIC end to end."""
-    bw = {
-        name: get_tier(name).bandwidth_bytes_per_s
-        for name in ("hbm3e", "ddr5", "pcie5-x16", "ib-200g")
-    }
+    PCIe 5.0 to one NIC (the book's 400 Gb/s per GPU), and HBM3e to that NIC end to end."""
+    bw = {name: get_tier(name).bandwidth_bytes_per_s for name in ("hbm3e", "ddr5", "pcie5-x16")}
+    nic_bw = get_tier(nic).bandwidth_bytes_per_s
     return {
         "hbm_over_ddr": bw["hbm3e"] / bw["ddr5"],
         "ddr_over_pcie": bw["ddr5"] / bw["pcie5-x16"],
-        "pcie_over_nic": bw["pcie5-x16"] / bw["ib-200g"],
-        "hbm_over_nic": bw["hbm3e"] / bw["ib-200g"],
+        "pcie_over_nic": bw["pcie5-x16"] / nic_bw,
+        "hbm_over_nic": bw["hbm3e"] / nic_bw,
     }
 
 
@@ -266,6 +326,7 @@ def _moe_and_quantization_numbers() -> dict[str, str]:
         "int4_compute_batch": fmt.fixed(int4_batch, 0),
         "fp16_compute_batch": fmt.fixed(fp16_batch, 0),
         "int4_measured_speedup": f"{fmt.sig(measured_int4_speedup(), 2)}×",
+        "int4_bytes_speedup": f"{fmt.sig(ceiling_int4_speedup(), 2)}×",
     }
 
 
@@ -292,6 +353,16 @@ def int4_compute_bound_batch(model, hardware, context, kv_dtype="fp8") -> tuple[
         return int(grid[hit[0]]) if hit.size else 0
 
     return first("int4", kv_dtype), first("fp16", "fp16")
+
+
+def ceiling_int4_speedup(
+    model: str = "llama-3.1-8b", hardware: str = "a100-80gb", context: int = 1024
+) -> float:
+    """What the bytes promise: the same step's ceiling with int4 weights over bf16 (the
+    weights are nearly all of a one-token step's bytes, so nearly 4x)."""
+    bf16 = cost.decode_step(Deployment(model, hardware, "bf16"), 1, context)
+    int4 = cost.decode_step(Deployment(model, hardware, "int4"), 1, context)
+    return float(bf16.step_time_s / int4.step_time_s)
 
 
 def measured_int4_speedup(

@@ -13,13 +13,13 @@ from ..article import (
     ARTICLE_MODEL,
 )
 from ..bench.report import kv_transfer_series
-from ..deployment import Ceiling, Deployment
+from ..deployment import Ceiling, Deployment, KernelTables
 from ..hardware import USABLE_MEMORY_FRACTION
 from ..models import describe_params, get_model
 from ..sim.costs import pipeline_time_s
 from ..tiers import TierPath
 from ..viz import i18n
-from .bandwidth_wall import large_batch_intensity
+from .bandwidth_wall import attention_intensity, large_batch_intensity
 from .lang import pick
 
 #: The share of a link's line rate a realistic transfer reaches (quoted in the prose).
@@ -132,6 +132,8 @@ def numbers() -> dict[str, str]:
     out.update(_words(panels()["tier_read"].readout_texts("tier-read-measured", speed="measured")))
     out["hit-miss_breakeven_host4"] = _breakeven_words(out["hit-miss_breakeven_host4"])
     out.update(_hit_numbers())
+    out.update(_breakeven_numbers())
+    out.update(measured_tier_numbers())
     out.update(mla_numbers())
     out["t_400g"] = fmt.seconds(t["ib-400g"])
     nic_400g = tiers.get_placement("ib-400g").bandwidth_bytes_per_s()
@@ -233,14 +235,67 @@ def hit_conditions() -> dict[str, dict]:
     }
 
 
+def breakeven_beyond_the_window(model: str = "llama-2-7b", tier: str = "host-pcie4") -> dict:
+    """The shortest prompt a full hit from `tier` pays for, inside the model's context
+    window (inf: none does) and with the window raised to the ledger's limit."""
+    d = Deployment(model, "h100-sxm")
+    return {
+        "window": d.model.max_position_embeddings,
+        "inside_window": float(tiers.breakeven_prompt_tokens(d, tier)),
+        "uncapped": float(tiers.breakeven_prompt_tokens(d, tier, max_tokens=1 << 20)),
+    }
+
+
+def _breakeven_numbers() -> dict[str, str]:
+    b = breakeven_beyond_the_window(ANECDOTE["model"], ANECDOTE["tier"])
+    return {
+        "hc_window": fmt.fixed(b["window"], 0),
+        "hc_breakeven_uncapped": fmt.fixed(b["uncapped"], 0),
+    }
+
+
+# ------------------------------------------------ measured kernels, links at a share
+
+#: The tier panel's starting point, for the prose's measured-mode numbers.
+TIER_MODEL, TIER_BATCH, TIER_CONTEXT = ARTICLE_MODEL, 8, 4096
+
+
+def measured_tier_reads(link_share: float = 1.0) -> dict:
+    """Tokens/s at the tier panel's starting point with the decode kernels measured on the
+    H100 (chapter 2b: the step with all KV in HBM) plus the KV's trip over each path at
+    `link_share` of its line rate every step (the tables time kernels, not links), as the
+    panel's measured mode adds them; and the slowdown of host memory against HBM."""
+    d = Deployment(TIER_MODEL, "h100-sxm")
+    tables = d.replace(speed=KernelTables())
+    kernel_s = cost.decode_step(tables, TIER_BATCH, TIER_CONTEXT).step_time_s
+    out = {"hbm": TIER_BATCH / kernel_s}
+    for name, placement in (("host", "host-pcie5"), ("remote", "remote-ib-400g")):
+        path = TierPath(placement, link_share)
+        trip = tiers.tiered_decode_step(d, TIER_BATCH, TIER_CONTEXT, path).tier_time_s
+        out[name] = TIER_BATCH / (kernel_s + float(trip))
+    out["host_slowdown"] = out["hbm"] / out["host"]
+    return out
+
+
+def measured_tier_numbers() -> dict[str, str]:
+    shared = measured_tier_reads(REALISTIC_LINK_SHARE)
+    return {
+        "tm_link_share": fmt.percent(REALISTIC_LINK_SHARE, 2),
+        "tm_host_share": fmt.rate(shared["host"]),
+        "tm_remote_share": fmt.rate(shared["remote"]),
+        "tm_host_share_slowdown": f"{fmt.sig(shared['host_slowdown'], 3)}×",
+    }
+
+
 # ------------------------------------------------------------------ MLA's latent
 
 
 def mla_numbers(hardware: str = "h100-sxm", context: int = 4096) -> dict[str, str]:
-    """Multi-head latent attention: KV bytes per token, and the FLOPs per byte a large
-    batch reaches at `context` (chapter 2's intensity limit), against GQA models."""
+    """Multi-head latent attention: KV bytes per token, the FLOPs per byte of KV a large
+    batch reaches at `context` (chapter 2's intensity limit: a sequence's FLOPs through the
+    weights and its attention), and attention's alone, against a GQA model."""
     v3 = get_model("deepseek-v3")
-    v3_on = Deployment(v3, hardware)
+    v3_on, gqa = Deployment(v3, hardware), Deployment("llama-3.1-8b", hardware)
     return {
         "mla_latent": fmt.fixed(v3.kv_lora_rank, 0),
         "mla_rope": fmt.fixed(v3.qk_rope_head_dim, 0),
@@ -251,8 +306,8 @@ def mla_numbers(hardware: str = "h100-sxm", context: int = 4096) -> dict[str, st
         "mla_v3_params": describe_params(v3.params.total),
         "mla_context": fmt.fixed(context, 0),
         "mla_v3_intensity": fmt.sig(large_batch_intensity(v3_on, context), 2),
-        "mla_gqa_intensity": fmt.sig(
-            large_batch_intensity(Deployment("llama-3.1-8b", hardware), context), 2
-        ),
+        "mla_gqa_intensity": fmt.sig(large_batch_intensity(gqa, context), 2),
+        "mla_v3_attention": fmt.sig(attention_intensity(v3_on), 3),
+        "mla_gqa_attention": fmt.sig(attention_intensity(gqa), 2),
         "mla_ridge": fmt.sig(cost.decode_step(v3_on, 1, 1).ridge_flops_per_byte, 3),
     }

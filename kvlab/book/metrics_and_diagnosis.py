@@ -18,6 +18,7 @@ from .lang import pick
 #: The deployment the diagnosis cases share: model, device, batch, context.
 MODEL, HARDWARE, BATCH, CONTEXT = "llama-3.1-8b", "h100-sxm", 8, 16384
 HOST_TIER = "host-pcie5"
+NIC = "ib-400g"  # one 400 Gb/s NIC per GPU, the book's node (chapter 3)
 STREAMS_S = 60.0
 
 
@@ -57,13 +58,13 @@ def diagnosis_cases() -> dict:
         "KV served from host memory": diagnosis.diagnose(
             m, hw, b, ctx, 0.9 * host, kv_tier=HOST_TIER
         ),
-        "disaggregated, KV over one 200 Gb/s NIC": diagnosis.diagnose(
+        "disaggregated, KV over one 400 Gb/s NIC": diagnosis.diagnose(
             m,
             hw,
             b,
             ctx,
             0.85 * ceiling,
-            network_bandwidth_bytes_per_s="ib-200g",
+            network_bandwidth_bytes_per_s=NIC,
             kv_bytes_per_request=ctx * d.kv_bytes_per_token,
         ),
     }

@@ -11,6 +11,7 @@ import numpy as np
 from .. import fmt, prefix
 from ..traces import trace_or_generated, trace_stats
 from ..viz.i18n import t
+from .lang import pick
 
 
 @functools.cache
@@ -55,6 +56,28 @@ def suffix_where_ttft_halves(values) -> float:
     return float(np.exp(np.interp(0.5, ratio, logs))) if np.all(np.diff(ratio) > 0) else math.nan
 
 
+def shared_requests_words(shared: int, requests: int) -> str:
+    """How many requests begin with a block seen before, said exactly where a percentage
+    would round to 100%: 'all but one of its 12,031 requests'."""
+    n, total = requests - shared, fmt.fixed(requests, 0)
+    if n == 0:
+        return pick(f"all {total} of its requests", f"全部 {total} 个请求")
+    if n < 10:
+        # in words in both editions, as the English says "one": the numbers match
+        few = pick(
+            ("one", "two", "three", "four", "five", "six", "seven", "eight", "nine")[n - 1],
+            "一二三四五六七八九"[n - 1],
+        )
+        return pick(
+            f"all but {few} of its {total} requests",
+            f"{total} 个请求中除{few}个以外的所有请求",
+        )
+    return pick(
+        f"{fmt.percent(shared / requests)} of its requests",
+        f"{fmt.percent(shared / requests)} 的请求",
+    )
+
+
 def numbers() -> dict[str, str]:
     from ..viz.prefix_panels import SWEEP_VALUES
 
@@ -66,9 +89,14 @@ def numbers() -> dict[str, str]:
         "conv_hours": fmt.sig(stats.duration_s / 3600, 2),
         "conv_mean_input": fmt.fixed(stats.mean_input_tokens, 0),
         "conv_shared": fmt.percent(stats.shared_prefix_share),
+        "conv_shared_requests": shared_requests_words(stats.shared_prefix_requests, stats.requests),
         "block_tokens": fmt.fixed(conv.block_tokens, 0),
         "conv_reusable": fmt.percent(stats.reusable_token_share),
     }
+    unlimited = prefix.replay(conv, math.inf)
+    out["capacity_hit_requests"] = shared_requests_words(
+        round(unlimited.request_hit_rate * unlimited.requests), unlimited.requests
+    )
     curve = capacity_curve()
     least, most = definitions_disagree(curve)
     gap = widest_policy_gap(curve)

@@ -36,6 +36,7 @@ def numbers() -> dict[str, str]:
         "ceiling": fmt.rate(bw / article.weight_bytes),
         "params": describe_params(get_model(ARTICLE_MODEL).params.total),
         "kv_per_token": fmt.si(article.kv_bytes_per_token, "B"),
+        "kv_per_token_kib": fmt.sig(article.kv_bytes_per_token / 1024, 3),  # the article's "KB"
         **panel.readout_texts(),
         **panel.readout_texts("nohit", hit=0.0),
         "hits_default_hit": fmt.percent(panel.default_state["hit"]),

@@ -9,6 +9,20 @@ link, move time exposed on the critical path vs hidden behind compute, rejected 
 kernel tables), and the resolved config. The flags are SimConfig's fields
 (kvlab/sim/config.py holds every default and help text). Identical runs print identical
 JSON; `--timing` adds the run's wall time.
+
+`--warmup S` replays the S seconds of trace before the measured slice first (caches fill,
+the cluster loads up) and leaves them out of every figure (`requests_warmup` counts
+them); without `--start` the slice starts S seconds in. `--rate-scale F` replays the
+slice F times as fast.
+
+`--saturation` prints another object instead (kvlab.sim.saturation.Saturation.to_dict):
+saturation_requests_per_s (the highest mean request rate at which `--attainment` of the
+requests meet both SLOs, bisected to `--tolerance`; the mean over samples),
+saturation_spread_requests_per_s (the largest distance of a sample from that mean),
+saturation_requests_per_s_per_gpu, saturation_samples_requests_per_s, saturation_status,
+samples, runs, the SLOs, the config, and at_saturation (the summary above for the first
+sample at its saturation rate). Samples: `--seeds K` seeds of a generated workload, or K
+consecutive slices of a recorded trace.
 """
 
 from __future__ import annotations
@@ -34,17 +48,17 @@ def register(sub) -> None:
         "trace",
         metavar="TRACE",
         help="a known trace (conversation, synthetic), generated[:PRESET][:SEED], "
-        "poisson:rate=R,prompt=P,output=O[,requests=N][,seed=S] (P, O: a number of tokens or "
-        "lognormal(mean,sigma), exponential(mean), normal(mean,std), uniform(low,high)), or a "
-        ".jsonl path",
+        "poisson:rate=R,prompt=P,output=O[,requests=N][,seed=S][,shared=F][,prefix=T]"
+        "[,prefixes=M] (P, O: a number of tokens or lognormal(mean,sigma), exponential(mean), "
+        "normal(mean,std), uniform(low,high); shared/prefix: each prompt opens with F of its "
+        "tokens, at most T, from a pool of M common prefixes), or a .jsonl path",
     )
     add_config_flags(p, SimConfig)
     p.add_argument(
         "--start",
         type=number,
-        default=0.0,
         metavar="S",
-        help="slice: seconds into the trace (default 0)",
+        help="slice: seconds into the trace (default 0, or --warmup's seconds)",
     )
     p.add_argument(
         "--duration",
@@ -53,6 +67,48 @@ def register(sub) -> None:
         help="slice: seconds of arrivals to replay (default all)",
     )
     p.add_argument("--limit", type=count, metavar="N", help="slice: at most N requests")
+    p.add_argument(
+        "--warmup",
+        type=number,
+        default=0.0,
+        metavar="S",
+        help="replay the S seconds of trace before the slice first, unmeasured (caches fill); "
+        "without --start the slice starts S seconds in (default 0)",
+    )
+    p.add_argument(
+        "--rate-scale",
+        type=number,
+        metavar="F",
+        help="replay the slice F times as fast (its gaps divided by F; default 1); with "
+        "--saturation: where the search starts",
+    )
+    p.add_argument(
+        "--saturation",
+        action="store_true",
+        help="find the highest request rate at which --attainment of the requests meet both "
+        "SLOs (bracket, then bisect the rate scale) and print it with its spread",
+    )
+    p.add_argument(
+        "--attainment",
+        type=number,
+        metavar="F",
+        help="with --saturation: the share of requests that must meet both SLOs (default 0.9, "
+        "DistServe's goal)",
+    )
+    p.add_argument(
+        "--seeds",
+        type=count,
+        metavar="K",
+        help="with --saturation: K seeds of a generated workload, or K consecutive slices of a "
+        "recorded trace (default 1)",
+    )
+    p.add_argument(
+        "--tolerance",
+        type=number,
+        metavar="F",
+        help="with --saturation: stop bisecting when the bracket is within F of its top "
+        "(default 0.025, Sarathi-Serve's)",
+    )
     p.add_argument(
         "--records", metavar="PATH", help="also write per-request records (.csv or .jsonl)"
     )
@@ -130,13 +186,25 @@ def add_config_flags(parser, config_class) -> None:
 def run(args) -> int:
     import dataclasses
 
-    from ..sim import SimConfig, simulate, trace_slice
+    from ..errors import KvlabError
+    from ..sim import SimConfig, scale_arrivals, simulate, trace_slice
 
     names = [f.name for f in dataclasses.fields(SimConfig)]
     config = SimConfig(**{name: getattr(args, name) for name in names if hasattr(args, name)})
     if args.records:
         check_records_path(args.records)
-    trace = trace_slice(args.trace, args.start, args.duration, args.limit)
+    if not args.saturation:
+        for flag in ("attainment", "seeds", "tolerance"):
+            if getattr(args, flag) is not None:
+                raise KvlabError(f"--{flag} applies to --saturation only")
+    elif args.records:
+        raise KvlabError("--records writes one run's requests; --saturation runs many")
+    start = args.start if args.start is not None else args.warmup
+    if args.saturation:
+        return _run_saturation(args, config, start)
+    trace = trace_slice(args.trace, start, args.duration, args.limit, args.warmup)
+    if args.rate_scale is not None:
+        trace = scale_arrivals(trace, args.rate_scale)
     progress = _progress if sys.stderr.isatty() and len(trace) > 2000 else None
     result = simulate(trace, config, progress=progress)
     if progress:
@@ -153,14 +221,88 @@ def run(args) -> int:
     return 0
 
 
+def _run_saturation(args, config, start: float) -> int:
+    from ..sim import measured_rate_per_s, trace_slice
+    from ..sim.saturation import (
+        DEFAULT_ATTAINMENT,
+        DEFAULT_REL_TOL,
+        is_generated_spec,
+        saturation,
+        seed_samples,
+        slice_samples,
+    )
+
+    k = 1 if args.seeds is None else args.seeds
+    if is_generated_spec(args.trace):
+        samples = [
+            trace_slice(t, start, args.duration, args.limit, args.warmup)
+            for t in seed_samples(args.trace, k)
+        ]
+    else:
+        samples = slice_samples(args.trace, k, start, args.duration, args.limit, args.warmup)
+    first_rate = None
+    if args.rate_scale is not None:
+        from ..errors import check_number
+
+        check_number("--rate-scale", args.rate_scale, maximum=1e9)
+        first_rate = measured_rate_per_s(samples[0]) * args.rate_scale
+    found = saturation(
+        config,
+        samples,
+        attainment=DEFAULT_ATTAINMENT if args.attainment is None else args.attainment,
+        rel_tol=DEFAULT_REL_TOL if args.tolerance is None else args.tolerance,
+        start_rate_per_s=first_rate,
+    )
+    out = found.to_dict()
+    out["trace"] = samples[0].label
+    out["generated"] = samples[0].generated
+    if args.json:
+        if args.timing:
+            out["wall_s"] = found.wall_s
+        print_json(out)
+    else:
+        print(render_saturation(out, found.wall_s))
+    return 0
+
+
+def render_saturation(r: dict, wall_s: float | None = None) -> str:
+    """A saturation search as a short readable report."""
+    from ..fmt import seconds
+
+    n = len(r["samples"])
+    per = "; ".join(
+        f"{rate:.3g} ({status})"
+        for rate, status in zip(
+            r["saturation_samples_requests_per_s"], r["saturation_status"], strict=True
+        )
+    )
+    lines = [
+        f"kvlab simulate --saturation: {r['arch']} ({r['gpus']} GPUs, {r['hardware']}, "
+        f"{r['model']})",
+        f"  {100 * r['attainment_target']:g}% of requests within TTFT <= "
+        f"{seconds(r['ttft_slo_s'])} and {r['tbt_stat']} gap <= {seconds(r['tbt_slo_s'])}",
+        f"  saturation {r['saturation_requests_per_s']:.3g} +- "
+        f"{r['saturation_spread_requests_per_s']:.2g} requests/s "
+        f"({r['saturation_requests_per_s_per_gpu']:.3g} per GPU) over {n} "
+        f"sample{'s' if n > 1 else ''}: {per}",
+        f"  {r['runs']} runs, bisected to {100 * r['tolerance']:g}%"
+        + (f", in {seconds(wall_s)} of wall time" if wall_s is not None else ""),
+    ]
+    lines += [f"    {label}" for label in r["samples"]]
+    return "\n".join(lines)
+
+
 def _progress(done: int, total: int) -> None:
     sys.stderr.write(f"\rkvlab simulate: {done:,}/{total:,} requests done")
     sys.stderr.flush()
 
 
 def check_records_path(path: str):
-    """Refuse a records path that cannot be written before a long run, not after it."""
+    """Refuse a records path that cannot be written before a long run, not after it: the
+    folder must exist and take a new file (one is created and removed), and the name must
+    fit the file system."""
     import os
+    import tempfile
     from pathlib import Path
 
     from ..errors import KvlabError
@@ -168,17 +310,49 @@ def check_records_path(path: str):
     target = Path(path)
     if target.suffix not in (".csv", ".jsonl"):
         raise KvlabError(f"--records {path!r}: name a .csv or .jsonl file")
-    if target.is_dir():
-        raise KvlabError(f"--records {path!r} is a folder; name a .csv or .jsonl file inside it")
     try:
+        if target.is_dir():
+            raise KvlabError(
+                f"--records {path!r} is a folder; name a .csv or .jsonl file inside it"
+            )
         parent_is_dir = target.parent.is_dir()
     except OSError as exc:
         raise KvlabError(f"--records {path!r}: {exc.strerror or exc}") from None
     if not parent_is_dir:
-        raise KvlabError(f"--records {path!r}: folder {str(target.parent)!r} does not exist")
+        raise KvlabError(f"--records {path!r}: {_missing_folder(target.parent)}")
     if not os.access(target.parent, os.W_OK | os.X_OK):
         raise KvlabError(f"--records {path!r}: folder {str(target.parent)!r} is not writable")
+    try:
+        limit = os.pathconf(target.parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    if len(os.fsencode(target.name)) > limit:
+        raise KvlabError(
+            f"--records {path!r}: the file name is too long for this file system (at most "
+            f"{limit} bytes)"
+        )
+    try:
+        fd, probe = tempfile.mkstemp(dir=target.parent, prefix=".kvlab-", suffix=".tmp")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise KvlabError(
+            f"--records {path!r}: cannot create a file there ({exc.strerror or exc})"
+        ) from None
     return target
+
+
+def _missing_folder(folder) -> str:
+    """Why `folder` cannot hold a file: the first part of it that is a file, or missing."""
+    for part in [folder, *folder.parents]:
+        try:
+            if part.exists():
+                if not part.is_dir():
+                    return f"{str(part)!r} is a file, not a folder"
+                break
+        except OSError:
+            break
+    return f"folder {str(folder)!r} does not exist"
 
 
 def _file_mode() -> int:
@@ -202,7 +376,7 @@ def write_records(result, path: str) -> None:
     target = check_records_path(path)
     rows = result.records_table()
     try:
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".kvlab-records-", suffix=".tmp")
     except OSError as exc:
         raise KvlabError(
             f"--records {path!r}: cannot write there ({exc.strerror or exc})"
@@ -248,11 +422,18 @@ def render(r: dict, wall_s: float | None = None) -> str:
         f"({cfg['prefill_router']} prefill router, "
         f"{cfg['decode_router']} decode router), overlap {'on' if r['overlap'] else 'off'}"
         + (", KV REMOTE during decode" if r["remote_kv"] else ""),
-        f"  {cfg['scheduler']} scheduler ({budget}), {cfg['preemption']} on preemption"
+        f"  {cfg['scheduler']} scheduler ({budget}"
+        + ("" if r["arch"] == "colocated" else f"; on {r['scheduler_scope']} only")
+        + f"), {cfg['preemption']} on preemption"
         + (", early rejection" if cfg["early_reject"] else ""),
         f"  step times from {r['efficiency_source']}" + _outside(r),
         f"  requests {r['requests']:,}: {r['requests_completed']:,} done, "
-        f"{r['requests_rejected_too_large']:,} rejected as too large for a GPU, "
+        + (
+            f"{r['requests_rejected_too_long']:,} rejected as longer than the model's context, "
+            if r["requests_rejected_too_long"]
+            else ""
+        )
+        + f"{r['requests_rejected_too_large']:,} rejected as too large for a GPU, "
         f"{r['requests_rejected_early']:,} rejected early; {r['tokens_generated']:,} tokens in "
         f"{s(r['duration_s'])}",
         "",

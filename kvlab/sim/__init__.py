@@ -5,9 +5,11 @@
     SimConfig    the cluster and its policies (frozen; sweep with dataclasses.replace)
     SCHEDULERS   what a GPU runs per iteration (prefill-first, chunked, decode-first)
     LedgerCost   step times from kvlab.cost (default); KernelCost from measured kernel tables
-                 (efficiency="measured"); BenchCost from a measured decode-step table
-    trace_slice  a window of a trace (start, duration, limit); trace_at_rate: the same
-                 requests arriving at a chosen mean rate
+                 (speed KernelTables()); BenchCost from a measured decode-step table
+    trace_slice  a window of a trace (start, duration, limit) led in by a warm-up;
+                 trace_at_rate / scale_arrivals: the same requests at a chosen load
+    saturation   the highest request rate meeting an SLO attainment target, over seeds or
+                 slices (bracket, then bisect), with its spread: DistServe's goodput
 """
 
 from .cluster import Simulation, simulate
@@ -19,7 +21,15 @@ from .loop import EventLoop, SimulationError
 from .results import RECORD_DTYPE, SUMMARY_KEYS, SimResult
 from .routers import DECODE_ROUTERS, PREFILL_ROUTERS
 from .schedulers import PREEMPTION_MODES, SCHEDULERS
-from .workload import DONE, REJECTED, UNFINISHED, trace_at_rate, trace_slice
+from .workload import (
+    DONE,
+    REJECTED,
+    UNFINISHED,
+    measured_rate_per_s,
+    scale_arrivals,
+    trace_at_rate,
+    trace_slice,
+)
 
 __all__ = [
     "Simulation",
@@ -44,6 +54,8 @@ __all__ = [
     "SUMMARY_KEYS",
     "trace_slice",
     "trace_at_rate",
+    "scale_arrivals",
+    "measured_rate_per_s",
     "KernelCost",
     "DONE",
     "REJECTED",

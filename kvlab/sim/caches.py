@@ -35,6 +35,10 @@ class NoCache:
     def insert(self, node: int, hash_ids) -> int:
         return 0
 
+    def remote_sources(self, node: int, hash_ids, k: int) -> dict:
+        """{home node: blocks} of the first k blocks that live on other nodes than `node`."""
+        return {}
+
     def stats(self) -> dict:
         return {
             "kind": self.kind,
@@ -126,6 +130,10 @@ class GlobalPool(LocalCaches):
         self.hit_blocks += k
         local = int(self._homes(hash_ids, k)[node]) if k else 0
         return k, local
+
+    def remote_sources(self, node: int, hash_ids, k: int) -> dict:
+        homes = self._homes(hash_ids, k) if k else np.zeros(self.nodes, dtype=np.int64)
+        return {int(j): int(n) for j, n in enumerate(homes.tolist()) if n and j != node}
 
     def insert(self, node: int, hash_ids) -> int:
         cache, home = self.cache, self.home

@@ -14,9 +14,11 @@ The first token reaches the user from the GPU that decodes (as in vLLM's disaggr
 proxy), so TTFT includes the KV move. With `remote_kv` nothing moves: the decode GPU
 reads the prompt's KV over the network at every step.
 
-A request whose KV cannot fit on an empty GPU is rejected at arrival and reported, so a
-run always ends: every request ends done or rejected. With `early_reject`, a request
-predicted to miss its SLOs is rejected at arrival too (kvlab.sim.admission), counted apart.
+A request longer than the model's trained context, or whose KV cannot fit on an empty GPU,
+is rejected at arrival and reported, so a run always ends: every request ends done or
+rejected. With `early_reject`, a request predicted to miss its SLOs is rejected at arrival
+too (kvlab.sim.admission), counted apart. A prefix load from another node's DRAM (the
+global pool) occupies the NICs of both nodes.
 KV lives in paged HBM on every decoding GPU; the newest sequence is preempted when a step
 finds no free block (kvlab.sim.engine).
 """
@@ -36,7 +38,7 @@ from ..hardware import get_device
 from ..models import get_model
 from ..prompt import served_from_blocks
 from ..traces import load_trace
-from .admission import early_reject_reason, too_large_reason
+from .admission import early_reject_reason, predict, too_large_reason, too_long_reason
 from .caches import make_caches
 from .config import SimConfig
 from .cost_model import make_cost
@@ -45,7 +47,12 @@ from .links import Link, Network
 from .loop import EventLoop
 from .routers import route_decode, route_prefill
 from .workers import ColocatedWorker, DecodeWorker, PrefillWorker
-from .workload import DONE, REJECTED, SimRequest
+from .workload import DONE, REJECTED, UNFINISHED, SimRequest, check_replayable
+
+
+class TargetMissed(Exception):
+    """Raised inside a run given a failure budget once more measured requests have failed
+    than the budget allows (`Simulation.meets`)."""
 
 
 class Simulation:
@@ -56,11 +63,14 @@ class Simulation:
         self.config = config or SimConfig()
         self._cost = cost
         self.progress = progress  # callable(done_requests, total) or None
+        self.fail_budget = None  # with meets(): measured failures allowed before stopping
+        self.failures = 0
 
     # ------------------------------------------------------------------ set-up
     def _build(self):
         c = self.config = self.config.resolved()
         self.trace = load_trace(self.trace)
+        check_replayable(self.trace)
         model, device = get_model(c.model), get_device(c.hardware)
         self.model = model
         self.cost = self._cost or make_cost(c)
@@ -68,6 +78,7 @@ class Simulation:
         self.cost_counts_start = counts() if counts else (0, 0)
         self.kv_bytes_per_token = ledger.kv_bytes_per_token(model, c.kv_dtype)
         self.window = model.sliding_window or 0
+        self.max_context_tokens = model.max_position_embeddings or 0
         self.layers = model.num_layers
         self.overlap = bool(c.overlap)
         self.block_tokens = self.trace.block_tokens
@@ -146,24 +157,78 @@ class Simulation:
         self.loop.run()
         return build_result(self, time.perf_counter() - wall)
 
+    def meets(self, attainment: float):
+        """Whether at least `attainment` of the measured requests meet both SLOs: the run's
+        SimResult, or None as soon as more have missed their TTFT (or been rejected) than
+        that allows: a run past saturation stops early, its verdict known."""
+        from .results import build_result
+
+        self._build()
+        measured = len(self.requests) - self.trace.lead_in
+        self.fail_budget = math.floor(measured * (1.0 - attainment) + 1e-9)
+        self._awaiting = deque()  # measured, admitted, no first token yet: by arrival
+        if self.requests:
+            self.loop.schedule(self.requests[0].arrival_s, self._on_arrival, 0)
+        try:
+            self.loop.run()
+        except TargetMissed:
+            return None
+        return build_result(self, 0.0)
+
+    def _failed(self, req) -> None:
+        """A measured request is known to miss its SLOs (with a budget: maybe stop)."""
+        if req.id < self.trace.lead_in or req.missed:
+            return
+        req.missed = True
+        self.failures += 1
+        if self.fail_budget is not None and self.failures > self.fail_budget:
+            raise TargetMissed
+
+    def _past_deadline(self, now: float) -> None:
+        """With a failure budget: count the admitted requests still without a first token
+        whose TTFT limit has passed (deadlines come in arrival order)."""
+        awaiting, slo = self._awaiting, self.config.ttft_slo_s
+        while awaiting:
+            head = awaiting[0]
+            if head.status == UNFINISHED and math.isnan(head.first_token_s):
+                if now - head.arrival_s <= slo:
+                    return
+                self._failed(head)
+            awaiting.popleft()
+
+    def first_token_made(self, now: float, req) -> None:
+        """The first token of `req` reached the user at `now`."""
+        req.first_token_s = now
+        if now - req.arrival_s > self.config.ttft_slo_s:
+            self._failed(req)
+
     def _on_arrival(self, now: float, i: int):
         reqs = self.requests
         events = [(reqs[i + 1].arrival_s, self._on_arrival, (i + 1,))] if i + 1 < len(reqs) else []
         req = reqs[i]
+        reason = too_long_reason(self, req)
+        if reason:
+            return events + self._reject(req, "too-long", reason)
         reason = too_large_reason(self, req)
         if reason:
             return events + self._reject(req, "too-large", reason)
         worker, req.est_s, wait_s = route_prefill(self, now, req, self.front)
         if self.config.early_reject:
-            reason = early_reject_reason(self, req, wait_s, req.est_s)
+            prediction = predict(self, now, req, worker, wait_s, req.est_s)
+            reason = early_reject_reason(self, req, prediction)
             if reason:
                 return events + self._reject(req, "early", reason)
+        if self.fail_budget is not None:
+            self._past_deadline(now)
+            if i >= self.trace.lead_in:
+                self._awaiting.append(req)
         events += worker.enqueue(now, req) or []
         return events
 
     def _reject(self, req, kind: str, reason: str) -> list:
         req.status, req.reject_kind, req.reason = REJECTED, kind, reason
         self._count(req)
+        self._failed(req)
         return []
 
     def _count(self, req) -> None:
@@ -181,10 +246,16 @@ class Simulation:
         remote_tok = cached - local_tok
         t_local = self.network.host_link.time_s(local_tok * kv)
         t_remote = 0.0
-        if remote_tok:
-            _, end, wire = self.network.reserve(worker.node, worker.node, remote_tok * kv, now)
-            t_remote = end - now
-            req.fetch_remote = (remote_tok * kv, wire)
+        if remote_tok:  # from each block's home node: both ends' NICs carry the bytes
+            sources = self.caches.remote_sources(worker.index, req.hash_ids, k)
+            blocks = sum(sources.values())
+            wire_total = 0.0
+            for src, n in sorted(sources.items()):
+                nbytes = remote_tok * kv * n / blocks
+                _, end, wire = self.network.reserve(self.front[src].node, worker.node, nbytes, now)
+                t_remote = max(t_remote, end - now)
+                wire_total += wire
+            req.fetch_remote = (remote_tok * kv, wire_total)
         req.fetch_local = (local_tok * kv, t_local)
         req.fetch_s = max(t_local, t_remote)
         req.cached_tokens = cached
@@ -271,7 +342,7 @@ class Simulation:
 
     def _first_token(self, now: float, req, worker):
         """The first token reaches the user from the decode GPU; the request decodes there."""
-        req.first_token_s = now
+        self.first_token_made(now, req)
         req.token_times.append(now)
         req.produced = 1
         if req.output_tokens == 1:

@@ -59,6 +59,9 @@ ARCH_DEFAULTS = {
 ENGINE_CHUNK_TOKENS_LARGE_GPU = 8192
 ENGINE_CHUNK_TOKENS_OTHER_GPU = 2048
 LARGE_GPU_BYTES = 70 * 2**30
+#: The least share of peak a run may assume: a millionth already makes a step last an hour;
+#: less would put events where the simulator's clock in seconds stops resolving token gaps.
+MIN_EFFICIENCY = 1e-6
 
 
 def engine_chunk_tokens(hardware: str) -> int:
@@ -66,6 +69,23 @@ def engine_chunk_tokens(hardware: str) -> int:
     device = get_device(hardware)
     large = device.capacity_bytes >= LARGE_GPU_BYTES and "a100" not in device.name.lower()
     return ENGINE_CHUNK_TOKENS_LARGE_GPU if large else ENGINE_CHUNK_TOKENS_OTHER_GPU
+
+
+def _check_link(field_name: str, name) -> None:
+    """A link field must name a catalogued link tier (a NIC, PCIe, NVLink), not a memory tier
+    (hbm3, ddr5): the simulator moves bytes over it, as `kvlab bench` refuses memories."""
+    from ..hardware import tiers
+
+    catalogue = tiers()
+    links = [n for n, t in catalogue.items() if t.kind == "link"]
+    tier = catalogue.get(str(name).lower())
+    if tier is None:
+        raise unknown_name(field_name.replace("_", " "), name, links)
+    if tier.kind != "link":
+        flag = "--" + field_name.replace("_", "-")
+        raise KvlabError(
+            f"{flag} {name!r} is a {tier.kind} tier, not a link; links: {', '.join(links)}"
+        )
 
 
 def _f(default, help: str, **cli):  # noqa: A002 - argparse's word
@@ -99,13 +119,15 @@ class SimConfig:
     decode_workers: int = _f(2, "decode GPUs", kind="count", metavar="N")
     link: str = _f(
         "ib-400g",
-        "network between nodes, one NIC per GPU (a kvlab.hardware tier): H100 nodes carry one "
+        "network between nodes, one NIC per GPU (a kvlab.hardware link): H100 nodes carry one "
         "400 Gb/s NIC per GPU (50 GB/s), which Mooncake's transfer engine aggregates; ib-200g "
         "for one 200 Gb/s NIC",
         metavar="TIER",
     )
     host_link: str = _f(
-        "pcie5-x16", "host DRAM <-> GPU link inside a node (prefix loads, swaps)", metavar="TIER"
+        "pcie5-x16",
+        "host DRAM <-> GPU link inside a node (prefix loads, swaps; a kvlab.hardware link)",
+        metavar="TIER",
     )
     link_efficiency: float = _f(1.0, "share of the links' peak reached", kind="number", metavar="F")
     pool_bytes_per_node: float = _f(
@@ -139,7 +161,9 @@ class SimConfig:
         "chunked",
         "what each GPU runs per iteration: prefill-first (vLLM v0: a prompt runs "
         "alone, decodes wait), chunked (vLLM v1 / Sarathi: decodes plus prompt chunks up to "
-        "the token budget), decode-first (TGI-like: prompts wait up to --max-waiting-steps)",
+        "the token budget), decode-first (TGI-like: prompts wait up to --max-waiting-steps); "
+        "disaggregated and kv-centric: only what a decode GPU prefills again (its preempted "
+        "sequences); their prefill GPUs run one prompt at a time",
         choices=tuple(SCHEDULERS),
     )
     chunk_tokens: int | None = _f(
@@ -177,8 +201,9 @@ class SimConfig:
     )
     early_reject: bool = _f(
         False,
-        "reject at arrival a request whose predicted TTFT or TBT misses its SLO "
-        "given the current queues (Mooncake)",
+        "reject at arrival a request whose predicted TTFT (prefill queue + its prefill and "
+        "prefix load + wait for decode memory + KV move) or TBT misses its SLO (Mooncake's "
+        "Algorithm 1; early rejection, section 7 of its arXiv report)",
         kind="flag",
     )
     ttft_slo_s: float = _f(
@@ -197,8 +222,19 @@ class SimConfig:
     )
     tbt_stat: str = _f(
         metrics.DEFAULT_TBT_STAT,
-        "which of a request's token gaps must meet the TBT limit (mean = TPOT)",
+        "which statistic of the token gaps must meet the TBT limit: per request mean "
+        "(TPOT, DistServe), p90 (Mooncake's arXiv report), p99, max, slowest10-mean (the mean "
+        "of the slowest tenth of a request's gaps, Mooncake FAST'25); or pooled-p99 (the p99 of "
+        "the run's gaps pooled, Sarathi-Serve, with --scheduling-delay-slo)",
         choices=metrics.TBT_STATS,
+    )
+    scheduling_delay_slo_s: float = _f(
+        metrics.DEFAULT_SCHEDULING_DELAY_SLO_S,
+        "with --tbt-stat pooled-p99: the median scheduling delay (arrival to prefill "
+        "start) must stay under this (Sarathi-Serve's capacity search: 2 s)",
+        kind="number",
+        flag="--scheduling-delay-slo",
+        metavar="S",
     )
     step_jitter: float = _f(
         0.0,
@@ -225,6 +261,8 @@ class SimConfig:
             if value is not None and value not in valid:
                 raise unknown_name(name.replace("_", " "), value, valid)
         self._check_numbers()
+        for name in ("link", "host_link"):
+            _check_link(name, getattr(self, name))
         if self.remote_kv and self.arch == "colocated":
             raise KvlabError(
                 "remote_kv needs separate decode workers: use arch 'disaggregated' or 'kv-centric'"
@@ -259,9 +297,21 @@ class SimConfig:
                 )
             object.__setattr__(self, "efficiency", "measured")
         else:
-            check_number("efficiency", self.efficiency, maximum=1.0)
-        for name in ("link_efficiency", "memory_fraction"):
-            check_number(name, getattr(self, name), maximum=1.0)
+            check_number(
+                "efficiency",
+                self.efficiency,
+                minimum=MIN_EFFICIENCY,
+                allow_equal_min=True,
+                maximum=1.0,
+            )
+        check_number(
+            "link_efficiency",
+            self.link_efficiency,
+            minimum=MIN_EFFICIENCY,
+            allow_equal_min=True,
+            maximum=1.0,
+        )
+        check_number("memory_fraction", self.memory_fraction, maximum=1.0)
         check_number(
             "pool_bytes_per_node",
             self.pool_bytes_per_node,
@@ -272,6 +322,7 @@ class SimConfig:
         check_number("step_jitter", self.step_jitter, minimum=0, allow_equal_min=True, maximum=10)
         check_number("ttft_slo_s", self.ttft_slo_s, maximum=1e9)
         check_number("tbt_slo_s", self.tbt_slo_s, maximum=1e9)
+        check_number("scheduling_delay_slo_s", self.scheduling_delay_slo_s, maximum=1e9)
 
     def resolved(self) -> "SimConfig":
         """This config with every None replaced by the architecture's (or the engine's) default."""

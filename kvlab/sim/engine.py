@@ -443,7 +443,7 @@ class Engine:
         if math.isnan(req.first_token_s):
             self.queued_est_s -= req.est_s
             events += self.sim.end_prefill(now, self, req) or []
-            req.first_token_s = now
+            self.sim.first_token_made(now, req)
         req.token_times.append(now)
         req.produced += 1
         if req.produced >= req.output_tokens:

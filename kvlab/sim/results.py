@@ -33,9 +33,13 @@ SIM_DTYPE = np.dtype(
         ("decode_wait_s", "f8"),
         ("preemptions", "i4"),
         ("swapped_bytes", "f8"),
+        ("measured", "?"),  # False for the lead-in (warm-up) requests
     ]
 )
 RECORD_DTYPE = np.dtype(SIM_DTYPE.descr + [d for d in metrics.REQUEST_DTYPE.descr])
+
+#: What `scheduler` and `chunk_tokens` act on, colocated (True) or not.
+SCHEDULER_SCOPE = {True: "every GPU", False: "decode GPUs' recomputes of preempted sequences"}
 
 #: JSON keys `kvlab simulate --json` always prints (a contract, see kvlab/cli/simulate.py).
 SUMMARY_KEYS = (
@@ -64,7 +68,7 @@ class SimResult:
     cache: dict = dataclasses.field(repr=False)
     workers: tuple = dataclasses.field(repr=False)
     timeline: tuple = dataclasses.field(repr=False)  # (worker, start_s, end_s, kind, request)
-    rejected: tuple  # (request, reason, kind): kind "too-large" or "early"
+    rejected: tuple  # (request, reason, kind): kind "too-long", "too-large" or "early"
     events: int
     sim_end_s: float
     wall_s: float  # machine time of the run: not in summary() (results compare byte for byte)
@@ -80,21 +84,42 @@ class SimResult:
         return self.records["status"] == DONE
 
     @property
+    def measured(self) -> np.ndarray:
+        """Requests measured: all but the lead-in (warm-up) ones."""
+        return self.records["measured"]
+
+    @property
     def prefix_hit_ratio(self) -> float:
-        """Prompt tokens served by the prefix cache / prompt tokens, over prefilled requests."""
-        started = ~np.isnan(self.records["prefill_start_s"])
-        total = self.records["input_tokens"][started].sum()
-        return float(self.records["cached_tokens"][started].sum() / total) if total else 0.0
+        """Prompt tokens served by the prefix cache / prompt tokens, over prefilled measured
+        requests."""
+        rec = self.records[self.measured]
+        started = ~np.isnan(rec["prefill_start_s"])
+        total = rec["input_tokens"][started].sum()
+        return float(rec["cached_tokens"][started].sum() / total) if total else 0.0
+
+    def _measured_tokens(self) -> tuple[np.ndarray, np.ndarray]:
+        """(flat token timestamps, offsets) of the measured requests only."""
+        m = self.measured
+        if m.all():
+            return self.token_times_s, self.token_offsets
+        lengths = np.diff(self.token_offsets)
+        offsets = np.zeros(int(m.sum()) + 1, dtype=np.int64)
+        np.cumsum(lengths[m], out=offsets[1:])
+        return self.token_times_s[np.repeat(m, lengths)], offsets
 
     def summary(self, ttft_slo_s=None, tbt_slo_s=None, tbt_stat: str | None = None) -> dict:
         """Headline figures (JSON-ready): latency percentiles, throughput, SLOs, hits, bytes,
-        preemptions. The SLOs default to the config's."""
+        preemptions. The SLOs default to the config's. Request figures are over the measured
+        requests (a warm-up's lead-in is left out); the network and cache ledgers and the
+        GPUs' busy shares cover the whole replay."""
         c = self.config
         ttft_slo_s = c.ttft_slo_s if ttft_slo_s is None else ttft_slo_s
         tbt_slo_s = c.tbt_slo_s if tbt_slo_s is None else tbt_slo_s
         tbt_stat = c.tbt_stat if tbt_stat is None else tbt_stat
-        r = self.records
-        done = self.done
+        measured = self.measured
+        r = self.records[measured]
+        done = r["status"] == DONE
+        flat, offsets = self._measured_tokens()
         out = {
             "arch": c.arch,
             "trace": self.trace,
@@ -110,6 +135,10 @@ class SimResult:
             "remote_kv": c.remote_kv,
             "scheduler": c.scheduler,
             "chunk_tokens": c.chunk_tokens,
+            # prefill GPUs run one prompt at a time, first come first served: apart from a
+            # colocated cluster, the scheduler and its budget only order what a decode GPU
+            # prefills again (sequences it preempted to recompute)
+            "scheduler_scope": SCHEDULER_SCOPE[c.arch == "colocated"],
             "preemption": c.preemption,
             "early_reject": c.early_reject,
             "efficiency": c.efficiency,
@@ -122,21 +151,25 @@ class SimResult:
         out.update(
             metrics.summarize(
                 r["arrival_s"],
-                self.token_times_s,
-                self.token_offsets,
+                flat,
+                offsets,
                 ttft_slo_s=ttft_slo_s,
                 tbt_slo_s=tbt_slo_s,
                 tbt_stat=tbt_stat,
                 records=_metric_view(r),
                 duration_s=self._duration_s(),
+                scheduling_delay_s=r["queue_s"],
+                scheduling_delay_slo_s=c.scheduling_delay_slo_s,
             )
         )
         out["requests"] = int(r.size)
+        out["requests_warmup"] = int((~measured).sum())
         out["requests_completed"] = int(done.sum())
         out["requests_rejected"] = int((r["status"] == REJECTED).sum())
-        kinds = [kind for _, _, kind in self.rejected]
+        kinds = [kind for i, _, kind in self.rejected if measured[i]]
         out["requests_rejected_early"] = kinds.count("early")
         out["requests_rejected_too_large"] = kinds.count("too-large")
+        out["requests_rejected_too_long"] = kinds.count("too-long")
         out["itl_max_s"] = (
             float(np.nanmax(r["itl_max_s"][done])) if (done & (r["tokens"] > 1)).any() else None
         )
@@ -163,10 +196,12 @@ class SimResult:
         return _json_ready(out)
 
     def _duration_s(self) -> float:
-        done = self.records[self.done]
+        """First measured arrival to the last measured token."""
+        rec = self.records[self.measured]
+        done = rec[rec["status"] == DONE]
         if not done.size:
             return 0.0
-        return float(np.max(done["finish_s"]) - np.min(self.records["arrival_s"]))
+        return float(np.max(done["finish_s"]) - np.min(rec["arrival_s"]))
 
     def records_table(self) -> list[dict]:
         """Per-request records as plain dicts, status as a word."""
@@ -299,6 +334,7 @@ def build_result(sim, wall_s: float) -> SimResult:
     for col in cols:
         rec["request" if col == "id" else col] = [getattr(q, col) for q in reqs]
     rec["queue_s"] = rec["prefill_start_s"] - rec["arrival_s"]
+    rec["measured"] = np.arange(n) >= sim.trace.lead_in
     moved = (
         (rec["decode_worker"] >= 0) & (sim.config.arch != "colocated") & (not sim.config.remote_kv)
     )

@@ -32,13 +32,18 @@ def prefill_estimates(sim, now: float, req, workers) -> tuple[list, list]:
     host, link, nic_free = sim.network.host_link, sim.network.link, sim.network.nic_free_s
     prefill, overlap, layers = sim.cost.prefill_times_s, sim.overlap, sim.layers
     waits, jobs = [], []
-    for w, kw, lw in zip(workers, k.tolist(), local.tolist(), strict=True):
+    homes = local.tolist()
+    # a remote load waits for the fetching node's NIC and for those of the blocks' homes
+    # (kvlab.sim.caches: with a global pool, `local` counts each node's blocks of the prefix)
+    sources = [j for j, n in enumerate(homes) if n] if sim.caches.kind == "global" else []
+    for w, kw, lw in zip(workers, k.tolist(), homes, strict=True):
         cached = served_from_blocks(kw, bt, prompt)
         local_tok = min(lw * bt, cached)
         remote_tok = cached - local_tok
         fetch = host.time_s(local_tok * kv)
         if remote_tok:
-            fetch = max(fetch, link.time_s(remote_tok * kv) + max(0.0, nic_free[w.node] - now))
+            busy = max([nic_free[w.node]] + [nic_free[workers[j].node] for j in sources])
+            fetch = max(fetch, link.time_s(remote_tok * kv) + max(0.0, busy - now))
         compute = float(prefill(req.input_tokens, cached)[0])
         jobs.append(pipeline_time_s(fetch, compute, layers) if overlap else fetch + compute)
         waits.append(w.wait_estimate_s(now))

@@ -2,64 +2,156 @@
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 
 import numpy as np
 
 from ..errors import KvlabError, check_number
 from ..traces import Trace, load_trace
+from ..traces_gen import MAX_ARRIVAL_S
 
 DONE, REJECTED, UNFINISHED = 0, 1, 2
 STATUS = {DONE: "done", REJECTED: "rejected", UNFINISHED: "unfinished"}
+#: Output tokens one replay may make in all: each becomes a float64 timestamp, handled a few
+#: times over by the metrics (~0.1 KB per token at the peak: 2 GB here). The public
+#: conversation trace makes 4.1e6; 1e5 requests of 1,000 tokens (1e8) would not fit.
+MAX_REPLAY_TOKENS = 20_000_000
+
+
+def check_replayable(trace) -> None:
+    """Refuse, before anything runs, a trace whose replay would not fit in memory or whose
+    arrivals lie where a float64 clock in seconds no longer resolves token gaps."""
+    tokens = int(sum(r.output_tokens for r in trace.requests))
+    if tokens > MAX_REPLAY_TOKENS:
+        raise KvlabError(
+            f"trace {trace.name!r} asks for {tokens:,} output tokens ({len(trace):,} requests), "
+            f"beyond {MAX_REPLAY_TOKENS:,} per replay (each is a timestamp kept in memory); "
+            "replay a slice (--limit, --duration) or fewer or shorter answers"
+        )
+    if trace.requests and trace.requests[-1].arrival_s > MAX_ARRIVAL_S:
+        raise KvlabError(
+            f"trace {trace.name!r} has arrivals up to {trace.requests[-1].arrival_s:.3g} s, "
+            f"beyond {MAX_ARRIVAL_S:.3g} s where the simulator's clock stops resolving token "
+            "gaps; slice it (--start/--duration shift the slice to start at 0)"
+        )
+    if not 0 <= trace.lead_in < max(len(trace), 1):
+        raise KvlabError(f"trace {trace.name!r}: its lead-in leaves no request to measure")
 
 
 def trace_slice(
-    trace, start_s: float = 0.0, duration_s: float | None = None, limit: int | None = None
+    trace,
+    start_s: float = 0.0,
+    duration_s: float | None = None,
+    limit: int | None = None,
+    warmup_s: float = 0.0,
 ) -> Trace:
-    """Requests arriving in [start_s, start_s + duration_s) (at most `limit` of them), with
-    arrivals shifted so the slice starts at 0. The name says which slice it is."""
+    """Requests arriving in [start_s, start_s + duration_s) (at most `limit` of them), led in
+    by those of the `warmup_s` seconds before it, with arrivals shifted so that the replay
+    starts at 0. The lead-in (`Trace.lead_in` requests) runs as any other (caches fill, the
+    cluster loads up) but is not measured: Mooncake's and vLLM's benchmarks warm up before
+    they measure, and a cold cache understates what a prefix cache serves. A lead-in is
+    clipped at the trace's first request. The name says which slice it is."""
     trace = load_trace(trace)
     check_number("start_s", start_s, minimum=0, allow_equal_min=True, maximum=1e9)
+    check_number("warmup_s", warmup_s, minimum=0, allow_equal_min=True, maximum=1e9)
     if duration_s is not None:
         check_number("duration_s", duration_s, maximum=1e9)
     if limit is not None:
         check_number("limit", limit, minimum=1, allow_equal_min=True, maximum=1e9, integer=True)
-    if start_s == 0 and duration_s is None and limit is None:
+    if start_s == 0 and duration_s is None and limit is None and warmup_s == 0:
         return trace
-    t0 = trace.requests[0].arrival_s + start_s
+    first = trace.requests[0].arrival_s
+    t0 = first + start_s
     end = t0 + duration_s if duration_s is not None else float("inf")
-    picked = [r for r in trace.requests if t0 <= r.arrival_s < end]
+    arrivals = [r.arrival_s for r in trace.requests]
+    lo = max(bisect.bisect_left(arrivals, t0), trace.lead_in)
+    hi = bisect.bisect_left(arrivals, end)
     if limit is not None:
-        picked = picked[: int(limit)]
-    if not picked:
+        hi = min(hi, lo + int(limit))
+    if hi <= lo:
         raise KvlabError(
             f"no request of trace {trace.name!r} arrives in the slice starting at {start_s:g} s"
             + (f" lasting {duration_s:g} s" if duration_s is not None else "")
         )
-    shifted = tuple(dataclasses.replace(r, arrival_s=r.arrival_s - t0) for r in picked)
     where = (
         f"{start_s:g}-{start_s + duration_s:g} s"
         if duration_s is not None
         else f"from {start_s:g} s"
     )
     if limit is not None:
-        where += f", first {len(picked)}"
-    return dataclasses.replace(trace, name=f"{trace.name} [{where}]", requests=shifted)
+        where += f", first {hi - lo}"
+    return _window(trace, lo, hi, t0, warmup_s, where)
+
+
+def trace_window(trace, first: int, count: int, warmup_s: float = 0.0) -> Trace:
+    """Requests first .. first + count - 1 of a trace (by index), led in by those of the
+    `warmup_s` seconds before the first, shifted to start at 0 (see `trace_slice`)."""
+    trace = load_trace(trace)
+    check_number("warmup_s", warmup_s, minimum=0, allow_equal_min=True, maximum=1e9)
+    n = len(trace)
+    if not trace.lead_in <= first < n or count < 1:
+        raise KvlabError(f"trace {trace.name!r} has no request {first} to start a window at")
+    hi = min(n, first + int(count))
+    t0 = trace.requests[first].arrival_s
+    return _window(trace, first, hi, t0, warmup_s, f"requests {first}-{hi - 1}")
+
+
+def _window(trace, lo: int, hi: int, t0: float, warmup_s: float, where: str) -> Trace:
+    """Requests lo..hi-1 led in by those of the `warmup_s` seconds before time t0 (the
+    window's start), shifted so that the replay starts at 0."""
+    reqs = trace.requests
+    lead_from = max(reqs[trace.lead_in].arrival_s, t0 - warmup_s) if warmup_s else t0
+    start = lo
+    while start > trace.lead_in and reqs[start - 1].arrival_s >= lead_from:
+        start -= 1
+    origin = reqs[start].arrival_s
+    shifted = tuple(dataclasses.replace(r, arrival_s=r.arrival_s - origin) for r in reqs[start:hi])
+    if warmup_s:
+        where += f", warm-up {t0 - lead_from:g} s ({lo - start} requests)"
+    return dataclasses.replace(
+        trace, name=f"{trace.name} [{where}]", requests=shifted, lead_in=lo - start
+    )
+
+
+def measured_rate_per_s(trace) -> float:
+    """Mean arrival rate of the measured requests: (requests - 1) over their first-to-last
+    span; inf when they all arrive at once, nan for a single one."""
+    measured = trace.requests[trace.lead_in :]
+    if len(measured) < 2:
+        return float("nan")
+    span = measured[-1].arrival_s - measured[0].arrival_s
+    return (len(measured) - 1) / span if span > 0 else float("inf")
+
+
+def scale_arrivals(trace, scale: float) -> Trace:
+    """The same requests in the same order arriving `scale` times as fast (gaps divided by
+    `scale`, the first request still at the trace's first arrival): a real trace's
+    burstiness and prefix sharing at `scale` times its load. The lead-in scales with it."""
+    trace = load_trace(trace)
+    check_number("rate scale", scale, maximum=1e9)
+    if scale == 1:
+        return trace
+    t0 = trace.requests[0].arrival_s
+    requests = tuple(
+        dataclasses.replace(r, arrival_s=t0 + (r.arrival_s - t0) / scale) for r in trace.requests
+    )
+    return dataclasses.replace(trace, name=f"{trace.name} x{scale:g}", requests=requests)
 
 
 def trace_at_rate(trace, rate_per_s: float) -> Trace:
-    """The same requests in the same order with their gaps scaled so that they arrive at a
-    mean `rate_per_s` (requests - 1 over the span from the first arrival to the last):
-    a real trace's burstiness and prefix sharing at a chosen load."""
+    """The same requests in the same order with their gaps scaled so that the measured ones
+    arrive at a mean `rate_per_s` (requests - 1 over the span from the first measured
+    arrival to the last): a real trace's burstiness and prefix sharing at a chosen load."""
     trace = load_trace(trace)
     check_number("rate_per_s", rate_per_s, maximum=1e9)
-    if len(trace) < 2:
+    if len(trace) - trace.lead_in < 2:
         raise KvlabError("a trace needs two requests or more to be played at a rate")
-    t0 = trace.requests[0].arrival_s
-    span = trace.requests[-1].arrival_s - t0
-    if span <= 0:
+    native = measured_rate_per_s(trace)
+    if native == float("inf"):
         raise KvlabError(f"every request of trace {trace.name!r} arrives at once: it has no rate")
-    scale = (len(trace) - 1) / span / rate_per_s
+    t0 = trace.requests[0].arrival_s
+    scale = native / rate_per_s
     requests = tuple(
         dataclasses.replace(r, arrival_s=(r.arrival_s - t0) * scale) for r in trace.requests
     )
@@ -113,6 +205,7 @@ class SimRequest:
         "decode_wait_s",
         "join_step",
         "finish_step",
+        "missed",
     )
 
     def __init__(self, i: int, r, transfer_bytes: float):
@@ -147,6 +240,7 @@ class SimRequest:
         self.fetch_local = self.fetch_remote = (0.0, 0.0)  # (bytes, wire seconds)
         self.transfer_wire_s = self.transfer_exposed_s = self.decode_wait_s = 0.0
         self.join_step = self.finish_step = 0
+        self.missed = False  # known to miss its SLOs (Simulation._failed)
 
     @property
     def history_tokens(self) -> int:

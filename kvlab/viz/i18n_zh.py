@@ -492,7 +492,7 @@ ZH: dict[str, str] = {
     "fast kernels, gaps between them": "内核很快，但内核之间有空隙",
     "lots of headroom": "余量很大",
     "KV served from host memory": "KV 由主机内存提供",
-    "disaggregated, KV over one 200 Gb/s NIC": "PD 分离，KV 经一块 200 Gb/s 网卡传输",
+    "disaggregated, KV over one 400 Gb/s NIC": "PD 分离，KV 经一块 400 Gb/s 网卡传输",
     # chapter 2: the decode-step panel's tabs
     "Batch": "批大小",
     "Context": "上下文",

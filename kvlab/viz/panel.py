@@ -23,6 +23,7 @@ from typing import Callable
 from .. import fmt
 from ..jsonsafe import jsonable
 from . import i18n
+from .layout import control_width, fit
 
 BOOK_BUILD_ENV = "KVLAB_BOOK_BUILD"
 
@@ -66,7 +67,8 @@ def kvlab_js() -> str:
 
 
 def readout_html(spec, values: dict) -> str:
-    """The readout as a two-column table; each value carries its exact number for tests."""
+    """The readout as a two-column table; each value carries its exact number for tests and
+    its format kind (a phrase, kind "text", may wrap; a number never does)."""
     parts = ['<table class="kvlab-readout">']
     for key, label, kind in spec:
         value = values[key]
@@ -83,7 +85,7 @@ def readout_html(spec, values: dict) -> str:
             raw = "true" if value else "false"
         parts.append(  # the words in the edition's language (i18n.t), the data-value as computed
             f'<tr><th>{html.escape(i18n.t(label))}</th><td data-key="{key}" '
-            f'data-value="{html.escape(raw)}">'
+            f'data-value="{html.escape(raw)}" data-kind="{kind}">'
             f"{html.escape(i18n.t(FORMATS[kind](value)))}</td></tr>"
         )
     parts.append("</table>")
@@ -161,7 +163,7 @@ class Panel:
         readout = Div(
             text=readout_html(self.readout, result["values"]),
             name=f"{self.key}.readout",
-            width=280,
+            sizing_mode="stretch_width",
             stylesheets=[InlineStyleSheet(css=CSS)],
         )
         figures = self.figures(sources)
@@ -184,10 +186,10 @@ class Panel:
         )
         for c in self.controls:
             widgets[c.key].js_on_change("value", callback)
-        controls = list(widgets.values())
-        half = (len(controls) + 1) // 2
-        columns = [column(*part) for part in (controls[:half], controls[half:]) if part]
-        layout = i18n.localize(column(row(*columns, readout), figures))
+        # controls flow in rows as wide as the column, the readout below them, then the
+        # figures (kvlab.viz.layout): at 1280 px three controls a row, on a phone one
+        controls = row(*widgets.values(), styles=CONTROL_ROW_STYLES)
+        layout = fit(i18n.localize(column(controls, readout, figures)))
         script, div = components(layout)
         meta = {c.key: {"options": list(c.options), "kind": c.kind} for c in self.controls}
         return (
@@ -199,25 +201,33 @@ class Panel:
     # -------------------------------------------------------------------- live
     def live(self):
         """ipywidgets controls driving the same figures from the Python ledger."""
+        return self.live_view().box
+
+    def live_view(self) -> LiveView:
+        """The live face and its parts: the box to display, the widgets by control key, and
+        the state they stand for (a page that adds to the panel reads it)."""
         import ipywidgets as w
         from bokeh.models import ColumnDataSource
+        from jupyter_bokeh import BokehModel
 
         _ensure_live_resources()
-        state = self.default_state
-        result = self.compute(state)
+        result = self.compute(self.default_state)
         sources = {name: ColumnDataSource(data=data) for name, data in result["sources"].items()}
         readout = w.HTML(
-            readout_html(self.readout, result["values"]), layout=w.Layout(width="380px")
+            readout_html(self.readout, result["values"]), layout=w.Layout(width="100%")
         )
-        widgets = {c.key: _live_widget(c) for c in self.controls}
+        boxes = {c.key: _live_control(c) for c in self.controls}
+        widgets = {key: box.children[1] for key, box in boxes.items()}
 
-        def update(_change=None):
-            current = {
+        def state() -> dict:
+            return {
                 k: _live_value(c, widgets[k].value)
                 for k, c in zip(widgets, self.controls, strict=True)
             }
+
+        def update(_change=None):
             try:
-                out = self.compute(current)
+                out = self.compute(state())
             except ValueError as exc:  # KvlabError: say it in the readout, keep the figure
                 readout.value = f'<p class="kvlab-error">{html.escape(str(exc))}</p>'
                 return
@@ -229,12 +239,20 @@ class Panel:
 
         for widget in widgets.values():
             widget.observe(update, "value")
-        from jupyter_bokeh import BokehModel
-
-        controls = w.VBox(list(widgets.values()), layout=w.Layout(min_width="370px"))
+        controls = w.Box(list(boxes.values()), layout=w.Layout(**LIVE_ROW))
         figures = self.figures(sources)
         titles = _titles(figures, result)
-        return w.VBox([w.HBox([controls, readout]), BokehModel(figures)])
+        box = w.VBox([controls, readout, BokehModel(fit(i18n.localize(figures)))])
+        return LiveView(box, widgets, state)
+
+
+@dataclass
+class LiveView:
+    """A panel's live face: what to display, its widgets by control key, its state."""
+
+    box: object
+    widgets: dict
+    state: Callable[[], dict]
 
 
 def _static_widgets(key: str, controls) -> tuple[dict, dict]:
@@ -266,14 +284,17 @@ def _static_widgets(key: str, controls) -> tuple[dict, dict]:
                 title=c.label,
                 value=str(c.options.index(c.default)),
                 options=options,
-                name=name,
-                width=CONTROL_WIDTH_PX,
+                name=name,  # wide enough for its longest option in the edition's language
+                width=control_width([i18n.t(label) for _, label in options], CONTROL_WIDTH_PX),
             )
     return widgets, grids
 
 
-#: Width of a static control: the longest device name ("NVIDIA H100 SXM5 80GB") fits.
-CONTROL_WIDTH_PX = 205
+#: Width of a static control: the longest device name ("NVIDIA B200 (HGX, 180 GB)") fits,
+#: and three controls a row fit the book column at 1280 px (688 px).
+CONTROL_WIDTH_PX = 216
+#: The controls' row wraps at the column's width.
+CONTROL_ROW_STYLES = {"flex-wrap": "wrap", "column-gap": "12px", "row-gap": "2px"}
 
 
 def _titles(figures, result: dict) -> dict:
@@ -288,16 +309,29 @@ def _titles(figures, result: dict) -> dict:
     return {name: named[name] for name in result.get("titles", {})}
 
 
+#: The live controls flow in rows as wide as the page, like the static page's.
+LIVE_ROW = {"display": "flex", "flex_flow": "row wrap", "grid_gap": "4px 16px", "width": "100%"}
+LIVE_CONTROL_WIDTH = "300px"
+
+
+def _live_control(c: Control):
+    """A live control: its whole label above it (a description beside a widget is cut short
+    by ipywidgets), then the widget."""
+    import ipywidgets as w
+
+    label = w.HTML(f'<div class="kvlab-label">{html.escape(i18n.t(c.label))}</div>')
+    box = w.VBox([label, _live_widget(c)], layout=w.Layout(width=LIVE_CONTROL_WIDTH))
+    box.add_class(f"kvlab-control-{c.key}")  # tests find a control by its key
+    return box
+
+
 def _live_widget(c: Control):
     import ipywidgets as w
 
-    style = {"description_width": "150px"}
-    layout = w.Layout(width="360px")
+    layout = w.Layout(width="100%")
     if c.kind == "select":
         options = [(c.label_of(v), v) for v in c.options]
-        return w.Dropdown(
-            options=options, value=c.default, description=c.label, style=style, layout=layout
-        )
+        return w.Dropdown(options=options, value=c.default, layout=layout)
     if c.live_range and c.log:
         low, high = (math.log2(v) for v in c.live_range)
         return w.FloatLogSlider(
@@ -306,27 +340,17 @@ def _live_widget(c: Control):
             min=low,
             max=high,
             step=0.01,
-            description=c.label,
             readout_format=".0f" if c.integer else ".3g",
-            style=style,
             layout=layout,
         )
     if c.live_range:
-        cls = w.IntSlider if c.integer else w.FloatSlider
-        return cls(
-            value=c.default,
-            min=c.live_range[0],
-            max=c.live_range[1],
-            description=c.label,
-            style=style,
-            layout=layout,
+        if c.integer:
+            return w.IntSlider(c.default, min=c.live_range[0], max=c.live_range[1], layout=layout)
+        return w.FloatSlider(  # any value to the hundredth, not ipywidgets' tenth
+            c.default, min=c.live_range[0], max=c.live_range[1], step=0.01, layout=layout
         )
     return w.SelectionSlider(
-        options=[(c.label_of(v), v) for v in c.options],
-        value=c.default,
-        description=c.label,
-        style=style,
-        layout=layout,
+        options=[(c.label_of(v), v) for v in c.options], value=c.default, layout=layout
     )
 
 
@@ -356,14 +380,21 @@ def _ensure_live_resources() -> None:
     _LIVE_READY = True
 
 
+#: The readout: label and value on one line, in two columns where the column is wide enough
+#: (at 1280 px), one on a phone; a label wraps, a value never does (but a phrase may).
 CSS = """
-.kvlab-readout { border-collapse: collapse; margin: 6px 0; font-size: 13px; line-height: 1.35; }
-.kvlab-readout th { color: #555; font-weight: normal; text-align: left; padding: 1px 12px 1px 0;
-  vertical-align: top; }
+.kvlab-readout { display: block; columns: 2 17em; column-gap: 28px; margin: 6px 0; max-width: 64em;
+  font-size: 13px; line-height: 1.35; }
+.kvlab-readout tbody { display: block; }
+.kvlab-readout tr { display: flex; align-items: baseline; justify-content: space-between;
+  gap: 12px; break-inside: avoid; padding: 1px 0; border-bottom: 1px solid #f0f0f0; }
+.kvlab-readout th { color: #555; font-weight: normal; text-align: left; flex: 1 1 auto;
+  min-width: 0; }
 .kvlab-readout td { font-variant-numeric: tabular-nums; font-weight: 600; text-align: right;
-  white-space: nowrap; padding: 1px 0; }
-.kvlab-readout td[data-key="speed"] { white-space: normal; min-width: 10em; }
+  white-space: nowrap; flex: 0 0 auto; }
+.kvlab-readout td[data-kind="text"] { white-space: normal; flex: 0 1 auto; min-width: 7em; }
 .kvlab-error { color: #D55E00; }
+.kvlab-label { font-size: 13px; line-height: 1.3; color: #333; }
 """
 
 
@@ -381,7 +412,7 @@ def static_figure_html(layout) -> str:
     """A figure without controls, for the built book."""
     from bokeh.embed import components
 
-    script, div = components(layout)
+    script, div = components(fit(layout))
     return f"{_library_script()}{div}{script}"
 
 
@@ -408,7 +439,7 @@ def show(obj) -> None:
         from jupyter_bokeh import BokehModel
 
         _ensure_live_resources()
-        display(BokehModel(obj))
+        display(BokehModel(fit(obj)))
 
 
 def state_key(controls, state: dict) -> str:

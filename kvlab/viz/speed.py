@@ -75,7 +75,8 @@ def speed_text(measured: bool, why: str, efficiency: float, hardware: str) -> st
 @functools.lru_cache(maxsize=1024)
 def why_not(model: str, hardware: str, weight_dtype: str, kv_dtype: str) -> str:
     """'' when the tables cover this configuration, else a short phrase saying why not."""
-    if get_device(hardware).name not in devices_with_data():
+    device = get_device(hardware)
+    if (device.kernel_tables_from or device.name) not in devices_with_data():
         return NO_DEVICE
     if get_model(model).is_mla:
         return NO_MLA

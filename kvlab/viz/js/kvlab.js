@@ -92,7 +92,7 @@ window.KVLAB = window.KVLAB || (function () {
       if (typeof v === "number" && !isFinite(v)) v = null;  // as Python's readout: no infinity
       const raw = (typeof v === "number") ? v.toPrecision(17) : (v === null ? "None" : String(v));
       html += '<tr><th>' + escape(label) + '</th><td data-key="' + key + '" data-value="' +
-        escape(raw) + '">' + escape(FORMATS[kind](v)) + '</td></tr>';
+        escape(raw) + '" data-kind="' + kind + '">' + escape(FORMATS[kind](v)) + '</td></tr>';
     }
     return html + '</table>';
   }
