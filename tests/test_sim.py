@@ -25,6 +25,7 @@ from kvlab.sim import (
     EventLoop,
     LedgerCost,
     SimConfig,
+    Simulation,
     SimulationError,
     pipeline_time_s,
     simulate,
@@ -751,6 +752,52 @@ def test_single_request_hand_checked():
 
     co = simulate(trace, arch="colocated", chunk_tokens=0, **kw)
     assert co.tokens(0) == pytest.approx(prefill + np.concatenate([[0.0], steps]), rel=1e-12)
+
+
+def test_tensor_parallel_instance_hand_checked():
+    """Llama 3.1 70B on A800s at tensor parallel 4, as engines run it: every step is the
+    ledger's tensor-parallel step (all-reduces included), and the KV moves over the
+    instance's four NICs at once."""
+    m, hw, n_in, tp = "llama-3.1-70b", "a800-80gb", 2048, 4
+    d = Deployment(m, hw, tensor_parallel=tp)
+    trace = Trace("one", (Request(0.0, n_in, 4, _ids(1, 4)),), source="test", generated=True)
+    prefill = cost.prefill(d, n_in).time_s
+    # every GPU sends its share of the KV (its K/V heads) over its own 400 Gb/s NIC
+    wire = transfer_time_s(n_in * tp * d.kv_bytes_per_token, tp * 50e9, 1.0, 5e-6)
+    steps = np.cumsum([cost.decode_step(d, 1, n_in + j).step_time_s for j in range(3)])
+    kw = dict(prefill_workers=1, decode_workers=1, prefix_cache="none", tensor_parallel=tp)
+    pd = simulate(trace, arch="disaggregated", model=m, hardware=hw, **kw)
+    assert pd.tokens(0) == pytest.approx(prefill + wire + np.concatenate([[0.0], steps]), rel=1e-12)
+    assert pd.summary()["gpus"] == 2 * tp
+    assert steps[0] > 0 and cost.decode_step(d, 1, n_in).allreduce_time_s > 0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tensor_parallel_instances_conserve_requests(gen, arch):
+    r = simulate(gen, arch=arch, tensor_parallel=2, prefill_workers=1, decode_workers=1)
+    check_run(r, gen)
+    one = simulate(gen, arch=arch, prefill_workers=1, decode_workers=1)
+    assert r.summary()["gpus"] == 2 * one.summary()["gpus"]
+    assert r.summary()["tpot_p50_s"] < one.summary()["tpot_p50_s"]  # each step split two ways
+
+
+def test_an_instance_holds_its_gpus_memory():
+    """70B in fp16 leaves no room for KV on one 80 GB GPU; four of them hold it and 4 x the
+    room each GPU keeps beside its quarter of the weights."""
+    small = tiny_trace()
+    with pytest.raises(KvlabError, match="more tensor parallelism"):
+        simulate(small, arch="colocated", model="llama-3.1-70b", hardware="h100-sxm")
+    r = simulate(
+        small, arch="colocated", model="llama-3.1-70b", hardware="h100-sxm", tensor_parallel=4
+    )
+    check_run(r, small)
+    d = Deployment("llama-3.1-70b", "h100-sxm", tensor_parallel=4)
+    sim = Simulation(small, SimConfig(model="llama-3.1-70b", tensor_parallel=4))
+    sim._build()
+    assert sim.kv_room_bytes == pytest.approx(4 * (0.9 * 80e9 - d.weight_bytes))
+    assert sim.kv_bytes_per_token == 4 * d.kv_bytes_per_token
+    with pytest.raises(KvlabError, match="tensor_parallel must be <= 8|one of"):
+        SimConfig(tensor_parallel=16)
 
 
 # ------------------------------------------------- one rule for the tokens a hit serves

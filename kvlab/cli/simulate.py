@@ -410,10 +410,12 @@ def render(r: dict, wall_s: float | None = None) -> str:
         return "-" if x is None else seconds(x)
 
     cfg = r["config"]
+    tp = cfg.get("tensor_parallel", 1)
+    unit = "GPUs" if tp == 1 else f"instances of {tp} GPUs (tensor parallel)"
     gpus = (
-        f"{r['gpus']} GPUs doing both"
+        f"{r['prefill_workers'] + r['decode_workers']} {unit} doing both"
         if r["arch"] == "colocated"
-        else f"{r['prefill_workers']} prefill + {r['decode_workers']} decode GPUs"
+        else f"{r['prefill_workers']} prefill + {r['decode_workers']} decode {unit}"
     )
     budget = f"{cfg['chunk_tokens']:,}-token budget" if cfg["chunk_tokens"] else "no token budget"
     lines = [

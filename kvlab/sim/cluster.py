@@ -31,7 +31,6 @@ from collections import deque
 
 import numpy as np
 
-from .. import cost as ledger
 from ..errors import KvlabError
 from ..fmt import si
 from ..hardware import get_device
@@ -41,7 +40,7 @@ from ..traces import load_trace
 from .admission import early_reject_reason, predict, too_large_reason, too_long_reason
 from .caches import make_caches
 from .config import SimConfig
-from .cost_model import make_cost
+from .cost_model import config_deployment, make_cost
 from .costs import pipeline_time_s
 from .links import Link, Network
 from .loop import EventLoop
@@ -76,20 +75,24 @@ class Simulation:
         self.cost = self._cost or make_cost(c)
         counts = getattr(self.cost, "counts", None)
         self.cost_counts_start = counts() if counts else (0, 0)
-        self.kv_bytes_per_token = ledger.kv_bytes_per_token(model, c.kv_dtype)
+        # an instance of tp GPUs: each holds its share of the weights and of every
+        # token's KV (`kvlab.operators`), so the instance's KV per token and room are tp x
+        # one GPU's (replicated K/V heads and MLA latents counted on every GPU that holds them)
+        d, tp = config_deployment(c), c.tensor_parallel
+        self.kv_bytes_per_token = d.kv_bytes_per_token * tp
         self.window = model.sliding_window or 0
         self.max_context_tokens = model.max_position_embeddings or 0
         self.layers = model.num_layers
         self.overlap = bool(c.overlap)
         self.block_tokens = self.trace.block_tokens
-        weights = ledger.weight_bytes(model, c.weight_dtype)
-        self.kv_room_bytes = device.capacity_bytes * c.memory_fraction - weights
+        weights = d.weight_bytes
+        self.kv_room_bytes = (device.capacity_bytes * c.memory_fraction - weights) * tp
         if self.kv_room_bytes < c.kv_block_tokens * self.kv_bytes_per_token:
+            per_gpu = f" per GPU at tensor parallel {tp}" if tp > 1 else ""
             raise KvlabError(
-                f"{model.name} weights ({si(weights, 'B')}) do not fit in {c.memory_fraction:g} of "
-                f"{device.name}'s {si(device.capacity_bytes, 'B')} with room for KV: pick a "
-                "larger GPU or "
-                "smaller dtype"
+                f"{model.name} weights ({si(weights, 'B')}{per_gpu}) do not fit in "
+                f"{c.memory_fraction:g} of {device.name}'s {si(device.capacity_bytes, 'B')} "
+                "with room for KV: pick a larger GPU, a smaller dtype or more tensor parallelism"
             )
         sigma2 = math.log1p(c.step_jitter**2)
         self.jitter_sigma, self.jitter_mu = math.sqrt(sigma2), -sigma2 / 2
@@ -114,8 +117,8 @@ class Simulation:
 
     def _build_workers(self, c) -> None:
         colocated = c.arch == "colocated"
-        n_front = c.gpus if colocated else c.prefill_workers
-        nodes = n_front if colocated else c.gpus
+        n_front = c.instances if colocated else c.prefill_workers
+        nodes = n_front if colocated else c.instances
         rngs = [np.random.default_rng(s) for s in np.random.SeedSequence(c.seed).spawn(nodes)]
         room = self.kv_room_bytes
         if colocated:
@@ -141,8 +144,9 @@ class Simulation:
                 )
                 for j in range(c.decode_workers)
             ]
+        tp = c.tensor_parallel
         self.network = Network(
-            Link(c.link, c.link_efficiency), Link(c.host_link, c.link_efficiency), nodes
+            Link(c.link, c.link_efficiency, tp), Link(c.host_link, c.link_efficiency, tp), nodes
         )
 
     # ------------------------------------------------------------------ running

@@ -112,11 +112,18 @@ class SimConfig:
     )
     prefill_workers: int = _f(
         2,
-        "prefill GPUs (colocated: prefill + decode workers GPUs doing both)",
+        "prefill instances (colocated: prefill + decode workers instances doing both)",
         kind="count",
         metavar="N",
     )
-    decode_workers: int = _f(2, "decode GPUs", kind="count", metavar="N")
+    decode_workers: int = _f(2, "decode instances", kind="count", metavar="N")
+    tensor_parallel: int = _f(
+        1,
+        "GPUs per instance (tensor parallelism: 1, 2, 4 or 8 GPUs of one server; workers "
+        "count instances; each GPU brings its memory and its NIC)",
+        kind="count",
+        metavar="N",
+    )
     link: str = _f(
         "ib-400g",
         "network between nodes, one NIC per GPU (a kvlab.hardware link): H100 nodes carry one "
@@ -274,6 +281,7 @@ class SimConfig:
             "prefill_workers": (1, 4096),
             "decode_workers": (1 if self.arch != "colocated" else 0, 4096),
             "max_batch": (1, 65536),
+            "tensor_parallel": (1, 8),
             "kv_block_tokens": (1, 65536),
             "max_waiting_steps": (0, 1e6),
             "seed": (0, 2**63),
@@ -336,8 +344,13 @@ class SimConfig:
         )
 
     @property
-    def gpus(self) -> int:
+    def instances(self) -> int:
+        """Prefill plus decode workers: engine instances of `tensor_parallel` GPUs each."""
         return self.prefill_workers + self.decode_workers
+
+    @property
+    def gpus(self) -> int:
+        return self.instances * self.tensor_parallel
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -25,7 +25,7 @@ def config_deployment(config) -> Deployment:
         config.weight_dtype,
         config.kv_dtype,
         parse_speed(config.efficiency),
-        getattr(config, "tensor_parallel", 1),
+        config.tensor_parallel,
     )
 
 

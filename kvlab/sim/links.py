@@ -31,12 +31,15 @@ HOST_PURPOSES = ("prefix-load-local", "cache-store", "preempt-swap")  # over the
 
 
 class Link:
-    """One kind of link (a catalogue tier) with a per-message latency and an efficiency."""
+    """One kind of link (a catalogue tier) with a per-message latency and an efficiency;
+    `lanes` links of it side by side (an instance of N GPUs has N NICs and N PCIe links,
+    over which a transfer engine stripes one move)."""
 
-    def __init__(self, name: str, efficiency: float = 1.0):
+    def __init__(self, name: str, efficiency: float = 1.0, lanes: int = 1):
         place = get_placement(name)
         self.name = place.name
-        self.bandwidth_bytes_per_s = place.bandwidth_bytes_per_s()
+        self.lanes = int(lanes)
+        self.bandwidth_bytes_per_s = place.bandwidth_bytes_per_s() * self.lanes
         self.latency_s = LINK_LATENCY_S.get(place.name, place.latency_s)
         self.efficiency = efficiency
         # transfer_time_s is affine in the bytes: read its intercept and slope off it once
