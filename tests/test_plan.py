@@ -27,6 +27,7 @@ from kvlab.plan import (
     parse_prices,
     plan,
     prune_reason,
+    slo_front,
 )
 from kvlab.plan.evaluate import run_at, saturation_of, sim_setup
 from kvlab.sim import simulate, trace_at_rate
@@ -118,6 +119,26 @@ def test_splits_keep_one_instance_on_each_side():
     assert [(d.prefill_workers, d.decode_workers) for d in quarters] == [(2, 6), (4, 4), (6, 2)]
     tiny = enumerate_designs(Space(archs=("disaggregated",)), {"h100-sxm": 2})
     assert [(d.prefill_workers, d.decode_workers) for d in tiny] == [(1, 1)]
+
+
+def test_a_scheduler_may_carry_its_own_budget():
+    space = Space(
+        archs=("colocated",),
+        schedulers=("chunked:512", "prefill-first:4096", "chunked", "decode-first"),
+        chunk_tokens=(None, 1024),
+    )
+    got = [(d.scheduler, d.chunk_tokens) for d in enumerate_designs(space, {"a100-80gb": 4})]
+    # the A100's vLLM default is 2048; prefill-first/decode-first without one: no limit
+    assert got == [
+        ("chunked", 512),
+        ("prefill-first", 4096),
+        ("chunked", 2048),
+        ("chunked", 1024),
+        ("decode-first", 0),
+    ]
+    for bad in ("chunked:lots", "chunked:-5", "fifo:10"):
+        with pytest.raises(KvlabError):
+            Space(schedulers=(bad,))
 
 
 def test_gpus_and_prices_parse():
@@ -224,6 +245,18 @@ def test_the_table_is_ranked_and_the_front_is_undominated(serial_plan):
         )
     assert serial_plan["best"]["key"] in serial_plan["why"]
     assert rows[1]["key"] in serial_plan["why"]
+
+
+def test_a_stricter_target_never_raises_the_front():
+    space = Space(archs=("colocated",))
+    slos = [Slo(ttft_s=1.0, tbt_s=t) for t in (0.03, 0.05, 0.2)]
+    front = slo_front(JOB, SMALL, {"l40s": 1}, slos, space, runner="serial")
+    best = [p["best_capacity"] for p in front["points"]]
+    assert best == sorted(best) and best[0] < best[-1]
+    for p in front["points"]:
+        assert set(p["capacity"]) == set(front["designs"])
+        assert p["best_capacity"] == max(p["capacity"].values())
+        assert p["capacity"][p["best"]] == p["best_capacity"]
 
 
 def test_prices_rank_per_dollar():

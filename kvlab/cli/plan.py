@@ -170,7 +170,8 @@ def register(sub) -> None:
         type=_words,
         default=None,
         metavar="S,..",
-        help="colocated iteration schedulers (default chunked,prefill-first)",
+        help="colocated iteration schedulers, each optionally with its token budget "
+        "(chunked:512, prefill-first:4096; default chunked,prefill-first)",
     )
     s.add_argument(
         "--chunk-tokens",

@@ -8,12 +8,15 @@ requests per GPU (or per dollar), found by simulating each design at its saturat
     saturation_of     one design's capacity by bisection on the rate (evaluate.py)
     prune_reason      why a design cannot fit in memory, before simulating (prune.py)
     load_plan         read back a saved `kvlab plan --json` result
+    slo_front         the search at several SLO targets: capacity per target, best per
+                      target (front.py)
 
 The runners (runners.py) evaluate designs in this process, on a process pool over every
 core, or as Ray tasks; the resume file (resume.py) keeps each finished evaluation.
 """
 
 from .evaluate import Job, Slo, saturation_of
+from .front import slo_front
 from .prune import prune_reason
 from .search import RUNNERS, load_plan, plan
 from .space import Design, Space, enumerate_designs, parse_gpus, parse_prices
@@ -33,4 +36,5 @@ __all__ = [
     "plan",
     "prune_reason",
     "saturation_of",
+    "slo_front",
 ]

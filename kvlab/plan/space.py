@@ -91,7 +91,9 @@ class Space:
     """The axes a search crosses (each a tuple of choices). None for `chunk_tokens` is the
     engine's default for the GPU (vLLM's: 8192 on >= 70 GiB GPUs but the A100, else 2048)
     with `chunked`, no limit with the others; `prefix_cache` 'default' is the
-    architecture's own (local for colocated and disaggregated, global for kv-centric)."""
+    architecture's own (local for colocated and disaggregated, global for kv-centric).
+    A scheduler may carry its own budget ('chunked:512', 'prefill-first:4096'); those
+    without one take each `chunk_tokens` (chunked) or no limit (the others)."""
 
     archs: tuple = ARCHS
     tensor_parallel: tuple = (1,)
@@ -113,8 +115,7 @@ class Space:
             if tp not in TP_CHOICES:
                 raise KvlabError(f"tensor-parallel degree must be one of {TP_CHOICES}, got {tp!r}")
         for s in self.schedulers:
-            if s not in SCHEDULERS:
-                raise KvlabError(f"unknown scheduler {s!r}; valid: {', '.join(SCHEDULERS)}")
+            scheduler_budget(s)
         for c in self.prefix_cache:
             if c != ARCH_DEFAULT and c not in PREFIX_CACHES:
                 valid = ", ".join((ARCH_DEFAULT, *PREFIX_CACHES))
@@ -216,11 +217,15 @@ def enumerate_designs(space: Space, offers: dict[str, int]) -> list[Design]:
 def _designs_of(space: Space, hardware: str, arch: str, tp: int, instances: int) -> list:
     if arch == "colocated":
         shapes = [(instances, 0)]
-        schedules = [
-            (s, c if c is not None else _default_chunk(s, hardware))
-            for s in space.schedulers
-            for c in (space.chunk_tokens if s == "chunked" else (None,))
-        ]
+        schedules = []
+        for entry in space.schedulers:
+            name, budget = scheduler_budget(entry)
+            budgets = (budget,) if budget is not None else space.chunk_tokens
+            if name != "chunked" and budget is None:
+                budgets = (None,)
+            schedules += [
+                (name, b if b is not None else _default_chunk(name, hardware)) for b in budgets
+            ]
         schedules = list(dict.fromkeys(schedules))
     else:
         shapes = splits(instances, space.prefill_shares)
@@ -256,6 +261,31 @@ def _cache_of(arch: str, cache: str) -> str:
     from ..sim.config import ARCH_DEFAULTS
 
     return ARCH_DEFAULTS[arch]["prefix_cache"] if cache == ARCH_DEFAULT else cache
+
+
+def scheduler_budget(entry: str) -> tuple[str, int | None]:
+    """'chunked' -> ('chunked', None); 'prefill-first:4096' -> ('prefill-first', 4096): a
+    scheduler with its token budget per iteration (chunked: the chunk budget, decodes
+    included; prefill-first and decode-first: whole prompts per prefill iteration, vLLM
+    v0's max_num_batched_tokens; 0: no limit)."""
+    name, sep, budget = str(entry).partition(":")
+    if name not in SCHEDULERS:
+        raise KvlabError(f"unknown scheduler {name!r}; valid: {', '.join(SCHEDULERS)}")
+    if not sep:
+        return name, None
+    try:
+        value = float(budget)
+    except ValueError:
+        raise KvlabError(f"token budget of {name} must be a whole number, got {budget!r}") from None
+    tokens = check_number(
+        f"token budget of {name}",
+        value,
+        minimum=0,
+        allow_equal_min=True,
+        maximum=1e8,
+        integer=True,
+    )
+    return name, tokens
 
 
 def _default_chunk(scheduler: str, hardware: str) -> int:
