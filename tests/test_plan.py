@@ -329,6 +329,14 @@ def test_ray_gives_the_local_table(serial_plan):
     assert out["designs"] == serial_plan["designs"] and out["pareto"] == serial_plan["pareto"]
 
 
+def test_ray_missing_is_one_clear_line(capsys, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails as if not installed
+    code, out, err = run(capsys, *cli_args("--json", "--ray"))
+    assert code == 2 and out == "" and "pip install 'kvlab[ray]'" in err and err.count("\n") == 1
+
+
 def test_the_local_path_does_not_import_ray():
     import subprocess
     import sys

@@ -33,7 +33,7 @@ from ..deployment import Deployment, parse_speed
 from ..errors import KvlabError, check_number
 from ..hardware import USABLE_MEMORY_FRACTION, get_device
 from ..models import get_model
-from ..sim import SimConfig, simulate, trace_at_rate
+from ..sim import DONE, SimConfig, simulate, trace_at_rate
 from ..sim.costs import LedgerCost
 from ..sim.kernel_cost import KernelCost
 
@@ -213,12 +213,13 @@ def run_at(design, job: Job, trace, rate_per_s: float, setup=None) -> dict:
         "preemptions",
     ):
         out[key] = s.get(key)
-    ttft = np.where(rec["status"] == 0, rec["ttft_s"], np.nan)
+    done = rec["status"] == DONE
+    ttft = np.where(done, rec["ttft_s"], np.nan)
     out["ttft_s"] = _quantile(ttft, slo.attainment)
     column = TBT_COLUMNS.get(slo.tbt_stat)
     if column is not None and column in rec.dtype.names:
-        tbt = np.where(rec["status"] == 0, rec[column], np.nan)
-        tbt = np.where((rec["status"] == 0) & np.isnan(tbt), 0.0, tbt)  # one token: no gap
+        tbt = np.where(done, rec[column], np.nan)
+        tbt = np.where(done & np.isnan(tbt), 0.0, tbt)  # one token: no gap
         out["tbt_s"] = _quantile(tbt, slo.attainment)
     else:
         out["tbt_s"] = None
