@@ -138,6 +138,8 @@ def _show(value) -> str:
 def _differences(a: dict, b: dict) -> str:
     diffs = []
     for axis in AXES:
+        if axis == "chunk_tokens" and a["scheduler"] != b["scheduler"]:
+            continue  # a budget means something else under another scheduler
         if a[axis] != b[axis]:
             diffs.append(f"{axis.replace('_', ' ')} {_show(a[axis])} vs {_show(b[axis])}")
     return "; ".join(diffs) if diffs else "nothing but the tie-break"
