@@ -38,6 +38,10 @@ COMMANDS = {
         "kvlab.cli.simulate",
         "replay a trace on a colocated, disaggregated or KV-centric cluster (discrete-event)",
     ),
+    "plan": (
+        "kvlab.cli.plan",
+        "search cluster designs for the most requests/s per GPU at the SLOs (process pool or Ray)",
+    ),
 }
 
 #: Commands whose numpy work is element-wise: OpenBLAS need not start a thread per core
