@@ -35,6 +35,7 @@ DOMAIN = {
     "diagnose",
     "metrics",
     "native",
+    "plan",
 }
 GUI = ("bokeh", "ipywidgets", "IPython", "myst_nb", "jupyter_bokeh", "voila")
 

@@ -285,23 +285,18 @@ def test_prices_rank_per_dollar():
 
 
 def test_tensor_parallel_instances_hold_more_kv_and_decode_faster():
-    """A TP2 instance runs as one worker with the ledger's TP2 step times and the KV room of
-    two GPUs less one copy of the weights (the simulator has no TP of its own yet)."""
+    """A TP2 design runs as the simulator's TP2 instances (`SimConfig.tensor_parallel`):
+    the ledger's TP2 step times, two GPUs' memory, more than twice one GPU's KV room."""
     d1 = Design("l40s", "colocated", 1, 1, 0, "chunked", 2048, 256, "local", 5e11)
     d2 = dataclasses.replace(d1, tensor_parallel=2)
     config, step_cost = sim_setup(d2, JOB)
+    assert config.tensor_parallel == 2 and step_cost is None
     one = Deployment("llama-3.1-8b", "l40s", tensor_parallel=2)
-    assert step_cost.deployment == one
-    room_tokens_2 = (48e9 * 0.9 - one.weight_bytes) / one.kv_bytes_per_token
+    room_tokens_2 = 2 * (48e9 * 0.9 - one.weight_bytes) / (2 * one.kv_bytes_per_token)
     whole = cost.kv_bytes_per_token("llama-3.1-8b")
-    assert config.hardware.capacity_bytes * 0.9 - cost.weight_bytes("llama-3.1-8b") == (
-        pytest.approx(room_tokens_2 * whole)
-    )
-    # two GPUs' memory less one copy of 16 GB of weights: more than twice one GPU's room
     room_tokens_1 = (48e9 * 0.9 - cost.weight_bytes("llama-3.1-8b")) / whole
-    assert room_tokens_2 > 2 * room_tokens_1
-    c1 = sim_setup(d1, JOB)[1]
-    assert c1 is None  # TP1: the simulator's own config and costs
+    assert room_tokens_2 > 2 * room_tokens_1  # two GPUs less one copy of 16 GB of weights
+    assert sim_setup(d1, JOB) == (dataclasses.replace(config, tensor_parallel=1), None)
 
 
 # ------------------------------------------------------------------ runners

@@ -11,13 +11,9 @@ THE SWAP POINT: this bisection is kvlab.plan's own until the simulator's saturat
 (`kvlab.sim.saturation`, rate scale, seeds or slices, spread) lands; `saturation_of` is the
 only function the search calls, so switching means calling that one here.
 
-Tensor parallelism: a design's instance is `tensor_parallel` GPUs. Where `SimConfig` has a
-`tensor_parallel` field the simulator prices instances itself; until then an instance is
-run as one worker whose steps come from the ledger's tensor-parallel path
-(`Deployment(tensor_parallel=N)`: weights and K/V heads split, two all-reduces per layer)
-and whose KV room is the group's (N GPUs' usable memory less one copy of the weights,
-in the simulator's tokens). What that does not model: an instance's N NICs (KV moves
-between instances at one NIC's speed).
+Tensor parallelism: a design's instance is `tensor_parallel` GPUs, which the simulator
+runs as one engine instance (`SimConfig.tensor_parallel`: the ledger's tensor-parallel
+step, N GPUs' memory, N NICs).
 """
 
 from __future__ import annotations
@@ -53,7 +49,6 @@ TBT_COLUMNS = {
     "max": "itl_max_s",
     "slowest10-mean": "itl_slowest10_mean_s",
 }
-NATIVE_TP = "tensor_parallel" in SimConfig.__dataclass_fields__
 
 
 @dataclass(frozen=True)
@@ -123,17 +118,7 @@ def sim_setup(design, job: Job) -> tuple[SimConfig, object]:
     )
     if design.scheduler is not None:
         fields.update(scheduler=design.scheduler, chunk_tokens=design.chunk_tokens)
-    tp = design.tensor_parallel
-    if tp == 1:
-        return SimConfig(**fields), None
-    if NATIVE_TP:
-        return SimConfig(**fields, tensor_parallel=tp), None
-    d = deployment(design, job)
-    config = SimConfig(**fields)
-    instance = _instance_device(d, config.memory_fraction)
-    config = dataclasses.replace(config, hardware=instance)
-    kind = KernelCost if d.kernel_tables else LedgerCost
-    return config, kind(d, None, config.link_efficiency, design.max_batch)
+    return SimConfig(**fields, tensor_parallel=design.tensor_parallel), None
 
 
 def deployment(design, job: Job) -> Deployment:
@@ -145,23 +130,6 @@ def deployment(design, job: Job) -> Deployment:
         job.kv_dtype,
         parse_speed(job.efficiency),
         design.tensor_parallel,
-    )
-
-
-def _instance_device(d: Deployment, memory_fraction: float):
-    """A stand-in device for an instance of d.tensor_parallel GPUs: its capacity is set so
-    that the simulator's room for KV (capacity x fraction - all weights, in the whole
-    model's KV bytes per token) holds as many tokens as the group's GPUs do."""
-    from .. import cost
-
-    device = d.hardware
-    per_gpu_room = device.capacity_bytes * memory_fraction - d.weight_bytes
-    tokens = max(per_gpu_room, 0.0) / d.kv_bytes_per_token
-    whole_kv = cost.kv_bytes_per_token(d.model, d.kv_dtype)
-    whole_weights = cost.weight_bytes(d.model, d.weight_dtype)
-    capacity = (tokens * whole_kv + whole_weights) / memory_fraction
-    return dataclasses.replace(
-        device, name=f"{device.name} x{d.tensor_parallel}", capacity_bytes=capacity
     )
 
 
