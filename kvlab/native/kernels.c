@@ -21,10 +21,25 @@
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #if !defined(__AVX512F__) || !defined(__AVX512BF16__)
 #error "kvlab native kernels need AVX512F and AVX512-BF16 (compile with -march=native on such a CPU)"
 #endif
+
+/* AMX (Intel's tile matrix unit), where the compiler targets it and Linux grants it: built in
+ * with -march=native on a CPU that has it, used when `flags` asks for it and the process may. */
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
+#define KVLAB_HAVE_AMX 1
+#include <sys/syscall.h>
+#include <unistd.h>
+#else
+#define KVLAB_HAVE_AMX 0
+#endif
+
+/* `flags` of the entry points: bit 0 the prefetch hint (see prefetch_line), bit 1 AMX. */
+#define KVLAB_FLAG_PREFETCH_L2 1
+#define KVLAB_FLAG_AMX 2
 
 #ifndef PREFETCH_ROWS
 #define PREFETCH_ROWS 32 /* rows ahead: 8 KB at head_dim 128 */
@@ -32,7 +47,39 @@
 #define V_TILE_ROWS 64   /* V rows reduced per pass; 16 KB at head_dim 128, inside L1 */
 #define MAX_HEAD_DIM 512 /* int8 keys are widened 4 rows at a time into a stack buffer */
 
-const char *kvlab_native_isa(void) { return "avx512f+avx512bf16"; }
+const char *kvlab_native_isa(void) { return KVLAB_HAVE_AMX ? "avx512f+avx512bf16+amx-bf16" : "avx512f+avx512bf16"; }
+
+/* 1 when this process may use AMX tiles: Linux hands the tile state out on request
+ * (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA, once per process, all threads). */
+int kvlab_amx_available(void) {
+#if KVLAB_HAVE_AMX
+    static int state = -1;
+    if (state < 0) state = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+    return state;
+#else
+    return 0;
+#endif
+}
+
+#if KVLAB_HAVE_AMX
+/* The 64-byte tile configuration (palette 1): rows and bytes per row of tiles 0..7. */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((packed, aligned(64))) tile_config;
+
+static void configure_tiles(const int rows[8], const int colsb[8]) {
+    tile_config c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int i = 0; i < 8; i++) {
+        c.rows[i] = (uint8_t)rows[i];
+        c.colsb[i] = (uint16_t)colsb[i];
+    }
+    _tile_loadconfig(&c);
+}
+#endif
 
 static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch does */
     union { float f; uint32_t u; } v = {f};
@@ -60,13 +107,31 @@ static inline __m512 hsum16(const __m512 *v) {
     return _mm512_add_ps(_mm512_shuffle_ps(x[0], x[1], 0x88), _mm512_shuffle_ps(x[0], x[1], 0xDD));
 }
 
-/* Non-temporal prefetch: a step reads each weight and each cached K/V byte once, so they should
- * not push anything else out of L2/L3 (measured: +3-7% for attention at ~45 GB/s, +8-15% for
- * the weights at ~80 GB/s). __builtin_prefetch, not _mm_prefetch: GCC 12 deleted this loop
- * when written with the latter (no prefetch left in the attention code, 20-30% slower). */
-static inline void prefetch_bytes(const void *start, int64_t n_bytes) {
+/* Software prefetch a few KB ahead of each thread's stream, with one of two hints chosen at run
+ * time (kvlab.native times both on first use on a machine, kvlab.decoder.tune):
+ *   KVLAB_PF_NTA (0): non-temporal. Every weight and cached K/V byte is read once per step, so on
+ *     the AMD EPYC reference machine it kept them from pushing anything else out of L2/L3
+ *     (+3-7% attention at ~45 GB/s, +8-15% weights at ~80 GB/s against a prefetch into L1).
+ *   KVLAB_PF_L2 (1): into L2. On an Intel Xeon (Sapphire Rapids class, AVX-512 BF16 + AMX) a
+ *     non-temporal prefetch fills only L1 and does not train the L2 streamer, so a core has
+ *     just its ~16 L1 fill buffers in flight: 5.9 GB/s per core, 41% of the copy bandwidth
+ *     for a whole step. Into L2 the same loops stream at 105-110% of the copy bandwidth
+ *     (weights, read-only) and ~80% (attention).
+ * __builtin_prefetch, not _mm_prefetch, in loops: GCC 12 deleted the attention loop when written
+ * with the latter (no prefetch left in the attention code, 20-30% slower). */
+#define KVLAB_PF_NTA 0
+#define KVLAB_PF_L2 1
+
+static inline __attribute__((always_inline)) void prefetch_line(const void *p, const int hint) {
+    if (hint == KVLAB_PF_L2)
+        __builtin_prefetch(p, 0, 2);
+    else
+        __builtin_prefetch(p, 0, 0);
+}
+
+static inline __attribute__((always_inline)) void prefetch_bytes(const void *start, int64_t n_bytes, const int hint) {
     const char *p = (const char *)start;
-    for (int64_t o = 0; o < n_bytes; o += 64) __builtin_prefetch(p + o, 0, 0);
+    for (int64_t o = 0; o < n_bytes; o += 64) prefetch_line(p + o, hint);
 }
 
 /* e^x for x <= 0 (scores minus their max), 16 lanes: 2^(x log2 e) split into an integer
@@ -99,7 +164,7 @@ static inline __m512 exp_nonpositive(__m512 x) {
 
 static inline __attribute__((always_inline)) void gemv_group(const uint16_t *wg, const uint16_t *x, uint16_t *y,
                                                              int64_t N, int64_t K, int64_t n0, const int MT,
-                                                             const int prefetch) {
+                                                             const int prefetch, const int hint) {
     __m512 a0[GEMV_MT], a1[GEMV_MT];
 #pragma GCC unroll 8
     for (int m = 0; m < MT; m++) a0[m] = a1[m] = _mm512_setzero_ps();
@@ -109,8 +174,8 @@ static inline __attribute__((always_inline)) void gemv_group(const uint16_t *wg,
     for (int64_t kp = 0; kp < K / 2; kp++) {
         const uint16_t *wk = wg + kp * 64;
         if (prefetch) {
-            _mm_prefetch((const char *)wk + GEMV_PREFETCH_BYTES, _MM_HINT_NTA);
-            _mm_prefetch((const char *)wk + GEMV_PREFETCH_BYTES + 64, _MM_HINT_NTA);
+            prefetch_line((const char *)wk + GEMV_PREFETCH_BYTES, hint);
+            prefetch_line((const char *)wk + GEMV_PREFETCH_BYTES + 64, hint);
         }
         const __m512bh w0 = (__m512bh)_mm512_loadu_si512(wk), w1 = (__m512bh)_mm512_loadu_si512(wk + 32);
 #pragma GCC unroll 8
@@ -130,8 +195,104 @@ static inline __attribute__((always_inline)) void gemv_group(const uint16_t *wg,
     }
 }
 
+/* Rows m0.. of x (up to GEMV_MT of them) against one group of 32 output rows; `hint` a literal
+ * at each call so every variant is compiled with its prefetch instruction in place. */
+static inline __attribute__((always_inline)) void gemv_rows(const uint16_t *wg, const uint16_t *x, uint16_t *y,
+                                                            int64_t N, int64_t K, int64_t n0, int64_t rows,
+                                                            const int prefetch, const int hint) {
+    switch (rows < GEMV_MT ? rows : GEMV_MT) {
+    case 1: gemv_group(wg, x, y, N, K, n0, 1, prefetch, hint); break;
+    case 2: gemv_group(wg, x, y, N, K, n0, 2, prefetch, hint); break;
+    case 3: gemv_group(wg, x, y, N, K, n0, 3, prefetch, hint); break;
+    case 4: gemv_group(wg, x, y, N, K, n0, 4, prefetch, hint); break;
+    case 5: gemv_group(wg, x, y, N, K, n0, 5, prefetch, hint); break;
+    case 6: gemv_group(wg, x, y, N, K, n0, 6, prefetch, hint); break;
+    case 7: gemv_group(wg, x, y, N, K, n0, 7, prefetch, hint); break;
+    default: gemv_group(wg, x, y, N, K, n0, 8, prefetch, hint); break;
+    }
+}
+
+#if KVLAB_HAVE_AMX
+/* The same product on AMX tiles, for 2..16 rows of x: the packed layout is already what the
+ * tile unit wants for its second operand (pairs of k side by side, "VNNI"), so one group of 32
+ * output rows is two 16-column tiles read straight from the stream (16 k pairs x 64 bytes,
+ * stride 128), x is a (rows x 32 k) tile, and one tile instruction does the work of 16 x rows
+ * AVX-512 dot products. At batch 8 the AVX-512 form spends 16 dot products per 128 bytes and
+ * runs out of core before the memory runs out of bytes (14 GB/s per core from L2, ~50 with
+ * tiles). Tiles 0-1: y (rows x 16 fp32 each), 2 and 5: x, 3-4 and 6-7: W (two k chunks at once). */
+#define GEMV_AMX_CHUNK_BYTES 4096 /* 64 k x 32 rows of bf16 */
+static inline __attribute__((always_inline)) void gemv_amx_group(const uint16_t *wg, const uint16_t *x, uint16_t *y,
+                                                                 int64_t M, int64_t N, int64_t K, int64_t n0,
+                                                                 const int hint) {
+    float c[16 * 32] __attribute__((aligned(64)));
+    _tile_zero(0);
+    _tile_zero(1);
+    int64_t k = 0;
+    for (; k + 64 <= K; k += 64) {
+        const char *wb = (const char *)(wg + k * 32); /* k/2 pairs x 32 rows x 2 */
+        for (int o = 0; o < GEMV_AMX_CHUNK_BYTES; o += 64) prefetch_line(wb + GEMV_PREFETCH_BYTES + o, hint);
+        _tile_loadd(2, x + k, K * 2);
+        _tile_loadd(3, wb, 128);
+        _tile_loadd(4, wb + 64, 128);
+        _tile_loadd(5, x + k + 32, K * 2);
+        _tile_loadd(6, wb + 2048, 128);
+        _tile_loadd(7, wb + 2048 + 64, 128);
+        _tile_dpbf16ps(0, 2, 3);
+        _tile_dpbf16ps(1, 2, 4);
+        _tile_dpbf16ps(0, 5, 6);
+        _tile_dpbf16ps(1, 5, 7);
+    }
+    for (; k < K; k += 32) { /* K % 64 == 32: one chunk left */
+        const char *wb = (const char *)(wg + k * 32);
+        _tile_loadd(2, x + k, K * 2);
+        _tile_loadd(3, wb, 128);
+        _tile_loadd(4, wb + 64, 128);
+        _tile_dpbf16ps(0, 2, 3);
+        _tile_dpbf16ps(1, 2, 4);
+    }
+    _tile_stored(0, c, 128);
+    _tile_stored(1, c + 16, 128);
+    const int64_t rows = N - n0 < 32 ? N - n0 : 32;
+    for (int64_t m = 0; m < M; m++) {
+        uint16_t out[32];
+        _mm256_storeu_si256((__m256i *)out, (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(c + m * 32)));
+        _mm256_storeu_si256((__m256i *)(out + 16), (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(c + m * 32 + 16)));
+        for (int64_t r = 0; r < rows; r++) y[m * N + n0 + r] = out[r];
+    }
+}
+
+static void gemv_amx(const uint16_t *Wp, const uint16_t *x, uint16_t *y, int64_t M, int64_t N, int64_t K,
+                     int nthreads, const int hint_l2) {
+    const int64_t groups = (N + 31) / 32;
+#pragma omp parallel num_threads(nthreads)
+    {
+        const int rows[8] = {(int)M, (int)M, (int)M, 16, 16, (int)M, 16, 16};
+        const int colsb[8] = {64, 64, 64, 64, 64, 64, 64, 64};
+        configure_tiles(rows, colsb);
+#pragma omp for schedule(static)
+        for (int64_t g = 0; g < groups; g++) {
+            if (hint_l2)
+                gemv_amx_group(Wp + g * 32 * K, x, y, M, N, K, g * 32, KVLAB_PF_L2);
+            else
+                gemv_amx_group(Wp + g * 32 * K, x, y, M, N, K, g * 32, KVLAB_PF_NTA);
+        }
+        _tile_release();
+    }
+}
+#endif
+
+/* `flags`: KVLAB_FLAG_PREFETCH_L2 (else non-temporal), KVLAB_FLAG_AMX (tiles for 2..16 rows of x
+ * with K % 32 == 0, where this process may use them). In the AVX-512 form the first GEMV_MT rows
+ * of x prefetch the weights; later rows find them in cache. Returns 0. */
 int kvlab_gemv_bf16(const uint16_t *Wp, const uint16_t *x, uint16_t *y, int64_t M, int64_t N, int64_t K,
-                     int nthreads) {
+                     int nthreads, int flags) {
+    const int hint_l2 = flags & KVLAB_FLAG_PREFETCH_L2;
+#if KVLAB_HAVE_AMX
+    if ((flags & KVLAB_FLAG_AMX) && M >= 2 && M <= 16 && K % 32 == 0 && kvlab_amx_available()) {
+        gemv_amx(Wp, x, y, M, N, K, nthreads, hint_l2);
+        return 0;
+    }
+#endif
     const int64_t groups = (N + 31) / 32;
 #pragma omp parallel for schedule(static) num_threads(nthreads)
     for (int64_t g = 0; g < groups; g++) {
@@ -140,16 +301,10 @@ int kvlab_gemv_bf16(const uint16_t *Wp, const uint16_t *x, uint16_t *y, int64_t 
             const uint16_t *xr = x + m0 * K;
             uint16_t *yr = y + m0 * N;
             const int pf = m0 == 0;
-            switch (M - m0 < GEMV_MT ? M - m0 : GEMV_MT) {
-            case 1: gemv_group(wg, xr, yr, N, K, g * 32, 1, pf); break;
-            case 2: gemv_group(wg, xr, yr, N, K, g * 32, 2, pf); break;
-            case 3: gemv_group(wg, xr, yr, N, K, g * 32, 3, pf); break;
-            case 4: gemv_group(wg, xr, yr, N, K, g * 32, 4, pf); break;
-            case 5: gemv_group(wg, xr, yr, N, K, g * 32, 5, pf); break;
-            case 6: gemv_group(wg, xr, yr, N, K, g * 32, 6, pf); break;
-            case 7: gemv_group(wg, xr, yr, N, K, g * 32, 7, pf); break;
-            default: gemv_group(wg, xr, yr, N, K, g * 32, 8, pf); break;
-            }
+            if (hint_l2)
+                gemv_rows(wg, xr, yr, N, K, g * 32, M - m0, pf, KVLAB_PF_L2);
+            else
+                gemv_rows(wg, xr, yr, N, K, g * 32, M - m0, pf, KVLAB_PF_NTA);
         }
     }
     return 0;
@@ -175,17 +330,55 @@ static inline __m512 int8x16_to_f32(const void *row, int64_t d) {
  * fp16 scale per token (ks, vs), applied to the scores and to p, never to the big tensors. */
 static inline __attribute__((always_inline)) void attend_block(
         const uint16_t *q, const void *kb, const void *vb, const uint16_t *ks, const uint16_t *vs, int64_t n,
-        int64_t G, int64_t BLK, int64_t D, float *s, float *o, float *m_out, float *l_out, const int QUANT) {
+        int64_t G, int64_t BLK, int64_t D, float *s, float *o, float *m_out, float *l_out, const int QUANT,
+        const int HINT, const int AMX) {
     const int64_t row_bytes = QUANT ? D : 2 * D;
 #define KROW(t) ((const char *)kb + (t) * row_bytes)
 #define VROW(t) ((const char *)vb + (t) * row_bytes)
     /* scores, 4 keys x 4 query heads at a time: each loaded chunk of a key or a query feeds four
      * dot-product instructions, and the 16 sums come out of one 16-way horizontal sum (a dozen
      * shuffles instead of 16 reductions). int8 keys are widened to bf16 once, into kbuf. */
-    uint16_t kbuf[QUANT ? 4 * MAX_HEAD_DIM : 1];
+    uint16_t kbuf[QUANT ? 16 * MAX_HEAD_DIM : 1];
     int64_t t = 0;
+#if KVLAB_HAVE_AMX
+    if (AMX) { /* 16 keys x G heads per tile product; tiles configured by decode_attention */
+        uint32_t qv[MAX_HEAD_DIM / 2 * 16]; /* [D/32][16 dim pairs][G]: q as the tile unit's B */
+        const uint32_t *q32 = (const uint32_t *)q;
+        for (int64_t c = 0; c < D / 32; c++)
+            for (int64_t kp = 0; kp < 16; kp++)
+                for (int64_t g = 0; g < G; g++) qv[(c * 16 + kp) * G + g] = q32[g * (D / 2) + c * 16 + kp];
+        float c0[16 * 16] __attribute__((aligned(64))), c1[16 * 16] __attribute__((aligned(64)));
+        for (; t + 16 <= n; t += 16) {
+            if (t + PREFETCH_ROWS < n) prefetch_bytes(KROW(t + PREFETCH_ROWS), 16 * row_bytes, HINT);
+            const char *rows = KROW(t);
+            int64_t stride = row_bytes;
+            if (QUANT) {
+                for (int j = 0; j < 16; j++)
+                    for (int64_t d = 0; d < D; d += 32) _mm512_storeu_si512(kbuf + j * D + d, (__m512i)key32(KROW(t + j), d, 1));
+                rows = (const char *)kbuf;
+                stride = 2 * D;
+            }
+            _tile_zero(0);
+            _tile_zero(1);
+            for (int64_t c = 0; c < D / 32; c += 2) { /* D % 64 == 0: chunks in pairs, two accumulators */
+                _tile_loadd(2, rows + c * 64, stride);
+                _tile_loadd(4, qv + c * 16 * G, G * 4);
+                _tile_loadd(3, rows + (c + 1) * 64, stride);
+                _tile_loadd(5, qv + (c + 1) * 16 * G, G * 4);
+                _tile_dpbf16ps(0, 2, 4);
+                _tile_dpbf16ps(1, 3, 5);
+            }
+            _tile_stored(0, c0, G * 4); /* row i: key t + i, column g: head g */
+            _tile_stored(1, c1, G * 4);
+            for (int i = 0; i < 16; i++) {
+                const float scale = QUANT ? _cvtsh_ss(ks[t + i]) : 1.0f;
+                for (int64_t g = 0; g < G; g++) s[g * BLK + t + i] = (c0[i * G + g] + c1[i * G + g]) * scale;
+            }
+        }
+    }
+#endif
     for (; t + 4 <= n; t += 4) {
-        if (t + PREFETCH_ROWS < n) prefetch_bytes(KROW(t + PREFETCH_ROWS), 4 * row_bytes);
+        if (t + PREFETCH_ROWS < n) prefetch_bytes(KROW(t + PREFETCH_ROWS), 4 * row_bytes, HINT);
         const uint16_t *rows = (const uint16_t *)KROW(t);
         __m512 scale = _mm512_set1_ps(1.0f);
         if (QUANT) {
@@ -266,7 +459,7 @@ static inline __attribute__((always_inline)) void attend_block(
                         a[i][c] = g0 + i < G ? _mm512_loadu_ps(o + (g0 + i) * D + d0 + 16 * c) : _mm512_setzero_ps();
                 for (int64_t t = t0; t < t1; t++) {
                     const void *vr = VROW(t);
-                    if (d0 == 0 && g0 == 0 && t + PREFETCH_ROWS < n) prefetch_bytes(VROW(t + PREFETCH_ROWS), row_bytes);
+                    if (d0 == 0 && g0 == 0 && t + PREFETCH_ROWS < n) prefetch_bytes(VROW(t + PREFETCH_ROWS), row_bytes, HINT);
                     __m512 v0, v1, v2, v3;
                     if (QUANT) {
                         v0 = int8x16_to_f32(vr, d0); v1 = int8x16_to_f32(vr, d0 + 16);
@@ -305,18 +498,32 @@ static inline __attribute__((always_inline)) void attend_block(
 #undef KROW
 #undef VROW
 
-/* One out-of-line copy per storage type. */
+/* One out-of-line copy per storage type; the flags pick one of the inlined bodies. */
+#define KVLAB_ATTEND(QUANT, KS, VS)                                                                    \
+    do {                                                                                               \
+        const int l2 = flags & KVLAB_FLAG_PREFETCH_L2;                                                 \
+        if (KVLAB_HAVE_AMX && (flags & KVLAB_FLAG_AMX)) {                                              \
+            if (l2) attend_block(q, kb, vb, KS, VS, n, G, BLK, D, s, o, m, l, QUANT, KVLAB_PF_L2, 1);  \
+            else attend_block(q, kb, vb, KS, VS, n, G, BLK, D, s, o, m, l, QUANT, KVLAB_PF_NTA, 1);    \
+        } else {                                                                                       \
+            if (l2) attend_block(q, kb, vb, KS, VS, n, G, BLK, D, s, o, m, l, QUANT, KVLAB_PF_L2, 0);  \
+            else attend_block(q, kb, vb, KS, VS, n, G, BLK, D, s, o, m, l, QUANT, KVLAB_PF_NTA, 0);    \
+        }                                                                                              \
+    } while (0)
+
 static __attribute__((noinline)) void attend_block_bf16(const uint16_t *q, const void *kb, const void *vb, int64_t n,
                                                         int64_t G, int64_t BLK, int64_t D, float *s, float *o,
-                                                        float *m, float *l) {
-    attend_block(q, kb, vb, NULL, NULL, n, G, BLK, D, s, o, m, l, 0);
+                                                        float *m, float *l, int flags) {
+    KVLAB_ATTEND(0, NULL, NULL);
 }
 
 static __attribute__((noinline)) void attend_block_int8(const uint16_t *q, const void *kb, const void *vb,
                                                         const uint16_t *ks, const uint16_t *vs, int64_t n, int64_t G,
-                                                        int64_t BLK, int64_t D, float *s, float *o, float *m, float *l) {
-    attend_block(q, kb, vb, ks, vs, n, G, BLK, D, s, o, m, l, 1);
+                                                        int64_t BLK, int64_t D, float *s, float *o, float *m, float *l,
+                                                        int flags) {
+    KVLAB_ATTEND(1, ks, vs);
 }
+#undef KVLAB_ATTEND
 
 /* Decode attention: one query token per sequence against its first lengths[b] cached positions.
  * q (B, KV, G, D) bf16, already scaled by 1/sqrt(D); k, v (NB, B, KV, BLK, D) block-major, bf16,
@@ -326,14 +533,23 @@ static __attribute__((noinline)) void attend_block_int8(const uint16_t *q, const
  * Returns 0, or -1 when scratch memory cannot be allocated (out untouched). */
 static int decode_attention(const uint16_t *q, const void *k, const void *v, const uint16_t *ks, const uint16_t *vs,
                             const int64_t *lengths, float *out, int64_t NB, int64_t B, int64_t KV, int64_t G,
-                            int64_t BLK, int64_t D, int nthreads, const int QUANT) {
+                            int64_t BLK, int64_t D, int nthreads, int flags, const int QUANT) {
     const int64_t row_bytes = QUANT ? D : 2 * D;
+    /* AMX for the scores where asked, allowed, and the heads of a group fit a tile's 16 columns */
+    if (!((flags & KVLAB_FLAG_AMX) && G <= 16 && kvlab_amx_available())) flags &= ~KVLAB_FLAG_AMX;
     const int64_t items = NB * B * KV, part = G * (D + 2);
     float *partials = (float *)malloc(sizeof(float) * (size_t)(items * part));
     if (!partials) return -1;
     int failed = 0;
 #pragma omp parallel num_threads(nthreads)
     {
+#if KVLAB_HAVE_AMX
+        if (flags & KVLAB_FLAG_AMX) { /* 0-1 scores (16 keys x G fp32), 2-3 keys, 4-5 queries */
+            const int rows[8] = {16, 16, 16, 16, 16, 16, 0, 0};
+            const int colsb[8] = {(int)G * 4, (int)G * 4, 64, 64, (int)G * 4, (int)G * 4, 0, 0};
+            configure_tiles(rows, colsb);
+        }
+#endif
         float *s = (float *)aligned_alloc(64, sizeof(float) * (size_t)(((G * BLK + 15) / 16) * 16)); /* scores */
         if (!s) {
 #pragma omp atomic write
@@ -354,10 +570,10 @@ static int decode_attention(const uint16_t *q, const void *k, const void *v, con
                 const int64_t base = it * BLK;  /* first row of this block */
                 if (QUANT)
                     attend_block_int8(q + (b * KV + h) * G * D, (const char *)k + base * row_bytes,
-                                      (const char *)v + base * row_bytes, ks + base, vs + base, n, G, BLK, D, s, o, m, l);
+                                      (const char *)v + base * row_bytes, ks + base, vs + base, n, G, BLK, D, s, o, m, l, flags);
                 else
                     attend_block_bf16(q + (b * KV + h) * G * D, (const char *)k + base * row_bytes,
-                                      (const char *)v + base * row_bytes, n, G, BLK, D, s, o, m, l);
+                                      (const char *)v + base * row_bytes, n, G, BLK, D, s, o, m, l, flags);
             }
 #pragma omp for schedule(static)
             for (int64_t r = 0; r < B * KV * G; r++) { /* combine the blocks of one (sequence, head) */
@@ -382,6 +598,9 @@ static int decode_attention(const uint16_t *q, const void *k, const void *v, con
             }
         }
         free(s);
+#if KVLAB_HAVE_AMX
+        if (flags & KVLAB_FLAG_AMX) _tile_release();
+#endif
     }
     free(partials);
     return failed ? -1 : 0;
@@ -389,12 +608,12 @@ static int decode_attention(const uint16_t *q, const void *k, const void *v, con
 
 int kvlab_decode_attention_bf16(const uint16_t *q, const uint16_t *k, const uint16_t *v, const int64_t *lengths,
                                 float *out, int64_t NB, int64_t B, int64_t KV, int64_t G, int64_t BLK, int64_t D,
-                                int nthreads) {
-    return decode_attention(q, k, v, NULL, NULL, lengths, out, NB, B, KV, G, BLK, D, nthreads, 0);
+                                int nthreads, int flags) {
+    return decode_attention(q, k, v, NULL, NULL, lengths, out, NB, B, KV, G, BLK, D, nthreads, flags, 0);
 }
 
 int kvlab_decode_attention_int8(const uint16_t *q, const int8_t *k, const int8_t *v, const uint16_t *ks,
                                 const uint16_t *vs, const int64_t *lengths, float *out, int64_t NB, int64_t B,
-                                int64_t KV, int64_t G, int64_t BLK, int64_t D, int nthreads) {
-    return decode_attention(q, k, v, ks, vs, lengths, out, NB, B, KV, G, BLK, D, nthreads, 1);
+                                int64_t KV, int64_t G, int64_t BLK, int64_t D, int nthreads, int flags) {
+    return decode_attention(q, k, v, ks, vs, lengths, out, NB, B, KV, G, BLK, D, nthreads, flags, 1);
 }
