@@ -35,7 +35,11 @@ def number(text: str) -> float:
 
 
 def print_json(obj) -> None:
-    json.dump(obj, sys.stdout, indent=2, allow_nan=False)
+    """One JSON object on stdout; inf and NaN become null (kvlab.jsonsafe's rule: JSON has no
+    infinity, and `--budget inf` must not turn a result into a crash)."""
+    from ..jsonsafe import jsonable
+
+    json.dump(jsonable(obj), sys.stdout, indent=2, allow_nan=False)
     sys.stdout.write("\n")
 
 

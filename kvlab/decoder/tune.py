@@ -44,16 +44,8 @@ VERSION = 1
 
 
 def last_level_cache_bytes() -> int:
-    """The largest CPU cache Linux reports (sysfs), 32 MiB where it says nothing."""
-    sizes = []
-    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
-        text = f.read_text().strip().upper()
-        try:
-            mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-            sizes.append(int(text.rstrip("KMG")) * mult)
-        except (ValueError, OSError):
-            continue
-    return max(sizes, default=32 << 20)
+    """The largest CPU cache Linux reports, 32 MiB where it says nothing."""
+    return native.last_level_cache_bytes() or 32 << 20
 
 
 def working_set_bytes() -> int:

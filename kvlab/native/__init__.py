@@ -70,6 +70,19 @@ def _cpu() -> tuple[str, set[str]]:
     return name, flags
 
 
+def last_level_cache_bytes() -> int | None:
+    """The largest CPU cache Linux reports (sysfs, cpu0), in bytes; None when it says nothing."""
+    sizes = []
+    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        try:
+            text = path.read_text().strip().upper()
+            scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+            sizes.append(int(text.rstrip("KMG")) * scale)
+        except (OSError, ValueError):
+            pass
+    return max(sizes) if sizes else None
+
+
 def _compiler() -> tuple[str | None, str]:
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc:
