@@ -387,3 +387,22 @@ def test_an_unknown_option_points_at_its_command_and_where_it_belongs(capsys, ar
     assert err.rstrip().endswith(f"(see '{prog} --help')") and "see 'kvlab --help'" not in err
     if hint:
         assert hint in err
+
+
+def test_the_largest_documented_seed_survives_parsing_exactly(capsys):
+    """2**63 - 1 has no float: parsed as one it became 2**63 and was refused (or silently
+    changed). Whole numbers that large stay int from the command line to the range check."""
+    from kvlab.cli.args import count
+    from kvlab.errors import KvlabError, check_number
+
+    top = 2**63 - 1
+    assert count(str(top)) == top and type(count(str(top))) is int
+    assert count("4k") == 4096.0 and count("1e3") == 1000.0  # the rest as before
+    assert (
+        check_number("seed", top, minimum=0, allow_equal_min=True, maximum=top, integer=True) == top
+    )
+    with pytest.raises(KvlabError, match="seed must be <= 9.22337e"):
+        check_number("seed", top + 1, minimum=0, allow_equal_min=True, maximum=top, integer=True)
+    argv = ["simulate", "poisson:rate=1,prompt=100,output=10,requests=3", "--arch", "colocated"]
+    assert main([*argv, "--seed", str(top), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["config"]["seed"] == top

@@ -379,15 +379,17 @@ class _Parser(argparse.ArgumentParser):
 def check_out(out: Path) -> Path:
     """OUT must be a folder this process can write (created if missing): checked before any
     step runs, so that a bad path costs a line, not a session's device time."""
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out}: exists and is not a folder")
+    shown = str(out)[:200]
     try:
+        if out.exists() and not out.is_dir():
+            raise UsageError(f"--out {shown}: exists and is not a folder")
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".gpu_session-write-probe"
         probe.write_text("")
         probe.unlink()
-    except OSError as exc:
-        raise UsageError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
+        why = getattr(exc, "strerror", None) or str(exc)
+        raise UsageError(f"--out {shown}: cannot write there ({why})") from None
     return out
 
 

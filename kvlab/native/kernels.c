@@ -4,17 +4,23 @@
  * kernels do not (its bf16 batched matmul reads KV at 12-20 GB/s where the memory gives 40+).
  *
  * What makes them stream: each thread reads long contiguous runs (packed weight tiles, whole
- * cache blocks), prefetches a few KB ahead of itself (non-temporal: every byte is used once),
- * and does its arithmetic on data already in L1 with few instructions per byte: AVX-512 BF16
- * dot products (weights: 32 output rows in lanes, no horizontal sums; keys: 4 keys x 4 query
- * heads per tile, 16 sums in one shuffle tree), an AVX-512 exp for the softmax, and V reduced
- * 64 rows at a time so the rows stay in L1 across the head_dim tiles, its bf16 widened by a
- * shift (even dims) and a mask (odd dims) and re-interleaved once per block. Variants measured slower and dropped: weights as row-by-x dot products
- * (half the speed at batch 8), keys one at a time (1.7x the instructions), V as bf16 row
- * pairs in dot products (faster from cache, 5-10% slower from DRAM on the reference machine).
+ * cache blocks), prefetches a few KB ahead of itself (with the hint this machine streams best
+ * with, see prefetch_line), and does its arithmetic on data already in L1 with few instructions
+ * per byte: AVX-512 BF16 dot products (weights: 32 output rows in lanes, no horizontal sums;
+ * keys: 4 keys x 4 query heads per tile, 16 sums in one shuffle tree), an AVX-512 exp for the
+ * softmax, and V reduced 64 rows at a time so the rows stay in L1 across the head_dim tiles, its
+ * bf16 widened by a shift (even dims) and a mask (odd dims) and re-interleaved once per block.
+ * Where the CPU has AMX tiles (Intel Xeon since Sapphire Rapids) and the caller asks for them,
+ * the batch 2-16 weights, the scores and p V run on tiles instead: on two cores the AVX-512
+ * forms ran out of instructions before the memory ran out of bytes (batch-8 weights 14 GB/s per
+ * core from L2, attention 22), the tile forms do not.
+ * Variants measured slower and dropped: weights as row-by-x dot products (half the speed at
+ * batch 8), keys one at a time (1.7x the instructions), V as bf16 row pairs in dot products
+ * (faster from cache, 5-10% slower from DRAM on the reference machine).
  *
  * Built on first use by kvlab/native/__init__.py with the system C compiler
- * (-O3 -march=native -fopenmp) and called through ctypes; needs AVX512F + AVX512-BF16.
+ * (-O3 -march=native -fopenmp) and called through ctypes; needs AVX512F + AVX512-BF16. Which
+ * variant (prefetch hint, tiles or not) a machine runs is timed there, not guessed.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -324,6 +330,86 @@ static inline __m512 int8x16_to_f32(const void *row, int64_t d) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)((const int8_t *)row + d))));
 }
 
+#if KVLAB_HAVE_AMX
+/* Word indices that interleave two rows a, b of 32 values: (a0 b0 a1 b1 ... a15 b15), then the
+ * same for a16..a31 (a permutex2var index: 0-31 pick from a, 32-63 from b). */
+static const uint16_t PAIR_LO[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+                                     8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+static const uint16_t PAIR_HI[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
+                                     24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
+
+/* o (G, D) += p V on AMX tiles, 32 keys at a time. The tile unit wants V with pairs of keys
+ * side by side per dimension ("VNNI"): each 32 keys are re-laid into vbuf (two rows merged by
+ * one permute per 32 dims; int8 widened to bf16 on the way, exactly) while they are in L1, and
+ * rows past n are zeros, not whatever a stale cache slot holds. p goes in as two bf16 tiles,
+ * p = hi + lo (hi = p rounded, lo = the rest rounded): products summed in fp32 keep p to about
+ * 16 bits, closer than PyTorch's bf16 p. Tiles 0-3: o (G x 16 fp32 each), 4-5: p hi/lo
+ * (G x 32 keys), 6-7: V (16 key pairs x 16 dims). Against the AVX-512 form (16 FMAs and four
+ * widenings per V row and head group) this is a permute and a store per 64 bytes of V. */
+static inline __attribute__((always_inline)) void attend_values_amx(const void *vb, const float *s, float *o,
+                                                                    int64_t n, int64_t G, int64_t BLK, int64_t D,
+                                                                    const int QUANT, const int HINT) {
+    const int64_t row_bytes = QUANT ? D : 2 * D;
+#define VROW(t) ((const char *)vb + (t) * row_bytes)
+    const int64_t blk32 = (BLK + 31) / 32 * 32;
+    uint16_t *phi = (uint16_t *)(s + (G * BLK + 15) / 16 * 16), *plo = phi + G * blk32;
+    for (int64_t g = 0; g < G; g++) { /* p = hi + lo, zeros past n up to the 32-key boundary */
+        const float *sg = s + g * BLK;
+        for (int64_t t = 0; t < (n + 31) / 32 * 32; t += 16) {
+            const __mmask16 k = t + 16 <= n ? (__mmask16)0xffff : t < n ? (__mmask16)((1u << (n - t)) - 1u) : 0;
+            const __m512 p = _mm512_maskz_loadu_ps(k, sg + t);
+            const __m256bh hi = _mm512_cvtneps_pbh(p);
+            const __m512 back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)hi), 16));
+            _mm256_storeu_si256((__m256i *)(phi + g * blk32 + t), (__m256i)hi);
+            _mm256_storeu_si256((__m256i *)(plo + g * blk32 + t), (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(p, back)));
+        }
+    }
+    const int rows[8] = {(int)G, (int)G, (int)G, (int)G, (int)G, (int)G, 16, 16};
+    const int colsb[8] = {64, 64, 64, 64, 64, 64, 64, 64};
+    configure_tiles(rows, colsb);
+    uint16_t vbuf[32 * MAX_HEAD_DIM] __attribute__((aligned(64))); /* [D/16][16 key pairs][16 dims x 2] */
+    const __m512i lo_idx = _mm512_loadu_si512(PAIR_LO), hi_idx = _mm512_loadu_si512(PAIR_HI);
+    for (int64_t t0 = 0; t0 < n; t0 += 32) {
+        for (int64_t kp = 0; kp < 16; kp++) {
+            const int64_t r0 = t0 + 2 * kp, r1 = r0 + 1;
+            if (r0 + PREFETCH_ROWS < n) prefetch_bytes(VROW(r0 + PREFETCH_ROWS), 2 * row_bytes, HINT);
+            for (int64_t d = 0; d < D; d += 32) {
+                const __m512i a = r0 < n ? (__m512i)key32(VROW(r0), d, QUANT) : _mm512_setzero_si512();
+                const __m512i b = r1 < n ? (__m512i)key32(VROW(r1), d, QUANT) : _mm512_setzero_si512();
+                _mm512_store_si512(vbuf + ((d / 16) * 16 + kp) * 32, _mm512_permutex2var_epi16(a, lo_idx, b));
+                _mm512_store_si512(vbuf + ((d / 16 + 1) * 16 + kp) * 32, _mm512_permutex2var_epi16(a, hi_idx, b));
+            }
+        }
+        for (int64_t c = 0; c < D / 16; c += 4) { /* 64 dims: four o tiles */
+            float *oc = o + c * 16;
+            _tile_loadd(0, oc, D * 4);
+            _tile_loadd(1, oc + 16, D * 4);
+            _tile_loadd(2, oc + 32, D * 4);
+            _tile_loadd(3, oc + 48, D * 4);
+            _tile_loadd(4, phi + t0, blk32 * 2);
+            _tile_loadd(5, plo + t0, blk32 * 2);
+            _tile_loadd(6, vbuf + (c + 0) * 512, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(0, 5, 6);
+            _tile_loadd(7, vbuf + (c + 1) * 512, 64);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(1, 5, 7);
+            _tile_loadd(6, vbuf + (c + 2) * 512, 64);
+            _tile_dpbf16ps(2, 4, 6);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_loadd(7, vbuf + (c + 3) * 512, 64);
+            _tile_dpbf16ps(3, 4, 7);
+            _tile_dpbf16ps(3, 5, 7);
+            _tile_stored(0, oc, D * 4);
+            _tile_stored(1, oc + 16, D * 4);
+            _tile_stored(2, oc + 32, D * 4);
+            _tile_stored(3, oc + 48, D * 4);
+        }
+    }
+#undef VROW
+}
+#endif
+
 /* One block of one (sequence, KV head): scores, local softmax, and p V for its G query heads.
  * Writes o (G, D) unnormalised, and per head the local max m and sum l (split-K, as in
  * flash-decoding: blocks are independent, combined afterwards). QUANT: K/V are int8 with one
@@ -341,7 +427,10 @@ static inline __attribute__((always_inline)) void attend_block(
     uint16_t kbuf[QUANT ? 16 * MAX_HEAD_DIM : 1];
     int64_t t = 0;
 #if KVLAB_HAVE_AMX
-    if (AMX) { /* 16 keys x G heads per tile product; tiles configured by decode_attention */
+    if (AMX) { /* 16 keys x G heads per tile product: 0-1 scores (16 keys x G fp32), 2-3 keys, 4-5 q */
+        const int rows[8] = {16, 16, 16, 16, 16, 16, 0, 0};
+        const int colsb[8] = {(int)G * 4, (int)G * 4, 64, 64, (int)G * 4, (int)G * 4, 0, 0};
+        configure_tiles(rows, colsb);
         uint32_t qv[MAX_HEAD_DIM / 2 * 16]; /* [D/32][16 dim pairs][G]: q as the tile unit's B */
         const uint32_t *q32 = (const uint32_t *)q;
         for (int64_t c = 0; c < D / 32; c++)
@@ -447,6 +536,12 @@ static inline __attribute__((always_inline)) void attend_block(
             for (t = 0; t < n; t++) sg[t] *= _cvtsh_ss(vs[t]); /* p x v_scale: V's scale moves onto p */
     }
     for (int64_t i = 0; i < G * D; i++) o[i] = 0.0f;
+#if KVLAB_HAVE_AMX
+    if (AMX) {
+        attend_values_amx(vb, s, o, n, G, BLK, D, QUANT, HINT);
+        return;
+    }
+#endif
     for (int64_t t0 = 0; t0 < n; t0 += V_TILE_ROWS) { /* o += p V, 64 rows x 4 heads x 64 dims at a time */
         const int64_t t1 = t0 + V_TILE_ROWS < n ? t0 + V_TILE_ROWS : n;
         for (int64_t g0 = 0; g0 < G; g0 += 4) {
@@ -543,14 +638,9 @@ static int decode_attention(const uint16_t *q, const void *k, const void *v, con
     int failed = 0;
 #pragma omp parallel num_threads(nthreads)
     {
-#if KVLAB_HAVE_AMX
-        if (flags & KVLAB_FLAG_AMX) { /* 0-1 scores (16 keys x G fp32), 2-3 keys, 4-5 queries */
-            const int rows[8] = {16, 16, 16, 16, 16, 16, 0, 0};
-            const int colsb[8] = {(int)G * 4, (int)G * 4, 64, 64, (int)G * 4, (int)G * 4, 0, 0};
-            configure_tiles(rows, colsb);
-        }
-#endif
-        float *s = (float *)aligned_alloc(64, sizeof(float) * (size_t)(((G * BLK + 15) / 16) * 16)); /* scores */
+        /* scores (G x BLK fp32); with AMX also p as bf16 hi and lo parts (2 x G x BLK rounded up to 32) */
+        const int64_t scores = (G * BLK + 15) / 16 * 16, p16 = (flags & KVLAB_FLAG_AMX) ? G * ((BLK + 31) / 32 * 32) : 0;
+        float *s = (float *)aligned_alloc(64, sizeof(float) * (size_t)(scores + p16));
         if (!s) {
 #pragma omp atomic write
             failed = 1;
