@@ -548,12 +548,12 @@ def test_gpu_session_arguments(tmp_path):
         for value in HOSTILE:
             parse(["--out", out(), option, value])
 
-        @FUZZ
-        @given(numbers)
-        def random_values(value, option=option):
-            parse(["--out", out(), option, value])
+    @FUZZ
+    @given(st.sampled_from(["--deadline", "--budget"]), numbers)
+    def random_values(option, value):
+        parse(["--out", out(), option, value])
 
-        random_values()
+    random_values()
     for value in NAMES:
         parse(["--out", f"{tmp_path}/{value}"])
         parse(["--out", out(), "--only", value])

@@ -82,7 +82,7 @@ def run(args) -> int:
     from ..bench.decode import run_decode, write_comparison
 
     options = grid_options(args)
-    if args.plan:
+    if args.plan is not None:  # "" is a (bad) device name, not "no plan"
         return common.show_plan(args, ("decode",), {"decode": options})
     device = common.setup(args)
     r = run_decode(

@@ -19,7 +19,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from ..bench.transfer import run_transfer
 
-    if args.plan:
+    if args.plan is not None:  # "" is a (bad) device name, not "no plan"
         return common.show_plan(args, ("transfer",))
     device = common.setup(args)
     r = run_transfer(device, quick=args.quick, repeats=common.repeats(args), budget_s=args.budget)
