@@ -76,6 +76,13 @@ numbers = st.one_of(
 )
 
 
+@pytest.fixture(autouse=True)
+def _results_elsewhere(tmp_path_factory, monkeypatch):
+    """A case that ran a benchmark by mistake (`--plan ''` once did) writes here, not into
+    the repository's results/ (which the book plots)."""
+    monkeypatch.setenv("KVLAB_RESULTS_DIR", str(tmp_path_factory.mktemp("results")))
+
+
 def run(argv: list[str]) -> tuple[int, str, str]:
     """main(argv) in process; checks the contract and returns (status, stdout, stderr)."""
     out, err = io.StringIO(), io.StringIO()
