@@ -27,20 +27,25 @@ def cache_dir(tmp_path, monkeypatch):
     native.set_variant(**before)
 
 
-def fake_timings(**totals_ms) -> dict:
-    """A measurement in which each named candidate took `totals_ms` in all."""
-    timings = {n.replace("_", "-"): {"total_s": ms / 1e3} for n, ms in totals_ms.items()}
-    natives = {n: t for n, t in timings.items() if n.startswith("native")}
-    best = min(timings, key=lambda n: timings[n]["total_s"])
-    best_native = min(natives, key=lambda n: natives[n]["total_s"])
-    parts = best_native.split("-")
-    return {
-        "kernels": "native" if best.startswith("native") else "torch",
-        "best": best,
-        "native": {"name": best_native, "prefetch": parts[1], "amx": parts[-1] == "amx"},
-        "timings_s": timings,
-        "working_set_bytes": 256 << 20,
+def fake_timings(**ms) -> dict:
+    """A measurement in which candidate NAME took `ms[NAME] = (weights ms, attention ms)`."""
+    timings = {
+        n.replace("_", "-"): {
+            "weights_s": w / 1e3,
+            "attention_s": a / 1e3,
+            "total_s": (w + a) / 1e3,
+        }
+        for n, (w, a) in ms.items()
     }
+    by_name = {}
+    for n in timings:
+        parts = n.split("-")
+        by_name[n] = (
+            {"name": n, "kernels": "torch"}
+            if n == "torch"
+            else {"name": n, "kernels": "native", "prefetch": parts[1], "amx": parts[-1] == "amx"}
+        )
+    return {**tune.pick(timings, by_name), "timings_s": timings, "working_set_bytes": 256 << 20}
 
 
 @needs_native
@@ -52,16 +57,21 @@ def test_measure_times_every_candidate_and_picks_the_fastest(cache_dir, monkeypa
     assert set(result["timings_s"]) == names and "torch" in names
     assert {"native-nta", "native-l2"} <= names
     assert ("native-l2-amx" in names) == native.amx_available()
-    totals = {n: t["total_s"] for n, t in result["timings_s"].items()}
-    assert all(t > 0 for t in totals.values())
-    assert result["best"] == min(totals, key=totals.get)
-    assert result["kernels"] == ("torch" if result["best"] == "torch" else "native")
-    native_totals = {n: t for n, t in totals.items() if n != "torch"}
-    assert result["native"]["name"] == min(native_totals, key=native_totals.get)
+    t = result["timings_s"]
+    natives = [n for n in t if n != "torch"]
+    best_w = min(natives, key=lambda n: t[n]["weights_s"])
+    best_a = min(natives, key=lambda n: t[n]["attention_s"])
+    assert result["native"]["weights"]["name"] == best_w
+    assert result["native"]["attention"]["name"] == best_a
+    native_s = t[best_w]["weights_s"] + t[best_a]["attention_s"]
+    assert result["native"]["total_s"] == pytest.approx(native_s)
+    assert result["kernels"] == ("native" if native_s < t["torch"]["total_s"] else "torch")
     # each total is the sum of its four workloads (weights and KV at batch 1 and 8)
-    for t in result["timings_s"].values():
-        parts = [v for k, v in t.items() if k != "total_s"]
-        assert len(parts) == 4 and sum(parts) == pytest.approx(t["total_s"])
+    for times in t.values():
+        parts = [v for k, v in times.items() if k.endswith(" s")]
+        assert len(parts) == 4 and all(v > 0 for v in parts)
+        assert sum(parts) == pytest.approx(times["total_s"])
+        assert times["weights_s"] + times["attention_s"] == pytest.approx(times["total_s"])
 
 
 @needs_native
@@ -70,13 +80,13 @@ def test_choice_is_measured_once_and_cached_per_machine(cache_dir, monkeypatch):
 
     def measure():
         calls.append(1)
-        return fake_timings(native_nta=30, native_l2=20, torch=25)
+        return fake_timings(native_nta=(20, 10), native_l2=(10, 10), torch=(15, 10))
 
     monkeypatch.setattr(tune, "measure", measure)
     first = tune.choice()
-    assert not first["cached"] and first["best"] == "native-l2"
+    assert not first["cached"] and first["native"]["weights"]["name"] == "native-l2"
     second = tune.choice()
-    assert second["cached"] and second["best"] == "native-l2" and len(calls) == 1
+    assert second["cached"] and second["kernels"] == "native" and len(calls) == 1
     saved = json.loads((cache_dir / f"kernel-choice-{tune.cache_key()}.json").read_text())
     assert saved["timings_s"]["torch"]["total_s"] == 0.025
     # another CPU (or other flags) is another machine: its own key, measured again
@@ -91,23 +101,43 @@ def test_choice_is_measured_once_and_cached_per_machine(cache_dir, monkeypatch):
 
 @needs_native
 @pytest.mark.parametrize(
-    "totals,auto,variant",
+    "ms,auto,weights,attention",
     [
-        (dict(native_nta=40, native_l2=20, torch=30), "native", ("l2", False)),
-        (dict(native_nta=20, native_l2=40, torch=30), "native", ("nta", False)),
-        # slower native kernels are never picked by auto, but "native" gets its fastest variant
-        (dict(native_nta=60, native_l2=45, torch=30), "torch", ("l2", False)),
+        # one variant fastest for both
+        (
+            dict(native_nta=(30, 20), native_l2=(15, 10), torch=(20, 30)),
+            "native",
+            ("l2", False),
+            ("l2", False),
+        ),
+        # each operation its own variant: 10 + 8 beats PyTorch's 30 though no variant alone does
+        (
+            dict(native_nta=(20, 8), native_l2=(10, 30), torch=(15, 15)),
+            "native",
+            ("l2", False),
+            ("nta", False),
+        ),
+        # slower native kernels are never picked by auto; "native" still gets its fastest
+        (
+            dict(native_nta=(60, 40), native_l2=(45, 30), torch=(20, 30)),
+            "torch",
+            ("l2", False),
+            ("l2", False),
+        ),
     ],
 )
-def test_auto_takes_the_faster_kernel_set(cache_dir, monkeypatch, totals, auto, variant):
-    monkeypatch.setattr(tune, "measure", lambda: fake_timings(**totals))
+def test_auto_takes_the_faster_kernel_set(cache_dir, monkeypatch, ms, auto, weights, attention):
+    monkeypatch.setattr(tune, "measure", lambda: fake_timings(**ms))
     m = Decoder("tiny", "bf16")
     assert m.kernels == auto
     assert m.kernels_note.startswith("native C kernels" if auto == "native" else "PyTorch")
-    assert m.kernel_choice["best"] == min(totals, key=totals.get).replace("_", "-")
     forced = Decoder("tiny", "bf16", kernels="native")
     assert forced.kernels == "native"
-    assert (native.variant()["prefetch"], native.variant()["amx"]) == variant
+    v = native.variant()
+    assert (v["weights"]["prefetch"], v["weights"]["amx"]) == weights
+    assert (v["attention"]["prefetch"], v["attention"]["amx"]) == attention
+    env = forced.kernels_environment()
+    assert env["kernel_variant"] == v and "kvlab's" in env["kernel_timing"]["note"]
     assert Decoder("tiny", "bf16", kernels="torch").kernel_choice is None  # nothing timed
 
 

@@ -304,7 +304,12 @@ class _Sweep:
         if "kernel_timing" not in env:
             return ""
         v = env.get("kernel_variant")
-        how = f"; prefetch {v['prefetch']}" + (", AMX" if v["amx"] else "") if v else ""
+        how = ""
+        if v:
+            how = "; " + ", ".join(
+                f"{op} prefetch {x['prefetch']}" + (" + AMX" if x["amx"] else "")
+                for op, x in v.items()
+            )
         return f"{how}; {env['kernel_timing']['note']}"
 
     def skip(self, group: Group, ctx: int, reason: str, note: str | None = None) -> None:

@@ -176,8 +176,7 @@ class Decoder(torch.nn.Module):
             timed = self.kernel_choice
             env["kernel_timing"] = {
                 "note": tune.note(timed),
-                "best": timed["best"],
-                "timings_s": timed["timings_s"],
+                **{k: timed[k] for k in ("kernels", "native", "torch_total_s", "timings_s")},
                 "working_set_bytes": timed["working_set_bytes"],
             }
             if self.kernels == "native":
@@ -207,7 +206,7 @@ class Decoder(torch.nn.Module):
         timed = tune.choice()
         self.kernel_choice = timed
         best = tune.require_native(timed)
-        native.set_variant(best["prefetch"], best["amx"])
+        native.set_variant(best["weights"], best["attention"])
         if asked == "auto" and timed["kernels"] == "torch":
             return "torch", "PyTorch kernels (timed faster here than kvlab's native kernels)"
         return "native", native.status()

@@ -39,10 +39,11 @@ MAX_HEAD_DIM = 512
 #: L2 streamer idle: half the bandwidth). kernels.c: KVLAB_FLAG_PREFETCH_L2.
 PREFETCH_HINTS = ("nta", "l2")
 _FLAG_PREFETCH_L2, _FLAG_AMX = 1, 2
-#: The variant the kernels run now: its prefetch hint, and whether they may use AMX tiles
-#: (batch 2-16 weights and the attention scores, where the CPU and the OS allow it). Which
-#: variant a machine gets is timed on first use (`kvlab.decoder.tune`), never guessed.
-_variant = {"prefetch": "l2", "amx": True}
+#: The variant each kernel runs now: its prefetch hint, and whether it may use AMX tiles
+#: (batch 2-16 weights; the scores and p V), where the CPU and the OS allow them. Which
+#: variant a machine gets, per kernel, is timed on first use (`kvlab.decoder.tune`).
+OPERATIONS = ("weights", "attention")
+_variant = {op: {"prefetch": "l2", "amx": True} for op in OPERATIONS}
 
 
 def cache_dir() -> Path:
@@ -235,26 +236,29 @@ def amx_available() -> bool:
 
 
 def variant() -> dict:
-    """The kernel variant in use: {"prefetch": one of PREFETCH_HINTS, "amx": bool}."""
-    return dict(_variant)
+    """The variants in use: {"weights": {"prefetch", "amx"}, "attention": {...}}."""
+    return {op: dict(v) for op, v in _variant.items()}
 
 
-def set_variant(prefetch: str | None = None, amx: bool | None = None) -> None:
-    """Use this prefetch hint and/or AMX setting from now on in this process (the tuner's
-    choice); None keeps the current one."""
-    if prefetch is not None:
-        if prefetch not in PREFETCH_HINTS:
-            raise KvlabError(f"prefetch hint must be one of {PREFETCH_HINTS}, got {prefetch!r}")
-        _variant["prefetch"] = prefetch
-    if amx is not None:
-        _variant["amx"] = bool(amx)
+def set_variant(weights: dict | None = None, attention: dict | None = None) -> None:
+    """Use these variants ({"prefetch": one of PREFETCH_HINTS, "amx": bool}) from now on in
+    this process (the tuner's choice); None keeps an operation's current one."""
+    for op, given in (("weights", weights), ("attention", attention)):
+        if given is None:
+            continue
+        if given.get("prefetch") not in PREFETCH_HINTS or not isinstance(given.get("amx"), bool):
+            raise KvlabError(
+                f"{op} variant must be {{'prefetch': one of {PREFETCH_HINTS}, 'amx': bool}}, "
+                f"got {given!r}"
+            )
+        _variant[op] = {"prefetch": given["prefetch"], "amx": given["amx"]}
 
 
-def _flags(prefetch: str | None, amx: bool | None) -> int:
-    hint = _variant["prefetch"] if prefetch is None else prefetch
+def _flags(op: str, prefetch: str | None, amx: bool | None) -> int:
+    hint = _variant[op]["prefetch"] if prefetch is None else prefetch
     if hint not in PREFETCH_HINTS:
         raise KvlabError(f"prefetch hint must be one of {PREFETCH_HINTS}, got {hint!r}")
-    use_amx = _variant["amx"] if amx is None else amx
+    use_amx = _variant[op]["amx"] if amx is None else amx
     return (_FLAG_PREFETCH_L2 if hint == "l2" else 0) | (_FLAG_AMX if use_amx else 0)
 
 
@@ -297,7 +301,7 @@ def unpack_weight(packed, out_features: int):
 def gemv_bf16(x, packed, out_features: int, prefetch: str | None = None, amx: bool | None = None):
     """x (..., K) @ W^T -> (..., N), W packed by `pack_weight`; bf16 in and out, fp32 accumulation.
     Meant for decode (a few rows); the work grows with rows x W, so prefill should unpack.
-    `prefetch`, `amx`: the variant (default: `variant()`)."""
+    `prefetch`, `amx`: the variant (default: `variant()["weights"]`)."""
     import torch
 
     if (
@@ -316,7 +320,7 @@ def gemv_bf16(x, packed, out_features: int, prefetch: str | None = None, amx: bo
         raise KvlabError(f"gemv_bf16: x has {x.shape[-1]} features, the weight {K}")
     flat = x.reshape(-1, K).to(torch.bfloat16).contiguous()  # (M, K)
     y = torch.empty(flat.shape[0], out_features, dtype=torch.bfloat16)  # (M, N)
-    flags = _flags(prefetch, amx)
+    flags = _flags("weights", prefetch, amx)
     _lib().kvlab_gemv_bf16(
         packed.data_ptr(),
         flat.data_ptr(),
@@ -358,7 +362,7 @@ def decode_attention(
     q: (B, H, 1, D) scaled by 1/sqrt(D); k, v: (nb, B, KV, blk, D), bf16, or int8 with
     k_scale, v_scale (nb, B, KV, blk, 1) fp16 (contiguous views of the cache); lengths: (B,)
     int64, positions each sequence attends (the rest are stale); `prefetch`, `amx`: the variant
-    (default: `variant()`). Returns (B, H, 1, D) fp32."""
+    (default: `variant()["attention"]`). Returns (B, H, 1, D) fp32."""
     import torch
 
     nb, B, KV, blk, D = k.shape
@@ -397,7 +401,7 @@ def decode_attention(
         raise KvlabError(f"decode_attention: lengths must be in 1..{nb * blk}, got {lens.tolist()}")
     qb = q.to(torch.bfloat16).contiguous()  # (B, H, 1, D) == (B, KV, G, D)
     out = torch.empty(B, H, 1, D, dtype=torch.float32)
-    dims = (nb, B, KV, H // KV, blk, D, _threads(), _flags(prefetch, amx))
+    dims = (nb, B, KV, H // KV, blk, D, _threads(), _flags("attention", prefetch, amx))
     if quant:
         rc = _lib().kvlab_decode_attention_int8(
             qb.data_ptr(),

@@ -225,39 +225,38 @@ static inline __attribute__((always_inline)) void gemv_rows(const uint16_t *wg, 
  * stride 128), x is a (rows x 32 k) tile, and one tile instruction does the work of 16 x rows
  * AVX-512 dot products. At batch 8 the AVX-512 form spends 16 dot products per 128 bytes and
  * runs out of core before the memory runs out of bytes (14 GB/s per core from L2, ~50 with
- * tiles). Tiles 0-1: y (rows x 16 fp32 each), 2 and 5: x, 3-4 and 6-7: W (two k chunks at once). */
-#define GEMV_AMX_CHUNK_BYTES 4096 /* 64 k x 32 rows of bf16 */
-static inline __attribute__((always_inline)) void gemv_amx_group(const uint16_t *wg, const uint16_t *x, uint16_t *y,
-                                                                 int64_t M, int64_t N, int64_t K, int64_t n0,
-                                                                 const int hint) {
-    float c[16 * 32] __attribute__((aligned(64)));
+ * tiles). Two groups go at once, each its own stream (see gemv_m1_streams): tiles 0-1 y of
+ * group a, 2-3 of group b (rows x 16 fp32 each), 4: x (rows x 32 k), 5-6: W. */
+static inline __attribute__((always_inline)) void gemv_amx_pair(const uint16_t *wa, const uint16_t *wb, int64_t K,
+                                                                float *ca, float *cb, const uint16_t *x,
+                                                                const int hint) {
     _tile_zero(0);
     _tile_zero(1);
-    int64_t k = 0;
-    for (; k + 64 <= K; k += 64) {
-        const char *wb = (const char *)(wg + k * 32); /* k/2 pairs x 32 rows x 2 */
-        for (int o = 0; o < GEMV_AMX_CHUNK_BYTES; o += 64) prefetch_line(wb + GEMV_PREFETCH_BYTES + o, hint);
-        _tile_loadd(2, x + k, K * 2);
-        _tile_loadd(3, wb, 128);
-        _tile_loadd(4, wb + 64, 128);
-        _tile_loadd(5, x + k + 32, K * 2);
-        _tile_loadd(6, wb + 2048, 128);
-        _tile_loadd(7, wb + 2048 + 64, 128);
-        _tile_dpbf16ps(0, 2, 3);
-        _tile_dpbf16ps(1, 2, 4);
-        _tile_dpbf16ps(0, 5, 6);
-        _tile_dpbf16ps(1, 5, 7);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t k = 0; k < K; k += 32) {
+        const char *pa = (const char *)(wa + k * 32), *pb = (const char *)(wb + k * 32); /* k/2 pairs x 64 */
+        for (int o = 0; o < 2048; o += 64) {
+            prefetch_line(pa + GEMV_PREFETCH_BYTES + o, hint);
+            prefetch_line(pb + GEMV_PREFETCH_BYTES + o, hint);
+        }
+        _tile_loadd(4, x + k, K * 2);
+        _tile_loadd(5, pa, 128);
+        _tile_loadd(6, pa + 64, 128);
+        _tile_dpbf16ps(0, 4, 5);
+        _tile_dpbf16ps(1, 4, 6);
+        _tile_loadd(5, pb, 128);
+        _tile_loadd(6, pb + 64, 128);
+        _tile_dpbf16ps(2, 4, 5);
+        _tile_dpbf16ps(3, 4, 6);
     }
-    for (; k < K; k += 32) { /* K % 64 == 32: one chunk left */
-        const char *wb = (const char *)(wg + k * 32);
-        _tile_loadd(2, x + k, K * 2);
-        _tile_loadd(3, wb, 128);
-        _tile_loadd(4, wb + 64, 128);
-        _tile_dpbf16ps(0, 2, 3);
-        _tile_dpbf16ps(1, 2, 4);
-    }
-    _tile_stored(0, c, 128);
-    _tile_stored(1, c + 16, 128);
+    _tile_stored(0, ca, 128);
+    _tile_stored(1, ca + 16, 128);
+    _tile_stored(2, cb, 128);
+    _tile_stored(3, cb + 16, 128);
+}
+
+static inline void gemv_amx_store(const float *c, uint16_t *y, int64_t M, int64_t N, int64_t n0) {
     const int64_t rows = N - n0 < 32 ? N - n0 : 32;
     for (int64_t m = 0; m < M; m++) {
         uint16_t out[32];
@@ -272,20 +271,68 @@ static void gemv_amx(const uint16_t *Wp, const uint16_t *x, uint16_t *y, int64_t
     const int64_t groups = (N + 31) / 32;
 #pragma omp parallel num_threads(nthreads)
     {
-        const int rows[8] = {(int)M, (int)M, (int)M, 16, 16, (int)M, 16, 16};
-        const int colsb[8] = {64, 64, 64, 64, 64, 64, 64, 64};
+        const int rows[8] = {(int)M, (int)M, (int)M, (int)M, (int)M, 16, 16, 0};
+        const int colsb[8] = {64, 64, 64, 64, 64, 64, 64, 0};
         configure_tiles(rows, colsb);
-#pragma omp for schedule(static)
-        for (int64_t g = 0; g < groups; g++) {
+        const int64_t nt = omp_get_num_threads(), tid = omp_get_thread_num();
+        const int64_t g0 = groups * tid / nt, g1 = groups * (tid + 1) / nt, half = (g1 - g0 + 1) / 2;
+        float ca[16 * 32] __attribute__((aligned(64))), cb[16 * 32] __attribute__((aligned(64)));
+        for (int64_t i = 0; i < half; i++) { /* groups g0 + i and g0 + half + i: two streams */
+            const int64_t ga = g0 + i, gb = g0 + half + i < g1 ? g0 + half + i : ga;
+            const uint16_t *wa = Wp + ga * 32 * K, *wb = Wp + gb * 32 * K;
             if (hint_l2)
-                gemv_amx_group(Wp + g * 32 * K, x, y, M, N, K, g * 32, KVLAB_PF_L2);
+                gemv_amx_pair(wa, wb, K, ca, cb, x, KVLAB_PF_L2);
             else
-                gemv_amx_group(Wp + g * 32 * K, x, y, M, N, K, g * 32, KVLAB_PF_NTA);
+                gemv_amx_pair(wa, wb, K, ca, cb, x, KVLAB_PF_NTA);
+            gemv_amx_store(ca, y, M, N, ga * 32);
+            if (gb != ga) gemv_amx_store(cb, y, M, N, gb * 32);
         }
         _tile_release();
     }
 }
 #endif
+
+/* Batch 1, GEMV_STREAMS groups of 32 output rows at once, each from its own quarter of the
+ * thread's share of W: a core reading one stream stalls on its few outstanding misses (on a
+ * 2-core Intel Xeon VM: ~11 GB/s per core, 21 GB/s in all, below the copy bandwidth); four
+ * streams keep more lines in flight (+20-30% there, 27-29 GB/s). Rows of W in [g0, g1). */
+#define GEMV_STREAMS 4
+static inline __attribute__((always_inline)) void gemv_m1_streams(const uint16_t *Wp, const uint16_t *x, uint16_t *y,
+                                                                  int64_t N, int64_t K, int64_t g0, int64_t g1,
+                                                                  const int hint) {
+    const int64_t per = (g1 - g0 + GEMV_STREAMS - 1) / GEMV_STREAMS;
+    const uint32_t *xp = (const uint32_t *)x;
+    for (int64_t i = 0; i < per; i++) {
+        __m512 a0[GEMV_STREAMS], a1[GEMV_STREAMS];
+        const uint16_t *w[GEMV_STREAMS];
+        int64_t g[GEMV_STREAMS];
+#pragma GCC unroll 4
+        for (int j = 0; j < GEMV_STREAMS; j++) {
+            g[j] = g0 + j * per + i;
+            w[j] = Wp + (g[j] < g1 ? g[j] : g0 + i) * 32 * K; /* a stream past the end repeats one */
+            a0[j] = a1[j] = _mm512_setzero_ps();
+        }
+        for (int64_t kp = 0; kp < K / 2; kp++) {
+            const __m512bh xb = (__m512bh)_mm512_set1_epi32((int)xp[kp]);
+#pragma GCC unroll 4
+            for (int j = 0; j < GEMV_STREAMS; j++) {
+                const uint16_t *wk = w[j] + kp * 64;
+                prefetch_line((const char *)wk + GEMV_PREFETCH_BYTES, hint);
+                prefetch_line((const char *)wk + GEMV_PREFETCH_BYTES + 64, hint);
+                a0[j] = _mm512_dpbf16_ps(a0[j], (__m512bh)_mm512_loadu_si512(wk), xb);
+                a1[j] = _mm512_dpbf16_ps(a1[j], (__m512bh)_mm512_loadu_si512(wk + 32), xb);
+            }
+        }
+        for (int j = 0; j < GEMV_STREAMS; j++) {
+            if (g[j] >= g1) continue;
+            uint16_t out[32];
+            _mm256_storeu_si256((__m256i *)out, (__m256i)_mm512_cvtneps_pbh(a0[j]));
+            _mm256_storeu_si256((__m256i *)(out + 16), (__m256i)_mm512_cvtneps_pbh(a1[j]));
+            const int64_t n0 = g[j] * 32, rows = N - n0 < 32 ? N - n0 : 32;
+            for (int64_t r = 0; r < rows; r++) y[n0 + r] = out[r];
+        }
+    }
+}
 
 /* `flags`: KVLAB_FLAG_PREFETCH_L2 (else non-temporal), KVLAB_FLAG_AMX (tiles for 2..16 rows of x
  * with K % 32 == 0, where this process may use them). In the AVX-512 form the first GEMV_MT rows
@@ -300,6 +347,18 @@ int kvlab_gemv_bf16(const uint16_t *Wp, const uint16_t *x, uint16_t *y, int64_t 
     }
 #endif
     const int64_t groups = (N + 31) / 32;
+    if (M == 1) {
+#pragma omp parallel num_threads(nthreads)
+        {
+            const int64_t nt = omp_get_num_threads(), tid = omp_get_thread_num();
+            const int64_t g0 = groups * tid / nt, g1 = groups * (tid + 1) / nt;
+            if (hint_l2)
+                gemv_m1_streams(Wp, x, y, N, K, g0, g1, KVLAB_PF_L2);
+            else
+                gemv_m1_streams(Wp, x, y, N, K, g0, g1, KVLAB_PF_NTA);
+        }
+        return 0;
+    }
 #pragma omp parallel for schedule(static) num_threads(nthreads)
     for (int64_t g = 0; g < groups; g++) {
         const uint16_t *wg = Wp + g * 32 * K;
@@ -439,6 +498,8 @@ static inline __attribute__((always_inline)) void attend_block(
         float c0[16 * 16] __attribute__((aligned(64))), c1[16 * 16] __attribute__((aligned(64)));
         for (; t + 16 <= n; t += 16) {
             if (t + PREFETCH_ROWS < n) prefetch_bytes(KROW(t + PREFETCH_ROWS), 16 * row_bytes, HINT);
+            if (HINT == KVLAB_PF_L2 && t + PREFETCH_ROWS < n) /* V as a second stream: see below */
+                prefetch_bytes(VROW(t + PREFETCH_ROWS), 16 * row_bytes, HINT);
             const char *rows = KROW(t);
             int64_t stride = row_bytes;
             if (QUANT) {
@@ -468,6 +529,10 @@ static inline __attribute__((always_inline)) void attend_block(
 #endif
     for (; t + 4 <= n; t += 4) {
         if (t + PREFETCH_ROWS < n) prefetch_bytes(KROW(t + PREFETCH_ROWS), 4 * row_bytes, HINT);
+        /* Into L2, V is fetched while the keys are scored: two streams in flight instead of one
+         * (see gemv_m1_streams), and the block's V (256 KB at head_dim 128) waits in L2 for p V.
+         * Not with a non-temporal hint: those lines would leave L1 long before p V reads them. */
+        if (HINT == KVLAB_PF_L2 && t + PREFETCH_ROWS < n) prefetch_bytes(VROW(t + PREFETCH_ROWS), 4 * row_bytes, HINT);
         const uint16_t *rows = (const uint16_t *)KROW(t);
         __m512 scale = _mm512_set1_ps(1.0f);
         if (QUANT) {
