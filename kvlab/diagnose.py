@@ -15,18 +15,25 @@ import numpy as np
 
 from . import cost, fmt, tiers
 from .deployment import Deployment
+from .dtypes import bytes_per_element
 from .errors import KvlabError, check_number
-from .hardware import USABLE_MEMORY_FRACTION, get_device, get_tier
+from .hardware import USABLE_MEMORY_FRACTION, devices, get_device, get_tier
 from .jsonsafe import jsonable
 from .models import get_model
 
 BANDWIDTH_BOUND_UTILISATION = 0.80  # the article: >= 80% of peak memory throughput
 LOW_UTILISATION = 0.30  # ~30%: the time goes somewhere else (scheduling, waits, overheads)
 CLOSE_TO_CEILING = 0.80  # measured >= 80% of the ceiling: stop tuning schedulers
+#: Inferred from tokens/s, a throughput above the peak by more than this is no measurement.
+IMPOSSIBLE_SHARE = 1.02
 #: With a profiler's bandwidth: kernels stream at >= BANDWIDTH_BOUND_UTILISATION while they
 #: run, yet the wall clock moves less than this share of it: the rest is gaps between kernels.
 BUSY_SHARE_FOR_GAPS = 0.70
 BATCH_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+#: Weight dtypes the fit advice tries, widest first (each only where narrower than the model's).
+NARROWER_WEIGHTS = ("int8", "int4")
+#: Tensor-parallel degrees of one server the fit advice tries.
+TP_DEGREES = (2, 4, 8)
 
 
 @dataclass(frozen=True)
@@ -198,7 +205,7 @@ def diagnose(
     findings = [
         throughput,
         _ceiling(d, step, tiered),
-        _weights_or_kv(d, step),
+        _weights_or_kv(d, step, tiered),
         tier,
         _network(d, step),
     ]
@@ -234,11 +241,7 @@ def _memory_fit(d: _Inputs, step) -> Finding:
         "it could"
     )
     if step.weight_bytes >= step.capacity_bytes:
-        int4 = fmt.si(cost.weight_bytes(d.model, "int4"), "B")
-        advice = [
-            f"the weights alone exceed the memory: quantize them (int4: {int4}), or split "
-            "the model over more devices"
-        ]
+        advice = _weights_do_not_fit(d, step)
     else:
         advice = [
             f"at a context of {fmt.fixed(d.context, 0)} tokens at most "
@@ -248,15 +251,77 @@ def _memory_fit(d: _Inputs, step) -> Finding:
     return Finding(0, "memory fit", verdict, numbers, advice)
 
 
+def _weights_do_not_fit(d: _Inputs, step) -> list[str]:
+    """Advice when the weights alone exceed the memory: only what fits. The narrowest weight
+    dtype (int8, then int4) with which weights + KV fit on this device; else that nothing
+    fits on one, and what would: tensor parallelism over a server's GPUs, or a device of the
+    catalogue that holds it as it is."""
+    usable = fmt.si(step.capacity_bytes, "B")
+    width = bytes_per_element(d.weight_dtype)
+    tried = [w for w in NARROWER_WEIGHTS if bytes_per_element(w) < width]
+    for w in tried:
+        q = cost.decode_step(_deployment(d, weight_dtype=w), d.batch, d.context)
+        if q.fits:
+            needed = fmt.si(q.memory_needed_bytes, "B")
+            return [
+                f"the weights alone exceed the memory: quantized to {w} they take "
+                f"{fmt.si(q.weight_bytes, 'B')}, and with the KV {needed} of the {usable}: "
+                "that fits"
+            ]
+    narrowest = tried[-1] if tried else d.weight_dtype
+    q = cost.decode_step(_deployment(d, weight_dtype=narrowest), d.batch, d.context)
+    advice = [
+        f"nothing fits on one {d.device.name}: even with {narrowest} weights "
+        f"({fmt.si(q.weight_bytes, 'B')}) weights + KV need {fmt.si(q.memory_needed_bytes, 'B')} "
+        f"of the {usable}"
+    ]
+    tp = None
+    for n in TP_DEGREES:
+        try:
+            split = cost.decode_step(
+                _deployment(d).replace(tensor_parallel=n), d.batch, d.context
+            )
+        except KvlabError:  # e.g. K/V heads that do not split n ways
+            continue
+        if split.fits:
+            tp = (n, split)
+            break
+    if tp is not None:
+        n, split = tp
+        advice.append(
+            f"split the model over {n} {d.device.name} GPUs with tensor parallelism: each holds "
+            f"{fmt.si(split.memory_needed_bytes, 'B')} of its {usable}"
+        )
+    else:
+        advice.append(
+            f"not even {TP_DEGREES[-1]} {d.device.name} GPUs of one server hold it as "
+            "described: quantize the weights and split them, or add pipeline parallelism "
+            "across servers"
+        )
+    bigger = [
+        dev.name
+        for dev in sorted(devices().values(), key=lambda x: x.capacity_bytes)
+        if dev.name != d.device.name
+        and cost.decode_step(_deployment(d).replace(hardware=dev), d.batch, d.context).fits
+    ]
+    if bigger:
+        advice.append(
+            "or one device with more memory holds it as described: "
+            f"{', '.join(bigger)} (kvlab hardware)"
+        )
+    if step.kv_cache_bytes >= step.capacity_bytes:
+        advice.append(
+            f"the KV alone ({fmt.si(step.kv_cache_bytes, 'B')}) exceeds the memory: lower "
+            "the batch or the context, or quantize the KV cache"
+        )
+    return advice
+
+
 def _memory_throughput(d: _Inputs, step) -> Finding:
     """1. Memory throughput utilisation: a profiler's figure (kernels only) if given, else
     the wall-clock figure tokens/s x bytes per step (which is step 2's fraction again)."""
     steps_per_s = d.measured_tokens_per_s / step.batch
-    wall = check_number(
-        "measured bandwidth (bytes/s)",
-        steps_per_s * step.step_bytes,
-        maximum=cost.MAX_BANDWIDTH_BYTES_PER_S,
-    )
+    wall = steps_per_s * step.step_bytes  # what the tokens/s imply; step 2 judges it
     peak = d.device.memory_bandwidth_bytes_per_s
     measured = d.measured_bandwidth_bytes_per_s
     achieved = measured if measured is not None else wall
@@ -278,7 +343,14 @@ def _memory_throughput(d: _Inputs, step) -> Finding:
         )
     busy = min(wall / achieved, 1.0) if measured is not None else 1.0
     numbers["busy_share"] = busy
-    if step.bound == "compute":
+    if measured is None and wall > peak * IMPOSSIBLE_SHARE:
+        verdict = (
+            f"{fmt.rate(d.measured_tokens_per_s)} tokens/s would move {fmt.si(wall, 'B/s')}, "
+            f"{fmt.sig(wall / peak, 3)}x the {d.device.name}'s peak memory bandwidth: the "
+            "settings do not describe what ran (see step 2)"
+        )
+        advice = []
+    elif step.bound == "compute":
         verdict = "the step is compute-bound at this batch: memory throughput is not the limit"
     elif utilisation >= BANDWIDTH_BOUND_UTILISATION and busy < BUSY_SHARE_FOR_GAPS:
         verdict = (
@@ -348,54 +420,111 @@ def _ceiling(d: _Inputs, step, tiered) -> Finding:
     )
 
 
-def _weights_or_kv(d: _Inputs, step) -> Finding:
-    """3. Whether weights or KV dominate the bytes, and where the batch knee is."""
-    ceiling = step.tokens_per_s
+def _weights_or_kv(d: _Inputs, step, tiered=None) -> Finding:
+    """3. Whether weights or KV dominate the step, and where the batch knee is. With the KV
+    read from another tier every step (step 4), what dominates is the time, not the bytes, and
+    every ceiling advised is the one at that tier: quantizing KV that crosses PCIe helps at
+    PCIe's speed, not HBM's."""
+    ceiling = step.tokens_per_s if tiered is None else tiered.tokens_per_s
     kv_share = step.kv_read_bytes / step.step_bytes
-    grid = cost.decode_step(_deployment(d), np.array(BATCH_GRID, dtype=float), d.context)
-    knee = float(BATCH_GRID[cost.batch_knee(grid)])
+    numbers = {
+        "weight_bytes": step.weight_read_bytes,
+        "kv_read_bytes": step.kv_read_bytes,
+        "kv_share": kv_share,
+    }
+    if tiered is None:
+        kv_dominates = kv_share >= 0.5
+    else:
+        tier_s, hbm_s = float(tiered.tier_time_s), float(tiered.hbm_time_s)
+        numbers["kv_time_share"] = kv_time = tier_s / (tier_s + hbm_s)
+        kv_dominates = kv_time >= 0.5
+
+    def quantized(weight_dtype: str, kv_dtype: str):
+        """(ceiling tokens/s, fits) with other dtypes, at the tier the KV is read from."""
+        other = _deployment(d, weight_dtype=weight_dtype, kv_dtype=kv_dtype)
+        q = cost.decode_step(other, d.batch, d.context)
+        if tiered is None:
+            return q.tokens_per_s, bool(q.fits)
+        t = tiers.tiered_decode_step(other, d.batch, d.context, d.kv_tier)
+        return t.tokens_per_s, bool(q.weight_bytes <= q.capacity_bytes)  # the KV is elsewhere
+
+    where = "" if tiered is None else f" with the KV still read from {tiered.placement}"
     advice = []
-    if kv_share < 0.5:
+    if not kv_dominates:
         verdict = f"weights are {fmt.percent(1 - kv_share)} of the bytes"
         if d.weight_dtype not in ("int4",):
-            q = cost.decode_step(_deployment(d, weight_dtype="int4"), d.batch, d.context)
-            advice.append(
-                f"quantize the weights to int4: ceiling {fmt.rate(q.tokens_per_s)} "
-                f"tokens/s ({fmt.sig(q.tokens_per_s / ceiling, 3)}x)"
-            )
+            rate, fits = quantized("int4", d.kv_dtype)
+            if fits:  # only what fits: the memory fit (step 0) says what to do otherwise
+                advice.append(
+                    f"quantize the weights to int4: ceiling {fmt.rate(rate)} tokens/s{where} "
+                    f"({fmt.sig(rate / ceiling, 3)}x)"
+                )
     else:
         verdict = f"the KV history is {fmt.percent(kv_share)} of the bytes"
-        if d.kv_dtype not in ("fp8", "int8", "int4"):
-            q = cost.decode_step(_deployment(d, kv_dtype="fp8"), d.batch, d.context)
-            advice.append(
-                f"quantize the KV cache to fp8: ceiling {fmt.rate(q.tokens_per_s)} "
-                f"tokens/s ({fmt.sig(q.tokens_per_s / ceiling, 3)}x)"
+        if tiered is not None:
+            verdict += (
+                f" and, read from {tiered.placement}, {fmt.percent(numbers['kv_time_share'])} "
+                "of the step's time"
             )
-    if d.batch < knee and step.bound == "memory":
+        if d.kv_dtype not in ("fp8", "int8", "int4"):
+            rate, fits = quantized(d.weight_dtype, "fp8")
+            if fits:
+                advice.append(
+                    f"quantize the KV cache to fp8: ceiling {fmt.rate(rate)} tokens/s{where} "
+                    f"({fmt.sig(rate / ceiling, 3)}x)"
+                )
+    grid = cost.decode_step(_deployment(d), np.array(BATCH_GRID, dtype=float), d.context)
+    knee = float(BATCH_GRID[cost.batch_knee(grid)])
+    numbers["knee_batch"] = knee
+    if tiered is not None:
+        advice += _tier_batch_advice(d, tiered, numbers)
+    elif d.batch < knee and step.bound == "memory":
         at_knee = cost.decode_step(_deployment(d), knee, d.context)
-        fits = "fits" if at_knee.fits else "does not fit in memory"
-        advice.append(
-            f"raise the batch towards the knee at {fmt.fixed(knee, 0)}: "
-            f"{fmt.rate(at_knee.tokens_per_s)} tokens/s at a TPOT of "
-            f"{fmt.seconds(at_knee.step_time_s)} ({fits})"
-        )
+        most = int(step.max_batch)
+        if at_knee.fits:
+            advice.append(
+                f"raise the batch towards the knee at {fmt.fixed(knee, 0)}: "
+                f"{fmt.rate(at_knee.tokens_per_s)} tokens/s at a TPOT of "
+                f"{fmt.seconds(at_knee.step_time_s)} (fits)"
+            )
+        elif step.fits and most > d.batch:  # only what fits: the largest batch that does
+            at_most = cost.decode_step(_deployment(d), most, d.context)
+            advice.append(
+                f"raise the batch to {fmt.fixed(most, 0)}, the most that fits (the knee at "
+                f"{fmt.fixed(knee, 0)} does not): {fmt.rate(at_most.tokens_per_s)} tokens/s at "
+                f"a TPOT of {fmt.seconds(at_most.step_time_s)}"
+            )
     elif d.batch > knee:
         advice.append(
             f"the batch is past the knee ({fmt.fixed(knee, 0)}): more sequences "
             "mostly add KV traffic and TPOT; watch the tail"
         )
-    return Finding(
-        3,
-        "weights or KV",
-        verdict,
-        {
-            "weight_bytes": step.weight_read_bytes,
-            "kv_read_bytes": step.kv_read_bytes,
-            "kv_share": kv_share,
-            "knee_batch": knee,
-        },
-        advice,
+    return Finding(3, "weights or KV", verdict, numbers, advice)
+
+
+def _tier_batch_advice(d: _Inputs, tiered, numbers: dict) -> list[str]:
+    """Batching with the KV read from another tier: each sequence adds its KV to every step's
+    transfer, so a larger batch helps only until that transfer paces the step (the tier's
+    knee: the first batch whose KV takes as long over the tier as the rest in HBM)."""
+    if tiered.bound == "tier":
+        return [
+            f"a larger batch does not help while the KV is read from {tiered.placement}: every "
+            "sequence adds its KV to each step's transfer"
+        ]
+    grid = tiers.tiered_decode_step(
+        _deployment(d), np.array(BATCH_GRID, dtype=float), d.context, d.kv_tier
     )
+    paced = np.flatnonzero(np.asarray(grid.bound) != "memory")
+    knee = float(BATCH_GRID[paced[0]] if paced.size else BATCH_GRID[-1])
+    numbers["tier_knee_batch"] = knee
+    if d.batch >= knee:
+        return []
+    at = tiers.tiered_decode_step(_deployment(d), knee, d.context, d.kv_tier)
+    return [
+        f"raise the batch towards {fmt.fixed(knee, 0)}, where reading the KV from "
+        f"{tiered.placement} starts to pace the step: {fmt.rate(at.tokens_per_s)} tokens/s at "
+        f"a TPOT of {fmt.seconds(at.step_time_s)}"
+    ]
 
 
 def _kv_tier(d: _Inputs) -> tuple[Finding, str | None, object]:

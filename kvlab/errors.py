@@ -40,6 +40,19 @@ def check_number(
     broadcast. `maximum` guards against absurd inputs (a batch of 1e30) that would
     otherwise produce meaningless but plausible-looking output.
     """
+    if type(value) is int and integer:  # exact: 2**63 - 1 must not become 2**63 as a float
+        requirement = None
+        if not (value >= minimum if allow_equal_min else value > minimum):
+            requirement = f"{'>=' if allow_equal_min else '>'} {minimum:g}"
+        elif not value <= maximum:
+            requirement = f"<= {maximum:g}" if len(str(value)) < 400 else None
+            if requirement is None:
+                raise KvlabError(
+                    f"{name} must be <= {maximum:g}, got a {len(str(value))}-digit number"
+                )
+        if requirement:
+            raise KvlabError(f"{name} must be {requirement}, got {value!r}")
+        return value
     if type(value) in (int, float):  # fast path: a plain Python number, no numpy
         try:
             v = float(value)

@@ -36,6 +36,8 @@ class Device:
     source: str
     gpu_link: str | None = None  # tier name of the GPU-to-GPU link in one server
     kernel_tables_from: str | None = None  # a device of the same die whose tables stand in
+    #: the names the driver reports for exactly this part (nvidia-smi, torch)
+    reported_names: tuple[str, ...] = ()
 
     @property
     def usable_capacity_bytes(self) -> float:
@@ -103,9 +105,19 @@ def _catalogue() -> tuple[dict[str, Device], dict[str, Tier]]:
             source=e["source"],
             gpu_link=e.get("gpu_link"),
             kernel_tables_from=e.get("kernel_tables_from"),
+            reported_names=tuple(e.get("reported_names", ())),
         )
         for name, e in raw["devices"].items()
     }
+    claimed: dict[str, str] = {}
+    for d in devices.values():
+        for reported in d.reported_names:
+            other = claimed.setdefault(_reported_key(reported), d.name)
+            if other != d.name:
+                raise KvlabError(
+                    f"hardware catalogue: {reported!r} is a reported name of both {other} "
+                    f"and {d.name}"
+                )
     tiers = {}
     for name, e in raw["tiers"].items():
         bandwidth, derivation = _tier_bandwidth(name, e)
@@ -147,6 +159,23 @@ def get_device(name: str | Device) -> Device:
     if found is None:
         raise unknown_name("hardware", name, _catalogue()[0])
     return found
+
+
+def _reported_key(name: str) -> str:
+    return " ".join(str(name).lower().split())
+
+
+def device_for_reported_name(reported: str | None) -> Device | None:
+    """The catalogue device whose `reported_names` hold this GPU's name (what nvidia-smi or
+    torch report), case and spacing aside; None for a GPU the catalogue does not list. Never
+    a device whose name is only part of it: an "NVIDIA L40" is not an L4."""
+    key = _reported_key(reported or "")
+    if not key:
+        return None
+    return next(
+        (d for d in _catalogue()[0].values() if key in map(_reported_key, d.reported_names)),
+        None,
+    )
 
 
 def get_tier(name: str | Tier) -> Tier:

@@ -308,3 +308,95 @@ def test_models_shows_mla_as_a_latent(capsys):
         line for line in capsys.readouterr().out.splitlines() if line.startswith("deepseek-v3")
     )
     assert "128/latent" in row and "512+64 rope" in row
+
+
+ASCII_COMMANDS = [
+    ["models"],
+    ["hardware"],
+    ["budget", "--model", "llama-3.1-8b", "--hardware", "h100-sxm"],
+    ["budget", "--model", "llama-3.1-8b", "--efficiency", "measured"],
+    ["diagnose", "--model", "llama-3.1-70b", "--hardware", "l4", "--tokens-per-s", "1"],
+    ["diagnose", "--model", "llama-3.1-8b", "--tokens-per-s", "30", "--kv-tier", "host-pcie5"],
+    ["trace", "stats", "generated:shared-prefix"],
+    ["bench", "gpu-suite", "--plan", "h200"],
+    ["bench", "decode", "--plan", "h200"],
+    ["bench", "memory", "--plan", "l4"],
+    ["budget", "--model", "nope"],  # an error line too
+]
+
+
+@pytest.mark.parametrize("argv", ASCII_COMMANDS, ids=lambda a: " ".join(a[:3]))
+def test_text_output_on_an_ascii_terminal(argv):
+    """PYTHONIOENCODING=ascii (a C locale, an old console): every command prints, µs as us,
+    x for the times sign, ASCII for the rest; never a UnicodeEncodeError (exit 70)."""
+    env = {**os.environ, "PYTHONIOENCODING": "ascii", "KVLAB_NATIVE": "0"}
+    done = subprocess.run(
+        [sys.executable, "-m", "kvlab", *argv], capture_output=True, env=env, timeout=300
+    )
+    assert done.returncode in (0, 2), done.stderr.decode(errors="replace")[-2000:]
+    out, err = done.stdout.decode("ascii"), done.stderr.decode("ascii")  # ASCII, or this raises
+    assert "internal error" not in err
+    assert (done.returncode == 0 and out) or (done.returncode == 2 and err.count("\n") == 1)
+
+
+def test_ascii_spellings_are_ascii_and_keep_the_meaning():
+    from kvlab.cli import ASCII_SPELLING, _transliterate, terminal_safe
+
+    terminal_safe()  # registers the handler (every `kvlab` run does, first)
+    assert all(spelled.isascii() for spelled in ASCII_SPELLING.values())
+    text = "4.64 µs × 2 ≥ 3 → é 中"
+    assert text.encode("ascii", errors="kvlab-transliterate") == b"4.64 us x 2 >= 3 -> e ?"
+    with pytest.raises(UnicodeDecodeError):
+        _transliterate(UnicodeDecodeError("ascii", b"\xff", 0, 1, "bad"))
+
+
+@pytest.mark.parametrize(
+    "argv,prog,hint",
+    [
+        (["bench", "decode", "--bogus", "1"], "kvlab bench decode", None),
+        (
+            ["budget", "--model", "llama-3.1-8b", "--tokens-per-s", "3"],
+            "kvlab budget",
+            "--tokens-per-s is an option of 'kvlab diagnose'",
+        ),
+        (
+            [
+                "diagnose",
+                "--model",
+                "llama-3.1-8b",
+                "--tokens-per-s",
+                "100",
+                "--efficiency",
+                "measured",
+            ],
+            "kvlab diagnose",
+            "'kvlab budget --model M --hardware H --efficiency measured'",
+        ),
+    ],
+)
+def test_an_unknown_option_points_at_its_command_and_where_it_belongs(capsys, argv, prog, hint):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"{prog}: error: unrecognized arguments: ") and err.count("\n") == 1
+    assert err.rstrip().endswith(f"(see '{prog} --help')") and "see 'kvlab --help'" not in err
+    if hint:
+        assert hint in err
+
+
+def test_the_largest_documented_seed_survives_parsing_exactly(capsys):
+    """2**63 - 1 has no float: parsed as one it became 2**63 and was refused (or silently
+    changed). Whole numbers that large stay int from the command line to the range check."""
+    from kvlab.cli.args import count
+    from kvlab.errors import KvlabError, check_number
+
+    top = 2**63 - 1
+    assert count(str(top)) == top and type(count(str(top))) is int
+    assert count("4k") == 4096.0 and count("1e3") == 1000.0  # the rest as before
+    assert (
+        check_number("seed", top, minimum=0, allow_equal_min=True, maximum=top, integer=True) == top
+    )
+    with pytest.raises(KvlabError, match="seed must be <= 9.22337e"):
+        check_number("seed", top + 1, minimum=0, allow_equal_min=True, maximum=top, integer=True)
+    argv = ["simulate", "poisson:rate=1,prompt=100,output=10,requests=3", "--arch", "colocated"]
+    assert main([*argv, "--seed", str(top), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["config"]["seed"] == top

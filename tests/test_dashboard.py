@@ -242,6 +242,60 @@ def test_sigterm_takes_voila_and_its_kernel_down(tmp_path):
         assert s.connect_ex(("127.0.0.1", port)) != 0
 
 
+@pytest.mark.slow
+def test_kill_9_of_the_server_takes_voila_and_its_kernel_down(tmp_path):
+    """`kill -9` runs no handler of the server's: Voila gets SIGTERM from Linux when its parent
+    dies (PR_SET_PDEATHSIG), shuts its kernel down and frees the port."""
+    psutil = pytest.importorskip("psutil")
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the parent-death signal is Linux's")
+    from kvlab.viz.serve import free_port
+
+    port = free_port()
+    server = _serve("--port", str(port), env={"HOME": str(tmp_path)})
+    try:
+        line = server.stdout.readline()
+        assert f"http://127.0.0.1:{port}/" in line
+        assert urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=120).status == 200
+        started = psutil.Process(server.pid).children(recursive=True)
+        assert any("voila" in " ".join(p.cmdline()) for p in started)
+        assert any("ipykernel" in " ".join(p.cmdline()) for p in started)
+        server.send_signal(signal.SIGKILL)
+        assert server.wait(timeout=60) == -signal.SIGKILL
+    finally:
+        if server.poll() is None:
+            server.kill()
+    _, alive = psutil.wait_procs(started, timeout=30)
+    leftovers = [" ".join(p.cmdline())[:80] for p in alive]
+    for p in alive:  # do not leave them to the next test, whatever happens
+        p.kill()
+    assert leftovers == []
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_the_parent_death_signal_is_armed_in_the_child():
+    """What the test above relies on, in a second: a child started with `die_with_parent`
+    carries SIGTERM as its parent-death signal (Linux: /proc/<pid>/status has no field for
+    it, so the child asks prctl itself)."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the parent-death signal is Linux's")
+    from kvlab.viz.serve import die_with_parent
+
+    code = (
+        "import ctypes, signal; libc = ctypes.CDLL(None); v = ctypes.c_int(); "
+        "libc.prctl(2, ctypes.byref(v), 0, 0, 0); print(v.value == signal.SIGTERM)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        preexec_fn=die_with_parent(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.stdout.strip() == "True", done.stderr
+
+
 @pytest.mark.parametrize(
     "argv,env,fragment",
     [

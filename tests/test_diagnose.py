@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from kvlab import cost, fmt
+from kvlab import cost, fmt, hardware, tiers
 from kvlab import diagnose as module
 from kvlab.cli import main
 from kvlab.deployment import Deployment
@@ -94,11 +94,106 @@ def test_a_deployment_that_does_not_fit_is_said_so_before_any_advice(capsys):
     lines = d.report().splitlines()
     first = next(i for i, text in enumerate(lines) if text.lstrip().startswith("- "))
     assert lines[2].startswith("0. memory fit: does NOT fit") and first == 3
-    assert "weights alone exceed the memory" in lines[3]
+    assert "nothing fits on one l4" in lines[3]
     argv = ["diagnose", "--model", "llama-3.1-70b", "--hardware", "l4", "--tokens-per-s", "10"]
     assert main(argv + ["--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["fits"] is False and out["bound"] == "memory capacity" and out["fit"]["step"] == 0
+
+
+def test_weights_too_big_for_one_device_get_only_advice_that_fits():
+    """70B on an L4 (21.6 GB usable): int4 weights (35.3 GB) still do not fit, so int4 is not
+    advised; the advice is the smallest tensor-parallel degree that fits, and the catalogue
+    devices that hold it as it is."""
+    m, usable = "llama-3.1-70b", 0.9 * 24e9
+    d = diagnose(m, "l4", 1, 4096, 1)
+    int4 = cost.decode_step(Deployment(m, "l4", "int4"), 1, 4096)
+    assert not int4.fits and int4.memory_needed_bytes > usable
+    first, split, bigger = d.fit.advice
+    assert first.startswith("nothing fits on one l4: even with int4 weights (35.3 GB)")
+    assert fmt.si(int4.memory_needed_bytes, "B") in first
+    on = {n: Deployment(m, "l4", tensor_parallel=n) for n in (2, 4, 8)}
+    fits = {n: cost.decode_step(d, 1, 4096).fits for n, d in on.items()}
+    assert fits == {2: False, 4: False, 8: True}
+    per_gpu = cost.decode_step(on[8], 1, 4096).memory_needed_bytes
+    assert split == (
+        f"split the model over 8 l4 GPUs with tensor parallelism: each holds "
+        f"{fmt.si(per_gpu, 'B')} of its 21.6 GB"
+    )
+    named = bigger.split(": ")[1].removesuffix(" (kvlab hardware)").split(", ")
+    for name in hardware.devices():
+        holds = cost.decode_step(Deployment(m, name), 1, 4096).fits
+        assert (name in named) == holds, name
+    assert "quantize the weights to int4" not in d.report()  # step 3 does not advise it either
+
+
+def test_weights_that_fit_once_quantized_name_the_widest_dtype_that_does():
+    d = diagnose("llama-3.1-70b", "h100-sxm", 1, 4096, 10)
+    int8 = cost.decode_step(Deployment("llama-3.1-70b", "h100-sxm", "int8"), 1, 4096)
+    assert int8.fits
+    needed = fmt.si(int8.memory_needed_bytes, "B")
+    assert d.fit.advice == [
+        f"the weights alone exceed the memory: quantized to int8 they take "
+        f"{fmt.si(int8.weight_bytes, 'B')}, and with the KV {needed} of the 72.0 GB: that fits"
+    ]
+
+
+def test_kv_too_big_even_for_a_server_says_so():
+    d = diagnose("llama-3.1-70b", "rtx-3090", 64, 102400, 1)
+    assert any(a.startswith("not even 8 rtx-3090 GPUs") for a in d.fit.advice)
+    assert d.fit.advice[-1].startswith("the KV alone (2.15 TB) exceeds the memory")
+
+
+def test_the_knee_that_does_not_fit_becomes_the_largest_batch_that_does():
+    d = diagnose("llama-3.1-8b", "l4", 1, 4096, 10)
+    l4 = Deployment("llama-3.1-8b", "l4")
+    step = cost.decode_step(l4, 1, 4096)
+    most = cost.decode_step(l4, step.max_batch, 4096)
+    assert most.fits and not cost.decode_step(l4, 32, 4096).fits
+    assert (
+        f"raise the batch to {step.max_batch}, the most that fits (the knee at 32 does not): "
+        f"{fmt.rate(most.tokens_per_s)} tokens/s" in d.findings[2].advice[1]
+    )
+
+
+def test_kv_in_host_memory_is_advised_at_the_tier_it_is_read_from():
+    """Book chapter 5's host-memory case: the step is paced by PCIe (28.9 tokens/s); fp8 KV
+    halves what crosses PCIe (~57 tokens/s), not the HBM ceiling (1,136)."""
+    args = ("llama-3.1-8b", "h100-sxm", 8, 16384)
+    fp8_kv = Deployment("llama-3.1-8b", "h100-sxm", "fp16", "fp8")
+    host = tiers.tiered_decode_step(LLAMA_8B, 8, 16384, "host-pcie5")
+    fp8 = tiers.tiered_decode_step(fp8_kv, 8, 16384, "host-pcie5")
+    hbm_fp8 = cost.decode_step(fp8_kv, 8, 16384)
+    d = diagnose(*args, 0.9 * host.tokens_per_s, kv_tier="host-pcie5")
+    three = d.findings[2]
+    assert three.numbers["kv_time_share"] > 0.95  # 53% of the bytes, 98% of the time
+    assert three.advice[0] == (
+        f"quantize the KV cache to fp8: ceiling {fmt.rate(fp8.tokens_per_s)} tokens/s with the KV "
+        f"still read from host-pcie5 ({fmt.sig(fp8.tokens_per_s / host.tokens_per_s, 3)}x)"
+    )
+    assert 1.9 < fp8.tokens_per_s / host.tokens_per_s < 2.0
+    assert fmt.rate(hbm_fp8.tokens_per_s) not in d.report()
+    assert three.advice[1].startswith("a larger batch does not help while the KV is read from")
+    # weights dominate at batch 1 even over PCIe: the batch helps until PCIe paces the step
+    d1 = diagnose("llama-3.1-8b", "h100-sxm", 1, 1024, 50, kv_tier="host-pcie5")
+    knee = d1.findings[2].numbers["tier_knee_batch"]
+    paced = tiers.tiered_decode_step(LLAMA_8B, knee, 1024, "host-pcie5")
+    before = tiers.tiered_decode_step(LLAMA_8B, knee / 2, 1024, "host-pcie5")
+    assert paced.bound == "tier" and before.bound == "memory"
+    assert "starts to pace the step" in d1.findings[2].advice[-1]
+
+
+def test_tokens_per_s_no_memory_could_move_blames_the_figure(capsys):
+    """--tokens-per-s 1e6 on an 8B model would stream 15.5 PB/s: the report says the settings
+    do not describe what ran; it does not blame a bandwidth the user never gave."""
+    argv = ["diagnose", "--model", "llama-3.1-8b", "--tokens-per-s", "1e6"]
+    assert main(argv) == 0
+    out = capsys.readouterr()
+    assert "bandwidth (bytes/s) must be" not in out.err and out.err == ""
+    assert "1. memory throughput: 1,000,000 tokens/s would move 15.5 PB/s" in out.out
+    assert "settings do not describe what ran" in out.out
+    assert main(argv + ["--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["findings"][0]["numbers"]["utilisation"] > 4000
 
 
 def test_too_many_sequences_names_the_largest_batch_that_fits():
@@ -185,7 +280,7 @@ def test_the_steps_are_functions_and_agree_with_the_whole():
     assert d.findings == [
         module._memory_throughput(inputs, step),
         module._ceiling(inputs, step, tiered),
-        module._weights_or_kv(inputs, step),
+        module._weights_or_kv(inputs, step, tiered),
         tier,
         module._network(inputs, step),
     ]

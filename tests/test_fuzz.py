@@ -76,6 +76,13 @@ numbers = st.one_of(
 )
 
 
+@pytest.fixture(autouse=True)
+def _results_elsewhere(tmp_path_factory, monkeypatch):
+    """A case that ran a benchmark by mistake (`--plan ''` once did) writes here, not into
+    the repository's results/ (which the book plots)."""
+    monkeypatch.setenv("KVLAB_RESULTS_DIR", str(tmp_path_factory.mktemp("results")))
+
+
 def run(argv: list[str]) -> tuple[int, str, str]:
     """main(argv) in process; checks the contract and returns (status, stdout, stderr)."""
     out, err = io.StringIO(), io.StringIO()
@@ -548,3 +555,73 @@ def test_mutated_trace_lines(tiny_trace, tmp_path_factory):
         run(["prefix-cache", str(path), "--capacity-blocks", "3", "--json"])
 
     mutated()
+
+
+# ------------------------------------------------------------------ plans and the GPU session
+
+
+def _plan_benches():
+    """The benchmarks whose `--plan DEVICE` runs nothing (so the fuzz may run them whole)."""
+    parser = build_parser("bench")
+    bench = next(a for a in parser._actions if a.choices and "bench" in a.choices)
+    subs = next(a for a in bench.choices["bench"]._actions if a.choices).choices
+    return sorted(
+        name for name, p in subs.items() if any("--plan" in a.option_strings for a in p._actions)
+    )
+
+
+#: The hostile numbers a plan is run with (a plan takes ~0.1-1 s: not the whole list).
+PLAN_HOSTILE = ["0", "-1", "nan", "inf", "1e400", "5e-324", "1e15", "1.5", "abc", ""]
+
+
+@pytest.mark.parametrize("bench", _plan_benches())
+def test_plans_run_with_hostile_numbers(bench):
+    """`--plan` allocates nothing: the options a plan uses are run through it, not only parsed
+    (`--budget inf` printed an infinity the JSON refused: exit 70)."""
+    for option in ("--budget", "--repeats"):
+        for value in PLAN_HOSTILE:
+            run(["bench", bench, "--plan", "h200", "--json", option, value])
+    if bench == "decode":
+        for value in NAMES:
+            run(["bench", bench, "--plan", value, "--json"])
+            run(["bench", bench, "--plan", "h200", "--plan-link", value, "--json"])
+
+
+def test_bench_kernels_choice_refuses_everything_else():
+    parser = build_parser("bench")
+    for value in NAMES + ["auto ", "Native", "native,torch"]:
+        with pytest.raises(UsageError):
+            parser.parse_args(["bench", "decode", "--kernels", value])
+    assert parser.parse_args(["bench", "decode", "--kernels", "native"]).kernels == "native"
+
+
+def test_gpu_session_arguments(tmp_path):
+    """python3 -m kvlab.bench.gpu_session, parsed (never run): a usage error or a parse,
+    never another exception; --out names are kept under tmp_path."""
+    from kvlab.bench import gpu_session
+
+    counter = iter(range(10**6))
+
+    def parse(argv):
+        try:
+            gpu_session.parse_args(argv)
+        except gpu_session.UsageError as exc:
+            assert "\n" not in str(exc).strip()
+
+    def out():
+        return str(tmp_path / f"o{next(counter)}")
+
+    for option in ("--deadline", "--budget"):
+        for value in HOSTILE:
+            parse(["--out", out(), option, value])
+
+    @FUZZ
+    @given(st.sampled_from(["--deadline", "--budget"]), numbers)
+    def random_values(option, value):
+        parse(["--out", out(), option, value])
+
+    random_values()
+    for value in NAMES:
+        parse(["--out", f"{tmp_path}/{value}"])
+        parse(["--out", out(), "--only", value])
+        parse(["--out", out(), "--device", value])

@@ -51,6 +51,23 @@ def gen(seed=0):
     return torch.Generator().manual_seed(seed)
 
 
+#: Every variant of the kernels the tuner may pick (prefetch hint x AMX tiles): each must give
+#: the same numbers. AMX variants run only where the CPU and the OS allow tiles.
+VARIANTS = [
+    pytest.param((hint, amx), id=f"{hint}{'-amx' if amx else ''}")
+    for hint in native.PREFETCH_HINTS
+    for amx in (False, True)
+]
+
+
+@pytest.fixture(params=VARIANTS)
+def variant(request):
+    hint, amx = request.param
+    if amx and not native.amx_available():
+        pytest.skip("no AMX tiles on this machine")
+    return {"prefetch": hint, "amx": amx}
+
+
 def attention_reference(q, k, v, lengths):
     """fp32 softmax(q k^T) v over each sequence's first lengths[b] positions; (B, H, 1, D)."""
     nb, B, KV, blk, D = k.shape
@@ -86,11 +103,11 @@ def random_attention(B, H, KV, D, nb, blk, seed=0):
         (1, 6, 2, 256, 2, 40, [70]),  # 3 per K/V head, head_dim 256, block not a multiple of 16
     ],
 )
-def test_attention_matches_fp32_reference(B, H, KV, D, nb, blk, lengths):
+def test_attention_matches_fp32_reference(B, H, KV, D, nb, blk, lengths, variant):
     q, k, v = random_attention(B, H, KV, D, nb, blk)
     lens = torch.tensor(lengths)
     ref = attention_reference(q, k, v, lens)
-    out = native.decode_attention(q, k, v, lens)
+    out = native.decode_attention(q, k, v, lens, **variant)
     assert out.shape == (B, H, 1, D) and out.dtype == torch.float32
     err = (out - ref).abs().max().item()
     assert err <= 2e-3
@@ -109,14 +126,14 @@ def test_attention_matches_fp32_reference(B, H, KV, D, nb, blk, lengths):
         (2, 12, 2, 64, 2, 32, [64, 33]),
     ],
 )
-def test_int8_attention_matches_the_dequantized_reference(B, H, KV, D, nb, blk, lengths):
+def test_int8_attention_matches_the_dequantized_reference(B, H, KV, D, nb, blk, lengths, variant):
     """int8 K/V with one fp16 scale per (token, head): the kernel applies the scales to the
     scores and to p; the reference dequantizes K and V first. Same maths, fp32 either way."""
     q, k, v = random_attention(B, H, KV, D, nb, blk, seed=5)
     (k8, ks), (v8, vs) = quantize(k.float(), "int8"), quantize(v.float(), "int8")
     lens = torch.tensor(lengths)
     ref = attention_reference(q, k8.float() * ks.float(), v8.float() * vs.float(), lens)
-    out = native.decode_attention(q, k8, v8, lens, ks, vs)
+    out = native.decode_attention(q, k8, v8, lens, ks, vs, **variant)
     err = (out - ref).abs().max().item()
     assert err <= 2e-3
     valid = (torch.arange(nb * blk).view(1, -1) < lens.view(B, 1)).view(B, 1, 1, -1)
@@ -125,28 +142,28 @@ def test_int8_attention_matches_the_dequantized_reference(B, H, KV, D, nb, blk, 
 
 
 @needs_native
-def test_attention_ignores_positions_past_each_length():
+def test_attention_ignores_positions_past_each_length(variant):
     blk = 16
     q, k, v = random_attention(2, 4, 2, 64, 2, blk)
     lens = torch.tensor([20, 7])
-    before = native.decode_attention(q, k, v, lens)
+    before = native.decode_attention(q, k, v, lens, **variant)
     k2, v2 = k.clone(), v.clone()
     for b, n in enumerate(lens.tolist()):
         for pos in range(n, 2 * blk):  # stale positions: garbage that would dominate if read
             k2[pos // blk, b, :, pos % blk] = 5e3
             v2[pos // blk, b, :, pos % blk] = -5e3
-    assert torch.equal(native.decode_attention(q, k2, v2, lens), before)
+    assert torch.equal(native.decode_attention(q, k2, v2, lens, **variant), before)
 
 
 @needs_native
 @pytest.mark.parametrize("M", [1, 3, 4, 5, 8, 16])
 @pytest.mark.parametrize("N,K", [(96, 256), (90, 64), (7, 32), (33, 6)])
-def test_gemv_matches_torch_to_one_rounding(M, N, K):
+def test_gemv_matches_torch_to_one_rounding(M, N, K, variant):
     g = gen(M * 1000 + N)
     w = (torch.randn(N, K, generator=g) / math.sqrt(K)).bfloat16()
     x = torch.randn(M, K, generator=g).bfloat16()
     exact = x.float() @ w.float().T
-    out = native.gemv_bf16(x, native.pack_weight(w), N)
+    out = native.gemv_bf16(x, native.pack_weight(w), N, **variant)
     assert out.shape == (M, N) and out.dtype == torch.bfloat16
     assert ((out.float() - exact).abs() <= exact.abs() * 2**-8 + 1e-6).all()
     # batched leading dimensions come back in the caller's shape

@@ -294,8 +294,22 @@ class _Sweep:
             f"{self.model.config.name}: {self.model.streamed_weight_bytes() / 1e9:.2f} GB of "
             f"{self.grid['weight_dtype']} weights; copy {m['bandwidth_bytes_per_s'] / 1e9:.1f} "
             f"GB/s, matmul {m['flops_per_s'] / 1e12:.2f} TFLOP/s{link}; "
-            f"{self.model.kernels_note}"
+            f"{self.model.kernels_note}{self._variant()}"
         )
+
+    def _variant(self) -> str:
+        """'; prefetch l2, AMX; timed on this machine: ...' where the kernels were timed."""
+        env = self.model.kernels_environment()
+        if "kernel_timing" not in env:
+            return ""
+        v = env.get("kernel_variant")
+        how = ""
+        if v:
+            how = "; " + ", ".join(
+                f"{op} prefetch {x['prefetch']}" + (" + AMX" if x["amx"] else "")
+                for op, x in v.items()
+            )
+        return f"{how}; {env['kernel_timing']['note']}"
 
     def skip(self, group: Group, ctx: int, reason: str, note: str | None = None) -> None:
         self.skipped.append(skip_record(group, ctx, reason))
@@ -506,7 +520,7 @@ def run_decode(
     )
     env = {**environment(str(dev)), **alloc, "at_start": machine_state()}
     model = Decoder(grid["preset"], grid["weight_dtype"], dev, seed=seed, kernels=kernels)
-    env["kernels"], env["kernels_note"] = model.kernels, model.kernels_note
+    env.update(model.kernels_environment())
     other = None
     if compare_kernels and model.kernels == "native" and "device" in grid["placements"]:
         other = Decoder(grid["preset"], grid["weight_dtype"], dev, seed=seed, kernels="torch")
@@ -523,7 +537,7 @@ def run_decode(
     result = _result(env, quick, model, grid, spec_device, machine, sweep.points, sweep.skipped)
     if other is not None:
         other_env = {
-            **env,
+            **{k: v for k, v in env.items() if k != "kernel_variant"},
             "kernels": other.kernels,
             "kernels_note": "PyTorch kernels, timed right after kvlab's native kernels at "
             "every point (compare_kernels)",

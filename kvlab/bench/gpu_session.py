@@ -47,17 +47,7 @@ MAX_FILES, MAX_DEPTH = 8, 2
 TESTS_RESERVE_S = 120.0
 #: Seconds a suite may run past its budget: its last point, writing its result.
 SUITE_GRACE_S = 60.0
-#: Catalogue device for the plan, from the name nvidia-smi or torch reports.
-CATALOGUE_NAMES = (
-    ("h200", "h200"),
-    ("h100", "h100-sxm"),
-    ("a100", "a100-80gb"),
-    ("l40s", "l40s"),
-    ("4090", "rtx-4090"),
-    ("3090", "rtx-3090"),
-    ("l4", "l4"),
-    ("mi300", "mi300x"),
-)
+PROG = "python3 -m kvlab.bench.gpu_session"
 
 
 class Session:
@@ -165,9 +155,22 @@ def _run_bounded(argv: list[str], timeout_s: float, env: dict, log_path: Path) -
 
 
 def catalogue_device(name: str | None) -> str | None:
-    """The catalogue device (kvlab hardware) whose name appears in a GPU's name, if any."""
-    low = (name or "").lower()
-    return next((entry for key, entry in CATALOGUE_NAMES if key in low), None)
+    """The catalogue device (kvlab hardware) this GPU is, by the exact name its driver reports
+    (the `reported_names` of kvlab/data/hardware.toml, where a new GPU is added); None for a
+    GPU the catalogue does not list, never a near miss ("NVIDIA L40" is not an L4)."""
+    from ..hardware import device_for_reported_name
+
+    found = device_for_reported_name(name)
+    return found.name if found else None
+
+
+def unknown_device_note(name: str | None) -> str:
+    """What the record says about a GPU the catalogue does not list."""
+    return (
+        f"unknown device: {name or 'no GPU name reported'!r} is not a reported name of any "
+        "device in kvlab's hardware catalogue (kvlab/data/hardware.toml, reported_names); "
+        "its results are filed under its own name and no plan is made"
+    )
 
 
 def torch_facts() -> dict:
@@ -244,7 +247,7 @@ def _only(names) -> list[str]:
 def run_plan(session: Session, device: str | None, budget_s: float, only) -> None:
     """The suite's plan on the catalogue device (or say why there is none)."""
     if device is None:
-        session.record["plan"] = "no catalogue device matches this GPU; no plan"
+        session.record["plan"] = unknown_device_note(session.record["facts"].get("device_name"))
         return
     argv = [
         sys.executable,
@@ -363,20 +366,47 @@ def pack(out: Path) -> list[str]:
     return [str(p.relative_to(out)) for p in files()]
 
 
+class UsageError(Exception):
+    """Bad command-line input: one line on stderr, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (kvlab's CLI contract; this module runs on a
+    bare GPU box with python3 and torch only, so it does not lean on kvlab.cli)."""
+
+    def error(self, message):  # noqa: D401 - argparse API
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def check_out(out: Path) -> Path:
+    """OUT must be a folder this process can write (created if missing): checked before any
+    step runs, so that a bad path costs a line, not a session's device time."""
+    shown = str(out)[:200]
+    try:
+        if out.exists() and not out.is_dir():
+            raise UsageError(f"--out {shown}: exists and is not a folder")
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".gpu_session-write-probe"
+        probe.write_text("")
+        probe.unlink()
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
+        why = getattr(exc, "strerror", None) or str(exc)
+        raise UsageError(f"--out {shown}: cannot write there ({why})") from None
+    return out
+
+
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(
-        prog="python3 -m kvlab.bench.gpu_session", description=__doc__.split("\n\n")[0]
-    )
+    p = _Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, type=Path, help="the folder that comes back ($OUT)")
     p.add_argument(
         "--deadline",
-        type=float,
+        type=_seconds,
         default=420.0,
         help="seconds the whole session may take (default 420: fits a 480 s call)",
     )
     p.add_argument(
         "--budget",
-        type=float,
+        type=_seconds,
         default=300.0,
         help="the suite's time budget, trimmed to what the deadline leaves (default 300)",
     )
@@ -395,9 +425,23 @@ def parse_args(argv=None):
         help="no CUDA needed: the suite runs on the CPU in quick mode (checks this script)",
     )
     args = p.parse_args(argv)
-    if not (args.deadline > 0 and args.budget > 0):
-        p.error("--deadline and --budget must be > 0 seconds")
+    if not args.deadline < float("inf"):
+        p.error(f"--deadline must be a finite number of seconds, got {args.deadline:g}")
+    if not args.only and args.only is not None:
+        p.error("--only names no benchmark")
+    check_out(args.out)
     return args
+
+
+def _seconds(text: str) -> float:
+    """A number of seconds > 0 ('inf' for --budget: as long as the deadline allows)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}") from None
+    if not value > 0:  # also NaN
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
+    return value
 
 
 def main(argv=None) -> int:
@@ -409,9 +453,11 @@ def main(argv=None) -> int:
         session.log("gpu_session: torch sees no CUDA device; --dry-run checks the script on a CPU")
         session.record["error"] = "no CUDA device"
     else:
-        plan_device = catalogue_device(facts.get("device_name")) or (
-            "h200" if args.dry_run else None
-        )
+        found = catalogue_device(facts.get("device_name"))
+        facts["catalogue_device"] = found
+        if found is None and not args.dry_run:
+            facts["catalogue_note"] = unknown_device_note(facts.get("device_name"))
+        plan_device = found or ("h200" if args.dry_run else None)
         run_plan(session, plan_device, args.budget, args.only)
         run_suite_step(session, args)
         run_tests(session, args.tests)
@@ -433,5 +479,21 @@ def main(argv=None) -> int:
     return 1 if failed or "error" in session.record else 0
 
 
+def cli(argv=None) -> int:
+    """The entry point: bad input one line and exit 2, as everywhere in kvlab; a console that
+    cannot show a character (PYTHONIOENCODING=ascii) gets a replacement, not a crash."""
+    for stream in (sys.stdout, sys.stderr):
+        if not (getattr(stream, "encoding", None) or "").lower().startswith("utf"):
+            try:
+                stream.reconfigure(errors="replace")
+            except (AttributeError, ValueError, OSError):
+                pass
+    try:
+        return main(argv)
+    except UsageError as exc:
+        print(" ".join(f"{PROG}: error: {exc}".split()), file=sys.stderr)
+        return 2
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())

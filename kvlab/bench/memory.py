@@ -9,8 +9,6 @@ is the FLOP/s ceiling the ledger's compute term uses.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from ..decoder import fit
 from .results import environment
 from .timing import (
@@ -39,15 +37,9 @@ def last_level_cache_bytes(device="cpu") -> int | None:
     dev = torch.device(device)
     if dev.type == "cuda":
         return getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", None)
-    sizes = []
-    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
-        text = path.read_text().strip().upper()
-        scale = {"K": 1024, "M": MiB, "G": GiB}.get(text[-1:], 1)
-        try:
-            sizes.append(int(text.rstrip("KMG")) * scale)
-        except ValueError:
-            pass
-    return max(sizes) if sizes else None
+    from ..native import last_level_cache_bytes as cpu_cache_bytes
+
+    return cpu_cache_bytes()
 
 
 def copy_bandwidth(

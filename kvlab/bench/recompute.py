@@ -189,7 +189,7 @@ def measure_preset(run: _Run, preset: str, grid_tokens: list[int], kernels: str,
     from ..decoder import Decoder  # torch
 
     model = Decoder(preset, run.weight_dtype, run.dev, seed=run.seed, kernels=kernels)
-    env["kernels"], env["kernels_note"] = model.kernels, model.kernels_note
+    env.update(model.kernels_environment())
     cfg = model.config
     points = [p for p in (measure_tokens(run, model, n) for n in grid_tokens) if p is not None]
     toks = [p["tokens"] for p in points]

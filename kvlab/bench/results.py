@@ -88,6 +88,36 @@ def file_mode() -> int:
     return 0o666 & ~umask
 
 
+def check_writable(device: str | None = "cpu", machine: str | None = None) -> Path:
+    """Where results/<machine>/ will be written (results/ itself for device None), checked
+    before a benchmark spends its time: the folder (or its nearest existing parent) must be a
+    folder this process can write. Creates nothing. Raises KvlabError naming the folder, the
+    reason and the ways out."""
+    from ..errors import KvlabError
+
+    folder = results_dir()
+    if machine or device is not None:
+        folder = folder / (machine or machine_slug(device))
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    why = None
+    if not existing.is_dir():
+        why = f"{existing} is not a folder"
+    else:
+        try:  # write and remove a probe: permissions, read-only file systems, quotas
+            probe = tempfile.mkdtemp(prefix=".kvlab-write-probe-", dir=existing)
+            os.rmdir(probe)
+        except OSError as exc:
+            why = f"{existing} cannot be written ({exc.strerror or exc})"
+    if why:
+        raise KvlabError(
+            f"cannot save results to {folder}: {why}; set {RESULTS_DIR_ENV} to a writable "
+            "folder or pass --no-write"
+        )
+    return folder
+
+
 def write_result(kind: str, payload: dict, device: str = "cpu", machine: str | None = None) -> Path:
     """Write results/<machine>/<kind>.json atomically and return its path."""
     folder = results_dir() / (machine or machine_slug(device))

@@ -101,13 +101,86 @@ def _command(argv: list[str]) -> str | None:
     return next((word for word in argv if not word.startswith("-")), None)
 
 
+#: What a terminal that cannot show a character gets instead (`PYTHONIOENCODING=ascii`, a
+#: C locale): the usual ASCII spelling; anything else its accent-stripped form, or "?".
+ASCII_SPELLING = {
+    "µ": "u",
+    "μ": "u",
+    "×": "x",
+    "—": "-",
+    "–": "-",
+    "−": "-",
+    "→": "->",
+    "←": "<-",
+    "↔": "<->",
+    "≤": "<=",
+    "≥": ">=",
+    "≠": "!=",
+    "≈": "~",
+    "±": "+/-",
+    "·": ".",
+    "•": "*",
+    "…": "...",
+    "‘": "'",
+    "’": "'",
+    "“": '"',
+    "”": '"',
+    "²": "^2",
+    "³": "^3",
+    "∞": "inf",
+    "°": " deg",
+    "\u00a0": " ",
+    "\u202f": " ",
+    "\u2009": " ",
+}
+_ERRORS = "kvlab-transliterate"
+
+
+def _transliterate(exc: UnicodeError):
+    import unicodedata
+
+    if not isinstance(exc, UnicodeEncodeError):
+        raise exc
+    out = []
+    for ch in exc.object[exc.start : exc.end]:
+        spelled = ASCII_SPELLING.get(ch)
+        if spelled is None:
+            plain = unicodedata.normalize("NFKD", ch).encode("ascii", "ignore").decode()
+            spelled = plain or "?"
+        out.append(spelled)
+    return "".join(out), exc.end
+
+
+def terminal_safe() -> None:
+    """Make stdout and stderr print whatever their encoding cannot show as its ASCII spelling
+    (kvlab's text uses µs, x, -> and Chinese): a terminal's encoding is never a crash."""
+    import codecs
+
+    try:
+        codecs.lookup_error(_ERRORS)
+    except LookupError:
+        codecs.register_error(_ERRORS, _transliterate)
+    for stream in (sys.stdout, sys.stderr):
+        encoding = (getattr(stream, "encoding", None) or "").lower().replace("_", "-")
+        if encoding.startswith("utf"):
+            continue
+        try:
+            stream.reconfigure(errors=_ERRORS)
+        except (AttributeError, ValueError, OSError):  # replaced (tests), or closed
+            pass
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    terminal_safe()
     command, args = _command(argv), None
     if command in NO_BLAS_THREADS and "numpy" not in sys.modules:
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     try:
-        args = build_parser(command).parse_args(argv)
+        parser = build_parser(command)
+        args, extra = parser.parse_known_args(argv)
+        if extra:
+            raise unrecognized(parser, args, extra)
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # a closed pipe shows here, inside the net, not at exit
         return code
@@ -116,6 +189,55 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("kvlab: interrupted", file=sys.stderr)
         return 130
+
+
+#: Options users carry over from one command to another, and what to do instead.
+CROSS_HINTS = {
+    ("diagnose", "--efficiency"): "diagnose judges a measurement against the device's peak "
+    "figures; for the ceiling with measured kernel efficiency run 'kvlab budget --model M "
+    "--hardware H --efficiency measured' and compare its tokens_per_s",
+}
+
+
+def unrecognized(parser: Parser, args, extra: list[str]) -> UsageError:
+    """One line for options the command does not take: named by the (sub)command they were
+    given to, with where they belong when another command takes them."""
+    path = [p for p in (getattr(args, "command", None), getattr(args, "benchmark", None)) if p]
+    prog, sub = "kvlab", parser
+    for name in path:
+        action = next((a for a in sub._actions if a.choices and name in a.choices), None)
+        if action is None:
+            break
+        sub, prog = action.choices[name], f"{prog} {name}"
+    options = [e.split("=", 1)[0] for e in extra if e.startswith("--")]
+    hints = []
+    for option in options:
+        hint = CROSS_HINTS.get((path[0] if path else "", option))
+        if hint is None:
+            others = _commands_taking(option)
+            if others:
+                hint = f"{option} is an option of {', '.join(repr(o) for o in others)}"
+        if hint:
+            hints.append(hint)
+    message = f"unrecognized arguments: {' '.join(extra)}"
+    return UsageError(prog, "; ".join([message, *hints]))
+
+
+def _commands_taking(option: str) -> list[str]:
+    """'kvlab budget', 'kvlab bench decode': every command whose parser takes `option`."""
+    found = []
+
+    def walk(p, prog):
+        for action in p._actions:
+            if option in action.option_strings and prog != "kvlab":
+                found.append(prog)
+            if action.choices and isinstance(action.choices, dict):
+                for name, child in action.choices.items():
+                    if isinstance(child, argparse.ArgumentParser):
+                        walk(child, f"{prog} {name}")
+
+    walk(build_parser(ALL), "kvlab")
+    return sorted(set(found))
 
 
 def report(prog: str, exc: BaseException) -> int:
@@ -148,6 +270,7 @@ def report(prog: str, exc: BaseException) -> int:
 
 def guarded(entry, prog: str, argv: list[str] | None = None) -> int:
     """Run a `python -m` entry point `entry(argv) -> int` under the same last net as `kvlab`."""
+    terminal_safe()
     try:
         return int(entry(argv) or 0)
     except Exception as exc:  # noqa: BLE001

@@ -13,17 +13,25 @@ _SUFFIX = {"k": 1024, "m": 1024 * 1024}
 
 
 def count(text: str) -> float:
-    """'4096', '4k' (= 4096, as in '4K context'), '1e3'. Returned as float for range checks."""
+    """'4096', '4k' (= 4096, as in '4K context'), '1e3'. Returned as float for range checks,
+    except whole numbers from 2**53 to 2**63 - 1 (64-bit seeds), which a float would round:
+    those stay int."""
     t = text.strip().lower()
     scale = 1
     if t and t[-1] in _SUFFIX:
         t, scale = t[:-1], _SUFFIX[t[-1]]
     try:
-        return float(t) * scale
+        value = float(t) * scale
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected a number such as 4096 or 4k, got {text!r}"
         ) from None
+    digits = t.lstrip("+-")
+    if 2**53 <= value <= 2**63 and scale == 1 and digits.isascii() and digits.isdigit():
+        exact = int(t)
+        if exact < 2**63:  # a 64-bit seed such as 2**63 - 1: a float would round it up
+            return exact
+    return value
 
 
 def number(text: str) -> float:
@@ -35,7 +43,11 @@ def number(text: str) -> float:
 
 
 def print_json(obj) -> None:
-    json.dump(obj, sys.stdout, indent=2, allow_nan=False)
+    """One JSON object on stdout; inf and NaN become null (kvlab.jsonsafe's rule: JSON has no
+    infinity, and `--budget inf` must not turn a result into a crash)."""
+    from ..jsonsafe import jsonable
+
+    json.dump(jsonable(obj), sys.stdout, indent=2, allow_nan=False)
     sys.stdout.write("\n")
 
 

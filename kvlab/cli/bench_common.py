@@ -124,6 +124,10 @@ def setup(args) -> str:
         raise KvlabError(f"--device {device!r}: kvlab benchmarks run on cpu or cuda[:N]")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    if not getattr(args, "no_write", True):
+        from ..bench.results import check_writable
+
+        check_writable(device)  # before the work, not after it
     return device
 
 
@@ -157,11 +161,13 @@ def render_plan(plan: dict) -> str:
             return f"refused: {p['refused']}"
         return "beyond budget" if p["beyond_budget"] else ""
 
+    unlimited = not math.isfinite(plan["budget_s"])
+    budget = "unlimited" if unlimited else seconds(plan["budget_s"])
     lines = [
         f"plan on {plan['device_name']} ({si(plan['bandwidth_bytes_per_s'], 'B/s')}, "
         f"{plan['flops_per_s'] / 1e12:.0f} TFLOP/s bf16, {si(plan['capacity_bytes'], 'B')}), "
         f"link {plan['link']} ({si(plan['link_bytes_per_s'], 'B/s')}); "
-        f"budget {seconds(plan['budget_s'])}; {plan['basis']}"
+        f"budget {budget}; {plan['basis']}"
     ]
     for b in plan["benchmarks"]:
         rows = [
@@ -180,12 +186,14 @@ def render_plan(plan: dict) -> str:
         lines += [
             "",
             f"{b['benchmark']}: {runs} of {len(b['points'])} points, about "
-            f"{seconds(b['wall_s'])} of its {seconds(b['allowance_s'])}",
+            f"{seconds(b['wall_s'])}"
+            + (f" of its {seconds(b['allowance_s'])}" if math.isfinite(b["allowance_s"]) else ""),
             table(rows, ["point", "bytes", "predicted", "device mem", "host mem", "wall", "note"]),
         ]
     lines += [
         "",
-        f"total: about {seconds(plan['wall_s'])} of the {seconds(plan['budget_s'])} budget",
+        f"total: about {seconds(plan['wall_s'])}"
+        + ("" if unlimited else f" of the {budget} budget"),
     ]
     return "\n".join(lines)
 
@@ -193,7 +201,12 @@ def render_plan(plan: dict) -> str:
 def finish(args, kind: str, result: dict, device: str, rows=None, header=None) -> int:
     """Write the result (unless --no-write), then print JSON or a table and where it went."""
     name = f"{kind}-quick" if result.get("quick") else kind
-    path = None if args.no_write else write_result(name, result, device)
+    path, failed = None, None
+    if not args.no_write:
+        try:
+            path = write_result(name, result, device)
+        except OSError as exc:  # checked before the run; the disk may still fill up
+            failed = exc
     if path is not None:
         result["written_to"] = str(path)
     if args.json:
@@ -203,6 +216,8 @@ def finish(args, kind: str, result: dict, device: str, rows=None, header=None) -
             print(table(rows, header))
         if path is not None:
             print(f"written: {path}", file=sys.stderr)
+    if failed is not None:  # the result is printed above: nothing measured is lost
+        raise KvlabError(f"the result above could not be saved: {failed}")
     return 0
 
 

@@ -86,7 +86,7 @@ def grid_options(args) -> dict:
 
 def run(args) -> int:
     options = grid_options(args)
-    if args.plan:
+    if args.plan is not None:  # "" is a (bad) device name, not "no plan"
         return common.show_plan(args, ("decode",), {"decode": options})
     device = common.setup(args)
     r = run_decode(

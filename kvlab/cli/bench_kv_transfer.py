@@ -163,10 +163,14 @@ def command_line(args) -> str:
 
 def run(args) -> int:
     configs = configs_from_args(args)
+    save = (not args.quick) if args.save is None else args.save
+    if save:
+        from ..bench.results import check_writable
+
+        check_writable(None)  # before the transfers run, not after
     result = run_benchmark(configs)
     if not result:  # the decode rank under torchrun: rank 0 reports
         return 0
-    save = (not args.quick) if args.save is None else args.save
     if save:
         result["saved_to"] = str(save_results(result, command_line(args)))
     if args.json:

@@ -18,7 +18,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    if args.plan:
+    if args.plan is not None:  # "" is a (bad) device name, not "no plan"
         return common.show_plan(args, ("memory",))
     device = common.setup(args)
     r = run_memory(device, quick=args.quick, repeats=common.repeats(args), budget_s=args.budget)

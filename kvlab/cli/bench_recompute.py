@@ -44,7 +44,7 @@ def run(args) -> int:
         "weight_dtype": args.weight_dtype.lower(),
         "kv_dtype": args.kv_dtype.lower(),
     }
-    if args.plan:
+    if args.plan is not None:  # "" is a (bad) device name, not "no plan"
         return common.show_plan(args, ("recompute-vs-fetch",), {"recompute-vs-fetch": options})
     device = common.setup(args)
     r = run_recompute(

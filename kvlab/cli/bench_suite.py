@@ -50,7 +50,7 @@ def run(args) -> int:
         if name not in names:
             raise KvlabError(f"--only: unknown benchmark {name!r}; choose from {', '.join(names)}")
     only = tuple(args.only) if args.only else None
-    if args.plan:
+    if args.plan is not None:  # "" is a (bad) device name, not "no plan"
         return common.show_plan(args, only or names)
     import torch
 

@@ -98,7 +98,8 @@ class Decoder(torch.nn.Module):
         kernels: str = "auto",
     ):
         """`kernels`: decode kernels on CPU. "native" = kvlab's C kernels (bf16 weights and KV
-        streamed at memory speed), "torch" = PyTorch's, "auto" = native where it builds.
+        streamed at memory speed), "torch" = PyTorch's, "auto" = whichever of the two a short
+        timing on this machine found faster (`kvlab.decoder.tune`, once per machine).
         `prepack`: CPU bf16 weights not taken by the native kernels go to oneDNN prepacked."""
         super().__init__()
         c = self.config = get_config(config)
@@ -115,6 +116,8 @@ class Decoder(torch.nn.Module):
             "prefill kernel", prefill_kernel, ("auto", "sdpa", "matmul")
         )
         asked = check_choice("kernels", kernels, KERNELS)
+        #: the timed kernel choice (`kvlab.decoder.tune.choice`), where one was consulted
+        self.kernel_choice: dict | None = None
         self.kernels, self.kernels_note = self._pick_kernels(asked)
         backend = "native" if self.kernels == "native" else "onednn" if prepack else "torch"
         self._check_memory()
@@ -165,8 +168,27 @@ class Decoder(torch.nn.Module):
         )
         return {"weights": weights, "attention": attention}
 
+    def kernels_environment(self) -> dict:
+        """What a benchmark records about the kernels: which set, why, and where one was timed,
+        the native variant in use and every candidate's timing."""
+        env = {"kernels": self.kernels, "kernels_note": self.kernels_note}
+        if self.kernel_choice is not None:
+            from . import tune
+
+            timed = self.kernel_choice
+            env["kernel_timing"] = {
+                "note": tune.note(timed),
+                **{k: timed[k] for k in ("kernels", "native", "torch_total_s", "timings_s")},
+                "working_set_bytes": timed["working_set_bytes"],
+            }
+            if self.kernels == "native":
+                env["kernel_variant"] = native.variant()
+        return env
+
     def _pick_kernels(self, asked: str) -> tuple[str, str]:
-        """("native" | "torch", one line saying why)."""
+        """("native" | "torch", one line saying why). "auto" on a CPU where the native kernels
+        build takes whichever kernel set `tune.choice()` timed faster on this machine (and
+        "native" its fastest variant); the choice is timed once per machine and cached."""
         if self.device.type != "cpu":
             if asked == "native":
                 raise KvlabError(
@@ -175,13 +197,21 @@ class Decoder(torch.nn.Module):
             return "torch", f"PyTorch kernels on {self.device.type}"
         if asked == "torch":
             return "torch", "PyTorch kernels (asked for)"
-        if native.available():
-            return "native", native.status()
-        if asked == "native":
-            raise KvlabError(
-                f"kernels 'native' asked for, but they are unavailable here: {native.status()}"
-            )
-        return "torch", native.status()
+        if not native.available():
+            if asked == "native":
+                raise KvlabError(
+                    f"kernels 'native' asked for, but they are unavailable here: {native.status()}"
+                )
+            return "torch", native.status()
+        from . import tune
+
+        timed = tune.choice()
+        self.kernel_choice = timed
+        best = tune.require_native(timed)
+        native.set_variant(best["weights"], best["attention"])
+        if asked == "auto" and timed["kernels"] == "torch":
+            return "torch", "PyTorch kernels (timed faster here than kvlab's native kernels)"
+        return "native", native.status()
 
     def _check_memory(self) -> None:
         needed = weight_bytes(

@@ -34,6 +34,16 @@ REQUIRED_CPU_FLAGS = ("avx512f", "avx512_bf16")
 MAX_GEMV_ROWS = 16
 #: Largest head_dim the attention kernel takes (kernels.c: MAX_HEAD_DIM).
 MAX_HEAD_DIM = 512
+#: The kernels' software-prefetch hints: "nta" non-temporal (fills L1 only; fastest on the AMD
+#: EPYC reference machine), "l2" into L2 (on an Intel Xeon a non-temporal prefetch leaves the
+#: L2 streamer idle: half the bandwidth). kernels.c: KVLAB_FLAG_PREFETCH_L2.
+PREFETCH_HINTS = ("nta", "l2")
+_FLAG_PREFETCH_L2, _FLAG_AMX = 1, 2
+#: The variant each kernel runs now: its prefetch hint, and whether it may use AMX tiles
+#: (batch 2-16 weights; the scores and p V), where the CPU and the OS allow them. Which
+#: variant a machine gets, per kernel, is timed on first use (`kvlab.decoder.tune`).
+OPERATIONS = ("weights", "attention")
+_variant = {op: {"prefetch": "l2", "amx": True} for op in OPERATIONS}
 
 
 def cache_dir() -> Path:
@@ -59,6 +69,19 @@ def _cpu() -> tuple[str, set[str]]:
         elif key.strip() == "flags" and not flags:
             flags = set(value.split())
     return name, flags
+
+
+def last_level_cache_bytes() -> int | None:
+    """The largest CPU cache Linux reports (sysfs, cpu0), in bytes; None when it says nothing."""
+    sizes = []
+    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        try:
+            text = path.read_text().strip().upper()
+            scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+            sizes.append(int(text.rstrip("KMG")) * scale)
+        except (OSError, ValueError):
+            pass
+    return max(sizes) if sizes else None
 
 
 def _compiler() -> tuple[str | None, str]:
@@ -143,7 +166,8 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
         return None, str(exc)
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.kvlab_native_isa.restype = ctypes.c_char_p
-    lib.kvlab_gemv_bf16.argtypes = [p, p, p, i64, i64, i64, ctypes.c_int]
+    lib.kvlab_amx_available.restype = ctypes.c_int
+    lib.kvlab_gemv_bf16.argtypes = [p, p, p, i64, i64, i64, ctypes.c_int, ctypes.c_int]
     lib.kvlab_gemv_bf16.restype = ctypes.c_int
     lib.kvlab_decode_attention_bf16.argtypes = [
         p,
@@ -157,6 +181,7 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
         i64,
         i64,
         i64,
+        ctypes.c_int,
         ctypes.c_int,
     ]
     lib.kvlab_decode_attention_bf16.restype = ctypes.c_int
@@ -174,6 +199,7 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
         i64,
         i64,
         i64,
+        ctypes.c_int,
         ctypes.c_int,
     ]
     lib.kvlab_decode_attention_int8.restype = ctypes.c_int
@@ -201,6 +227,39 @@ def _threads() -> int:
     import torch
 
     return max(1, torch.get_num_threads())
+
+
+def amx_available() -> bool:
+    """Whether the kernels can use AMX tiles here (built for them, and Linux grants the state)."""
+    lib, _ = _load()
+    return lib is not None and bool(lib.kvlab_amx_available())
+
+
+def variant() -> dict:
+    """The variants in use: {"weights": {"prefetch", "amx"}, "attention": {...}}."""
+    return {op: dict(v) for op, v in _variant.items()}
+
+
+def set_variant(weights: dict | None = None, attention: dict | None = None) -> None:
+    """Use these variants ({"prefetch": one of PREFETCH_HINTS, "amx": bool}) from now on in
+    this process (the tuner's choice); None keeps an operation's current one."""
+    for op, given in (("weights", weights), ("attention", attention)):
+        if given is None:
+            continue
+        if given.get("prefetch") not in PREFETCH_HINTS or not isinstance(given.get("amx"), bool):
+            raise KvlabError(
+                f"{op} variant must be {{'prefetch': one of {PREFETCH_HINTS}, 'amx': bool}}, "
+                f"got {given!r}"
+            )
+        _variant[op] = {"prefetch": given["prefetch"], "amx": given["amx"]}
+
+
+def _flags(op: str, prefetch: str | None, amx: bool | None) -> int:
+    hint = _variant[op]["prefetch"] if prefetch is None else prefetch
+    if hint not in PREFETCH_HINTS:
+        raise KvlabError(f"prefetch hint must be one of {PREFETCH_HINTS}, got {hint!r}")
+    use_amx = _variant[op]["amx"] if amx is None else amx
+    return (_FLAG_PREFETCH_L2 if hint == "l2" else 0) | (_FLAG_AMX if use_amx else 0)
 
 
 def gemv_supported(weight) -> bool:
@@ -239,9 +298,10 @@ def unpack_weight(packed, out_features: int):
     return packed.permute(0, 2, 1, 3).reshape(groups * 32, pairs * 2)[:out_features]
 
 
-def gemv_bf16(x, packed, out_features: int):
+def gemv_bf16(x, packed, out_features: int, prefetch: str | None = None, amx: bool | None = None):
     """x (..., K) @ W^T -> (..., N), W packed by `pack_weight`; bf16 in and out, fp32 accumulation.
-    Meant for decode (a few rows); the work grows with rows x W, so prefill should unpack."""
+    Meant for decode (a few rows); the work grows with rows x W, so prefill should unpack.
+    `prefetch`, `amx`: the variant (default: `variant()["weights"]`)."""
     import torch
 
     if (
@@ -260,8 +320,16 @@ def gemv_bf16(x, packed, out_features: int):
         raise KvlabError(f"gemv_bf16: x has {x.shape[-1]} features, the weight {K}")
     flat = x.reshape(-1, K).to(torch.bfloat16).contiguous()  # (M, K)
     y = torch.empty(flat.shape[0], out_features, dtype=torch.bfloat16)  # (M, N)
+    flags = _flags("weights", prefetch, amx)
     _lib().kvlab_gemv_bf16(
-        packed.data_ptr(), flat.data_ptr(), y.data_ptr(), flat.shape[0], out_features, K, _threads()
+        packed.data_ptr(),
+        flat.data_ptr(),
+        y.data_ptr(),
+        flat.shape[0],
+        out_features,
+        K,
+        _threads(),
+        flags,
     )
     return y.view(*x.shape[:-1], out_features)
 
@@ -278,13 +346,23 @@ def attention_supported(k, k_scale, head_dim: int) -> bool:
     return k.dtype == torch.int8 and k_scale.dtype == torch.float16
 
 
-def decode_attention(q, k, v, lengths, k_scale=None, v_scale=None):
+def decode_attention(
+    q,
+    k,
+    v,
+    lengths,
+    k_scale=None,
+    v_scale=None,
+    prefetch: str | None = None,
+    amx: bool | None = None,
+):
     """One query per sequence over the block-major cache; the contract of
     `kvlab.decoder.attention.decode_attention`, with lengths instead of a mask.
 
     q: (B, H, 1, D) scaled by 1/sqrt(D); k, v: (nb, B, KV, blk, D), bf16, or int8 with
     k_scale, v_scale (nb, B, KV, blk, 1) fp16 (contiguous views of the cache); lengths: (B,)
-    int64, positions each sequence attends (the rest are stale). Returns (B, H, 1, D) fp32."""
+    int64, positions each sequence attends (the rest are stale); `prefetch`, `amx`: the variant
+    (default: `variant()["attention"]`). Returns (B, H, 1, D) fp32."""
     import torch
 
     nb, B, KV, blk, D = k.shape
@@ -323,7 +401,7 @@ def decode_attention(q, k, v, lengths, k_scale=None, v_scale=None):
         raise KvlabError(f"decode_attention: lengths must be in 1..{nb * blk}, got {lens.tolist()}")
     qb = q.to(torch.bfloat16).contiguous()  # (B, H, 1, D) == (B, KV, G, D)
     out = torch.empty(B, H, 1, D, dtype=torch.float32)
-    dims = (nb, B, KV, H // KV, blk, D, _threads())
+    dims = (nb, B, KV, H // KV, blk, D, _threads(), _flags("attention", prefetch, amx))
     if quant:
         rc = _lib().kvlab_decode_attention_int8(
             qb.data_ptr(),

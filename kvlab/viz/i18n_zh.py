@@ -574,9 +574,39 @@ PATTERNS: list[tuple[str, str]] = [
         "（{physical} 的 {share}）；这个部署按所述设置无法运行，下面各步说的是假如它能运行会怎样",
     ),
     (
-        "the weights alone exceed the memory: quantize them (int4: {int4}), or split the model "
-        "over more devices",
-        "单是权重就超出了显存：量化权重（int4：{int4}），或把模型拆到更多设备上",
+        "the weights alone exceed the memory: quantized to {w} they take {wb}, and with the KV "
+        "{needed} of the {usable}: that fits",
+        "单是权重就超出了显存：量化到 {w} 后权重占 {wb}，连同 KV 共需 {needed}，可用 {usable}：放得下",
+    ),
+    (
+        "nothing fits on one {device}: even with {w} weights ({wb}) weights + KV need {needed} "
+        "of the {usable}",
+        "单个 {device} 放不下：即使权重用 {w}（{wb}），权重加 KV 仍需 {needed}，而可用的只有 {usable}",
+    ),
+    (
+        "split the model over {n} {device} GPUs with tensor parallelism: each holds {per} of its "
+        "{usable}",
+        "用张量并行把模型拆到 {n} 块 {device} 上：每块放 {per}，可用 {usable}",
+    ),
+    (
+        "not even {n} {device} GPUs of one server hold it as described: quantize the weights and "
+        "split them, or add pipeline parallelism across servers",
+        "按所述设置，一台服务器上的 {n} 块 {device} 也放不下：先量化权重再拆分，或跨服务器加流水线并行",
+    ),
+    (
+        "or one device with more memory holds it as described: {devices} (kvlab hardware)",
+        "或者换一块显存更大的设备，按所述设置即可放下：{devices}（kvlab hardware）",
+    ),
+    (
+        "the KV alone ({kv}) exceeds the memory: lower the batch or the context, or quantize the "
+        "KV cache",
+        "单是 KV（{kv}）就超出了显存：降低批大小或上下文，或量化 KV cache",
+    ),
+    (
+        "{rate} tokens/s would move {bw}, {x}x the {device}'s peak memory bandwidth: the "
+        "settings do not describe what ran (see step 2)",
+        "{rate} tokens/s 意味着每秒搬运 {bw}，是 {device} 峰值显存带宽的 {x} 倍：这些设置与实际运行的"
+        "不符（见第 2 步）",
     ),
     (
         "at a context of {ctx} tokens at most {n} sequences fit beside the weights: lower the "
@@ -615,7 +645,36 @@ PATTERNS: list[tuple[str, str]] = [
         "{rate} tokens/s，是上限的 {pct}，上限为 {limit}",
     ),
     ("weights are {pct} of the bytes", "权重占搬运字节的 {pct}"),
+    (
+        "the KV history is {pct} of the bytes and, read from {tier}, {t} of the step's time",
+        "KV 历史占搬运字节的 {pct}；由于从 {tier} 读取，它占每步时间的 {t}",
+    ),
     ("the KV history is {pct} of the bytes", "KV 历史占搬运字节的 {pct}"),
+    (
+        "quantize the weights to int4: ceiling {rate} tokens/s with the KV still read from {tier} "
+        "({x}x)",
+        "把权重量化到 int4：KV 仍从 {tier} 读取时，上限 {rate} tokens/s（{x} 倍）",
+    ),
+    (
+        "quantize the KV cache to fp8: ceiling {rate} tokens/s with the KV still read from {tier} "
+        "({x}x)",
+        "把 KV cache 量化到 fp8：KV 仍从 {tier} 读取时，上限 {rate} tokens/s（{x} 倍）",
+    ),
+    (
+        "a larger batch does not help while the KV is read from {tier}: every sequence adds its "
+        "KV to each step's transfer",
+        "KV 从 {tier} 读取时，加大批大小无济于事：每个序列都会把自己的 KV 加进每一步的传输",
+    ),
+    (
+        "raise the batch towards {knee}, where reading the KV from {tier} starts to pace the "
+        "step: {rate} tokens/s at a TPOT of {tpot}",
+        "把批大小往 {knee} 调，到那里从 {tier} 读取 KV 开始决定每步的快慢：TPOT 为 {tpot} 时可达 {rate} tokens/s",
+    ),
+    (
+        "raise the batch to {n}, the most that fits (the knee at {knee} does not): {rate} "
+        "tokens/s at a TPOT of {tpot}",
+        "把批大小提到 {n}，这是放得下的最大值（拐点 {knee} 放不下）：TPOT 为 {tpot} 时可达 {rate} tokens/s",
+    ),
     (
         "quantize the weights to int4: ceiling {rate} tokens/s ({x}x)",
         "把权重量化到 int4：上限 {rate} tokens/s（{x} 倍）",

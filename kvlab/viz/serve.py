@@ -85,6 +85,31 @@ def _check_free(port: int) -> None:
             ) from None
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent():
+    """A `preexec_fn` that has Linux send the child SIGTERM when this process dies, however it
+    dies (`kill -9` included: no handler of ours runs then), so Voila shuts its kernels down
+    and frees the port instead of outliving the server. None where there is no prctl."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here, not after fork
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
 def start(
     notebook: Path = DASHBOARD, port: int | None = None, home: str | None = None
 ) -> tuple[subprocess.Popen, str]:
@@ -122,6 +147,7 @@ def start(
             stderr=log,
             cwd=str(notebook.parent),
             start_new_session=True,
+            preexec_fn=die_with_parent(),
         )
     url = f"http://127.0.0.1:{port}/"
     deadline = time.monotonic() + 60
