@@ -278,9 +278,7 @@ def _weights_do_not_fit(d: _Inputs, step) -> list[str]:
     tp = None
     for n in TP_DEGREES:
         try:
-            split = cost.decode_step(
-                _deployment(d).replace(tensor_parallel=n), d.batch, d.context
-            )
+            split = cost.decode_step(_deployment(d).replace(tensor_parallel=n), d.batch, d.context)
         except KvlabError:  # e.g. K/V heads that do not split n ways
             continue
         if split.fits:
