@@ -12,8 +12,8 @@ import argparse
 import math
 import sys
 
+from ..bench import results as bench_results
 from ..bench.plan import plan_suite
-from ..bench.results import write_result
 from ..errors import KvlabError
 from ..fmt import seconds, si
 from .args import count, number, print_json, table
@@ -204,7 +204,7 @@ def finish(args, kind: str, result: dict, device: str, rows=None, header=None) -
     path, failed = None, None
     if not args.no_write:
         try:
-            path = write_result(name, result, device)
+            path = bench_results.write_result(name, result, device)
         except OSError as exc:  # checked before the run; the disk may still fill up
             failed = exc
     if path is not None:
