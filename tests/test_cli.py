@@ -318,6 +318,8 @@ ASCII_COMMANDS = [
     ["diagnose", "--model", "llama-3.1-70b", "--hardware", "l4", "--tokens-per-s", "1"],
     ["diagnose", "--model", "llama-3.1-8b", "--tokens-per-s", "30", "--kv-tier", "host-pcie5"],
     ["trace", "stats", "generated:shared-prefix"],
+    ["prefix-cache", "generated:shared-prefix", "--capacity-blocks", "64"],
+    ["simulate", "poisson:rate=2,prompt=512,output=16,requests=20", "--arch", "colocated"],
     ["bench", "gpu-suite", "--plan", "h200"],
     ["bench", "decode", "--plan", "h200"],
     ["bench", "memory", "--plan", "l4"],

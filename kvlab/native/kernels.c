@@ -407,7 +407,8 @@ static const uint16_t PAIR_HI[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21,
  * widenings per V row and head group) this is a permute and a store per 64 bytes of V. */
 static inline __attribute__((always_inline)) void attend_values_amx(const void *vb, const float *s, float *o,
                                                                     int64_t n, int64_t G, int64_t BLK, int64_t D,
-                                                                    const int QUANT, const int HINT) {
+                                                                    const void *kn, int64_t nn, const int QUANT,
+                                                                    const int HINT) {
     const int64_t row_bytes = QUANT ? D : 2 * D;
 #define VROW(t) ((const char *)vb + (t) * row_bytes)
     const int64_t blk32 = (BLK + 31) / 32 * 32;
@@ -432,6 +433,8 @@ static inline __attribute__((always_inline)) void attend_values_amx(const void *
         for (int64_t kp = 0; kp < 16; kp++) {
             const int64_t r0 = t0 + 2 * kp, r1 = r0 + 1;
             if (r0 + PREFETCH_ROWS < n) prefetch_bytes(VROW(r0 + PREFETCH_ROWS), 2 * row_bytes, HINT);
+            if (HINT == KVLAB_PF_L2 && kn && r0 < nn) /* the next block's keys, meanwhile */
+                prefetch_bytes((const char *)kn + r0 * row_bytes, 2 * row_bytes, HINT);
             for (int64_t d = 0; d < D; d += 32) {
                 const __m512i a = r0 < n ? (__m512i)key32(VROW(r0), d, QUANT) : _mm512_setzero_si512();
                 const __m512i b = r1 < n ? (__m512i)key32(VROW(r1), d, QUANT) : _mm512_setzero_si512();
@@ -475,8 +478,8 @@ static inline __attribute__((always_inline)) void attend_values_amx(const void *
  * fp16 scale per token (ks, vs), applied to the scores and to p, never to the big tensors. */
 static inline __attribute__((always_inline)) void attend_block(
         const uint16_t *q, const void *kb, const void *vb, const uint16_t *ks, const uint16_t *vs, int64_t n,
-        int64_t G, int64_t BLK, int64_t D, float *s, float *o, float *m_out, float *l_out, const int QUANT,
-        const int HINT, const int AMX) {
+        int64_t G, int64_t BLK, int64_t D, float *s, float *o, float *m_out, float *l_out, const void *kn,
+        int64_t nn, const int QUANT, const int HINT, const int AMX) {
     const int64_t row_bytes = QUANT ? D : 2 * D;
 #define KROW(t) ((const char *)kb + (t) * row_bytes)
 #define VROW(t) ((const char *)vb + (t) * row_bytes)
@@ -603,7 +606,7 @@ static inline __attribute__((always_inline)) void attend_block(
     for (int64_t i = 0; i < G * D; i++) o[i] = 0.0f;
 #if KVLAB_HAVE_AMX
     if (AMX) {
-        attend_values_amx(vb, s, o, n, G, BLK, D, QUANT, HINT);
+        attend_values_amx(vb, s, o, n, G, BLK, D, kn, nn, QUANT, HINT);
         return;
     }
 #endif
@@ -620,6 +623,8 @@ static inline __attribute__((always_inline)) void attend_block(
                 for (int64_t t = t0; t < t1; t++) {
                     const void *vr = VROW(t);
                     if (d0 == 0 && g0 == 0 && t + PREFETCH_ROWS < n) prefetch_bytes(VROW(t + PREFETCH_ROWS), row_bytes, HINT);
+                    if (HINT == KVLAB_PF_L2 && d0 == 0 && g0 == 0 && kn && t < nn) /* the next block's keys */
+                        prefetch_bytes((const char *)kn + t * row_bytes, row_bytes, HINT);
                     __m512 v0, v1, v2, v3;
                     if (QUANT) {
                         v0 = int8x16_to_f32(vr, d0); v1 = int8x16_to_f32(vr, d0 + 16);
@@ -663,27 +668,33 @@ static inline __attribute__((always_inline)) void attend_block(
     do {                                                                                               \
         const int l2 = flags & KVLAB_FLAG_PREFETCH_L2;                                                 \
         if (KVLAB_HAVE_AMX && (flags & KVLAB_FLAG_AMX)) {                                              \
-            if (l2) attend_block(q, kb, vb, KS, VS, n, G, BLK, D, s, o, m, l, QUANT, KVLAB_PF_L2, 1);  \
-            else attend_block(q, kb, vb, KS, VS, n, G, BLK, D, s, o, m, l, QUANT, KVLAB_PF_NTA, 1);    \
+            if (l2) attend_block(q, kb, vb, KS, VS, n, G, BLK, D, s, o, m, l, kn, nn, QUANT, KVLAB_PF_L2, 1);  \
+            else attend_block(q, kb, vb, KS, VS, n, G, BLK, D, s, o, m, l, kn, nn, QUANT, KVLAB_PF_NTA, 1);    \
         } else {                                                                                       \
-            if (l2) attend_block(q, kb, vb, KS, VS, n, G, BLK, D, s, o, m, l, QUANT, KVLAB_PF_L2, 0);  \
-            else attend_block(q, kb, vb, KS, VS, n, G, BLK, D, s, o, m, l, QUANT, KVLAB_PF_NTA, 0);    \
+            if (l2) attend_block(q, kb, vb, KS, VS, n, G, BLK, D, s, o, m, l, kn, nn, QUANT, KVLAB_PF_L2, 0);  \
+            else attend_block(q, kb, vb, KS, VS, n, G, BLK, D, s, o, m, l, kn, nn, QUANT, KVLAB_PF_NTA, 0);    \
         }                                                                                              \
     } while (0)
 
 static __attribute__((noinline)) void attend_block_bf16(const uint16_t *q, const void *kb, const void *vb, int64_t n,
                                                         int64_t G, int64_t BLK, int64_t D, float *s, float *o,
-                                                        float *m, float *l, int flags) {
+                                                        float *m, float *l, const void *kn, int64_t nn, int flags) {
     KVLAB_ATTEND(0, NULL, NULL);
 }
 
 static __attribute__((noinline)) void attend_block_int8(const uint16_t *q, const void *kb, const void *vb,
                                                         const uint16_t *ks, const uint16_t *vs, int64_t n, int64_t G,
                                                         int64_t BLK, int64_t D, float *s, float *o, float *m, float *l,
-                                                        int flags) {
+                                                        const void *kn, int64_t nn, int flags) {
     KVLAB_ATTEND(1, ks, vs);
 }
 #undef KVLAB_ATTEND
+
+/* Rows of block j a sequence of `length` positions attends (0 past its end, BLK before it). */
+static inline int64_t valid_rows(int64_t length, int64_t j, int64_t BLK) {
+    const int64_t n = length - j * BLK;
+    return n > BLK ? BLK : n;
+}
 
 /* Decode attention: one query token per sequence against its first lengths[b] cached positions.
  * q (B, KV, G, D) bf16, already scaled by 1/sqrt(D); k, v (NB, B, KV, BLK, D) block-major, bf16,
@@ -712,24 +723,30 @@ static int decode_attention(const uint16_t *q, const void *k, const void *v, con
         }
 #pragma omp barrier
         if (!failed) {
-#pragma omp for schedule(static)
-            for (int64_t it = 0; it < items; it++) {
+            /* each thread a contiguous run of work items, so that it can fetch its next block's
+             * keys while it reduces this block's values (see attend_block) */
+            const int64_t nt = omp_get_num_threads(), tid = omp_get_thread_num();
+            const int64_t first = items * tid / nt, last = items * (tid + 1) / nt;
+            for (int64_t it = first; it < last; it++) {
                 const int64_t j = it / (B * KV), b = (it / KV) % B, h = it % KV;
                 float *o = partials + it * part, *m = o + G * D, *l = m + G;
-                int64_t n = lengths[b] - j * BLK;
-                n = n > BLK ? BLK : n;
+                const int64_t n = valid_rows(lengths[b], j, BLK);
                 if (n <= 0) {
                     for (int64_t g = 0; g < G; g++) { m[g] = -INFINITY; l[g] = 0.0f; }
                     continue;
                 }
                 const int64_t base = it * BLK;  /* first row of this block */
+                const int64_t nn = it + 1 < last ? valid_rows(lengths[((it + 1) / KV) % B], (it + 1) / (B * KV), BLK) : 0;
+                const void *kn = nn > 0 ? (const char *)k + (base + BLK) * row_bytes : NULL;
                 if (QUANT)
                     attend_block_int8(q + (b * KV + h) * G * D, (const char *)k + base * row_bytes,
-                                      (const char *)v + base * row_bytes, ks + base, vs + base, n, G, BLK, D, s, o, m, l, flags);
+                                      (const char *)v + base * row_bytes, ks + base, vs + base, n, G, BLK, D, s, o, m, l,
+                                      kn, nn, flags);
                 else
                     attend_block_bf16(q + (b * KV + h) * G * D, (const char *)k + base * row_bytes,
-                                      (const char *)v + base * row_bytes, n, G, BLK, D, s, o, m, l, flags);
+                                      (const char *)v + base * row_bytes, n, G, BLK, D, s, o, m, l, kn, nn, flags);
             }
+#pragma omp barrier
 #pragma omp for schedule(static)
             for (int64_t r = 0; r < B * KV * G; r++) { /* combine the blocks of one (sequence, head) */
                 const int64_t bh = r / G, g = r % G;
