@@ -54,12 +54,22 @@ system-deps:
 # locale/, configuration derived from _config.yml) into $(ZH_BUILD), copied to $(HTML_DIR)/zh.
 ZH_BUILD    := $(BUILD_DIR)/zh
 BOOK_FLAGS  := --warningiserror --nitpick --keep-going
+# The two editions build at once (each runs every notebook on one core most of the time);
+# each writes its log to $(BUILD_DIR)/book-<lang>.log, shown when that build fails.
 book: $(STAMP)
-	@mkdir -p $(RUN_HOME)
-	HOME=$(RUN_HOME) KVLAB_BOOK_BUILD=1 $(BIN)/jupyter-book build . $(BOOK_FLAGS)
+	@mkdir -p $(RUN_HOME) $(ZH_BUILD)
 	$(BIN)/python book/_ext/kvlab_i18n.py config zh_CN $(ZH_BUILD)/_config.yml
+	@echo "building the English and Chinese editions (logs: $(BUILD_DIR)/book-en.log, book-zh.log)"
+	@HOME=$(RUN_HOME) KVLAB_BOOK_BUILD=1 $(BIN)/jupyter-book build . $(BOOK_FLAGS) \
+	  > $(BUILD_DIR)/book-en.log 2>&1 & en=$$!; \
 	HOME=$(RUN_HOME) KVLAB_BOOK_BUILD=1 KVLAB_BOOK_LANG=zh_CN $(BIN)/jupyter-book build . \
-	  --config $(ZH_BUILD)/_config.yml --path-output $(ZH_BUILD) $(BOOK_FLAGS)
+	  --config $(ZH_BUILD)/_config.yml --path-output $(ZH_BUILD) $(BOOK_FLAGS) \
+	  > $(BUILD_DIR)/book-zh.log 2>&1 & zh=$$!; \
+	wait $$en; en_rc=$$?; wait $$zh; zh_rc=$$?; \
+	for lang in en zh; do tail -n 3 $(BUILD_DIR)/book-$$lang.log; done; \
+	if [ $$en_rc != 0 ]; then cat $(BUILD_DIR)/book-en.log; fi; \
+	if [ $$zh_rc != 0 ]; then cat $(BUILD_DIR)/book-zh.log; fi; \
+	test $$en_rc = 0 && test $$zh_rc = 0
 	rm -rf $(HTML_DIR)/zh && cp -r $(ZH_BUILD)/_build/html $(HTML_DIR)/zh
 	@echo
 	@echo "The book is built: $(CURDIR)/$(HTML_DIR)/index.html (中文: $(HTML_DIR)/zh/index.html)"
@@ -78,14 +88,18 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# Two pytest workers (pytest-xdist), each taking whole files (module fixtures stay shared).
+PYTEST_WORKERS ?= 2
+PYTEST_PARALLEL = -n $(PYTEST_WORKERS) --dist loadfile --durations=15
+
 test: $(STAMP) system-deps lint book
 	@mkdir -p $(RUN_HOME)
-	HOME=$(RUN_HOME) $(BIN)/python -m pytest
+	HOME=$(RUN_HOME) $(BIN)/python -m pytest $(PYTEST_PARALLEL)
 
 # The suite without the book build and the browser.
 test-fast: $(STAMP)
 	@mkdir -p $(RUN_HOME)
-	HOME=$(RUN_HOME) $(BIN)/python -m pytest -m "not browser and not notebook"
+	HOME=$(RUN_HOME) $(BIN)/python -m pytest $(PYTEST_PARALLEL) -m "not browser and not notebook"
 
 dashboard: $(STAMP)
 	@mkdir -p $(RUN_HOME)
