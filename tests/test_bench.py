@@ -15,11 +15,11 @@ from kvlab import native
 from kvlab.bench import (
     decode,
     gpu_session,
+    host_copy,
     memory,
     recompute,
     report,  # noqa: E402
     timing,
-    transfer,
 )
 from kvlab.bench.decode import (
     GRIDS,
@@ -386,7 +386,7 @@ def test_report_keeps_the_pytorch_kernel_run_apart(results):
     assert report.targets(kernels="torch")[0]["rows"][0]["max_abs_error"] == pytest.approx(0.5)
     with pytest.raises(ValueError, match="kernels"):
         report.decode_comparison(kernels="fast")
-    from kvlab.viz import measured
+    from kvlab.viz import bench_figures
 
     assert chapter.decode_summary() == (
         "On CPU A with kvlab's kernels (bf16 KV): at batch 1 the steps used at least 75.0% of the "
@@ -400,10 +400,10 @@ def test_report_keeps_the_pytorch_kernel_run_apart(results):
     assert chapter.decode_summary(kv_dtype="int8") == ""
     assert chapter.kernels_notes() == "native C kernels"
     assert chapter.bandwidth_range() == "2.00 GB/s to 2.00 GB/s"
-    labels = [item.label["value"] for item in measured.bandwidth_figure().legend[0].items]
+    labels = [item.label["value"] for item in bench_figures.bandwidth_figure().legend[0].items]
     assert any(lab.endswith("kvlab kernels") for lab in labels)
     assert any(lab.endswith("PyTorch kernels") for lab in labels)
-    pace = [item.label["value"] for item in measured.pace_figure().legend[0].items]
+    pace = [item.label["value"] for item in bench_figures.pace_figure().legend[0].items]
     assert "achieved = copy bandwidth" in pace
     assert any(lab.endswith("PyTorch kernels") for lab in pace)
 
@@ -482,7 +482,7 @@ def _fake_runner(kind):
 
 def _fake_suite(monkeypatch, recompute_runner):
     """Every benchmark of the suite replaced by a stand-in; recompute-vs-fetch by the one given."""
-    for module, kind in ((memory, "memory"), (transfer, "transfer"), (decode, "decode")):
+    for module, kind in ((memory, "memory"), (host_copy, "transfer"), (decode, "decode")):
         monkeypatch.setattr(module, f"run_{kind}", _fake_runner(kind))
     monkeypatch.setattr(recompute, "run_recompute", recompute_runner)
 
@@ -653,13 +653,13 @@ def test_small_copies_time_a_loop_of_calls(monkeypatch):
         seen.append(inner)
         return timing.Timing(1e-3, 1e-3, 1e-3, 1e-3, 1e-3, repeats, warmup)
 
-    for module in (memory, transfer):
+    for module in (memory, host_copy):
         monkeypatch.setattr(module, "time_call", fake_time_call)
         monkeypatch.setattr(module, "QUICK_SIZES", {"cpu": [MiB, 64 * MiB]})
     r = memory.run_memory("cpu", quick=True, quiet=True)
     loops = {(MiB, 256), (64 * MiB, 4)}
     assert {(p["size_bytes"], p["calls_per_repeat"]) for p in r["points"]} == loops
-    t = transfer.run_transfer("cpu", quick=True, quiet=True)
+    t = host_copy.run_transfer("cpu", quick=True, quiet=True)
     assert [(p["size_bytes"], p["calls_per_repeat"]) for p in t["points"]] == sorted(loops)
     seen.clear()
     memory.copy_bandwidth("cpu", MiB)

@@ -255,7 +255,7 @@ def windowed_catalogue(monkeypatch):
 
 
 def test_footprint_longest_context_counts_a_sliding_window(windowed_catalogue, library):
-    from kvlab.viz.tier_panels import footprint_panel
+    from kvlab.viz.beyond_hbm import footprint_panel
 
     panel = footprint_panel()
     assert WINDOWED in panel.controls[0].options

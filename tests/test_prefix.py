@@ -24,7 +24,7 @@ from kvlab.prefix.latency import latency_vs_hit_ratio, tpot_s, ttft_s
 from kvlab.prefix.radix import RadixCache, WholeRequestCache
 from kvlab.tiers import TierPath, kv_fetch_time_s
 from kvlab.traces import Request, Trace
-from kvlab.traces_gen import generate_trace
+from kvlab.traces.generate import generate_trace
 
 BT = 512
 

@@ -32,10 +32,10 @@ from kvlab.sim import (
     trace_slice,
 )
 from kvlab.sim.kernel_cost import KernelCost
-from kvlab.sim.links import Link
+from kvlab.sim.network import Link
 from kvlab.tiers import tiered_decode_step, transfer_time_s
 from kvlab.traces import Request, Trace
-from kvlab.traces_gen import generate_trace
+from kvlab.traces.generate import generate_trace
 
 H100 = Deployment("llama-3.1-8b", "h100-sxm")
 H100_TABLES = H100.replace(speed=KernelTables())

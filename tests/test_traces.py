@@ -17,11 +17,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvlab import traces, traces_cache, traces_download
+from kvlab import traces
 from kvlab.cli import main
 from kvlab.errors import KvlabError
 from kvlab.traces import Request, Trace, load_trace, read_jsonl, trace_stats
-from kvlab.traces_gen import PRESETS, WorkloadSpec, block_ids, generate_trace, generate_workload
+from kvlab.traces import cache as traces_cache
+from kvlab.traces import download as traces_download
+from kvlab.traces.generate import (
+    PRESETS,
+    WorkloadSpec,
+    block_ids,
+    generate_trace,
+    generate_workload,
+)
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mooncake"
 HAVE_REAL = (SHARED / "conversation_trace.jsonl").is_file()

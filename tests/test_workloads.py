@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from kvlab.cli import main
 from kvlab.errors import KvlabError
 from kvlab.traces import load_trace, trace_stats
-from kvlab.traces_gen import parse_poisson, poisson_trace
+from kvlab.traces.generate import parse_poisson, poisson_trace
 
 SPEC = "poisson:rate=5,prompt=lognormal(1024,0.5),output=uniform(16,64),requests=2000,seed=7"
 

@@ -40,7 +40,7 @@ from .findings import findings
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The GPU tests: the decoder on CUDA (placements, prefetch, graphs), bench and transfer.
-GPU_TESTS = ("tests/test_decoder.py", "tests/test_bench.py", "tests/test_transfer.py")
+GPU_TESTS = ("tests/test_decoder.py", "tests/test_bench.py", "tests/test_kv_transfer.py")
 #: Files that may come back from the device machine, and how deep.
 MAX_FILES, MAX_DEPTH = 8, 2
 #: Seconds kept for what follows the suite (the GPU tests, findings, packing).

@@ -255,17 +255,17 @@ def _sources() -> list[str]:
 
 
 def gemv_figure():
-    from ..viz import gpu_figures
+    from ..viz import measured as figures
 
-    return gpu_figures.gemv_band_figure(
+    return figures.gemv_band_figure(
         [gpu_tables.gemv_band(d) for d in gpu_tables.gpus()], _names(), _sources()
     )
 
 
 def gemm_batch_figure():
-    from ..viz import gpu_figures
+    from ..viz import measured as figures
 
-    return gpu_figures.gemm_batch_figure(
+    return figures.gemm_batch_figure(
         [gpu_tables.gemm_over_batch(d) for d in gpu_tables.gpus()],
         _names(),
         _sources(),
@@ -274,21 +274,21 @@ def gemm_batch_figure():
 
 
 def attention_figure():
-    from ..viz import gpu_figures
+    from ..viz import measured as figures
 
     curves = [
         gpu_tables.attention_over_context(d, b)
         for d in gpu_tables.gpus()
         for b in ATTENTION_BATCHES
     ]
-    return gpu_figures.attention_figure(curves, _names(), _sources(), gpu_tables.ATTENTION_LAYOUT)
+    return figures.attention_figure(curves, _names(), _sources(), gpu_tables.ATTENTION_LAYOUT)
 
 
 def ledger_figure():
-    from ..viz import gpu_figures
+    from ..viz import measured as figures
 
     curves = [gpu_tables.ledger_against_kernels(d) for d in gpu_tables.gpus()]
-    return gpu_figures.ledger_figure(
+    return figures.ledger_figure(
         curves, _names(), _sources(), get_model(curves[0]["model"]).display_name
     )
 

@@ -13,7 +13,7 @@ import importlib.util
 import sys
 
 from ..fmt import seconds, si
-from ..transfer import (
+from ..kv_transfer import (
     TransferConfig,
     parse_size,
     parse_sizes,
@@ -21,7 +21,7 @@ from ..transfer import (
     run_benchmark,
     save_results,
 )
-from ..transfer.config import format_size
+from ..kv_transfer.config import format_size
 from .args import number, print_json, table
 
 ENGINE_CHOICES = ("all", "torch", "mooncake")
@@ -35,7 +35,7 @@ def register(sub) -> None:
         "and measure time and bandwidth. Engines: torch.distributed (gloo over TCP on CPU, NCCL on "
         "GPUs) and the Mooncake Transfer Engine (one-sided writes, P2P handshake). Sizes are "
         "binary: 4k = 4096 bytes, "
-        "512M = 512 MiB. Across nodes, run it under torchrun (see kvlab.transfer.torchrun).",
+        "512M = 512 MiB. Across nodes, run it under torchrun (see kvlab.kv_transfer.torchrun).",
     )
     p.add_argument(
         "--engine",

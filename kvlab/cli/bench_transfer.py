@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..bench.transfer import run_transfer
+from ..bench.host_copy import run_transfer
 from . import bench_common as common
 
 

@@ -42,8 +42,8 @@ from .caches import make_caches
 from .config import SimConfig
 from .cost_model import config_deployment, make_cost
 from .costs import pipeline_time_s
-from .links import Link, Network
 from .loop import EventLoop
+from .network import Link, Network
 from .routers import route_decode, route_prefill
 from .workers import ColocatedWorker, DecodeWorker, PrefillWorker
 from .workload import DONE, REJECTED, UNFINISHED, SimRequest, check_replayable

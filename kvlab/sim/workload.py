@@ -9,7 +9,7 @@ import numpy as np
 
 from ..errors import KvlabError, check_number
 from ..traces import Trace, load_trace
-from ..traces_gen import MAX_ARRIVAL_S
+from ..traces.generate import MAX_ARRIVAL_S
 
 DONE, REJECTED, UNFINISHED = 0, 1, 2
 STATUS = {DONE: "done", REJECTED: "rejected", UNFINISHED: "unfinished"}
