@@ -305,9 +305,8 @@ def test_download_verifies_and_writes_atomically(tmp_path, server, monkeypatch, 
     assert got.fetched and got.bytes == len(body) and Path(got.path).read_bytes() == body
     umask = os.umask(0)
     os.umask(umask)
-    assert (
-        Path(got.path).stat().st_mode & 0o777 == 0o666 & ~umask
-    )  # an ordinary file, not mkstemp's 0600
+    # an ordinary file, not mkstemp's 0600
+    assert Path(got.path).stat().st_mode & 0o777 == 0o666 & ~umask
     assert "downloading synthetic_trace.jsonl" in capsys.readouterr().err
     again = traces_download.download_trace("synthetic", dest, base_url=url)
     assert not again.fetched

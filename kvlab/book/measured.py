@@ -325,9 +325,8 @@ def gpu_numbers() -> dict[str, str]:
             {names[d]: fmt.percent(_derived(d)["gemv_fraction_of_sheet"]) for d in above}
         )
         or pick("none", "无"),
-        "gemv_how": i18n.t(
-            _derived(h100)["gemv_how"]
-        ),  # the extract's sentence (kvlab.kernel_tables)
+        # the extract's sentence (kvlab.kernel_tables)
+        "gemv_how": i18n.t(_derived(h100)["gemv_how"]),
         "gemm_m1_h100": fmt.percent(float(gemm[h100]["efficiency"][0])),
         "gemm_best_h100": fmt.percent(float(np.max(gemm[h100]["efficiency"]))),
         "attn_best_h100": fmt.percent(float(attention[h100]["fraction_of_sheet"].max())),

@@ -520,6 +520,7 @@ def _step_figures(src):
     from bokeh.layouts import column
 
     fig = bytes_figure(src["bytes"])
+    # the title names the step's source
     times = style.new_figure(
         TIME_TITLE,
         "seconds",
@@ -528,7 +529,7 @@ def _step_figures(src):
         y_range=list(TIME_KINDS[::-1]),
         x_range=style.from_zero(),
         name="time",
-    )  # the title names the step's source
+    )
     times.hbar(y="kind", right="seconds", height=0.6, color="color", source=src["time"])
     times.xaxis.formatter = style.seconds_ticks()
     style.hover(times, [("", "@kind"), ("time", "@label")])
