@@ -5,6 +5,7 @@ the figures are measured and reported, not tested."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -30,7 +31,7 @@ from kvlab.bench.decode import (
     skip_record,
 )
 from kvlab.bench.findings import findings
-from kvlab.bench.gpu_session import MAX_DEPTH, MAX_FILES, ROOT
+from kvlab.bench.gpu_session import MAX_DEPTH, MAX_FILES
 from kvlab.bench.recompute import crossover  # noqa: E402
 from kvlab.bench.results import machine_slug, write_result  # noqa: E402
 from kvlab.bench.timing import Budget, time_call  # noqa: E402
@@ -39,6 +40,9 @@ from kvlab.cli import main  # noqa: E402
 from kvlab.decoder import fit, ledger
 from kvlab.errors import KvlabError
 from kvlab.hardware import get_device
+
+#: The checkout: the GPU session runs its steps (kvlab, tests/) from here.
+ROOT = Path(__file__).resolve().parents[1]
 
 DECODE_KEYS = {
     "batch",
@@ -915,14 +919,12 @@ def test_gpu_session_bad_arguments_are_one_line_and_exit_2(tmp_path, argv, messa
     import subprocess
     import sys
 
-    from kvlab.bench.gpu_session import ROOT
-
     afile = tmp_path / "afile"
     afile.write_text("x")
     fill = {"file": str(afile), "dir": str(tmp_path / "out")}
     argv = [a.format(**fill) for a in argv]
     done = subprocess.run(
-        [sys.executable, "-m", "kvlab.bench.gpu_session", *argv],
+        [sys.executable, "-m", "kvlab", "bench", "gpu-session", *argv],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -930,7 +932,7 @@ def test_gpu_session_bad_arguments_are_one_line_and_exit_2(tmp_path, argv, messa
     )
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.count("\n") == 1, done.stderr
-    assert done.stderr.startswith("python3 -m kvlab.bench.gpu_session: error: ")
+    assert done.stderr.startswith("kvlab bench") and ": error: " in done.stderr
     assert message.format(**fill) in done.stderr
     assert afile.read_text() == "x"
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
@@ -938,7 +940,8 @@ def test_gpu_session_bad_arguments_are_one_line_and_exit_2(tmp_path, argv, messa
 
 def test_gpu_session_stays_inside_its_deadline(tmp_path):
     """With no time left for the suite, the session says so and still leaves its record."""
-    code = gpu_session.main(["--out", str(tmp_path), "--dry-run", "--deadline", "20", "--tests"])
+    argv = ["--out", str(tmp_path), "--dry-run", "--deadline", "20", "--tests"]
+    code = main(["bench", "gpu-session", *argv])
     record = json.loads((tmp_path / "session.json").read_text())
     assert record["suite"] == {"skipped": "only 0 s of suite budget left"} and code == 0
     assert record["tests"] == {"skipped": "no test files named"}
@@ -959,7 +962,9 @@ def test_gpu_session_dry_run_on_the_cpu(tmp_path):
     argv = [
         sys.executable,
         "-m",
-        "kvlab.bench.gpu_session",
+        "kvlab",
+        "bench",
+        "gpu-session",
         "--out",
         str(out),
         "--dry-run",

@@ -17,8 +17,10 @@ import importlib.util
 import math
 import sys
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Callable
 
+from ..bench import gpu_session, prefix_replay
 from ..bench import results as bench_results
 from ..bench.decode import run_decode, write_comparison
 from ..bench.host_copy import run_transfer
@@ -453,6 +455,29 @@ def run_ledger(b: Benchmark, args) -> int:
     return 0
 
 
+def run_prefix_replay(b: Benchmark, args) -> int:
+    """A trace's LRU replay, kvlab's against a plain OrderedDict's: a table or JSON."""
+    r = prefix_replay.replay_speed(args.trace, args.capacities, args.repeats)
+    if args.json:
+        print_json(r)
+        return 0
+    rows = [
+        [
+            cap,
+            seconds(c["kvlab_s"]),
+            seconds(c["ordered_dict_s"]),
+            f"{c['ordered_dict_s'] / c['kvlab_s']:.2f}x",
+            f"{c['block_hit_ratio']:.1%}",
+            "yes" if c["hits_agree"] else "NO",
+        ]
+        for cap, c in r["capacities"].items()
+    ]
+    header = ["capacity", "kvlab", "OrderedDict", "speed-up", "block hits", "hits agree"]
+    print(f"{r['trace']}: {r['requests']:,} requests, median of {r['repeats']} replays")
+    print(table(rows, header))
+    return 0
+
+
 # ----------------------------------------------------------------- KV transfer
 
 
@@ -561,6 +586,25 @@ def render_kv_transfer(result: dict) -> str:
     if result.get("saved_to"):
         lines += ["", f"saved to {result['saved_to']}"]
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------ the GPU session
+
+
+def check_gpu_session(args) -> None:
+    """What argparse cannot check, before any step runs: a bad OUT costs a line, not a
+    session's device time."""
+    if not args.deadline < float("inf"):
+        raise KvlabError(f"--deadline must be a finite number of seconds, got {args.deadline:g}")
+    if not args.only and args.only is not None:
+        raise KvlabError("--only names no benchmark")
+    args.out = gpu_session.check_out(args.out)
+
+
+def run_gpu_session(b: Benchmark, args) -> int:
+    """The session (kvlab.bench.gpu_session); exit 1 when one of its steps failed."""
+    check_gpu_session(args)
+    return gpu_session.main(args)
 
 
 # ------------------------------------------------------------------- the table
@@ -798,12 +842,71 @@ BENCHMARKS = (
         flags=(ONLY_FLAG,),
     ),
     Benchmark(
+        "gpu-session",
+        "one bounded run on a borrowed GPU: facts, plan, suite, GPU tests, findings, all "
+        "into one folder (make gpu-session OUT=...)",
+        run_gpu_session,
+        description=gpu_session.__doc__.split("\n\n")[0],
+        flags=(
+            flag("--out", required=True, type=Path, help="the folder that comes back ($OUT)"),
+            flag(
+                "--deadline",
+                type=seconds_value,
+                default=420.0,
+                help="seconds the whole session may take (default 420: fits a 480 s call)",
+            ),
+            flag(
+                "--budget",
+                type=seconds_value,
+                default=300.0,
+                help="the suite's time budget, trimmed to what the deadline leaves (default 300)",
+            ),
+            flag("--device", default="cuda", help="the CUDA device to measure (default cuda)"),
+            flag(
+                "--only",
+                type=csv_names,
+                help="run only these benchmarks, e.g. decode (a rerun)",
+            ),
+            flag(
+                "--tests",
+                nargs="*",
+                default=list(gpu_session.GPU_TESTS),
+                help="test files for pytest -m gpu, from the current folder (default: kvlab's "
+                "GPU tests, where they are here)",
+            ),
+            flag(
+                "--dry-run",
+                action="store_true",
+                help="no CUDA needed: the suite runs on the CPU in quick mode (checks the session)",
+            ),
+        ),
+    ),
+    Benchmark(
         "ledger",
         "time the ledger over a slider grid: one vectorised call vs a Python loop",
         run_ledger,
         flags=(
             flag("--points", type=count, default=100_000, help="grid points (default 100,000)"),
             flag("--loop-points", type=count, help="points for the Python loop (default: all)"),
+            flag("--json", action="store_true", help="print one JSON object"),
+        ),
+    ),
+    Benchmark(
+        "prefix-replay",
+        "how fast a trace replays: kvlab's LRU prefix cache against a plain OrderedDict",
+        run_prefix_replay,
+        description=prefix_replay.__doc__.split("\n\n")[0],
+        flags=(
+            flag("trace", nargs="?", default="conversation", help="a trace (default conversation)"),
+            flag(
+                "--capacities",
+                type=csv_counts(10**12, " blocks"),
+                default="1000,10000,100000",
+                help="cache sizes in blocks (default 1000,10000,100000)",
+            ),
+            flag(
+                "--repeats", type=whole(1, MAX_REPEATS), default=5, help="timed replays (default 5)"
+            ),
             flag("--json", action="store_true", help="print one JSON object"),
         ),
     ),
