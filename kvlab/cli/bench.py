@@ -370,12 +370,19 @@ def _ms(key: str):
     return lambda p: p[key] * 1e3
 
 
-def _mib(p: dict) -> float:
-    return p["size_bytes"] / 2**20
-
-
 def _gb_per_s(key: str):
     return lambda p: p[key] / 1e9
+
+
+#: A point's spread over its repeats: interquartile range / median.
+SPREAD: Column = ("spread", "spread", ".0%")
+
+
+def copy_columns(labels: tuple[str, ...], gb_spec: str) -> tuple[Column, ...]:
+    """The copy sweeps' table (memory, transfer): what was copied, MiB, GB/s, spread."""
+    size = ("MiB", lambda p: p["size_bytes"] / 2**20, ".0f")
+    rate = ("GB/s", _gb_per_s("bandwidth_bytes_per_s"), gb_spec)
+    return (*((label, label, "") for label in labels), size, rate, SPREAD)
 
 
 # ------------------------------------------------------------------- the suites
@@ -710,12 +717,7 @@ BENCHMARKS = (
         "(median of repeats), and the matmul rate: the figures the ledger is fed.",
         budget_s=120,
         runner=run_memory,
-        columns=(
-            ("kernel", "kernel", ""),
-            ("MiB", _mib, ".0f"),
-            ("GB/s", _gb_per_s("bandwidth_bytes_per_s"), ".1f"),
-            ("spread", "spread", ".0%"),
-        ),
+        columns=copy_columns(("kernel",), ".1f"),
     ),
     Benchmark(
         "transfer",
@@ -725,13 +727,7 @@ BENCHMARKS = (
         "pinned and pageable memory (on a CPU-only machine: host -> host copies).",
         budget_s=120,
         runner=run_transfer,
-        columns=(
-            ("direction", "direction", ""),
-            ("memory", "memory", ""),
-            ("MiB", _mib, ".0f"),
-            ("GB/s", _gb_per_s("bandwidth_bytes_per_s"), ".2f"),
-            ("spread", "spread", ".0%"),
-        ),
+        columns=copy_columns(("direction", "memory"), ".2f"),
     ),
     Benchmark(
         "decode",
@@ -791,7 +787,7 @@ BENCHMARKS = (
             ("error", "error", "+.1%"),
             ("GB/s", _gb_per_s("achieved_bytes_per_s"), ".1f"),
             ("of copy", "fraction_of_bandwidth", ".0%"),
-            ("spread", "spread", ".0%"),
+            SPREAD,
         ),
     ),
     Benchmark(
