@@ -842,7 +842,9 @@ BENCHMARKS = (
         "one bounded run on a borrowed GPU: facts, plan, suite, GPU tests, findings, all "
         "into one folder (make gpu-session OUT=...)",
         run_gpu_session,
-        description=gpu_session.__doc__.split("\n\n")[0],
+        description="Measure a CUDA machine in one call that stays inside --deadline and "
+        "leaves everything in --out: facts, plan, suite, pytest -m gpu, findings (made for a "
+        "borrowed GPU from which only one folder comes back; see kvlab.bench.gpu_session).",
         flags=(
             flag("--out", required=True, type=Path, help="the folder that comes back ($OUT)"),
             flag(
