@@ -135,7 +135,7 @@ bench-gpu:
 # a GPU box").
 gpu-session:
 	@test -n "$(OUT)" || { echo "set OUT to the folder that comes back: make gpu-session OUT=..."; exit 2; }
-	PYTHONPATH=$(CURDIR) $(PYTHON) -m kvlab.bench.gpu_session --out "$(OUT)"
+	PYTHONPATH=$(CURDIR) $(PYTHON) -m kvlab bench gpu-session --out "$(OUT)"
 
 clean:
 	rm -rf $(BUILD_DIR) labs

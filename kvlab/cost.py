@@ -36,6 +36,7 @@ from .models import ModelSpec, get_model
 from .operators import (
     NAIVE_ATTENTION_PASSES,
     SCORE_BYTES,
+    Num,
     OperatorTable,
     PassCounts,
     kv_bytes_per_token_per_gpu,
@@ -58,9 +59,6 @@ MAX_BATCH = 1_000_000
 MAX_CONTEXT_TOKENS = 100_000_000
 #: Drafted tokens per verification beyond which acceptance makes more of them pointless.
 MAX_SPECULATIVE_TOKENS = 16
-
-#: A JSON-ready number or an array of them: the ledger's fields hold either.
-Num = float | int | np.ndarray
 
 
 def _out(x):
@@ -135,15 +133,15 @@ class UnitSeconds:
     deployment's rates: how the simulator and `kvlab.cost` alike turn an `OperatorTable`
     into time. Arrays broadcast (a bandwidth sweep is one object)."""
 
-    dense_s: object  # the dense weights, once per pass
-    dense_per_token_s: object
-    expert_s: object  # per routed expert touched per layer, over all MoE layers
-    experts_per_token_s: object
-    kv_s: object  # per KV entry attention reads or writes
-    pair_s: object  # per query-key pair
-    score_s: object  # per query-key pair, the score traffic without FlashAttention
+    dense_s: Num  # the dense weights, once per pass
+    dense_per_token_s: Num
+    expert_s: Num  # per routed expert touched per layer, over all MoE layers
+    experts_per_token_s: Num
+    kv_s: Num  # per KV entry attention reads or writes
+    pair_s: Num  # per query-key pair
+    score_s: Num  # per query-key pair, the score traffic without FlashAttention
     allreduce_latency_s: float  # per pass (every all-reduce's fixed cost)
-    allreduce_per_token_s: object  # link time per row
+    allreduce_per_token_s: Num  # link time per row
     table: OperatorTable
 
     def weights_s(self, tokens, touching):

@@ -22,7 +22,7 @@ from .dtypes import DType, parse_dtype
 from .errors import KvlabError, check_number
 from .hardware import Device, get_device
 from .models import ModelSpec, get_model
-from .operators import OperatorTable, check_tensor_parallel, operator_table
+from .operators import Num, OperatorTable, check_tensor_parallel, operator_table
 
 #: Upper and lower bounds beyond which an input is a typo rather than a configuration.
 MAX_BANDWIDTH_BYTES_PER_S = 1e15  # 1 PB/s: 200x an H200
@@ -37,7 +37,7 @@ KERNEL_TABLES_WORD = "measured"
 class Ceiling:
     """The sheet's peaks times `efficiency` (a fraction in (0, 1]; arrays broadcast)."""
 
-    efficiency: object = 1.0
+    efficiency: Num = 1.0
 
     def __post_init__(self):
         value = check_number(
@@ -103,8 +103,8 @@ class Deployment:
     kv_dtype: DType | str = "fp16"
     speed: Speed = Ceiling()
     tensor_parallel: int = 1
-    bandwidth_bytes_per_s: object = None
-    capacity_bytes: object = None
+    bandwidth_bytes_per_s: Num | None = None
+    capacity_bytes: Num | None = None
 
     def __post_init__(self):
         set_ = object.__setattr__

@@ -17,9 +17,9 @@ from . import cost, fmt, tiers
 from .deployment import Deployment
 from .dtypes import bytes_per_element
 from .errors import KvlabError, check_number
-from .hardware import USABLE_MEMORY_FRACTION, devices, get_device, get_tier
+from .hardware import USABLE_MEMORY_FRACTION, Device, devices, get_device, get_tier
 from .jsonsafe import jsonable
-from .models import get_model
+from .models import ModelSpec, get_model
 
 BANDWIDTH_BOUND_UTILISATION = 0.80  # the article: >= 80% of peak memory throughput
 LOW_UTILISATION = 0.30  # ~30%: the time goes somewhere else (scheduling, waits, overheads)
@@ -83,8 +83,8 @@ class _Inputs:
     """What was deployed and measured, every value checked before any step runs (a value
     that a step would not use is checked too: a typo is never silently ignored)."""
 
-    model: object
-    device: object
+    model: ModelSpec
+    device: Device
     batch: int
     context: int
     measured_tokens_per_s: float

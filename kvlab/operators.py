@@ -53,6 +53,8 @@ NAIVE_ATTENTION_PASSES = 4
 SCORE_BYTES = 2
 #: The operator groups, in the order a step lists them.
 GROUPS = ("dense", "experts", "attention", "allreduce")
+#: A count, bytes or seconds: a number, or an array of them (a slider grid is one call).
+Num = float | int | np.ndarray
 
 
 # ------------------------------------------------------------------------- the counts
@@ -87,10 +89,10 @@ class PassCounts:
     pick routed experts, `kv_tokens` KV entries attention reads or writes, `pairs`
     query-key pairs (one attention kernel)."""
 
-    tokens: object
-    touching: object
-    kv_tokens: object
-    pairs: object
+    tokens: Num
+    touching: Num
+    kv_tokens: Num
+    pairs: Num
 
 
 def pass_counts(batch, new, cached) -> PassCounts:

@@ -3,7 +3,7 @@ numeric core importable with numpy alone (see ARCHITECTURE.md).
 
 1. data and model: hardware, models, dtypes, cost, measured tables and the small shared
    rules (errors, fmt, prompt, grids, jsonsafe, article);
-2. domain: tiers, traces, prefix, sim, decoder, bench, transfer, diagnose, metrics, native;
+2. domain: tiers, traces, prefix, sim, decoder, bench, kv_transfer, diagnose, metrics, native;
 3. presentation: book, viz, labs, cli.
 Every import counts, including the ones inside functions.
 """
@@ -23,15 +23,11 @@ PRESENTATION = {"book", "viz", "labs", "cli", "__main__"}
 DOMAIN = {
     "tiers",
     "traces",
-    "traces_gen",
-    "traces_download",
-    "traces_cache",
-    "trace_types",
     "prefix",
     "sim",
     "decoder",
     "bench",
-    "transfer",
+    "kv_transfer",
     "diagnose",
     "metrics",
     "native",

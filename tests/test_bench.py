@@ -5,6 +5,7 @@ the figures are measured and reported, not tested."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,11 +16,11 @@ from kvlab import native
 from kvlab.bench import (
     decode,
     gpu_session,
+    host_copy,
     memory,
     recompute,
     report,  # noqa: E402
     timing,
-    transfer,
 )
 from kvlab.bench.decode import (
     GRIDS,
@@ -30,7 +31,7 @@ from kvlab.bench.decode import (
     skip_record,
 )
 from kvlab.bench.findings import findings
-from kvlab.bench.gpu_session import MAX_DEPTH, MAX_FILES, ROOT
+from kvlab.bench.gpu_session import MAX_DEPTH, MAX_FILES
 from kvlab.bench.recompute import crossover  # noqa: E402
 from kvlab.bench.results import machine_slug, write_result  # noqa: E402
 from kvlab.bench.timing import Budget, time_call  # noqa: E402
@@ -39,6 +40,9 @@ from kvlab.cli import main  # noqa: E402
 from kvlab.decoder import fit, ledger
 from kvlab.errors import KvlabError
 from kvlab.hardware import get_device
+
+#: The checkout: the GPU session runs its steps (kvlab, tests/) from here.
+ROOT = Path(__file__).resolve().parents[1]
 
 DECODE_KEYS = {
     "batch",
@@ -386,7 +390,7 @@ def test_report_keeps_the_pytorch_kernel_run_apart(results):
     assert report.targets(kernels="torch")[0]["rows"][0]["max_abs_error"] == pytest.approx(0.5)
     with pytest.raises(ValueError, match="kernels"):
         report.decode_comparison(kernels="fast")
-    from kvlab.viz import measured
+    from kvlab.viz import bench_figures
 
     assert chapter.decode_summary() == (
         "On CPU A with kvlab's kernels (bf16 KV): at batch 1 the steps used at least 75.0% of the "
@@ -400,10 +404,10 @@ def test_report_keeps_the_pytorch_kernel_run_apart(results):
     assert chapter.decode_summary(kv_dtype="int8") == ""
     assert chapter.kernels_notes() == "native C kernels"
     assert chapter.bandwidth_range() == "2.00 GB/s to 2.00 GB/s"
-    labels = [item.label["value"] for item in measured.bandwidth_figure().legend[0].items]
+    labels = [item.label["value"] for item in bench_figures.bandwidth_figure().legend[0].items]
     assert any(lab.endswith("kvlab kernels") for lab in labels)
     assert any(lab.endswith("PyTorch kernels") for lab in labels)
-    pace = [item.label["value"] for item in measured.pace_figure().legend[0].items]
+    pace = [item.label["value"] for item in bench_figures.pace_figure().legend[0].items]
     assert "achieved = copy bandwidth" in pace
     assert any(lab.endswith("PyTorch kernels") for lab in pace)
 
@@ -482,7 +486,7 @@ def _fake_runner(kind):
 
 def _fake_suite(monkeypatch, recompute_runner):
     """Every benchmark of the suite replaced by a stand-in; recompute-vs-fetch by the one given."""
-    for module, kind in ((memory, "memory"), (transfer, "transfer"), (decode, "decode")):
+    for module, kind in ((memory, "memory"), (host_copy, "transfer"), (decode, "decode")):
         monkeypatch.setattr(module, f"run_{kind}", _fake_runner(kind))
     monkeypatch.setattr(recompute, "run_recompute", recompute_runner)
 
@@ -653,13 +657,13 @@ def test_small_copies_time_a_loop_of_calls(monkeypatch):
         seen.append(inner)
         return timing.Timing(1e-3, 1e-3, 1e-3, 1e-3, 1e-3, repeats, warmup)
 
-    for module in (memory, transfer):
+    for module in (memory, host_copy):
         monkeypatch.setattr(module, "time_call", fake_time_call)
         monkeypatch.setattr(module, "QUICK_SIZES", {"cpu": [MiB, 64 * MiB]})
     r = memory.run_memory("cpu", quick=True, quiet=True)
     loops = {(MiB, 256), (64 * MiB, 4)}
     assert {(p["size_bytes"], p["calls_per_repeat"]) for p in r["points"]} == loops
-    t = transfer.run_transfer("cpu", quick=True, quiet=True)
+    t = host_copy.run_transfer("cpu", quick=True, quiet=True)
     assert [(p["size_bytes"], p["calls_per_repeat"]) for p in t["points"]] == sorted(loops)
     seen.clear()
     memory.copy_bandwidth("cpu", MiB)
@@ -915,14 +919,12 @@ def test_gpu_session_bad_arguments_are_one_line_and_exit_2(tmp_path, argv, messa
     import subprocess
     import sys
 
-    from kvlab.bench.gpu_session import ROOT
-
     afile = tmp_path / "afile"
     afile.write_text("x")
     fill = {"file": str(afile), "dir": str(tmp_path / "out")}
     argv = [a.format(**fill) for a in argv]
     done = subprocess.run(
-        [sys.executable, "-m", "kvlab.bench.gpu_session", *argv],
+        [sys.executable, "-m", "kvlab", "bench", "gpu-session", *argv],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -930,7 +932,7 @@ def test_gpu_session_bad_arguments_are_one_line_and_exit_2(tmp_path, argv, messa
     )
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.count("\n") == 1, done.stderr
-    assert done.stderr.startswith("python3 -m kvlab.bench.gpu_session: error: ")
+    assert done.stderr.startswith("kvlab bench") and ": error: " in done.stderr
     assert message.format(**fill) in done.stderr
     assert afile.read_text() == "x"
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
@@ -938,7 +940,8 @@ def test_gpu_session_bad_arguments_are_one_line_and_exit_2(tmp_path, argv, messa
 
 def test_gpu_session_stays_inside_its_deadline(tmp_path):
     """With no time left for the suite, the session says so and still leaves its record."""
-    code = gpu_session.main(["--out", str(tmp_path), "--dry-run", "--deadline", "20", "--tests"])
+    argv = ["--out", str(tmp_path), "--dry-run", "--deadline", "20", "--tests"]
+    code = main(["bench", "gpu-session", *argv])
     record = json.loads((tmp_path / "session.json").read_text())
     assert record["suite"] == {"skipped": "only 0 s of suite budget left"} and code == 0
     assert record["tests"] == {"skipped": "no test files named"}
@@ -959,7 +962,9 @@ def test_gpu_session_dry_run_on_the_cpu(tmp_path):
     argv = [
         sys.executable,
         "-m",
-        "kvlab.bench.gpu_session",
+        "kvlab",
+        "bench",
+        "gpu-session",
         "--out",
         str(out),
         "--dry-run",

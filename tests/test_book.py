@@ -32,7 +32,7 @@ from kvlab.operators import operator_work, pass_counts
 from kvlab.sim import ARCHS, trace_at_rate, trace_slice
 from kvlab.speculative import speculative_step
 from kvlab.tiers import series
-from kvlab.traces_gen import generate_trace
+from kvlab.traces.generate import generate_trace
 from kvlab.viz import Panel
 
 LLAMA_8B = Deployment("llama-3.1-8b", "h100-sxm")
@@ -61,7 +61,7 @@ def test_article_numbers_are_book_ready():
 
 
 def test_tier_series_are_plot_ready():
-    from kvlab.viz.tier_panels import PD_LINKS
+    from kvlab.viz.beyond_hbm import PD_LINKS
 
     article = Deployment("article-7b", "h100-sxm")
     t = series.tier_throughput_series(article, 32)
@@ -427,7 +427,7 @@ def test_speculative_panel_terms_are_the_ledger_and_live_states_work():
 
 
 def levers_setup_step(setup, batch, context, k, a):
-    from kvlab.viz.levers_panels import SPEC_SETUPS
+    from kvlab.viz.past_the_ceiling import SPEC_SETUPS
 
     s = SPEC_SETUPS[setup]
     return speculative_step(s.deployment, batch, context, k, a, s.draft_model)

@@ -596,16 +596,18 @@ def test_bench_kernels_choice_refuses_everything_else():
 
 
 def test_gpu_session_arguments(tmp_path):
-    """python3 -m kvlab.bench.gpu_session, parsed (never run): a usage error or a parse,
+    """kvlab bench gpu-session, parsed and checked (never run): a usage error or a parse,
     never another exception; --out names are kept under tmp_path."""
-    from kvlab.bench import gpu_session
+    from kvlab.cli.bench import check_gpu_session
+    from kvlab.errors import KvlabError
 
+    parser = build_parser("bench")
     counter = iter(range(10**6))
 
     def parse(argv):
         try:
-            gpu_session.parse_args(argv)
-        except gpu_session.UsageError as exc:
+            check_gpu_session(parser.parse_args(["bench", "gpu-session", *argv]))
+        except (UsageError, KvlabError) as exc:
             assert "\n" not in str(exc).strip()
 
     def out():

@@ -85,11 +85,12 @@ def test_catalogues_compile_with_the_roles_rewritten(tmp_path):
         tmp_path / "locale/zh_CN/LC_MESSAGES/notebooks/ch.po",
         [
             ("It takes {glue:text}`t`.", "需要 {glue:text}`t`。", False),
+            # b dropped
             (
                 "Lost {glue:text}`a` and {glue:text}`b`.",
                 "只剩 {glue:text}`a`。",
                 False,
-            ),  # b dropped
+            ),
             ("Old English.", "旧的译文。", True),  # fuzzy: the English shows
             ("See the {term}`Decode` step.", "见{term}`解码`步，{term}`预填充`之后。", False),
         ],

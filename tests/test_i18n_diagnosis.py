@@ -1,5 +1,5 @@
 """Chapter 5 in Chinese: the diagnosis reports (kvlab.diagnose writes them in English; the
-presentation layer, kvlab.viz.diagnosis_panels, renders them in the edition's language) and
+presentation layer, kvlab.viz.metrics_and_diagnosis, renders them in the edition's language) and
 the chapter's generated sentences. In English the reports read byte for byte as the domain
 writes them; in Chinese every line reads in Chinese and states the same numbers."""
 
@@ -18,7 +18,7 @@ from kvlab.diagnose import Diagnosis, diagnose
 from kvlab.hardware import get_device
 from kvlab.tiers import tiered_decode_step
 from kvlab.viz import i18n
-from kvlab.viz.diagnosis_panels import DiagnosisReport, report_text
+from kvlab.viz.metrics_and_diagnosis import DiagnosisReport, report_text
 
 CJK = re.compile(r"[\u4e00-\u9fff]")
 M, HW = "llama-3.1-8b", "h100-sxm"

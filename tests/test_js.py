@@ -255,7 +255,7 @@ def windowed_catalogue(monkeypatch):
 
 
 def test_footprint_longest_context_counts_a_sliding_window(windowed_catalogue, library):
-    from kvlab.viz.tier_panels import footprint_panel
+    from kvlab.viz.beyond_hbm import footprint_panel
 
     panel = footprint_panel()
     assert WINDOWED in panel.controls[0].options
@@ -360,8 +360,8 @@ def test_knee_twin_is_kvlab_cost_batch_knee(library):
     columns += [
         ([1.0, 2.0, 3.0], [2.0, 2.0, 2.0], ["memory"] * 3),  # KV reads equal the weights
         ([1.0, 1.0, 1.0], [2.0, 2.0, 2.0], ["memory", "compute", "memory"]),  # compute
-        ([1.0, 1.0], [2.0, 2.0], ["memory", "memory"]),
-    ]  # neither: the last batch
+        ([1.0, 1.0], [2.0, 2.0], ["memory", "memory"]),  # neither: the last batch
+    ]
     want = [
         cost.batch_knee(
             SimpleNamespace(

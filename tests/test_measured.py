@@ -257,9 +257,8 @@ def test_measured_prefill_keeps_flash_attention_and_prefix_hits_save():
     full = cost.prefill(d, 8192)
     half = cost.prefill(d, 8192, 4096)
     done = cost.prefill(d, 8192, 8192)
-    assert (
-        full.time_s > half.time_s > done.time_s > 0
-    )  # a whole-prompt hit still computes the last token
+    # a whole-prompt hit still computes the last token
+    assert full.time_s > half.time_s > done.time_s > 0
     assert done.cached_tokens == 8191
     assert 0.5 < full.ceiling_time_s / full.time_s < 0.9
     with pytest.raises(KvlabError, match="flash_attention=False"):

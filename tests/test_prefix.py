@@ -13,18 +13,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvlab.bench.prefix_replay import ordered_dict_replay
 from kvlab.cli import main
 from kvlab.cost import decode_step, prefill
 from kvlab.deployment import Deployment
 from kvlab.errors import KvlabError
 from kvlab.prefix import BlockPrefixCache, hit_ratio_curve, replay
-from kvlab.prefix.bench import ordered_dict_replay
 from kvlab.prefix.compare import compare_granularity, granularity_sweep
 from kvlab.prefix.latency import latency_vs_hit_ratio, tpot_s, ttft_s
 from kvlab.prefix.radix import RadixCache, WholeRequestCache
 from kvlab.tiers import TierPath, kv_fetch_time_s
 from kvlab.traces import Request, Trace
-from kvlab.traces_gen import generate_trace
+from kvlab.traces.generate import generate_trace
 
 BT = 512
 
@@ -141,6 +141,21 @@ def test_a_larger_lru_cache_never_hits_less(cs, small, more):
     assert a.tolist() == ordered_dict_replay(t, small)  # and matches the plain OrderedDict replay
 
 
+def test_bench_prefix_replay_times_both_replays_and_they_agree(capsys):
+    """`kvlab bench prefix-replay`: both replays timed per capacity, the same hits (pinning
+    changes which blocks go mid-request, not LRU's hits); a bad capacity is exit 2."""
+    argv = ["bench", "prefix-replay", "generated", "--repeats", "1", "--capacities", "64,1k"]
+    assert main([*argv, "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert list(r["capacities"]) == ["64", "1024"] and r["repeats"] == 1
+    for c in r["capacities"].values():
+        assert c["hits_agree"] and c["kvlab_s"] > 0 and c["ordered_dict_s"] > 0
+    small, large = (c["block_hit_ratio"] for c in r["capacities"].values())
+    assert 0 < small < large < 1  # more room, more hits
+    assert main(argv) == 0 and "hits agree" in capsys.readouterr().out
+    assert main(["bench", "prefix-replay", "--capacities", "0"]) == 2
+
+
 @settings(max_examples=100, deadline=None)
 @given(chains(), st.integers(1, 30), st.sampled_from(["lru", "lfu", "length-aware"]))
 def test_every_policy_is_bounded_by_the_unlimited_cache(cs, cap, policy):
@@ -150,9 +165,8 @@ def test_every_policy_is_bounded_by_the_unlimited_cache(cs, cap, policy):
     assert np.all(np.array(got) <= np.array(hits(t, math.inf, "lru")))
     assert len(cache) <= cap and cache.inserted_blocks - cache.evicted_blocks == len(cache)
     unique = len({h for c in cs for h in c})
-    assert hits(t, max(unique, 1), policy) == hits(
-        t, math.inf, policy
-    )  # room for all: no policy matters
+    # room for all: no policy matters
+    assert hits(t, max(unique, 1), policy) == hits(t, math.inf, policy)
 
 
 def test_hit_ratio_curve_is_plot_ready():

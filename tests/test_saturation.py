@@ -18,7 +18,7 @@ from kvlab.sim.saturation import (
     seed_samples,
     slice_samples,
 )
-from kvlab.traces_gen import generate_trace
+from kvlab.traces.generate import generate_trace
 
 WORKLOAD = "poisson:rate=8,prompt=lognormal(2048,0.5),output=lognormal(128,0.5),requests=200"
 SMALL = SimConfig(arch="disaggregated", prefill_workers=1, decode_workers=1, ttft_slo_s=1.0)

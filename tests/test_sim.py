@@ -32,10 +32,10 @@ from kvlab.sim import (
     trace_slice,
 )
 from kvlab.sim.kernel_cost import KernelCost
-from kvlab.sim.links import Link
+from kvlab.sim.network import Link
 from kvlab.tiers import tiered_decode_step, transfer_time_s
 from kvlab.traces import Request, Trace
-from kvlab.traces_gen import generate_trace
+from kvlab.traces.generate import generate_trace
 
 H100 = Deployment("llama-3.1-8b", "h100-sxm")
 H100_TABLES = H100.replace(speed=KernelTables())
@@ -92,9 +92,8 @@ def check_run(result, trace):
     assert np.all(rec["prefill_start_s"] >= arrival)
     assert np.all(rec["prefill_end_s"] > rec["prefill_start_s"])
     assert np.all(rec["first_token_s"] >= rec["prefill_end_s"])
-    assert np.all(
-        rec["cached_tokens"] < rec["input_tokens"]
-    )  # the last prompt token is always computed
+    # the last prompt token is always computed
+    assert np.all(rec["cached_tokens"] < rec["input_tokens"])
     assert result.sim_end_s >= rec["finish_s"].max()
     for _worker, start, end, kind, req in result.timeline:
         assert end >= start and kind in ("fetch", "prefill", "transfer", "decode") and 0 <= req < n
@@ -146,9 +145,8 @@ def test_memory_pressure_queues_then_drains(gen):
     room = 24e9 * 0.9 - cost.weight_bytes("llama-3.1-8b")
     blocks = math.floor(room / (16 * cost.kv_bytes_per_token("llama-3.1-8b")))  # 16-token KV blocks
     need = -(-(rec["input_tokens"] + rec["output_tokens"]) // 16)
-    too_big = (
-        need + math.ceil(0.01 * blocks) > blocks
-    )  # vLLM's watermark: 1% of the blocks stay free
+    # vLLM's watermark: 1% of the blocks stay free
+    too_big = need + math.ceil(0.01 * blocks) > blocks
     assert rejected.tolist() == too_big.tolist() and rejected.any() and not rejected.all()
     assert (rec["status"][~rejected] == DONE).all()
     assert rec["decode_wait_s"][~rejected].max() > 0  # someone waited for HBM
@@ -434,9 +432,8 @@ def test_measured_step_times_plug_in():
     first = np.array(
         [np.diff(r.tokens(i)[:2]) for i in range(len(r.records)) if r.records["tokens"][i] > 1]
     )
-    assert np.all(
-        (first >= 0.02 - 1e-12) & (first <= 0.04 + 1e-12)
-    )  # a joiner waits at most one step
+    # a joiner waits at most one step
+    assert np.all((first >= 0.02 - 1e-12) & (first <= 0.04 + 1e-12))
     lin = BenchCost([1, 3], [0, 1000], [[1.0, 2.0], [3.0, 4.0]], H100)
     assert float(lin.decode_times_s(2, 500.0)) == pytest.approx(2.5)
 
@@ -733,9 +730,8 @@ def test_single_request_hand_checked():
     m, hw, n_in = "llama-3.1-8b", "h100-sxm", 2048
     trace = Trace("one", (Request(0.0, n_in, 4, _ids(1, 4)),), source="test", generated=True)
     prefill = cost.prefill(Deployment(m, hw), n_in).time_s
-    wire = transfer_time_s(
-        n_in * cost.kv_bytes_per_token(m), 50e9, 1.0, 5e-6
-    )  # the default link, ib-400g: 400 Gb/s = 50 GB/s, 5 us a message
+    # the default link, ib-400g: 400 Gb/s = 50 GB/s, 5 us a message
+    wire = transfer_time_s(n_in * cost.kv_bytes_per_token(m), 50e9, 1.0, 5e-6)
     steps = np.cumsum([cost.decode_step(H100, 1, n_in + j).step_time_s for j in range(3)])
     kw = dict(prefill_workers=1, decode_workers=1, prefix_cache="none")
 
@@ -743,9 +739,8 @@ def test_single_request_hand_checked():
     assert pd.tokens(0) == pytest.approx(prefill + wire + np.concatenate([[0.0], steps]), rel=1e-12)
     assert pd.records["transfer_exposed_s"][0] == pytest.approx(wire)
 
-    kv = simulate(
-        trace, arch="kv-centric", **kw
-    )  # the KV streams out layer by layer: one layer is left
+    # the KV streams out layer by layer: one layer is left
+    kv = simulate(trace, arch="kv-centric", **kw)
     assert wire < prefill
     assert kv.records["ttft_s"][0] == pytest.approx(prefill + wire / 32, rel=1e-12)
     assert kv.network["by_purpose"]["kv-transfer"]["hidden_s"] == pytest.approx(wire - wire / 32)
@@ -946,6 +941,7 @@ def test_recompute_pays_a_prefill_of_prompt_plus_generated_tokens():
     """Two requests on one GPU whose KV cannot both grow: the newer one is preempted, and
     its token gap across the preemption holds a ledger prefill of everything it held."""
     m = "llama-3.1-8b"
+    # 100 blocks: 1,600 tokens
     r = simulate(
         TWO,
         arch="colocated",
@@ -954,7 +950,7 @@ def test_recompute_pays_a_prefill_of_prompt_plus_generated_tokens():
         prefix_cache="none",
         scheduler="prefill-first",
         memory_fraction=_tight(100.5),
-    )  # 100 blocks: 1,600 tokens
+    )
     check_conserved(r, TWO)
     assert r.records["preemptions"].tolist() == [0, 1]
     gaps = np.diff(r.tokens(1))
@@ -1072,9 +1068,8 @@ def test_early_rejection_keeps_goodput_under_overload():
     light = trace_slice(
         "poisson:rate=2,prompt=lognormal(2048,0.5),output=lognormal(256,0.5),requests=100,seed=2", 0
     )
-    assert (
-        simulate(light, early_reject=True, **kw).summary()["requests_rejected"] == 0
-    )  # nobody turned away
+    # nobody turned away
+    assert simulate(light, early_reject=True, **kw).summary()["requests_rejected"] == 0
 
 
 def test_early_rejection_and_too_large_are_counted_apart():

@@ -12,7 +12,7 @@ from kvlab.bench.report import kv_transfer_series
 from kvlab.deployment import Deployment
 from kvlab.errors import KvlabError
 from kvlab.hardware import Tier
-from kvlab.tiers import TierPath, links
+from kvlab.tiers import TierPath, link_model
 
 MiB, GiB = 2**20, 2**30
 REQUEST_4K = 4096 * 131072  # tokens x 128 KiB per token of the article's 7B
@@ -53,9 +53,8 @@ def test_10_gbe_moves_a_4k_request_in_0_43_s_not_seconds():
 
 def test_200_gb_per_s_is_2_7_ms_but_a_200_gbit_nic_is_8x_slower():
     article = tiers.kv_fetch_time_s(ARTICLE, 4096, bare("ib-200g", bandwidth_bytes_per_s=200e9))
-    assert (
-        article == pytest.approx(REQUEST_4K / 200e9) == pytest.approx(2.684e-3, rel=1e-3)
-    )  # "~2.5 ms"
+    # "~2.5 ms"
+    assert article == pytest.approx(REQUEST_4K / 200e9) == pytest.approx(2.684e-3, rel=1e-3)
     nic = tiers.kv_fetch_time_s(ARTICLE, 4096, bare("ib-200g"))  # 200 Gb/s = 25 GB/s
     assert nic == pytest.approx(REQUEST_4K / 25e9) == pytest.approx(21.47e-3, rel=1e-3)
     assert nic / article == pytest.approx(8.0)
@@ -215,9 +214,8 @@ def test_overflow_starts_right_after_max_batch():
 
 def test_spilling_costs_tokens_per_s_and_capping_does_not():
     s = tiers.spill_cost(ARTICLE, np.array([64, 108, 109, 116, 256]), 4096, "host-pcie5")
-    np.testing.assert_allclose(
-        s.tokens_per_s_spilled[:2], s.tokens_per_s_unlimited[:2]
-    )  # fits: no spill
+    # fits: no spill
+    np.testing.assert_allclose(s.tokens_per_s_spilled[:2], s.tokens_per_s_unlimited[:2])
     # every sequence past capacity adds 512 MiB over PCIe (8.5 ms) to every step: 8 more
     # sequences than fit give fewer tokens/s than the 108 that fit
     assert s.tokens_per_s_spilled[2] < s.tokens_per_s_spilled[1]
@@ -238,12 +236,12 @@ def test_weights_that_do_not_fit_spill_everything():
 
 
 def test_link_model_reaches_half_bandwidth_at_latency_times_bandwidth():
-    m = links.link_model("ib-400g", [5e-6 * 50e9])  # 250 kB
+    m = link_model.link_model("ib-400g", [5e-6 * 50e9])  # 250 kB
     assert m["bandwidth_bytes_per_s"][0] == pytest.approx(25e9)
     assert m["half_bandwidth_bytes"] == pytest.approx(250e3)
-    big = links.link_model("ethernet-10g", [REQUEST_4K])
+    big = link_model.link_model("ethernet-10g", [REQUEST_4K])
     assert big["time_s"][0] == pytest.approx(30e-6 + REQUEST_4K / 1.25e9)
-    curves = links.link_model_curves()
+    curves = link_model.link_model_curves()
     assert set(curves["links"]) == {"ethernet-10g", "ib-200g", "ib-400g", "nvlink4"}
     for c in curves["links"].values():
         assert np.all(np.diff(c["bandwidth_bytes_per_s"]) > 0)
@@ -252,11 +250,11 @@ def test_link_model_reaches_half_bandwidth_at_latency_times_bandwidth():
 
 def test_fit_recovers_latency_and_bandwidth():
     sizes = 2.0 ** np.arange(12, 30)
-    fit = links.fit_link_model(sizes, 40e-6 + sizes / 2.5e9)
+    fit = link_model.fit_link_model(sizes, 40e-6 + sizes / 2.5e9)
     assert fit["latency_s"] == pytest.approx(40e-6, rel=1e-6)
     assert fit["bandwidth_bytes_per_s"] == pytest.approx(2.5e9, rel=1e-6)
     with pytest.raises(KvlabError):
-        links.fit_link_model([1, 2], [1.0])
+        link_model.fit_link_model([1, 2], [1.0])
 
 
 def test_measured_series_reads_recorded_results(tmp_path, monkeypatch):

@@ -17,11 +17,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvlab import traces, traces_cache, traces_download
+from kvlab import traces
 from kvlab.cli import main
 from kvlab.errors import KvlabError
 from kvlab.traces import Request, Trace, load_trace, read_jsonl, trace_stats
-from kvlab.traces_gen import PRESETS, WorkloadSpec, block_ids, generate_trace, generate_workload
+from kvlab.traces import cache as traces_cache
+from kvlab.traces import download as traces_download
+from kvlab.traces.generate import (
+    PRESETS,
+    WorkloadSpec,
+    block_ids,
+    generate_trace,
+    generate_workload,
+)
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mooncake"
 HAVE_REAL = (SHARED / "conversation_trace.jsonl").is_file()
@@ -297,9 +305,8 @@ def test_download_verifies_and_writes_atomically(tmp_path, server, monkeypatch, 
     assert got.fetched and got.bytes == len(body) and Path(got.path).read_bytes() == body
     umask = os.umask(0)
     os.umask(umask)
-    assert (
-        Path(got.path).stat().st_mode & 0o777 == 0o666 & ~umask
-    )  # an ordinary file, not mkstemp's 0600
+    # an ordinary file, not mkstemp's 0600
+    assert Path(got.path).stat().st_mode & 0o777 == 0o666 & ~umask
     assert "downloading synthetic_trace.jsonl" in capsys.readouterr().err
     again = traces_download.download_trace("synthetic", dest, base_url=url)
     assert not again.fetched

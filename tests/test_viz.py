@@ -164,7 +164,7 @@ def test_ledger_panel_says_why_a_state_is_not_measured():
 
 
 def test_measured_terms_add_up_to_the_measured_step_bit_for_bit():
-    """The page's measured terms, added as js/measured.js adds them, are
+    """The page's measured terms, added as js/speed.js adds them, are
     Kernels.decode_step_s exactly, for every configuration the tables cover, at grid points
     inside and outside their range (the node test then checks the JavaScript does this)."""
     import base64
@@ -216,7 +216,7 @@ def test_knee_is_where_kv_reads_reach_the_weights():
 
 
 def test_tiers_figure_lists_every_tier():
-    from kvlab.viz.roofline import tiers_figure
+    from kvlab.viz.bandwidth_wall import tiers_figure
 
     fig = tiers_figure()
     assert list(fig.y_range.factors)[::-1] == list(tiers())

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from kvlab.cli import main
 from kvlab.errors import KvlabError
 from kvlab.traces import load_trace, trace_stats
-from kvlab.traces_gen import parse_poisson, poisson_trace
+from kvlab.traces.generate import parse_poisson, poisson_trace
 
 SPEC = "poisson:rate=5,prompt=lognormal(1024,0.5),output=uniform(16,64),requests=2000,seed=7"
 
@@ -36,9 +36,8 @@ def test_arrivals_and_lengths_follow_the_spec():
     gaps = np.diff(arrivals)
     assert gaps.mean() == pytest.approx(1 / 5, rel=0.08)  # exponential gaps, mean 1/rate
     assert np.std(gaps) == pytest.approx(1 / 5, rel=0.1)  # ... whose spread equals their mean
-    assert t.input_tokens.mean() == pytest.approx(
-        1024, rel=0.05
-    )  # lognormal(mean, sigma): the mean is 1024
+    # lognormal(mean, sigma): the mean is 1024
+    assert t.input_tokens.mean() == pytest.approx(1024, rel=0.05)
     assert np.log(t.input_tokens).std() == pytest.approx(0.5, rel=0.08)
     out = t.output_tokens
     assert out.min() >= 16 and out.max() <= 64 and set(out.tolist()) == set(range(16, 65))
@@ -93,9 +92,8 @@ def test_bad_specs_name_the_field(text, says):
 
 
 @settings(max_examples=40, deadline=None)
-@given(
-    st.text(alphabet="poisn:ratempu=,()0123456789.lgxf-", max_size=60)
-)  # no q: no huge requests=
+# no q: no huge requests=
+@given(st.text(alphabet="poisn:ratempu=,()0123456789.lgxf-", max_size=60))
 def test_any_spec_text_loads_or_says_why(text):
     try:
         t = load_trace("poisson:" + text)

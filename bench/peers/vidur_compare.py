@@ -176,9 +176,8 @@ def patch_vidur(profiles: Path, attention: Path) -> None:
 
     def on_batch_end(self, time, num_tokens_processed):
         original(self, time, num_tokens_processed)
-        TOKENS.setdefault(self.id, []).append(
-            time
-        )  # each vLLM-v0 iteration gives a request one token
+        # each vLLM-v0 iteration gives a request one token
+        TOKENS.setdefault(self.id, []).append(time)
 
     def counted_restart(self):
         RESTARTS[0] += 1

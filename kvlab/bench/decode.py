@@ -30,10 +30,10 @@ from dataclasses import dataclass
 
 from ..decoder import fit, ledger
 from ..errors import KvlabError
+from .host_copy import link_bandwidth
 from .memory import GiB, MiB, copy_bandwidth, matmul_rate
 from .results import environment, write_result
 from .timing import Budget, Progress, machine_state, measure_undisturbed, open_device, time_call
-from .transfer import link_bandwidth
 
 K = 1024
 GRIDS = {

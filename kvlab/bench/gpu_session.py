@@ -1,6 +1,6 @@
 """One call that measures a CUDA machine and leaves everything in one folder:
 
-    python3 -m kvlab.bench.gpu_session --out "$OUT"
+    python3 -m kvlab bench gpu-session --out "$OUT"      # make gpu-session OUT=...
 
 made for a borrowed GPU whose time is scarce and from which only one folder comes back.
 It needs python3 with torch (a CUDA build), numpy and pytest: no installs, no nbval, no
@@ -10,20 +10,21 @@ network. In order, each step bounded so that the whole stays inside `--deadline`
 2. plan: `kvlab bench gpu-suite --plan` on the matching catalogue device (nothing runs);
 3. suite: `kvlab bench gpu-suite` with a budget trimmed to the deadline, results written
    straight into OUT/results/<gpu>/ (KVLAB_RESULTS_DIR), each as soon as it finishes;
-4. tests: `pytest -m gpu` over the decoder, bench and transfer tests;
+4. tests: `pytest -m gpu` over the decoder, bench and KV-transfer tests, where they are in
+   the current folder (a kvlab checkout; `--tests` names others);
 5. findings: the figures the run is judged by (`kvlab.bench.findings`).
 
 OUT ends with session.json (facts, every step's command, exit status and time, the plan,
 the suite's summary, the findings), session.log (every step's output) and
 results/<gpu>/*.json: at most 8 files, at most two folders down, plain names. A step
 that fails or times out is recorded and the next one still runs. `--dry-run` does the
-same on a machine without CUDA (the suite on the CPU in quick mode), so the script's own
-mistakes show up before device time is spent; a test runs it that way.
+same on a machine without CUDA (the suite on the CPU in quick mode), so the session's own
+mistakes show up before device time is spent; a test runs it that way. Every step runs in
+the current folder, with the kvlab that runs the session on its PYTHONPATH.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -36,18 +37,20 @@ import threading
 import time
 from pathlib import Path
 
+from ..errors import KvlabError
+from ..hardware import device_for_reported_name
 from .findings import findings
 
-ROOT = Path(__file__).resolve().parents[2]
-#: The GPU tests: the decoder on CUDA (placements, prefetch, graphs), bench and transfer.
-GPU_TESTS = ("tests/test_decoder.py", "tests/test_bench.py", "tests/test_transfer.py")
+#: Where the kvlab running this session is imported from: its steps import the same one.
+IMPORT_ROOT = str(Path(__file__).resolve().parents[2])
+#: The GPU tests: the decoder on CUDA (placements, prefetch, graphs), bench and KV transfer.
+GPU_TESTS = ("tests/test_decoder.py", "tests/test_bench.py", "tests/test_kv_transfer.py")
 #: Files that may come back from the device machine, and how deep.
 MAX_FILES, MAX_DEPTH = 8, 2
 #: Seconds kept for what follows the suite (the GPU tests, findings, packing).
 TESTS_RESERVE_S = 120.0
 #: Seconds a suite may run past its budget: its last point, writing its result.
 SUITE_GRACE_S = 60.0
-PROG = "python3 -m kvlab.bench.gpu_session"
 
 
 class Session:
@@ -118,7 +121,6 @@ def _run_bounded(argv: list[str], timeout_s: float, env: dict, log_path: Path) -
         try:
             proc = subprocess.Popen(
                 argv,
-                cwd=ROOT,
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -158,8 +160,6 @@ def catalogue_device(name: str | None) -> str | None:
     """The catalogue device (kvlab hardware) this GPU is, by the exact name its driver reports
     (the `reported_names` of kvlab/data/hardware.toml, where a new GPU is added); None for a
     GPU the catalogue does not list, never a near miss ("NVIDIA L40" is not an L4)."""
-    from ..hardware import device_for_reported_name
-
     found = device_for_reported_name(name)
     return found.name if found else None
 
@@ -202,10 +202,10 @@ def torch_facts() -> dict:
 
 
 def _commit() -> str | None:
-    """The checkout's commit, where git and the repository's history came along."""
-    if not (shutil.which("git") and (ROOT / ".git").exists()):
+    """The commit of the checkout the session runs in, where git and its history came along."""
+    if not shutil.which("git"):
         return None
-    done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
     return done.stdout.strip() if done.returncode == 0 else None
 
 
@@ -302,7 +302,7 @@ def run_suite_step(session: Session, args) -> None:
     env = {
         "KVLAB_RESULTS_DIR": str(session.out / "results"),
         "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "PYTHONPATH": os.pathsep.join(filter(None, [IMPORT_ROOT, os.environ.get("PYTHONPATH")])),
     }
     step = session.run("suite", argv, budget + SUITE_GRACE_S, env)
     session.record["suite"] = _json_out(step) or {
@@ -312,7 +312,13 @@ def run_suite_step(session: Session, args) -> None:
 
 
 def run_tests(session: Session, tests) -> None:
-    """`pytest -m gpu` over the GPU tests (they skip where CUDA is absent)."""
+    """`pytest -m gpu` over the GPU tests (they skip where CUDA is absent); None: kvlab's own,
+    where the current folder has them."""
+    if tests is None:
+        tests = [t for t in GPU_TESTS if Path(t).is_file()]
+        if not tests:
+            session.record["tests"] = {"skipped": f"no {GPU_TESTS[0]} here (not a checkout)"}
+            return
     if not tests:
         session.record["tests"] = {"skipped": "no test files named"}
         return
@@ -366,91 +372,35 @@ def pack(out: Path) -> list[str]:
     return [str(p.relative_to(out)) for p in files()]
 
 
-class UsageError(Exception):
-    """Bad command-line input: one line on stderr, exit status 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (kvlab's CLI contract; this module runs on a
-    bare GPU box with python3 and torch only, so it does not lean on kvlab.cli)."""
-
-    def error(self, message):  # noqa: D401 - argparse API
-        raise UsageError(f"{message} (see '{self.prog} --help')")
-
-
 def check_out(out: Path) -> Path:
     """OUT must be a folder this process can write (created if missing): checked before any
     step runs, so that a bad path costs a line, not a session's device time."""
     shown = str(out)[:200]
     try:
-        if out.exists() and not out.is_dir():
-            raise UsageError(f"--out {shown}: exists and is not a folder")
+        is_file = out.exists() and not out.is_dir()
+    except (OSError, ValueError):  # ValueError: a NUL byte in the path
+        is_file = False  # mkdir says why below
+    if is_file:
+        raise KvlabError(f"--out {shown}: exists and is not a folder")
+    try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".gpu_session-write-probe"
         probe.write_text("")
         probe.unlink()
     except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
         why = getattr(exc, "strerror", None) or str(exc)
-        raise UsageError(f"--out {shown}: cannot write there ({why})") from None
+        raise KvlabError(f"--out {shown}: cannot write there ({why})") from None
     return out
 
 
-def parse_args(argv=None):
-    p = _Parser(prog=PROG, description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True, type=Path, help="the folder that comes back ($OUT)")
-    p.add_argument(
-        "--deadline",
-        type=_seconds,
-        default=420.0,
-        help="seconds the whole session may take (default 420: fits a 480 s call)",
-    )
-    p.add_argument(
-        "--budget",
-        type=_seconds,
-        default=300.0,
-        help="the suite's time budget, trimmed to what the deadline leaves (default 300)",
-    )
-    p.add_argument("--device", default="cuda", help="the CUDA device to measure (default cuda)")
-    p.add_argument(
-        "--only",
-        type=lambda t: [x.strip() for x in t.split(",") if x.strip()],
-        help="run only these benchmarks, e.g. decode (a rerun)",
-    )
-    p.add_argument(
-        "--tests", nargs="*", default=list(GPU_TESTS), help="test files for pytest -m gpu"
-    )
-    p.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="no CUDA needed: the suite runs on the CPU in quick mode (checks this script)",
-    )
-    args = p.parse_args(argv)
-    if not args.deadline < float("inf"):
-        p.error(f"--deadline must be a finite number of seconds, got {args.deadline:g}")
-    if not args.only and args.only is not None:
-        p.error("--only names no benchmark")
-    check_out(args.out)
-    return args
-
-
-def _seconds(text: str) -> float:
-    """A number of seconds > 0 ('inf' for --budget: as long as the deadline allows)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}") from None
-    if not value > 0:  # also NaN
-        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
-    return value
-
-
-def main(argv=None) -> int:
-    args = parse_args(argv)
+def main(args) -> int:
+    """The session, from `kvlab bench gpu-session`'s checked arguments (out, deadline, budget,
+    device, only, tests, dry_run); exit status 1 when a step failed."""
     session = Session(args.out, args.deadline)
     session.record.update(dry_run=args.dry_run, device=args.device, only=args.only)
     facts = gather_facts(session)
     if not args.dry_run and not facts["torch"].get("cuda_available"):
-        session.log("gpu_session: torch sees no CUDA device; --dry-run checks the script on a CPU")
+        session.log("gpu_session: torch sees no CUDA device; --dry-run checks the session on a CPU")
         session.record["error"] = "no CUDA device"
     else:
         found = catalogue_device(facts.get("device_name"))
@@ -477,23 +427,3 @@ def main(argv=None) -> int:
         + (f"; steps that failed: {', '.join(failed)}" if failed else "")
     )
     return 1 if failed or "error" in session.record else 0
-
-
-def cli(argv=None) -> int:
-    """The entry point: bad input one line and exit 2, as everywhere in kvlab; a console that
-    cannot show a character (PYTHONIOENCODING=ascii) gets a replacement, not a crash."""
-    for stream in (sys.stdout, sys.stderr):
-        if not (getattr(stream, "encoding", None) or "").lower().startswith("utf"):
-            try:
-                stream.reconfigure(errors="replace")
-            except (AttributeError, ValueError, OSError):
-                pass
-    try:
-        return main(argv)
-    except UsageError as exc:
-        print(" ".join(f"{PROG}: error: {exc}".split()), file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(cli())

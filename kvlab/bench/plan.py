@@ -19,8 +19,8 @@ from ..decoder.fit import HEADROOM
 from ..errors import KvlabError
 from ..fmt import seconds, si
 from ..hardware import Device, get_device, get_tier
+from . import host_copy
 from . import memory as memory_bench
-from . import transfer as transfer_bench
 from .decode import PROBE_BYTES, decode_groups, default_repeats, point_cost_s, resolve_grid
 from .recompute import recompute_grid
 from .suite import SHARES, allowance_s
@@ -98,7 +98,7 @@ def plan_transfer(
     pageable ones are predicted at the link's speed too: the ledger has no staging copy)."""
     repeats = repeats or (5 if quick else 9)
     out = []
-    for size in (transfer_bench.QUICK_SIZES if quick else transfer_bench.SIZES)["cuda"]:
+    for size in (host_copy.QUICK_SIZES if quick else host_copy.SIZES)["cuda"]:
         inner = calls_per_repeat(size)
         t = size / link_bytes_per_s
         for kind in ("pinned", "pageable"):

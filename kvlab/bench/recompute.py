@@ -22,10 +22,10 @@ from dataclasses import dataclass
 
 from ..decoder import fit, ledger
 from ..errors import KvlabError
+from .host_copy import link_bandwidth
 from .memory import MiB, copy_bandwidth, matmul_rate
 from .results import environment
 from .timing import Budget, Progress, machine_state, measure_undisturbed, open_device, time_call
-from .transfer import link_bandwidth
 
 GRIDS = {
     "cpu": dict(presets=("cpu-bench",), tokens=(16, 32, 64, 128, 256, 512, 1024)),

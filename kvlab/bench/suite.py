@@ -14,7 +14,7 @@ import time
 import traceback
 
 from ..errors import KvlabError
-from . import decode, memory, recompute, transfer
+from . import decode, host_copy, memory, recompute
 from .results import write_result
 
 #: Share of the suite's budget for each benchmark (decode gets what the others leave).
@@ -27,7 +27,7 @@ def _runners() -> dict:
     """The benchmarks, looked up when the suite runs (a test replaces them)."""
     return {
         "memory": memory.run_memory,
-        "transfer": transfer.run_transfer,
+        "transfer": host_copy.run_transfer,
         "recompute-vs-fetch": recompute.run_recompute,
         "decode": decode.run_decode,
     }

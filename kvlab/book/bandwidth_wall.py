@@ -53,22 +53,22 @@ def article_steps() -> tuple[cost.DecodeStep, cost.DecodeStep]:
 def panels() -> dict:
     """The chapter's panels, built once per kernel: the decode step (one control bar for the
     ledger, the batch and context sweeps and the roofline) and quantization."""
-    from ..viz import decode_step, roofline
+    from ..viz import bandwidth_wall as figures
 
     return {
-        "ledger": decode_step.decode_step_panel(),
-        "quantization": roofline.quantization_panel(),
+        "ledger": figures.decode_step_panel(),
+        "quantization": figures.quantization_panel(),
     }
 
 
 def tiers_figure():
-    from ..viz import roofline
+    from ..viz import bandwidth_wall as figures
 
-    return roofline.tiers_figure()
+    return figures.tiers_figure()
 
 
 def numbers() -> dict[str, str]:
-    from ..viz import roofline
+    from ..viz import bandwidth_wall as figures
 
     out = {
         f"tier_{name}": fmt.si(get_tier(name).bandwidth_bytes_per_s, "B/s") for name in QUOTED_TIERS
@@ -83,8 +83,8 @@ def numbers() -> dict[str, str]:
                 / get_tier("pcie5-x16").bandwidth_bytes_per_s,
                 0,
             ),
-            "band_low": fmt.percent(roofline.ACHIEVABLE_BAND[0]),
-            "band_high": fmt.percent(roofline.ACHIEVABLE_BAND[1]),
+            "band_low": fmt.percent(figures.ACHIEVABLE_BAND[0]),
+            "band_high": fmt.percent(figures.ACHIEVABLE_BAND[1]),
             "ib200_derivation": t(get_tier("ib-200g").derivation),
             "nic_derivation": t(get_tier(NIC).derivation),
             "nic_sold": _as_sold(get_tier(NIC).bandwidth_bytes_per_s),

@@ -59,20 +59,20 @@ def article_numbers(
 
 @functools.cache
 def panels() -> dict:
-    from ..viz import tier_panels
+    from ..viz import beyond_hbm as figures
 
     return {
-        "footprint": tier_panels.footprint_panel(),
-        "tier_read": tier_panels.tier_read_panel(),
-        "hit_miss": tier_panels.hit_miss_panel(),
-        "pd": tier_panels.pd_panel(),
+        "footprint": figures.footprint_panel(),
+        "tier_read": figures.tier_read_panel(),
+        "hit_miss": figures.hit_miss_panel(),
+        "pd": figures.pd_panel(),
     }
 
 
 def transfers_figure():
-    from ..viz import tier_panels
+    from ..viz import beyond_hbm as figures
 
-    return tier_panels.transfers_figure()
+    return figures.transfers_figure()
 
 
 def measured_engines() -> str:

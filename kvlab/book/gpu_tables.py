@@ -24,12 +24,6 @@ def gpus() -> tuple[str, ...]:
     return devices_with_data()
 
 
-def source_label(device: str) -> str:
-    """'<framework> <version>, <device string>': what every figure names as its source."""
-    t = load(device)
-    return f"{t.framework} {t.framework_version} kernel tables, {t.device_string}"
-
-
 def gemv_band(device: str) -> dict:
     """Achieved bandwidth of every bf16 GEMM with one token (m = 1) against its weight bytes:
     {"weight_bytes", "bandwidth_bytes_per_s", "fraction_of_sheet", "median_large_fraction"}."""

@@ -255,17 +255,17 @@ def _sources() -> list[str]:
 
 
 def gemv_figure():
-    from ..viz import gpu_figures
+    from ..viz import measured as figures
 
-    return gpu_figures.gemv_band_figure(
+    return figures.gemv_band_figure(
         [gpu_tables.gemv_band(d) for d in gpu_tables.gpus()], _names(), _sources()
     )
 
 
 def gemm_batch_figure():
-    from ..viz import gpu_figures
+    from ..viz import measured as figures
 
-    return gpu_figures.gemm_batch_figure(
+    return figures.gemm_batch_figure(
         [gpu_tables.gemm_over_batch(d) for d in gpu_tables.gpus()],
         _names(),
         _sources(),
@@ -274,21 +274,21 @@ def gemm_batch_figure():
 
 
 def attention_figure():
-    from ..viz import gpu_figures
+    from ..viz import measured as figures
 
     curves = [
         gpu_tables.attention_over_context(d, b)
         for d in gpu_tables.gpus()
         for b in ATTENTION_BATCHES
     ]
-    return gpu_figures.attention_figure(curves, _names(), _sources(), gpu_tables.ATTENTION_LAYOUT)
+    return figures.attention_figure(curves, _names(), _sources(), gpu_tables.ATTENTION_LAYOUT)
 
 
 def ledger_figure():
-    from ..viz import gpu_figures
+    from ..viz import measured as figures
 
     curves = [gpu_tables.ledger_against_kernels(d) for d in gpu_tables.gpus()]
-    return gpu_figures.ledger_figure(
+    return figures.ledger_figure(
         curves, _names(), _sources(), get_model(curves[0]["model"]).display_name
     )
 
@@ -325,9 +325,8 @@ def gpu_numbers() -> dict[str, str]:
             {names[d]: fmt.percent(_derived(d)["gemv_fraction_of_sheet"]) for d in above}
         )
         or pick("none", "无"),
-        "gemv_how": i18n.t(
-            _derived(h100)["gemv_how"]
-        ),  # the extract's sentence (kvlab.kernel_tables)
+        # the extract's sentence (kvlab.kernel_tables)
+        "gemv_how": i18n.t(_derived(h100)["gemv_how"]),
         "gemm_m1_h100": fmt.percent(float(gemm[h100]["efficiency"][0])),
         "gemm_best_h100": fmt.percent(float(np.max(gemm[h100]["efficiency"]))),
         "attn_best_h100": fmt.percent(float(attention[h100]["fraction_of_sheet"].max())),

@@ -71,18 +71,18 @@ def diagnosis_cases() -> dict:
 
 
 def diagnosis_reports() -> list:
-    from ..viz.diagnosis_panels import DiagnosisReport
+    from ..viz.metrics_and_diagnosis import DiagnosisReport
 
     return [DiagnosisReport(title, result) for title, result in diagnosis_cases().items()]
 
 
 @functools.cache
 def panels() -> dict:
-    from ..viz import diagnosis_panels, roofline
+    from ..viz import bandwidth_wall, metrics_and_diagnosis
 
     return {
-        "budget": diagnosis_panels.tpot_budget_panel(),
-        "quantization": roofline.quantization_panel(),
+        "budget": metrics_and_diagnosis.tpot_budget_panel(),
+        "quantization": bandwidth_wall.quantization_panel(),
     }
 
 

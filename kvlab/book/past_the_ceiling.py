@@ -66,11 +66,11 @@ PUBLISHED = {
 @functools.cache
 def panels() -> dict:
     """The chapter's panels, built once per kernel (their terms take a few seconds)."""
-    from ..viz import levers_panels
+    from ..viz import past_the_ceiling as figures
 
     return {
-        "speculative": levers_panels.speculative_panel(),
-        "tensor_parallel": levers_panels.tensor_parallel_panel(),
+        "speculative": figures.speculative_panel(),
+        "tensor_parallel": figures.tensor_parallel_panel(),
     }
 
 

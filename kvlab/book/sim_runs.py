@@ -21,7 +21,7 @@ from ..deployment import Deployment
 from ..hardware import get_device, get_tier
 from ..prefix.pools import global_vs_local
 from ..sim import ARCHS, SimConfig, make_cost, simulate, trace_at_rate, trace_slice
-from ..sim.links import PURPOSES
+from ..sim.network import PURPOSES
 from ..tiers import tiered_decode_step
 from ..traces import load_trace, trace_or_generated
 

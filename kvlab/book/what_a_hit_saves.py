@@ -19,9 +19,9 @@ def _article() -> cost.DecodeStep:
 
 @functools.cache
 def hit_panel():
-    from ..viz import hits
+    from ..viz import what_a_hit_saves as figures
 
-    return hits.hit_panel()
+    return figures.hit_panel()
 
 
 def numbers() -> dict[str, str]:

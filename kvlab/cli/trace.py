@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..fmt import seconds
 from ..traces import KNOWN_TRACES, load_trace, trace_stats
-from ..traces_download import download_trace
+from ..traces.download import download_trace
 from .args import print_json
 from .prefix import share as percent
 

@@ -296,9 +296,6 @@ class KVCache:
             )
         self.lengths = [int(n) for n in lengths]
 
-    def reset(self) -> None:
-        self.lengths = [0] * self.batch
-
     # -------------------------------------------------------------- one forward pass
     def begin(self, n_hist: int) -> None:
         """Start a pass whose history is the first `n_hist` positions (host: start fetching)."""

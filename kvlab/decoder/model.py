@@ -123,9 +123,10 @@ class Decoder(torch.nn.Module):
         self._check_memory()
         g = torch.Generator(device=self.device).manual_seed(seed)
         embeddings = torch.randn(c.vocab_size, c.hidden_size, generator=g, device=self.device)
+        # gathered, not streamed
         self.tok_embeddings = torch.nn.Parameter(
             embeddings.to(self.compute_dtype), requires_grad=False
-        )  # gathered, not streamed
+        )
         self.layers = torch.nn.ModuleList(
             Block(c, self.weight_dtype, self.compute_dtype, self.device, g, backend)
             for _ in range(c.num_layers)

@@ -28,7 +28,7 @@ from ..dtypes import DType, parse_dtype
 from ..errors import KvlabError
 from ..hardware import Device, get_device, gpu_link
 from ..models import ModelSpec, get_model
-from ..operators import ACTIVATION_BYTES, layer_shapes, operator_table, query_key_pairs
+from ..operators import ACTIVATION_BYTES, Num, layer_shapes, operator_table, query_key_pairs
 from .tables import DTYPE_KEYS, Curve, load
 
 #: Operators timed from the tables, and how each small kernel is timed.
@@ -42,21 +42,21 @@ class OperatorTime:
     name: str
     kind: str
     calls: int
-    measured_s: object  # NaN where out of the measured range
-    ceiling_s: object  # max(bytes / bandwidth, FLOPs / peak), efficiency 1
-    in_range: object
+    measured_s: Num  # NaN where out of the measured range
+    ceiling_s: Num  # max(bytes / bandwidth, FLOPs / peak), efficiency 1
+    in_range: bool | np.ndarray
     how: str  # table and how the value was obtained
     limit: str  # the measured range, for messages
-    at_ceiling: object = False  # the table was faster than the ceiling: clamped to it
+    at_ceiling: bool | np.ndarray = False  # the table was faster than the ceiling: clamped to it
 
 
 @dataclass(frozen=True)
 class StepTime:
     """A measured step: total, its fixed overhead, range flags and the per-operator times."""
 
-    step_time_s: object
+    step_time_s: Num
     overhead_s: float
-    in_range: object
+    in_range: bool | np.ndarray
     operators: tuple
     source: str
 

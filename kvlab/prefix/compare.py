@@ -25,7 +25,7 @@ import numpy as np
 from ..deployment import Deployment
 from ..errors import check_number, unknown_name
 from ..prompt import served_tokens
-from ..traces_gen import WorkloadSpec, generate_workload
+from ..traces.generate import WorkloadSpec, generate_workload
 from .latency import default_deployment, mean_decode_context, tpot_s, ttft_s
 from .radix import RadixCache, WholeRequestCache
 
@@ -82,7 +82,7 @@ def compare_granularity(
 ) -> dict:
     """Run each cache over the same workload; returns plot- and table-ready results.
 
-    `workload` is a `kvlab.traces_gen.Workload`; without one, `generate_workload(preset,
+    `workload` is a `kvlab.traces.generate.Workload`; without one, `generate_workload(preset,
     seed, **workload_overrides)` makes it. Returns {"workload", "generated": True,
     "key_tokens", "capacity_tokens", "model", "hardware", "tier", "no_cache_mean_ttft_s",
     "caches": {kind: GranularityResult}}.

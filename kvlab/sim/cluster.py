@@ -42,8 +42,8 @@ from .caches import make_caches
 from .config import SimConfig
 from .cost_model import config_deployment, make_cost
 from .costs import pipeline_time_s
-from .links import Link, Network
 from .loop import EventLoop
+from .network import Link, Network
 from .routers import route_decode, route_prefill
 from .workers import ColocatedWorker, DecodeWorker, PrefillWorker
 from .workload import DONE, REJECTED, UNFINISHED, SimRequest, check_replayable
@@ -316,7 +316,6 @@ class Simulation:
                         req.id,
                     )
                 )
-            req.token_worker = worker
             req.decode_worker = worker.index
             return None
         if req.decode_worker >= 0:
@@ -328,7 +327,6 @@ class Simulation:
     def _send(self, now: float, req, src_worker, target, producer_end_s=None):
         events = target.accept(now, req) or []
         req.decode_worker = target.index
-        req.token_worker = target
         req.dispatch_s = now
         start, end, wire = self.network.reserve(
             src_worker.node, target.node, req.transfer_bytes, now, producer_end_s, self.layers
@@ -366,7 +364,7 @@ class Simulation:
             req.decode_wait_s = now - req.prefill_end_s
             if self.config.remote_kv:  # nothing moves; the decode GPU reads the KV where it is
                 events += target.accept(now, req) or []
-                req.decode_worker, req.token_worker, req.dispatch_s = target.index, target, now
+                req.decode_worker, req.dispatch_s = target.index, now
                 events += self._first_token(now, req, target)
             else:
                 events += self._send(now, req, self.front[req.prefill_worker], target)

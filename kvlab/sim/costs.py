@@ -232,9 +232,8 @@ class BenchCost(LedgerCost):
 
     def decode_times_s(self, batch: int, mean_context) -> np.ndarray:
         m = np.asarray(mean_context, dtype=float)
-        rows = np.array(
-            [np.interp(m, self.contexts, row) for row in self.step_table_s]
-        )  # (B, steps)
+        # shape (B, steps): one row per measured batch
+        rows = np.array([np.interp(m, self.contexts, row) for row in self.step_table_s])
         if rows.ndim == 1:
             rows = rows[:, None]
         lo = int(

@@ -177,9 +177,8 @@ class Engine:
         self.slots += 1
         req.blocks = self.blocks_for(req.input_tokens)
         self.other_blocks += req.blocks
-        return (
-            self.poke(now) if self.paged else None
-        )  # a plan made before may not leave room for it
+        # a plan made before may not leave room for it
+        return self.poke(now) if self.paged else None
 
     def release(self, req) -> None:
         """A request leaves (finished): its slot, and its blocks unless it was decoding."""

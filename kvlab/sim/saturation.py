@@ -240,7 +240,7 @@ def is_generated_spec(text) -> bool:
 def seed_samples(spec: str, seeds: int) -> list:
     """`seeds` traces of a generated workload (`generated[:PRESET][:SEED]` or
     `poisson:...`), its seed and the next seeds - 1."""
-    from ..traces_gen import parse_poisson, poisson_trace
+    from ..traces.generate import parse_poisson, poisson_trace
 
     seeds = _count("seeds", seeds)
     text = str(spec)

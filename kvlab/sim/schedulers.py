@@ -23,6 +23,7 @@ steps a newly queued prompt lets pass before it interrupts a decode plan (`patie
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 PREEMPTION_MODES = ("recompute", "swap")
 
@@ -99,8 +100,8 @@ def decode_first(engine) -> Iteration | None:
 
 @dataclass(frozen=True)
 class Scheduler:
-    pick: object  # engine -> Iteration | None
-    patience: object  # SimConfig -> decode steps a newly queued prompt lets pass
+    pick: Callable  # engine -> Iteration | None
+    patience: Callable  # SimConfig -> decode steps a newly queued prompt lets pass
 
 
 SCHEDULERS = {

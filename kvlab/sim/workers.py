@@ -79,10 +79,11 @@ class PrefillWorker:
         duration, events = self.sim.start_prefill(now, self, req)
         self.free_at_s = now + duration
         self.busy_s += duration
+        # done first: a KV stream lands after it
         return [
             (self.free_at_s, self._on_done, (req,)),
             *events,
-        ]  # done first: a KV stream lands after it
+        ]
 
     def _on_done(self, now: float, req):
         self.current = None

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..errors import KvlabError, check_number
 from ..traces import Trace, load_trace
-from ..traces_gen import MAX_ARRIVAL_S
+from ..traces.generate import MAX_ARRIVAL_S
 
 DONE, REJECTED, UNFINISHED = 0, 1, 2
 STATUS = {DONE: "done", REJECTED: "rejected", UNFINISHED: "unfinished"}
@@ -176,7 +176,6 @@ class SimRequest:
         "est_s",
         "prefill_worker",
         "decode_worker",
-        "token_worker",
         "cached_tokens",
         "done_tokens",
         "target_tokens",
@@ -219,11 +218,9 @@ class SimRequest:
         self.transfer_bytes = transfer_bytes  # the prompt's KV, moved prefill -> decode
         self.est_s = 0.0
         self.prefill_worker = self.decode_worker = -1
-        self.token_worker = None
         self.cached_tokens = self.done_tokens = 0
-        self.target_tokens = (
-            r.input_tokens
-        )  # tokens in KV before the next token (grows on a recompute)
+        # tokens in KV before the next token (grows on a recompute)
+        self.target_tokens = r.input_tokens
         self.produced = 0  # output tokens made so far
         self.blocks = 0  # HBM KV blocks held while not decoding (prefilling, joining, on the way)
         self.offset = 0

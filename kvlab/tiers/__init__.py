@@ -8,7 +8,7 @@ KV bytes come from and how fast that path is:
 - `decode`: KV read from a placement every step against moved into HBM once;
 - `hit`: the value of a prefix-cache hit (recompute saved - fetch) and its break-even;
 - `capacity`: KV footprint against device memory, overflow, and what spilling costs;
-- `links`: the link model (latency + size / bandwidth) against message size;
+- `link_model`: the link model (latency + size / bandwidth) against message size;
 - `series`: plot-ready series over contexts, hit rates and links (no plotting library).
 
 All functions broadcast over their numeric arguments, like the ledger.

@@ -1,6 +1,6 @@
 """Plot-ready series of the tier model: one decode speed or prefill time per placement,
 over a grid of contexts, hit rates or links. Plain numpy arrays in dicts, no plotting
-library; the book's figures draw them (kvlab.viz.tier_panels).
+library; the book's figures draw them (kvlab.viz.beyond_hbm).
 """
 
 from __future__ import annotations

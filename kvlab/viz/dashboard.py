@@ -26,6 +26,7 @@ from ..errors import KvlabError
 from ..hardware import get_tier
 from ..sim import ARCHS, SimConfig, simulate, trace_at_rate, trace_slice
 from . import speed, style
+from .bandwidth_wall import BYTES_Y, bytes_figure
 from .controls import (
     batch_control,
     context_control,
@@ -35,7 +36,6 @@ from .controls import (
     hit_control,
     model_control,
 )
-from .decode_step import BYTES_Y, bytes_figure
 from .panel import Control, Panel, readout_html
 
 PLACEMENTS = (

@@ -1,47 +1,47 @@
-"""Measured against predicted: figures over every machine's recorded benchmark results
-(results/<machine>/*.json, read through kvlab.bench.report)."""
+"""Figures of published GPU kernel measurements (the measured chapter): what real kernels
+reach on each GPU, and the ledger against them. Pure: each takes the data that
+kvlab.book.gpu_tables computed; every figure names its source in a note under the plot."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..bench import report
 from . import style
 
-KERNEL_LEGEND = {"native": "kvlab kernels", "torch": "PyTorch kernels"}
-MARKERS = ("circle", "triangle", "square", "diamond", "inverted_triangle", "star")
+#: The share of peak bandwidth the article says real code reaches (section 2.1).
+BAND = (0.60, 0.85)
+DASHES = ("solid", "dashed", "dotted", "dotdash")
 
 
-def _note(fig, text: str):
-    from bokeh.models import Label
-
-    fig.add_layout(
-        Label(
-            x=10,
-            y=10,
-            x_units="screen",
-            y_units="screen",
-            text=text,
-            text_font_size="12px",
-            text_color=style.GREY,
-        )
-    )
-    return fig
-
-
-def _legend_below(fig):
-    """Many series: the legend goes under the plot, in two columns, instead of over the data."""
+def _legend_below(fig, columns: int = 2):
+    """The legend under the plot, never over the data."""
     legend = fig.legend[0]
-    legend.ncols = 2
+    legend.ncols = columns
     legend.label_text_font_size = "10px"
     fig.center = [r for r in fig.center if r is not legend]
     fig.add_layout(legend, "below")
-    fig.height += 24 * ((len(legend.items) + 1) // 2)
+    fig.height += 22 * ((len(legend.items) + columns - 1) // columns)
+
+
+def _source_note(fig, sources: list[str]):
+    """Name the tables behind the figure, under it, one line per source (never cut short)."""
+    from bokeh.models import Title
+
+    for i, line in enumerate(sources):
+        fig.add_layout(
+            Title(
+                text=("Data: " if i == 0 else "") + line,
+                text_font_size="10px",
+                text_font_style="italic",
+                text_color=style.GREY,
+            ),
+            "below",
+        )
+    fig.height += 14 * len(sources)
 
 
 def _ticks_125(lo: float, hi: float):
-    """Log-axis ticks at 1, 2, 5 x 10^k inside [lo, hi]: bokeh's own label every minor tick
-    of a range under two decades, and the labels run into each other."""
+    """Log-axis ticks at 1, 2 and 5 x 10^k inside [lo, hi] (bokeh's own leave gaps)."""
     from bokeh.models import FixedTicker
 
     decades = range(int(np.floor(np.log10(lo))), int(np.ceil(np.log10(hi))) + 1)
@@ -50,348 +50,139 @@ def _ticks_125(lo: float, hi: float):
     )
 
 
-def _context_ticks(contexts):
-    """Ticks at the measured contexts (powers of two), not bokeh's crowded log ticks."""
-    from bokeh.models import FixedTicker
+def _band(fig, x_range):
+    from bokeh.models import BoxAnnotation
 
-    return FixedTicker(ticks=sorted({float(c) for c in contexts}))
-
-
-def decode_figure():
-    """Each decode point: measured step time against the ledger's prediction (with the
-    measured bandwidth), per machine, placement and KV dtype; the diagonal is 'exact'."""
-    from bokeh.models import ColumnDataSource
-
-    fig = style.new_figure(
-        "Decode step: measured against the ledger",
-        "predicted step time (ledger, measured bandwidth)",
-        "measured step time",
-        x_axis_type="log",
-        y_axis_type="log",
-        height=420,
+    fig.add_layout(
+        BoxAnnotation(bottom=BAND[0], top=BAND[1], fill_color=style.GREY, fill_alpha=0.12)
     )
-    entries = report.decode_comparison()
-    lo, hi = np.inf, 0.0
-    k = 0
-    renderers = []
-    for entry in entries:
-        p = entry["points"]
-        if not len(p["batch"]):
-            continue
-        for placement in sorted(set(p["placement"].tolist())):
-            for kv in sorted(set(p["kv_dtype"].tolist())):
-                sel = (
-                    (p["placement"] == placement)
-                    & (p["kv_dtype"] == kv)
-                    & ~p["prefetch"].astype(bool)
-                )
-                if not sel.any():
-                    continue
-                src = ColumnDataSource(
-                    {
-                        c: p[c][sel]
-                        for c in (
-                            "batch",
-                            "context",
-                            "measured_step_s",
-                            "predicted_step_s",
-                            "error",
-                            "fraction_of_bandwidth",
-                        )
-                    }
-                )
-                color = style.PALETTE[k % len(style.PALETTE)]
-                renderers.append(
-                    fig.scatter(
-                        "predicted_step_s",
-                        "measured_step_s",
-                        source=src,
-                        size=8,
-                        color=color,
-                        marker=MARKERS[k % len(MARKERS)],
-                        alpha=0.85,
-                        legend_label=f"{entry['device_name']}: KV {placement}, {kv}",
-                    )
-                )
-                lo = min(
-                    lo,
-                    float(np.nanmin(p["predicted_step_s"][sel])),
-                    float(np.nanmin(p["measured_step_s"][sel])),
-                )
-                hi = max(
-                    hi,
-                    float(np.nanmax(p["predicted_step_s"][sel])),
-                    float(np.nanmax(p["measured_step_s"][sel])),
-                )
-                k += 1
-    if not renderers:
-        return _note(
-            fig, "no decode results recorded yet: run `make bench` (CPU) or `make bench-gpu`"
+    fig.line(
+        list(x_range),
+        [BAND[0]] * 2,
+        color=style.GREY,
+        line_dash="dashed",
+        legend_label=f"the article's {BAND[0]:.0%}–{BAND[1]:.0%} of peak",
+    )
+
+
+def gemv_band_figure(bands: list[dict], names: dict, sources: list[str]):
+    """Achieved bandwidth of one-token GEMMs (m = 1) against their weight bytes, per GPU,
+    as a share of the data-sheet bandwidth."""
+    lo = min(float(b["weight_bytes"].min()) for b in bands)
+    hi = max(float(b["weight_bytes"].max()) for b in bands)
+    top = max(1.5, 1.05 * max(float(b["fraction_of_sheet"].max()) for b in bands))
+    fig = style.new_figure(
+        "One token through a weight matrix: share of the sheet bandwidth",
+        "weight bytes of the matrix",
+        "achieved / sheet bandwidth",
+        x_axis_type="log",
+        y_range=(0, top),
+        height=360,
+    )
+    _band(fig, (lo, hi))
+    fig.line([lo, hi], [1.0, 1.0], color="black", width=1, legend_label="the data sheet")
+    for i, b in enumerate(bands):
+        color = style.PALETTE[i % len(style.PALETTE)]
+        fig.scatter(
+            b["weight_bytes"],
+            b["fraction_of_sheet"],
+            size=6,
+            color=color,
+            alpha=0.8,
+            legend_label=names[b["device"]],
         )
-    _decode_axes(fig, renderers, lo, hi)
+    fig.xaxis.formatter = style.si_ticks("B")
+    fig.xaxis.ticker = _ticks_125(lo, hi)
+    fig.yaxis.formatter = style.percent_ticks()
+    _legend_below(fig)
+    _source_note(fig, sources)
     return fig
 
 
-def _decode_axes(fig, renderers, lo: float, hi: float) -> None:
-    """The decode figure's diagonal and ±10% lines, log ticks, legend and hover."""
-    line = np.array([lo / 1.2, hi * 1.2])
-    fig.line(line, line, color="black", width=1.5, legend_label="measured = predicted")
-    fig.line(line, line * 1.1, color=style.GREY, line_dash="dashed", legend_label="±10%")
-    fig.line(line, line / 1.1, color=style.GREY, line_dash="dashed")
-    fig.xaxis.formatter = style.seconds_ticks()
-    fig.yaxis.formatter = style.seconds_ticks()
-    fig.xaxis.ticker = fig.yaxis.ticker = _ticks_125(lo / 1.2, hi * 1.2)
-    fig.legend.location = "top_left"
-    fig.legend.label_text_font_size = "10px"
-    style.hover(
-        fig,
-        [
-            ("batch", "@batch"),
-            ("context", "@context{0,0}"),
-            ("measured", "@measured_step_s{0.000000} s"),
-            ("predicted", "@predicted_step_s{0.000000} s"),
-            ("error", "@error{+0.0%}"),
-            ("share of copy bandwidth", "@fraction_of_bandwidth{0%}"),
-        ],
-        renderers,
-    )
-
-
-def bandwidth_figure():
-    """Achieved bytes/s of decode (bytes the ledger says a step moves / measured time) as a
-    share of the machine's measured copy bandwidth, against context: solid with the
-    decoder's own kernels, dashed with PyTorch's CPU kernels where that run was recorded."""
-    from bokeh.models import ColumnDataSource
-
+def gemm_batch_figure(curves: list[dict], names: dict, sources: list[str], nk: tuple[int, int]):
+    """One projection GEMM over the tokens it multiplies: the ledger's ceiling time over
+    the measured time (1 = the ceiling), per GPU."""
     fig = style.new_figure(
-        "How much of the memory bandwidth decode uses",
-        "context (tokens)",
-        "share of measured copy bandwidth",
+        f"A {nk[1]:,} x {nk[0]:,} weight matrix over the batch: ceiling / measured",
+        "tokens multiplied at once (m)",
+        "ceiling time / measured time",
         x_axis_type="log",
-        height=360,
+        y_range=(0, 1.1),
+        height=340,
     )
-    colors: dict[tuple, str] = {}
-    drawn, contexts = 0, set()
-    for kernels, dash in (("default", "solid"), ("torch", "dashed")):
-        for entry in report.decode_comparison("device", kernels=kernels):
-            p = entry["points"]
-            who = KERNEL_LEGEND.get(entry["kernels"], entry["kernels"])
-            for kv in sorted(set(p["kv_dtype"].tolist())):
-                for batch in sorted(set(p["batch"].tolist())):
-                    sel = (p["kv_dtype"] == kv) & (p["batch"] == batch) & (p["prefetch"] == False)  # noqa: E712
-                    if not sel.any():
-                        continue
-                    key = (entry["machine"], kv, int(batch))
-                    color = colors.setdefault(key, style.PALETTE[len(colors) % len(style.PALETTE)])
-                    src = ColumnDataSource(
-                        {"context": p["context"][sel], "share": p["fraction_of_bandwidth"][sel]}
-                    )
-                    contexts.update(p["context"][sel].tolist())
-                    fig.line(
-                        "context",
-                        "share",
-                        source=src,
-                        color=color,
-                        width=2,
-                        line_dash=dash,
-                        legend_label=f"{entry['device_name']}: batch {int(batch)}, KV {kv}, {who}",
-                    )
-                    fig.scatter(
-                        "context",
-                        "share",
-                        source=src,
-                        color=color,
-                        size=6,
-                        fill_color=color if dash == "solid" else "white",
-                    )
-                    drawn += 1
-    if drawn == 0:
-        return _note(fig, "no decode results recorded yet")
-    fig.xaxis.ticker = _context_ticks(contexts)
+    for i, c in enumerate(curves):
+        fig.line(
+            c["m"],
+            c["efficiency"],
+            color=style.PALETTE[i % len(style.PALETTE)],
+            width=2.5,
+            legend_label=names[c["device"]],
+        )
     fig.xaxis.formatter = style.count_ticks()
     fig.yaxis.formatter = style.percent_ticks()
     _legend_below(fig)
+    _source_note(fig, sources)
     return fig
 
 
-#: The columns each pace point carries (axes and hover).
-PACE_COLUMNS = (
-    "bandwidth_bytes_per_s",
-    "achieved_bytes_per_s",
-    "context",
-    "batch",
-    "fraction_of_bandwidth",
-)
-
-
-def pace_figure():
-    """Achieved bytes/s of each device-placement decode step against the copy bandwidth measured
-    around it. On the diagonal the memory sets the pace; where the points level off, the cores
-    do. A shared machine's bandwidth drifts, which makes this a free experiment."""
-    from bokeh.models import ColumnDataSource
-
+def attention_figure(
+    curves: list[dict], names: dict, sources: list[str], layout: tuple[int, int, int]
+):
+    """Decode attention of one layer: KV bytes read per second over the tokens in the cache,
+    as a share of the sheet bandwidth, per GPU and batch (line style)."""
+    heads, kv, dim = layout
+    top = max(float(np.max(c["fraction_of_sheet"])) for c in curves)
     fig = style.new_figure(
-        "Who sets the pace: memory or cores",
-        "copy bandwidth measured around the step",
-        "achieved (ledger bytes / step time)",
-        height=380,
-    )
-    colors: dict[tuple, str] = {}
-    hi = 0.0
-    renderers = []
-    for kernels in ("default", "torch"):
-        for entry in report.decode_comparison("device", kernels=kernels):
-            p = entry["points"]
-            who = KERNEL_LEGEND.get(entry["kernels"], entry["kernels"])
-            for kv in sorted(set(p["kv_dtype"].tolist())):
-                for batch in sorted(set(p["batch"].tolist())):
-                    sel = (
-                        (p["kv_dtype"] == kv)
-                        & (p["batch"] == batch)
-                        & np.isfinite(p["bandwidth_bytes_per_s"])
-                    )
-                    if not sel.any():  # results older than per-point bandwidths have none to plot
-                        continue
-                    color = colors.setdefault(
-                        (entry["machine"], kv, int(batch)),
-                        style.PALETTE[len(colors) % len(style.PALETTE)],
-                    )
-                    src = ColumnDataSource({c: p[c][sel] for c in PACE_COLUMNS})
-                    renderers.append(
-                        fig.scatter(
-                            "bandwidth_bytes_per_s",
-                            "achieved_bytes_per_s",
-                            source=src,
-                            size=8,
-                            color=color,
-                            fill_color=color if kernels == "default" else "white",
-                            marker="circle" if kernels == "default" else "square",
-                            legend_label=(
-                                f"{entry['device_name']}: batch {int(batch)}, KV {kv}, {who}"
-                            ),
-                        )
-                    )
-                    hi = max(hi, float(p["bandwidth_bytes_per_s"][sel].max()))
-    if not renderers:
-        return _note(fig, "no decode results recorded yet")
-    fig.line(
-        [0, hi * 1.05],
-        [0, hi * 1.05],
-        color="black",
-        width=1.5,
-        legend_label="achieved = copy bandwidth",
-    )
-    fig.xaxis.formatter = style.si_ticks("B/s")
-    fig.yaxis.formatter = style.si_ticks("B/s")
-    _legend_below(fig)
-    style.hover(
-        fig,
-        [
-            ("batch", "@batch"),
-            ("context", "@context{0,0}"),
-            ("share of copy bandwidth", "@fraction_of_bandwidth{0%}"),
-        ],
-        renderers,
-    )
-    return fig
-
-
-def recompute_figure():
-    """Prefill N tokens (recompute) against bringing their KV from host memory (fetch)."""
-    fig = style.new_figure(
-        "A hit can be slower than a miss: recompute against fetch",
-        "tokens",
-        "seconds",
+        f"Decode attention ({heads} query heads, {kv} K/V heads of {dim}): KV read per second",
+        "tokens in the cache per sequence",
+        "KV bytes per second / sheet bandwidth",
         x_axis_type="log",
-        y_axis_type="log",
+        y_range=(0, max(1.2, 1.05 * top)),
         height=380,
     )
-    k, lengths = 0, set()
-    for curve in report.recompute_curves():
-        if curve["tokens"] is None:
-            continue
-        lengths.update(curve["tokens"].tolist())
-        name = f"{curve['device_name']} ({curve['preset']})"
-        c1, c2 = style.PALETTE[(2 * k) % 8], style.PALETTE[(2 * k + 1) % 8]
+    x = [
+        min(float(c["tokens"].min()) for c in curves),
+        max(float(c["tokens"].max()) for c in curves),
+    ]
+    fig.line(x, [1.0, 1.0], color="black", width=1, legend_label="the data sheet")
+    devices = list(dict.fromkeys(c["device"] for c in curves))
+    batches = list(dict.fromkeys(c["batch"] for c in curves))
+    for c in curves:
+        color = style.PALETTE[devices.index(c["device"]) % len(style.PALETTE)]
         fig.line(
-            curve["tokens"],
-            curve["recompute_s"],
-            color=c1,
-            width=2.5,
-            legend_label=f"recompute, {name}",
+            c["tokens"],
+            c["fraction_of_sheet"],
+            color=color,
+            width=2,
+            line_dash=DASHES[batches.index(c["batch"]) % len(DASHES)],
+            legend_label=f"{names[c['device']]}, batch {c['batch']}",
         )
-        fig.line(
-            curve["tokens"],
-            curve["fetch_s"],
-            color=c2,
-            width=2.5,
-            legend_label=f"fetch from host, {name}",
-        )
-        if curve["predicted_recompute_s"] is not None:
-            fig.line(
-                curve["tokens"],
-                curve["predicted_recompute_s"],
-                color=c1,
-                line_dash="dashed",
-                legend_label="ledger's prediction",
-            )
-            fig.line(curve["tokens"], curve["predicted_fetch_s"], color=c2, line_dash="dashed")
-        if curve["crossover_tokens"]:
-            fig.scatter(
-                [curve["crossover_tokens"]],
-                [np.interp(curve["crossover_tokens"], curve["tokens"], curve["recompute_s"])],
-                size=12,
-                color="black",
-                marker="x",
-                legend_label="measured crossover",
-            )
-        k += 1
-    if k == 0:
-        return _note(fig, "no recompute-vs-fetch results recorded yet")
-    fig.xaxis.ticker = _context_ticks(lengths)  # bokeh's log ticks leave most lengths unlabelled
     fig.xaxis.formatter = style.count_ticks()
-    fig.yaxis.formatter = style.seconds_ticks()
-    fig.legend.location = "top_left"
-    fig.legend.label_text_font_size = "10px"
+    fig.yaxis.formatter = style.percent_ticks()
+    _legend_below(fig)
+    _source_note(fig, sources)
     return fig
 
 
-def memory_figure():
-    """Copy/read/write bandwidth against array size: the caches, then main memory."""
+def ledger_figure(curves: list[dict], names: dict, sources: list[str], model_name: str):
+    """A decode step in measured mode over its ceiling, against the batch, per GPU."""
+    first = curves[0]
     fig = style.new_figure(
-        "Memory bandwidth against working-set size",
-        "array size",
-        "bytes per second",
+        f"Decode step of {model_name} at {first['context']:,} tokens: measured / ceiling",
+        "batch (sequences)",
+        "measured step time / ceiling",
         x_axis_type="log",
-        y_axis_type="log",
+        y_range=(0.9, max(2.0, 1.05 * max(float(np.max(c["ratio"])) for c in curves))),
         height=340,
     )
-    k = 0
-    for m in report.memory_bandwidth():
-        for kernel, data in m["kernels"].items():
-            fig.line(
-                data["size_bytes"],
-                data["bandwidth_bytes_per_s"],
-                color=style.PALETTE[k % 8],
-                width=2,
-                legend_label=f"{m['device_name']}: {kernel}",
-            )
-            k += 1
-        if m.get("last_level_cache_bytes"):
-            from bokeh.models import Span
+    for i, c in enumerate(curves):
+        color = style.PALETTE[i % len(style.PALETTE)]
+        fig.line(c["batch"], c["ratio"], color=color, width=2.5, legend_label=names[c["device"]])
+        fig.scatter(c["batch"], c["ratio"], color=color, size=6)
+    from bokeh.models import FixedTicker
 
-            fig.add_layout(
-                Span(
-                    location=m["last_level_cache_bytes"],
-                    dimension="height",
-                    line_dash="dotted",
-                    line_color=style.GREY,
-                )
-            )
-    if k == 0:
-        return _note(fig, "no memory results recorded yet")
-    fig.xaxis.formatter = style.si_ticks("B")
-    fig.yaxis.formatter = style.si_ticks("B/s")
-    fig.legend.location = "bottom_left"
-    fig.legend.label_text_font_size = "10px"
+    fig.xaxis.formatter = style.count_ticks()
+    fig.xaxis.ticker = FixedTicker(ticks=sorted({int(b) for c in curves for b in c["batch"]}))
+    _legend_below(fig)
+    _source_note(fig, sources)
     return fig

@@ -3,7 +3,7 @@ every operator timed from published kernel tables (`kvlab.kernel_tables`, the le
 measured mode).
 
 A static page cannot run the measured timing, so the panels ship build-time terms that
-`KVLAB.measuredTime` (js/measured.js) adds up exactly as `Kernels.decode_step_s` does:
+`KVLAB.measuredTime` (js/speed.js) adds up exactly as `Kernels.decode_step_s` does:
 for each (model, device, weight dtype) the tables cover, the step's time outside
 attention at every batch of the grid; for each (device, attention layout, KV dtype), one
 layer's attention time at every (batch, context) of the grid. The page then prints the
@@ -11,7 +11,7 @@ very seconds `kvlab budget --efficiency measured` prints. The numbers travel as 
 little-endian doubles: bit for bit, 10.7 characters each where JSON decimals take ~19.
 
 Where a state has no measured time, the panels say why in one short phrase (`why_not`)
-and draw the ceiling; js/measured.js derives the same phrase from the terms.
+and draw the ceiling; js/speed.js derives the same phrase from the terms.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from .panel import Control
 SPEEDS = ("ceiling", "measured")
 SPEED_LABELS = ("ceiling × efficiency", "measured kernels")
 
-#: Why a state has no measured time (js/measured.js holds the same phrases).
+#: Why a state has no measured time (js/speed.js holds the same phrases).
 NO_DEVICE = "no kernel tables for this device"
 NO_MLA = "no MLA attention tables"
 NO_RANGE = "outside the tables' range"
@@ -184,7 +184,7 @@ def _measured_terms(models: tuple, devices: tuple, batches: tuple, contexts: tup
 
 
 def measured_terms(models, devices, batches, contexts) -> dict:
-    """What js/measured.js needs to time these models on these devices at every (batch,
+    """What js/speed.js needs to time these models on these devices at every (batch,
     context) of the grids (and at a sliding window's length, where a model has one)."""
     windows = {get_model(m).sliding_window for m in models} - {None, 0}
     attended = sorted(set(contexts) | {w for w in windows if w < max(contexts)})

@@ -18,7 +18,7 @@ import pytest
 
 from kvlab.cli import main
 from kvlab.errors import KvlabError
-from kvlab.transfer import (
+from kvlab.kv_transfer import (
     TransferConfig,
     parse_size,
     parse_sizes,
@@ -26,8 +26,8 @@ from kvlab.transfer import (
     run_benchmark,
     save_results,
 )
-from kvlab.transfer.config import format_size
-from kvlab.transfer.worker import summarise
+from kvlab.kv_transfer.config import format_size
+from kvlab.kv_transfer.worker import summarise
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,7 +48,7 @@ ENGINES = ["torch", pytest.param("mooncake", marks=needs_mooncake)]
 
 
 def _children(pid: int) -> list[int]:
-    """Live kvlab.transfer.child processes whose parent is `pid`."""
+    """Live kvlab.kv_transfer.child processes whose parent is `pid`."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -60,7 +60,7 @@ def _children(pid: int) -> list[int]:
             continue
         ppid = int(stat.rsplit(")", 1)[1].split()[1])
         state = stat.rsplit(")", 1)[1].split()[0]
-        if ppid == pid and b"kvlab.transfer.child" in cmd and state != "Z":
+        if ppid == pid and b"kvlab.kv_transfer.child" in cmd and state != "Z":
             found.append(int(entry.name))
     return found
 

@@ -39,7 +39,8 @@ HIT_READOUT = (
 def cached_tokens(hit: float, prompt_tokens: int) -> int:
     """Tokens of a prompt that a hit fraction serves from the prefix cache. Even a full hit
     computes the last prompt token, whose logits give the first output token. The browser's
-    twin is `cachedTokens` in js/hits.js (on KVLAB.servedTokens, kvlab.prompt's twin)."""
+    twin is `cachedTokens` in js/what_a_hit_saves.js (on KVLAB.servedTokens, kvlab.prompt's
+    twin)."""
     return served_tokens(math.floor(hit * prompt_tokens), int(prompt_tokens))
 
 

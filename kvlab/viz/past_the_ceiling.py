@@ -6,7 +6,7 @@ two all-reduces per layer and times them from the measured tables), which is too
 for a JavaScript twin. So kvlab computes at build time every step time the panels need on
 their grids (the `terms`: one JSON string per panel, rounded to LOOKUP_DIGITS as lookup
 tables are), and the twins in
-js/levers.js only combine them: tokens per verify pass from the acceptance, tokens/s,
+js/past_the_ceiling.js only combine them: tokens per verify pass from the acceptance, tokens/s,
 speedups and shares from the times, memory fit from per-GPU bytes. `compute` does the same
 arithmetic on the same terms for grid states and asks the ledger for any other value (the
 live face).

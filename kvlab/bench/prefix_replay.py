@@ -3,23 +3,20 @@
 The reference is the shortest correct LRU prefix replay one would write by hand; kvlab's
 replay must be no slower (it also pins a request's own blocks and keeps counters). Run:
 
-    flock /tmp/kvlab-cpu.lock .venv/bin/python -m kvlab.prefix.bench [TRACE] [--repeats N]
+    flock /tmp/kvlab-cpu.lock kvlab bench prefix-replay [TRACE] [--repeats N] [--json]
 
-It prints JSON: per capacity, the median and spread of both replays' seconds, and the hits
+It prints: per capacity, the median and spread of both replays' seconds, and the hits
 (which must agree: pinning changes which blocks are evicted mid-request, not LRU's hits).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
-import sys
 import time
 from collections import OrderedDict
 
+from ..prefix.blocks import replay
 from ..traces import load_trace
-from .blocks import replay
 
 
 def ordered_dict_replay(trace, capacity_blocks: int) -> list[int]:
@@ -67,21 +64,3 @@ def replay_speed(trace="conversation", capacities=(1000, 10000, 100000), repeats
             "block_hit_ratio": result.block_hit_ratio,
         }
     return out
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m kvlab.prefix.bench", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument("trace", nargs="?", default="conversation")
-    parser.add_argument("--capacities", default="1000,10000,100000")
-    parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args(argv)
-    caps = [int(c) for c in args.capacities.split(",")]
-    json.dump(replay_speed(args.trace, caps, args.repeats), sys.stdout, indent=2)
-    sys.stdout.write("\n")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

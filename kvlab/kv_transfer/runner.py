@@ -1,7 +1,7 @@
 """Run a prefill and a decode process on this machine and collect what they measure.
 
 The parent never touches torch. It starts both children as fresh interpreters
-(`python -m kvlab.transfer.child`, like multiprocessing's spawn but without re-importing
+(`python -m kvlab.kv_transfer.child`, like multiprocessing's spawn but without re-importing
 the caller's script, so it works from any script or notebook), wired by socket pairs:
 one between the two children (the control channel), one from each child back up (rows,
 errors). The parent owns every bound:
@@ -60,7 +60,7 @@ def run_local(config: TransferConfig, progress=None) -> dict:
             logs.append(log)
             fds = (peer_socks[role].fileno(), child_sock.fileno())
             procs[role] = subprocess.Popen(
-                [sys.executable, "-m", "kvlab.transfer.child", role, *map(str, fds)],
+                [sys.executable, "-m", "kvlab.kv_transfer.child", role, *map(str, fds)],
                 pass_fds=fds,
                 stdin=subprocess.DEVNULL,
                 stdout=log,

@@ -1,4 +1,4 @@
-// kvlab/viz/tier_panels.py's footprint panel in the browser (the chapter's other panels are
+// kvlab/viz/beyond_hbm.py's footprint panel in the browser (the chapter's other panels are
 // lookup panels): KV bytes of a batch against context beside the room the weights leave,
 // with the fit of kvlab.cost.memory_fit (KVLAB.memoryFit), sliding windows included; where
 // the weights leave no room, the room line is absent rather than zero on a log axis.

@@ -20,8 +20,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import KvlabError, unknown_name
-from .traces import KNOWN_TRACES, cache_dir
+from ..errors import KvlabError, unknown_name
+from . import KNOWN_TRACES, cache_dir
 
 MOONCAKE_COMMIT = "3b5a5941"
 DEFAULT_BASE_URL = f"https://raw.githubusercontent.com/kvcache-ai/Mooncake/{MOONCAKE_COMMIT}/FAST25-release/traces/"

@@ -1,6 +1,6 @@
-// kvlab/viz/decode_step.py's panel in the browser: one decode step at the chosen speed (the
+// kvlab/viz/bandwidth_wall.py's panel in the browser: one decode step at the chosen speed (the
 // ceiling, or the kernel tables through KVLAB.measuredTime), the batch and context sweeps
-// through it, and its place on the roofline. Twin of decode_step._compute, part by part
+// through it, and its place on the roofline. Twin of bandwidth_wall._compute, part by part
 // (tests/test_js.py checks it under node over the grid, measured states included).
 (function (KVLAB) {
   "use strict";
@@ -10,7 +10,7 @@
     ([k, col]) => [k, col.filter((_, i) => keep[i])]));
   const ratio = (a, b) => (a === a && b === b ? a / b : NaN);
 
-  // decode_step._point: the readout's step and the phrase saying where its speed comes from.
+  // bandwidth_wall._point: the readout's step and the phrase saying where its speed comes from.
   function point(K, T, s) {
     const measured = s.speed === "measured";
     const m = measured ? K.measuredTime(T, T.measured, s) : { t: NaN, why: "" };
@@ -18,7 +18,7 @@
     return [step, K.speedText(T.measured, measured, m.why, s.efficiency, s.hardware)];
   }
 
-  // decode_step._main: measured times (NaN where not covered) if any point is covered.
+  // bandwidth_wall._main: measured times (NaN where not covered) if any point is covered.
   function main(K, T, s, ceilingTimes, pairs) {
     if (s.speed === "measured") {
       const times = pairs.map(
@@ -128,5 +128,25 @@
     const where = measured ? "measured: " + M.devices[s.hardware].tables
       : "ceiling × " + K.percent(s.efficiency);
     return { sources, values, titles: { time: T.time_title + " (" + where + ")" } };
+  };
+})(window.KVLAB);
+
+// kvlab/viz/bandwidth_wall.py's quantization panel in the browser, the twin of its Python
+// `compute` (checked under node by tests/test_js.py).
+(function (KVLAB) {
+  "use strict";
+  const at = (s, change) => Object.assign({}, s, change);
+
+  // quantization_panel: tokens/s per sequence for each (weights, KV) dtype pair in T.configs.
+  KVLAB.panels.quantization = function (K, T, s) {
+    const rows = T.configs.map((c) => K.step(T, at(s, { weight_dtype: c[0], kv_dtype: c[1] })));
+    const speeds = rows.map((r) => r.tokens_per_s_per_sequence);
+    return {
+      sources: { bars: { config: T.labels, color: T.colors, tokens_per_s: speeds,
+                         kv_share: rows.map((r) => r.kv_read_bytes / r.step_bytes) } },
+      values: { fp16_tokens_per_s: speeds[0], weight_only_speedup: speeds[1] / speeds[0],
+                both_speedup: speeds[3] / speeds[0],
+                kv_share_weight_only: rows[1].kv_read_bytes / rows[1].step_bytes },
+    };
   };
 })(window.KVLAB);

@@ -1,7 +1,7 @@
 """Chapter 3 panels: KV beyond HBM — footprint, reading from a tier, hit vs miss,
 PD transfers, and measured transfers against the link model.
 
-The footprint panel recombines ledger terms in the browser (js/tier_panels.js); the others
+The footprint panel recombines ledger terms in the browser (js/beyond_hbm.js); the others
 are lookup panels (kvlab computes every grid state at build time) because tier paths carry
 latencies and break-even searches that belong in Python only.
 """
@@ -16,7 +16,7 @@ from ..bench.report import kv_transfer_series
 from ..deployment import Deployment
 from ..hardware import devices
 from ..models import get_model, models
-from ..tiers.links import MODEL_LINKS, link_model_curves
+from ..tiers.link_model import MODEL_LINKS, link_model_curves
 from ..tiers.placement import PLACEMENT_NAMES
 from ..tiers.series import CONTEXTS as TIER_CONTEXTS
 from ..tiers.series import hit_rate_series, pd_series

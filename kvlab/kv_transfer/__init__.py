@@ -137,7 +137,7 @@ def _check_cuda(configs) -> None:
 
 def summary(rows: list[dict]) -> dict:
     """Smallest-message time, best bandwidth and the fitted (latency, bandwidth) per layout."""
-    from ..tiers.links import fit_link_model
+    from ..tiers.link_model import fit_link_model
 
     out = {}
     for layout in LAYOUTS:

@@ -1,11 +1,11 @@
-// kvlab/viz/hits.py's panel in the browser: what a prefix hit saves (prefill FLOPs, so
+// kvlab/viz/what_a_hit_saves.py's panel in the browser: what a prefix hit saves (prefill FLOPs, so
 // TTFT) and what it does not (the bytes of every decode step, so TPOT). The twin of the
 // panel's Python `compute`, checked under node by tests/test_js.py.
 (function (KVLAB) {
   "use strict";
   const at = (s, change) => Object.assign({}, s, change);
 
-  // kvlab.viz.hits.cached_tokens: the whole tokens a hit fraction matches, served by the
+  // kvlab.viz.what_a_hit_saves.cached_tokens: the whole tokens a hit fraction matches, served by the
   // one rule of kvlab.prompt (the last prompt token is always computed).
   function cachedTokens(K, hit, promptTokens) {
     return K.servedTokens(Math.floor(hit * promptTokens), promptTokens);

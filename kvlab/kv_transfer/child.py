@@ -1,6 +1,6 @@
-"""Entry point of one benchmark process: `python -m kvlab.transfer.child ROLE PEER_FD REPORT_FD`.
+"""Entry point of one benchmark process: `python -m kvlab.kv_transfer.child ROLE PEER_FD REPORT_FD`.
 
-Started by `kvlab.transfer.runner`, never by hand. It receives its configuration over
+Started by `kvlab.kv_transfer.runner`, never by hand. It receives its configuration over
 the report socket, runs its role, and reports "ready", rows, "done" or "error" back.
 """
 

@@ -40,7 +40,7 @@ def _stamp(st: os.stat_result, block_tokens: int) -> tuple:
 
 def load(path: Path, st: os.stat_result, block_tokens: int):
     """The requests parsed from this very version of `path` before, or None."""
-    from .trace_types import Request
+    from .types import Request
 
     try:
         file = _file(path)

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import KvlabError, check_number, unknown_name
-from .trace_types import BLOCK_TOKENS, Request, Trace
+from ..errors import KvlabError, check_number, unknown_name
+from .types import BLOCK_TOKENS, Request, Trace
 
 _MASK64 = (1 << 64) - 1
 
@@ -190,7 +190,7 @@ class Workload:
             if getattr(self.spec, f.name) != getattr(PRESETS.get(self.name, WorkloadSpec()), f.name)
         }
         extra = "".join(f", {k}={v!r}" for k, v in changed.items())
-        return f"kvlab.traces_gen (preset {self.name!r}, seed {self.seed}{extra})"
+        return f"kvlab.traces.generate (preset {self.name!r}, seed {self.seed}{extra})"
 
     def _segment(self, seg: int, length: int, cache: dict | None) -> np.ndarray:
         if cache is not None and seg in cache and len(cache[seg]) >= length:
@@ -680,7 +680,7 @@ def poisson_trace(spec: str | PoissonSpec, block_tokens: int = BLOCK_TOKENS) -> 
     return Trace(
         spec.text,
         requests,
-        source=f"kvlab.traces_gen.poisson_trace ({spec.text})",
+        source=f"kvlab.traces.generate.poisson_trace ({spec.text})",
         generated=True,
         block_tokens=block_tokens,
     )

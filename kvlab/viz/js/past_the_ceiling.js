@@ -1,11 +1,11 @@
-// kvlab/viz/levers_panels.py's panels in the browser: speculative decoding and tensor
+// kvlab/viz/past_the_ceiling.py's panels in the browser: speculative decoding and tensor
 // parallelism. kvlab computed every step time on the panels' grids at build time (the
 // terms); these twins only combine them, with the operations of the Python `compute` in the
 // same order (tests/test_js.py checks them against it under node).
 (function (KVLAB) {
   "use strict";
   const finite = (x) => x !== null && x !== undefined && isFinite(x);
-  // The terms travel as one JSON string (levers_panels._page_terms), parsed once per page.
+  // The terms travel as one JSON string (past_the_ceiling._page_terms), parsed once per page.
   const data = (K, T) => K.tables[T.key] || (K.tables[T.key] = JSON.parse(T.data));
 
   // kvlab.speculative.tokens_per_verify_step: (1 - A^(K+1)) / (1 - A), K + 1 at A = 1.
@@ -51,7 +51,7 @@
     const runs = T.runs[s.model][s.hardware];
     const i = batches.indexOf(s.batch), n = s.tensor_parallel, b = s.batch;
     const r = runs[String(n)], one = runs["1"];
-    // The words come from the terms (levers_panels.TP_KINDS, NOT_MEASURED); the Chinese
+    // The words come from the terms (past_the_ceiling.TP_KINDS, NOT_MEASURED); the Chinese
     // page's table translates them as the readout and the bars show them.
     const share = (part, whole) => (finite(part) && finite(whole)
       ? K.percent(part / whole) : T.not_measured);

@@ -1,5 +1,5 @@
 """What a request trace is: `Request` and `Trace`, shared by the loader (`kvlab.traces`) and
-the generators (`kvlab.traces_gen`), so neither has to import the other's module."""
+the generators (`kvlab.traces.generate`), so neither has to import the other's module."""
 
 from __future__ import annotations
 

@@ -65,12 +65,10 @@ class Network:
         self.bytes = defaultdict(float)  # purpose -> bytes
         self.moves = defaultdict(int)
         self.wire_s = defaultdict(float)  # purpose -> seconds of moving (latency + bytes/bandwidth)
-        self.exposed_s = defaultdict(
-            float
-        )  # purpose -> seconds of the move on a request's critical path
-        self.delay_s = defaultdict(
-            float
-        )  # purpose -> seconds requests waited on it (NIC queueing included)
+        # purpose -> seconds of the move on a request's critical path
+        self.exposed_s = defaultdict(float)
+        # purpose -> seconds requests waited on it (NIC queueing included)
+        self.delay_s = defaultdict(float)
         self.nic_busy_s = [0.0] * nodes
 
     def reserve(

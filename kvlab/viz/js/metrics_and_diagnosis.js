@@ -1,6 +1,6 @@
-// kvlab/viz/diagnosis_panels.py's TPOT-budget panel in the browser: TPOT against batch with
+// kvlab/viz/metrics_and_diagnosis.py's TPOT-budget panel in the browser: TPOT against batch with
 // the two limits kept apart — the largest batch within the TPOT budget, memory aside (a
-// bisection, as diagnosis_panels.tpot_batch), the largest batch that fits in memory — the
+// bisection, as metrics_and_diagnosis.tpot_batch), the largest batch that fits in memory — the
 // batch both allow, which of the two limits it, and the knee (KVLAB.batchKnee).
 (function (KVLAB) {
   "use strict";
@@ -18,7 +18,7 @@
     return lo;
   }
 
-  // diagnosis_panels._mark: one mark at `batch`, or none when the batch is 0.
+  // metrics_and_diagnosis._mark: one mark at `batch`, or none when the batch is 0.
   function mark(batch, columns) {
     const out = { batch: batch >= 1 ? [batch] : [] };
     for (const [k, v] of Object.entries(columns)) {

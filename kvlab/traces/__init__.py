@@ -6,11 +6,12 @@ One JSON object per line, sorted by arrival:
 (the last block may be partial), and an id stands for the block *and its whole prefix*.
 
 Traces are data, not part of the package: they are looked up in `$KVLAB_TRACE_DIR`, then in
-the download cache (`kvlab trace download`, see `kvlab.traces_download`), then in the shared
-data folder beside the repository (`../shared/data/mooncake`). Where none is present the
-book uses a generated stand-in (`kvlab.traces_gen`), always labelled as generated. A trace
-file, once validated, is kept parsed on disk (`kvlab.traces_cache`; KVLAB_TRACE_CACHE=0
-turns that off).
+the download cache (`kvlab trace download`, see `kvlab.traces.download`), then in a shared
+data folder `shared/data/mooncake` in the current folder or the nearest folder above it that
+holds one (a workspace's checkouts share it: `../shared/data/mooncake` beside each). Where
+none is present the book uses a generated stand-in (`kvlab.traces.generate`), always
+labelled as generated. A trace file, once validated, is kept parsed on disk
+(`kvlab.traces.cache`; KVLAB_TRACE_CACHE=0 turns that off).
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import KvlabError, unknown_name
-from .prompt import served_from_blocks
-from .trace_types import BLOCK_TOKENS, Request, Trace
+from ..errors import KvlabError, unknown_name
+from ..prompt import served_from_blocks
+from .types import BLOCK_TOKENS, Request, Trace
 
 TRACE_DIR_ENV = "KVLAB_TRACE_DIR"
 GENERATED = (
@@ -196,6 +197,10 @@ def _parse_lines(data: bytes, filename: str, block_tokens: int = BLOCK_TOKENS) -
     return requests
 
 
+#: A workspace's shared data folder, looked for from the current folder upwards.
+SHARED_DATA = Path("shared") / "data" / "mooncake"
+
+
 def cache_dir() -> Path:
     """Where `kvlab trace download` puts traces: $KVLAB_TRACE_DIR, else ~/.cache/kvlab/traces."""
     if os.environ.get(TRACE_DIR_ENV):
@@ -209,13 +214,14 @@ def _default_cache_dir() -> Path:
 
 
 def trace_dirs() -> list[Path]:
-    """Where named traces are looked up, in order: user's folder, download cache, shared data."""
+    """Where named traces are looked up, in order: user's folder, download cache, shared data
+    (the nearest `shared/data/mooncake` from the current folder up, where there is one)."""
     dirs = [cache_dir()]  # $KVLAB_TRACE_DIR when set
     if os.environ.get(TRACE_DIR_ENV):
         dirs.append(_default_cache_dir())  # traces downloaded before the variable was set
-    repo = Path(__file__).resolve().parents[1]
-    dirs.append(repo.parent / "shared" / "data" / "mooncake")
-    return list(dict.fromkeys(dirs))
+    here = Path.cwd()
+    shared = [p / SHARED_DATA for p in (here, *here.parents) if (p / SHARED_DATA).is_dir()]
+    return list(dict.fromkeys(dirs + shared[:1]))
 
 
 def find_trace(name: str) -> Path | None:
@@ -256,16 +262,16 @@ def _read_cached(path: Path, name: str | None) -> Trace:
 
 def _read_file(path: Path, name: str | None, st: os.stat_result) -> Trace:
     """A regular file's requests come from the parsed-trace cache when this version of it
-    was validated before (kvlab.traces_cache), else from read_jsonl, which fills the cache."""
-    from . import traces_cache
+    was validated before (kvlab.traces.cache), else from read_jsonl, which fills the cache."""
+    from . import cache as parsed
 
     if not stat.S_ISREG(st.st_mode):
         return read_jsonl(path, name=name)
-    requests = traces_cache.load(path, st, BLOCK_TOKENS)
+    requests = parsed.load(path, st, BLOCK_TOKENS)
     if requests:
         return Trace(_trace_name(path, name), requests, source=str(path))
     trace = read_jsonl(path, name=name)
-    traces_cache.store(path, st, BLOCK_TOKENS, trace.requests)
+    parsed.store(path, st, BLOCK_TOKENS, trace.requests)
     return trace
 
 
@@ -284,8 +290,9 @@ def _is_path(text: str) -> bool:
 
 @functools.lru_cache(maxsize=8)
 def _generated(text: str) -> Trace:
-    """`generated[:PRESET][:SEED]` -> a generated trace (kvlab.traces_gen), labelled as such."""
-    from .traces_gen import PRESETS, generate_trace
+    """`generated[:PRESET][:SEED]` -> a generated trace (kvlab.traces.generate), labelled as
+    such."""
+    from .generate import PRESETS, generate_trace
 
     preset, seed = "conversation", 0
     for part in text.split(":")[1:]:
@@ -303,7 +310,7 @@ def _generated(text: str) -> Trace:
 @functools.lru_cache(maxsize=8)
 def _poisson(text: str) -> Trace:
     """`poisson:rate=R,prompt=P,output=O[,requests=N][,seed=S]` -> a plain generated workload."""
-    from .traces_gen import poisson_trace
+    from .generate import poisson_trace
 
     return poisson_trace(text)
 
