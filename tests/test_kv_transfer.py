@@ -253,6 +253,14 @@ def test_the_whole_run_is_bounded():
         run_benchmark([config], progress=lambda line: None)
 
 
+def _as_from_a_terminal() -> None:
+    """Ctrl-C as a shell delivers it: a test runner's worker may hold SIGINT ignored or
+    blocked, and a child inherits both (seen under pytest-xdist, where the command then ran
+    to its end and exited 0)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_ctrl_c_stops_both_processes(tmp_path):
@@ -280,6 +288,7 @@ def test_ctrl_c_stops_both_processes(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env={**os.environ, "TMPDIR": str(tmp_path)},
+        preexec_fn=_as_from_a_terminal,
     )
     try:
         deadline = time.monotonic() + 60
