@@ -772,6 +772,32 @@ def test_tensor_parallel_instance_hand_checked():
     assert steps[0] > 0 and cost.decode_step(d, 1, n_in).allreduce_time_s > 0
 
 
+def test_measured_prompt_past_the_all_reduce_table():
+    """A 70B prompt of ~87k tokens at TP8 sends all-reduce messages past the largest one the
+    tables measured (64k tokens x 8192): it keeps that message's bandwidth, with no NaN and
+    no jump (it was NaN, and the replay stopped with an event 'at nan')."""
+    d = Deployment("llama-3.1-70b", "a800-80gb", speed=KernelTables(), tensor_parallel=8)
+    kc = KernelCost(d)
+    edge = 65536
+    at, past, far = (kc.prefill_times_s(n, 0)[0] for n in (edge, edge + 1, 2 * edge))
+    assert np.isfinite(far) and far > past > at
+    assert past == pytest.approx(at, rel=1e-3)
+    ar = kc.kernels.allreduce_s(np.array([edge, 2.0 * edge]))[0]
+    assert ar[1] == pytest.approx(2 * ar[0], rel=1e-3)  # bandwidth-bound: twice the message
+    r = simulate(
+        Trace("long", (Request(0.0, 87_169, 4, _ids(1, 171)),), source="test", generated=True),
+        arch="colocated",
+        model="llama-3.1-70b",
+        hardware="a800-80gb",
+        tensor_parallel=8,
+        efficiency="measured",
+        scheduler="prefill-first",
+        prefill_workers=1,
+        decode_workers=0,
+    )
+    assert r.summary()["requests_completed"] == 1 and r.summary()["steps_priced_outside_tables"]
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_tensor_parallel_instances_conserve_requests(gen, arch):
     r = simulate(gen, arch=arch, tensor_parallel=2, prefill_workers=1, decode_workers=1)
