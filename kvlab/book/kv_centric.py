@@ -249,7 +249,7 @@ def _gain(x: float) -> str:
 
 def _kernel_source(config: SimConfig) -> str:
     """Where a config's step times come from, for the prose (no 'measured: ' prefix)."""
-    return make_cost(config.resolved()).source.removeprefix("measured: ")
+    return t(make_cost(config.resolved()).source.removeprefix("measured: "))
 
 
 def numbers() -> dict[str, str]:

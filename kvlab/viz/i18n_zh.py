@@ -527,6 +527,15 @@ PATTERNS: list[tuple[str, str]] = [
     ("One global pool or {n} separate caches", "一个全局池，还是 {n} 个独立缓存"),
     ("Same bytes, lower latency", "字节不变，延迟更低"),
     ("{fw} kernel tables, {gpu}", "{fw} 内核表，{gpu}"),
+    (
+        "{fw} kernel tables, {gpu} (aiconfigurator-core {version})",
+        "{fw} 内核表，{gpu}（aiconfigurator-core {version}）",
+    ),
+    (
+        "{tables}, standing in for the {gpu} (the same die and memory; all-reduces at its "
+        "own NVLink)",
+        "{tables}，代替 {gpu}（芯片和显存相同；all-reduce 按它自己的 NVLink 计）",
+    ),
     ("Data: {source}", "数据：{source}"),
     ("{fw} kernel tables ({package}): {gpus}", "{fw} 内核表（{package}）：{gpus}"),
     ("W {w} · KV {kv}", "权重 {w} · KV {kv}"),
