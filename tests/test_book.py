@@ -680,3 +680,18 @@ def test_chapter_1_says_128_kib_is_131_kb_once():
 
     n = what_a_hit_saves.numbers()
     assert (n["kv_per_token_kib"], n["kv_per_token"]) == ("128", "131 kB")
+
+
+def test_chapter_5b_latency_conditions_measured_kernels_are_slower(gen):
+    """Chapter 5b states the TTFT/TPOT figure's conditions and its numbers again with measured
+    kernels, on the requests the tables reach: slower everywhere, the hit moving TTFT alone."""
+    from kvlab.book import prefix_caching
+
+    c = prefix_caching.latency_conditions(gen)
+    assert 0 < c["covered_share"] <= 1 and c["covered_max_prompt"] <= int(gen.input_tokens.max())
+    for name in ("ceiling", "measured"):
+        assert c[f"{name}_hbm_s"] < c[f"{name}_no_cache_s"]  # a hit shortens TTFT
+    for k in ("no_cache", "hbm", "tpot"):
+        assert c[f"measured_{k}_s"] > c[f"ceiling_{k}_s"]  # kernels below the ceiling
+    n = prefix_caching.numbers()
+    assert n["lat_batch"] == "16" and n["lat_setup"].startswith("Llama 3.1 8B")
