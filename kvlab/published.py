@@ -26,3 +26,12 @@ def kv_quantization(key: str) -> dict:
     if key not in table:
         raise unknown_name("published KV-quantization result", key, table)
     return table[key]
+
+
+def mooncake(key: str) -> dict:
+    """One of Mooncake's published experiments (kvlab/data/published/mooncake.toml): its
+    setting and results as FAST'25 or the arXiv report gives them, with the source."""
+    table = _table("mooncake")
+    if key not in table:
+        raise unknown_name("published Mooncake experiment", key, table)
+    return table[key]

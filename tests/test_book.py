@@ -496,6 +496,40 @@ def test_past_the_ceiling_numbers_glue_every_role(ceiling_numbers):
     assert ceiling_numbers["speculative_breakeven_batch"] == "never"
 
 
+def _token_gaps_jump_when_colocated(summary: dict) -> None:
+    co, dis = summary["colocated"], summary["disaggregated"]
+    assert co["itl_p99_s"] > 3 * co["itl_p50_s"]  # prefill chunks stall decode
+    assert dis["itl_p99_s"] < 3 * dis["itl_p50_s"]  # separated, the tail stays near the median
+    assert co["itl_p99_s"] > 3 * dis["itl_p99_s"]
+
+
+def test_chapter_5_token_gaps_show_what_the_prose_says():
+    """Chapter 5's example of jumpy token gaps: colocated, the p99 gap is more than 3x its
+    median; with prefill and decode separated it is not. The glued ratio is the runs'."""
+    summary = metrics_and_diagnosis.token_streams()["summary"]
+    _token_gaps_jump_when_colocated(summary)
+    co = summary["colocated"]
+    ratio = metrics_and_diagnosis.numbers()["ts_colocated_ratio"]
+    assert float(ratio.rstrip("×")) == pytest.approx(co["itl_p99_s"] / co["itl_p50_s"], rel=0.05)
+
+
+def test_chapter_5_token_gap_example_holds_on_the_generated_stand_in(monkeypatch):
+    """A book built without the Mooncake traces replays the generated conversation trace
+    over the same window: the example must show the same thing there."""
+    from kvlab import traces
+
+    monkeypatch.setattr(traces, "find_trace", lambda name: None)
+    stand_in = traces.trace_or_generated("conversation")
+    assert stand_in.generated
+    s = sim_runs.token_streams(
+        stand_in,
+        start_s=metrics_and_diagnosis.STREAMS_START_S,
+        duration_s=metrics_and_diagnosis.STREAMS_S,
+        config=kv_centric.CONFIG,
+    )
+    _token_gaps_jump_when_colocated(s["summary"])
+
+
 def test_pitfall_one_prose_names_the_limit_that_binds():
     """Chapter 5's pitfall 1 says memory binds at the panel's starting budget and the TPOT
     budget binds at the tightest one; the panel must agree, or the prose must change."""
@@ -646,3 +680,18 @@ def test_chapter_1_says_128_kib_is_131_kb_once():
 
     n = what_a_hit_saves.numbers()
     assert (n["kv_per_token_kib"], n["kv_per_token"]) == ("128", "131 kB")
+
+
+def test_chapter_5b_latency_conditions_measured_kernels_are_slower(gen):
+    """Chapter 5b states the TTFT/TPOT figure's conditions and its numbers again with measured
+    kernels, on the requests the tables reach: slower everywhere, the hit moving TTFT alone."""
+    from kvlab.book import prefix_caching
+
+    c = prefix_caching.latency_conditions(gen)
+    assert 0 < c["covered_share"] <= 1 and c["covered_max_prompt"] <= int(gen.input_tokens.max())
+    for name in ("ceiling", "measured"):
+        assert c[f"{name}_hbm_s"] < c[f"{name}_no_cache_s"]  # a hit shortens TTFT
+    for k in ("no_cache", "hbm", "tpot"):
+        assert c[f"measured_{k}_s"] > c[f"ceiling_{k}_s"]  # kernels below the ceiling
+    n = prefix_caching.numbers()
+    assert n["lat_batch"] == "16" and n["lat_setup"].startswith("Llama 3.1 8B")

@@ -176,6 +176,18 @@ def test_labels_translate_by_table_and_template(chinese):
     assert i18n.t("a label nobody translated") == "a label nobody translated"
 
 
+def test_kernel_table_sources_read_in_chinese(chinese):
+    """Chapter 4 names where its step times come from, with the package and a stand-in GPU."""
+    tables = "TRTLLM 1.0.0 kernel tables, NVIDIA A100-SXM4-80GB (aiconfigurator-core 0.12.0)"
+    zh_tables = "TRTLLM 1.0.0 内核表，NVIDIA A100-SXM4-80GB（aiconfigurator-core 0.12.0）"
+    assert i18n.t(tables) == zh_tables
+    stand_in = i18n.t(
+        f"{tables}, standing in for the NVIDIA A800 80GB SXM (the same die and memory; "
+        "all-reduces at its own NVLink)"
+    )
+    assert stand_in.startswith(zh_tables) and "代替 NVIDIA A800 80GB SXM" in stand_in
+
+
 def panel_texts(panel) -> set[str]:
     """Every visible text of a static panel at its default state: control labels and
     option names, readout labels and text values, and its figures' texts (tests)."""

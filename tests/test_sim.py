@@ -749,6 +749,30 @@ def test_single_request_hand_checked():
     assert co.tokens(0) == pytest.approx(prefill + np.concatenate([[0.0], steps]), rel=1e-12)
 
 
+def test_host_overhead_per_iteration_hand_checked():
+    """--step-overhead adds its seconds to every engine iteration: the prefill (one pass)
+    and each decode step, disaggregated and colocated (chunked and unchunked); the CLI
+    reads the flag and the summary names the source."""
+    m, hw, n_in, o = "llama-3.1-8b", "h100-sxm", 2048, 0.03
+    trace = Trace("one", (Request(0.0, n_in, 4, _ids(1, 4)),), source="test", generated=True)
+    prefill = cost.prefill(Deployment(m, hw), n_in).time_s
+    wire = transfer_time_s(n_in * cost.kv_bytes_per_token(m), 50e9, 1.0, 5e-6)
+    steps = np.cumsum([cost.decode_step(H100, 1, n_in + j).step_time_s + o for j in range(3)])
+    kw = dict(prefill_workers=1, decode_workers=1, prefix_cache="none", step_overhead_s=o)
+    pd = simulate(trace, arch="disaggregated", **kw)
+    first = prefill + o + wire
+    assert pd.tokens(0) == pytest.approx(first + np.concatenate([[0.0], steps]), rel=1e-12)
+    assert "30 ms of host time" in pd.summary()["efficiency_source"]
+    co = simulate(trace, arch="colocated", chunk_tokens=0, **kw)
+    assert co.tokens(0) == pytest.approx(prefill + o + np.concatenate([[0.0], steps]), rel=1e-12)
+    chunked = simulate(trace, arch="colocated", chunk_tokens=1024, **kw)  # two passes
+    plain = simulate(trace, arch="colocated", chunk_tokens=1024, **{**kw, "step_overhead_s": 0})
+    assert np.diff(chunked.tokens(0)) == pytest.approx(np.diff(plain.tokens(0)) + o, rel=1e-9)
+    assert chunked.tokens(0)[0] == pytest.approx(plain.tokens(0)[0] + 2 * o, rel=1e-9)
+    with pytest.raises(KvlabError, match="step_overhead_s"):
+        SimConfig(step_overhead_s=-1.0)
+
+
 def test_tensor_parallel_instance_hand_checked():
     """Llama 3.1 70B on A800s at tensor parallel 4, as engines run it: every step is the
     ledger's tensor-parallel step (all-reduces included), and the KV moves over the
@@ -765,6 +789,32 @@ def test_tensor_parallel_instance_hand_checked():
     assert pd.tokens(0) == pytest.approx(prefill + wire + np.concatenate([[0.0], steps]), rel=1e-12)
     assert pd.summary()["gpus"] == 2 * tp
     assert steps[0] > 0 and cost.decode_step(d, 1, n_in).allreduce_time_s > 0
+
+
+def test_measured_prompt_past_the_all_reduce_table():
+    """A 70B prompt of ~87k tokens at TP8 sends all-reduce messages past the largest one the
+    tables measured (64k tokens x 8192): it keeps that message's bandwidth, with no NaN and
+    no jump (it was NaN, and the replay stopped with an event 'at nan')."""
+    d = Deployment("llama-3.1-70b", "a800-80gb", speed=KernelTables(), tensor_parallel=8)
+    kc = KernelCost(d)
+    edge = 65536
+    at, past, far = (kc.prefill_times_s(n, 0)[0] for n in (edge, edge + 1, 2 * edge))
+    assert np.isfinite(far) and far > past > at
+    assert past == pytest.approx(at, rel=1e-3)
+    ar = kc.kernels.allreduce_s(np.array([edge, 2.0 * edge]))[0]
+    assert ar[1] == pytest.approx(2 * ar[0], rel=1e-3)  # bandwidth-bound: twice the message
+    r = simulate(
+        Trace("long", (Request(0.0, 87_169, 4, _ids(1, 171)),), source="test", generated=True),
+        arch="colocated",
+        model="llama-3.1-70b",
+        hardware="a800-80gb",
+        tensor_parallel=8,
+        efficiency="measured",
+        scheduler="prefill-first",
+        prefill_workers=1,
+        decode_workers=0,
+    )
+    assert r.summary()["requests_completed"] == 1 and r.summary()["steps_priced_outside_tables"]
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -9,6 +9,10 @@ import math
 import numpy as np
 
 from .. import fmt, prefix
+from ..deployment import Deployment, KernelTables
+from ..hardware import get_device
+from ..models import get_model
+from ..prefix import latency
 from ..traces import trace_or_generated, trace_stats
 from ..viz.i18n import t
 from .lang import pick
@@ -78,6 +82,43 @@ def shared_requests_words(shared: int, requests: int) -> str:
     )
 
 
+#: The decode batch the latency figure's TPOT is priced at (kvlab.prefix.latency's default).
+LATENCY_BATCH = 16
+
+
+def latency_conditions(trace=None) -> dict:
+    """What the TTFT/TPOT figure assumes, and the same figure's numbers with step times from
+    measured kernels instead of the ceiling. The kernel tables cover prompts and decode
+    contexts up to a length, so both speeds are given on the requests they cover (an
+    unlimited LRU cache, KV resident in HBM, each request alone, no queueing)."""
+    trace = trace_or_generated("conversation") if trace is None else trace
+    inputs, outputs = trace.input_tokens, trace.output_tokens
+    hits = prefix.replay(trace, math.inf).hit_tokens_per_request
+    context = latency.mean_decode_context(inputs, outputs)
+    ceiling = latency.default_deployment()
+    measured = Deployment(ceiling.model, ceiling.hardware, speed=KernelTables())
+    out = {}
+    for name, d in (("ceiling", ceiling), ("measured", measured)):
+        out[name] = {
+            "no_cache": latency.ttft_s(d, inputs, 0),
+            "hbm": latency.ttft_s(d, inputs, hits),
+            "tpot": latency.tpot_s(d, context, LATENCY_BATCH),
+        }
+    m = out["measured"]
+    covered = ~(np.isnan(m["no_cache"]) | np.isnan(m["hbm"]) | np.isnan(m["tpot"]))
+    return {
+        "model": get_model(latency.DEFAULT_MODEL).display_name,
+        "device": get_device(latency.DEFAULT_HARDWARE).display_name,
+        "covered_share": float(covered.mean()),
+        "covered_max_prompt": int(inputs[covered].max()),
+        **{
+            f"{name}_{k}_s": float(v[covered].mean())
+            for name, runs in out.items()
+            for k, v in runs.items()
+        },
+    }
+
+
 def numbers() -> dict[str, str]:
     from ..viz.prefix_panels import SWEEP_VALUES
 
@@ -107,6 +148,22 @@ def numbers() -> dict[str, str]:
             "gap_share": fmt.percent(gap["share_of_blocks"]),
             "gap_lru": fmt.percent(gap["lru"]),
             "gap_length_aware": fmt.percent(gap["length-aware"]),
+        }
+    )
+    lc = latency_conditions(conv)
+    out.update(
+        {
+            "lat_setup": pick(
+                f"{lc['model']} on one {lc['device']}", f"单块 {lc['device']} 上的 {lc['model']}"
+            ),
+            "lat_batch": fmt.fixed(LATENCY_BATCH, 0),
+            "lat_covered": fmt.percent(lc["covered_share"]),
+            "lat_covered_max": fmt.fixed(lc["covered_max_prompt"], 0),
+            **{
+                f"lat_{name}_{k}": fmt.seconds(lc[f"{name}_{k}_s"])
+                for name in ("ceiling", "measured")
+                for k in ("no_cache", "hbm", "tpot")
+            },
         }
     )
     p = panels()

@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import metrics
 from ..cost import kv_bytes_per_token
-from ..deployment import Deployment
+from ..deployment import Deployment, KernelTables
 from ..hardware import get_device, get_tier
 from ..prefix.pools import global_vs_local
 from ..sim import ARCHS, SimConfig, make_cost, simulate, trace_at_rate, trace_slice
@@ -60,6 +60,11 @@ def _config(config, overrides) -> SimConfig:
     return dataclasses.replace(config, **overrides) if overrides else config
 
 
+#: FAST'25's yardstick (kvlab.metrics.effective_request_capacity): TTFT within 30 s and the
+#: mean of a request's slowest tenth of gaps within each limit.
+FAST25_TTFT_SLO_S, FAST25_TBT_SLOS_S = 30.0, metrics.MOONCAKE_TBT_SLOS_S
+
+
 def compare_architectures(
     trace=None,
     start_s: float = 0.0,
@@ -74,7 +79,9 @@ def compare_architectures(
 
     Returns {"trace", "generated", "requests", "archs", "summary": {arch: summary dict},
     "quantiles": percent grid (0..100), "ttft_s" / "tpot_s" / "itl_s": {arch: values at
-    those percentiles} (plot-ready CDFs), "slo_curve": {arch: {"tbt_slo_s", "attainment"}}}.
+    those percentiles} (plot-ready CDFs), "slo_curve": {arch: {"tbt_slo_s", "attainment"}},
+    "fast25_tbt_slos_s", "fast25_capacity": {arch: FAST'25's effective request capacity at
+    each of its TBT limits}}.
     """
     sliced = _slice(trace, start_s, duration_s)
     base = _config(config, overrides)
@@ -89,6 +96,8 @@ def compare_architectures(
         "tpot_s": {},
         "itl_s": {},
         "slo_curve": {},
+        "fast25_tbt_slos_s": list(FAST25_TBT_SLOS_S),
+        "fast25_capacity": {},
     }
     for arch in archs:
         r = simulate(
@@ -104,6 +113,11 @@ def compare_architectures(
         for name in metrics.REQUEST_DTYPE.names:
             view[name] = r.records[name]
         out["slo_curve"][arch] = metrics.slo_curve(view, ttft_slo_s)
+        measured = view[r.measured]
+        out["fast25_capacity"][arch] = [
+            metrics.effective_request_capacity(measured, FAST25_TTFT_SLO_S, limit)
+            for limit in FAST25_TBT_SLOS_S
+        ]
     return out
 
 
@@ -445,6 +459,8 @@ LOAD_VARIANTS = {
 #: Summary figures stored at every (variant, rate) of `load_sweep`.
 LOAD_KEYS = (
     "slo_attainment",
+    "ttft_slo_attainment",
+    "tbt_slo_attainment",
     "goodput_requests_per_s",
     "ttft_p50_s",
     "ttft_p90_s",
@@ -457,6 +473,20 @@ LOAD_KEYS = (
     "requests_completed",
     "preemptions",
 )
+
+
+#: Each role's mean share of the run its GPUs spent computing (kvlab.sim results' workers).
+BUSY_KEYS = ("prefill_busy_share", "decode_busy_share", "colocated_busy_share")
+
+
+def busy_shares(result) -> dict:
+    """{role_busy_share: mean over that role's GPUs} (NaN for a role the cluster lacks)."""
+    out = {}
+    for key in BUSY_KEYS:
+        role = key.removesuffix("_busy_share")
+        shares = [w["busy_share"] for w in result.workers if w["role"] == role]
+        out[key] = float(np.mean(shares)) if shares else math.nan
+    return out
 
 
 def capacity_ttft_slo_s(sliced, config: SimConfig) -> float:
@@ -542,11 +572,273 @@ def load_sweep(
                 "link",
             )
         }
-        grid = {k: np.full(len(rates), np.nan) for k in keys}
+        grid = {k: np.full(len(rates), np.nan) for k in (*keys, *BUSY_KEYS)}
         for i, tr in enumerate(played):
-            s = simulate(tr, cfg).summary()
-            for k in keys:
+            r = simulate(tr, cfg)
+            s = {**r.summary(), **busy_shares(r)}
+            for k in (*keys, *BUSY_KEYS):
                 grid[k][i] = np.nan if s.get(k) is None else s[k]
         out["metrics"][name] = grid
         out["saturation"][name] = saturation_rate(rates, grid["slo_attainment"])
+    return out
+
+
+# ------------------------------------------------------------- schedulers and preemption
+#: The engine schedulers on the colocated cluster: a name and what it changes. Chunked at
+#: the engine's budget for the GPU (None: vLLM's) and at smaller ones.
+SCHEDULER_VARIANTS = {
+    "prefill-first": dict(scheduler="prefill-first", chunk_tokens=None),
+    "chunked": dict(scheduler="chunked", chunk_tokens=None),
+    "chunked-2048": dict(scheduler="chunked", chunk_tokens=2048),
+    "chunked-512": dict(scheduler="chunked", chunk_tokens=512),
+    "decode-first": dict(scheduler="decode-first", chunk_tokens=None),
+}
+#: Summary figures stored per scheduler or preemption run.
+RUN_KEYS = (
+    "ttft_p50_s",
+    "ttft_p90_s",
+    "tpot_p50_s",
+    "itl_p50_s",
+    "itl_p99_s",
+    "e2e_p90_s",
+    "queue_p90_s",
+    "slo_attainment",
+    "throughput_tokens_per_s",
+    "preemptions",
+    "requests_preempted",
+    "swapped_bytes",
+    "requests_completed",
+)
+
+
+def _keep(summary: dict, keys=RUN_KEYS) -> dict:
+    return {k: summary.get(k) for k in keys}
+
+
+def schedulers(
+    trace=None,
+    start_s: float = 0.0,
+    duration_s: float = 600.0,
+    variants=None,
+    config: SimConfig | None = None,
+    **overrides,
+) -> dict:
+    """The colocated cluster of `config` under each engine scheduler on one slice: what a
+    GPU runs per iteration decides who waits (kvlab.sim.schedulers). Returns {"trace",
+    "generated", "requests", "variants", "chunk_tokens": {name: budget}, "summary": {name:
+    RUN_KEYS and `worst_gaps`}}."""
+    sliced = _slice(trace, start_s, duration_s)
+    base = dataclasses.replace(_config(config, overrides), arch="colocated")
+    variants = dict(SCHEDULER_VARIANTS if variants is None else variants)
+    out = {
+        "trace": sliced.label,
+        "generated": sliced.generated,
+        "requests": len(sliced),
+        "variants": list(variants),
+        "chunk_tokens": {},
+        "summary": {},
+    }
+    for name, change in variants.items():
+        cfg = dataclasses.replace(base, **change)
+        out["chunk_tokens"][name] = cfg.resolved().chunk_tokens
+        r = simulate(sliced, cfg)
+        out["summary"][name] = {**_keep(r.summary()), **worst_gaps(r)}
+    return out
+
+
+def worst_gaps(result) -> dict:
+    """Percentiles over finished requests of each one's longest token gap: a stall that
+    hits few gaps (a p99 over all gaps misses it) but most requests once."""
+    worst = result.records["itl_max_s"][result.done]
+    worst = worst[np.isfinite(worst)]
+    return {
+        f"worst_gap_p{q}_s": float(np.percentile(worst, q)) if worst.size else math.nan
+        for q in (50, 90)
+    }
+
+
+#: The share of HBM the preemption runs give the engine (vLLM's gpu_memory_utilization):
+#: an 8B model's weights leave room for the KV of only a few long conversations.
+PREEMPTION_MEMORY_FRACTION = 0.3
+
+
+def preemption(
+    trace=None,
+    start_s: float = 0.0,
+    duration_s: float = 600.0,
+    memory_fraction: float = PREEMPTION_MEMORY_FRACTION,
+    config: SimConfig | None = None,
+    **overrides,
+) -> dict:
+    """The colocated cluster with little KV room, once with each preemption mode: when a step
+    finds no free block the newest sequence is dropped and prefilled again later
+    ("recompute"), or its KV goes to host memory and comes back ("swap"). Returns
+    {"trace", "generated", "requests", "memory_fraction", "kv_room_tokens" (per GPU),
+    "roomy": the same slice with the config's own memory, "recompute", "swap": RUN_KEYS}."""
+    sliced = _slice(trace, start_s, duration_s)
+    base = dataclasses.replace(_config(config, overrides), arch="colocated")
+    tight = dataclasses.replace(base, memory_fraction=memory_fraction)
+    r = tight.resolved()
+    d = Deployment(r.model, r.hardware, r.weight_dtype, r.kv_dtype, tensor_parallel=1)
+    room = get_device(r.hardware).capacity_bytes * memory_fraction - d.weight_bytes
+    out = {
+        "trace": sliced.label,
+        "generated": sliced.generated,
+        "requests": len(sliced),
+        "memory_fraction": memory_fraction,
+        "kv_room_tokens": room / d.kv_bytes_per_token,
+        "roomy": _keep(simulate(sliced, base).summary()),
+    }
+    for mode in ("recompute", "swap"):
+        out[mode] = _keep(simulate(sliced, dataclasses.replace(tight, preemption=mode)).summary())
+    return out
+
+
+def cache_bound(trace=None, start_s: float = 0.0, duration_s=None, limit=None, warmup_s=0.0):
+    """The most any prefix cache could serve of a slice's measured prompt tokens (an infinite
+    cache that has seen the lead-in): how cold or warm a slice is."""
+    from ..prefix.blocks import BlockPrefixCache
+    from ..prompt import served_from_blocks
+
+    trace = trace_or_generated("conversation") if trace is None else load_trace(trace)
+    sliced = trace_slice(trace, start_s, duration_s, limit, warmup_s)
+    cache = BlockPrefixCache(math.inf)
+    hits = [cache.access(r.hash_ids) for r in sliced.requests]
+    measured = sliced.input_tokens[sliced.lead_in :]
+    served = served_from_blocks(np.asarray(hits[sliced.lead_in :]), sliced.block_tokens, measured)
+    return float(np.sum(served) / np.sum(measured))
+
+
+# ------------------------------------------------------------------ Mooncake's regime
+#: The window of the conversation trace replayed in Mooncake's regime: ten minutes after a
+#: ten-minute lead-in that fills the caches, at the trace's own timestamps.
+MOONCAKE_START_S, MOONCAKE_DURATION_S, MOONCAKE_WARMUP_S = 1200.0, 600.0, 600.0
+#: The systems compared there (kvlab.sim.experiments.fast25_systems).
+MOONCAKE_SYSTEMS = ("mooncake", "vllm")
+
+
+def mooncake_regime(
+    trace=None,
+    start_s: float = MOONCAKE_START_S,
+    duration_s: float = MOONCAKE_DURATION_S,
+    warmup_s: float = MOONCAKE_WARMUP_S,
+    nodes: int | None = None,
+    systems=MOONCAKE_SYSTEMS,
+    fit: bool = True,
+) -> dict:
+    """FAST'25's end-to-end experiment on a window of the conversation trace: 16 nodes per
+    system (8xA800, LLaMA3-70B at TP8), Mooncake 8P+8D against vLLM 0.5 (16 instances),
+    effective request capacity at FAST'25's three TBT limits. Run twice: with step times
+    from measured kernels alone ("kernels"), and with the host time per iteration that makes
+    kvlab's Mooncake as slow between tokens as the paper's ("fitted", `fit=True`).
+
+    Returns {"trace", "generated", "requests" (measured), "warmup_requests", "nodes",
+    "prefill_nodes", "ttft_slo_s", "tbt_slos_s", "published" (kvlab.published.mooncake
+    "fast25_conversation"), "step_overhead_s", "kernels"/"fitted": {system: {"capacity"
+    (per limit), "gain" (Mooncake's over this system's, per limit), "tbt_s" (each
+    request's slowest-10% mean, sorted), "median_tbt_s", "prefix_hit_ratio", "ttft_p90_s",
+    "tpot_p50_s", "prefill_busy_share", "decode_busy_share"}}, "prefill_s", "decode_step_s"
+    (a prefill of the window's median prompt and one decode step at batch 8 and that
+    context, on one instance, from the kernels)}."""
+    from .. import cost
+    from ..published import mooncake
+    from ..sim import experiments as ex
+
+    trace = trace_or_generated("conversation") if trace is None else load_trace(trace)
+    sliced = trace_slice(trace, start_s, duration_s, None, warmup_s)
+    configs = ex.fast25_systems(nodes)
+    configs = {k: configs[k] for k in systems}
+    pub = mooncake("fast25_conversation")
+    slos = mooncake("fast25_testbed")["tbt_slos_s"]
+    moon = configs["mooncake"]
+    out = {
+        "trace": sliced.label,
+        "generated": sliced.generated,
+        "requests": len(sliced) - sliced.lead_in,
+        "warmup_requests": sliced.lead_in,
+        "nodes": moon.instances,
+        "prefill_nodes": moon.prefill_workers,
+        "ttft_slo_s": moon.ttft_slo_s,
+        "tbt_slos_s": list(slos),
+        "published": pub,
+        "step_overhead_s": 0.0,
+    }
+
+    def record(results: dict) -> dict:
+        rows = {}
+        for name, r in results.items():
+            s = r.summary()
+            rows[name] = {
+                "capacity": ex.capacities(r, configs[name].ttft_slo_s, slos),
+                "tbt_s": ex.tbt_per_request_s(r),
+                "median_tbt_s": ex.median_tbt_s(r),
+                "prefix_hit_ratio": s["prefix_hit_ratio"],
+                "ttft_p90_s": s["ttft_p90_s"],
+                "tpot_p50_s": s["tpot_p50_s"],
+                **busy_shares(r),
+            }
+        for row in rows.values():
+            row["gain"] = [
+                m / b - 1 if b > 0 else math.inf
+                for m, b in zip(rows["mooncake"]["capacity"], row["capacity"], strict=True)
+            ]
+        return rows
+
+    kernels = {k: simulate(sliced, c) for k, c in configs.items()}
+    out["kernels"] = record(kernels)
+    if fit:
+        found = ex.fit_step_overhead(sliced, moon, pub["mooncake_median_tbt_s"])
+        out["step_overhead_s"] = found.step_overhead_s
+        fitted = {"mooncake": found.result}
+        for k, c in configs.items():
+            if k != "mooncake":
+                fitted[k] = simulate(
+                    sliced, dataclasses.replace(c, step_overhead_s=found.step_overhead_s)
+                )
+        out["fitted"] = record(fitted)
+    d = Deployment(
+        moon.model, moon.hardware, speed=KernelTables(), tensor_parallel=moon.tensor_parallel
+    )
+    context = int(np.median(sliced.input_tokens[sliced.lead_in :]))
+    out["context"] = context
+    out["prefill_s"] = cost.prefill(d, context).time_s
+    out["decode_step_s"] = cost.decode_step(d, 8, context).step_time_s
+    return out
+
+
+def report_runs(requests: int = 200, workloads=None) -> dict:
+    """The Mooncake arXiv report's comparison (section 8.1.1): Mooncake-[3P+1D] against
+    vLLM-[4M] on each public-data workload (kvlab.sim.experiments), SLOs at 10x / 5x the
+    lowest rate's P90 TTFT / TBT, throughput = the highest rate within both.
+
+    Returns {workload: {"text" (its spec, rate R), "lowest_rate_per_s", "ttft_slo_s",
+    "tbt_slo_s", "hits" {system: prefix hit ratio at the lowest rate}, "throughput"
+    {system: requests/s}, "gain", "published_gain"}}."""
+    from ..published import mooncake
+    from ..sim import experiments as ex
+
+    systems = ex.report_systems()
+    out = {}
+    for name in workloads or ex.REPORT_WORKLOADS:
+        pub = mooncake(ex.REPORT_KEYS[name])
+        low = pub["lowest_rate_per_s"]
+
+        def at(rate, name=name):
+            return ex.report_workload(name, rate, requests)
+
+        light = {k: simulate(at(low), c).summary() for k, c in systems.items()}
+        ttft, tbt = ex.report_slos(light)
+        found = {k: ex.p90_throughput(c, at, ttft, tbt, low).rate_per_s for k, c in systems.items()}
+        out[name] = {
+            "text": ex.REPORT_WORKLOADS[name]
+            .replace("{rate:g}", "R")
+            .format(requests=requests, seed=0),
+            "lowest_rate_per_s": low,
+            "ttft_slo_s": ttft,
+            "tbt_slo_s": tbt,
+            "hits": {k: s["prefix_hit_ratio"] for k, s in light.items()},
+            "throughput": found,
+            "gain": found["mooncake-3p1d"] / found["vllm-4m"] - 1,
+            "published_gain": pub["gain"],
+        }
     return out

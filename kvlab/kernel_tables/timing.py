@@ -254,8 +254,14 @@ class Kernels:
 
     def _all_reduce_call_s(self, elements):
         """(seconds, in range) of one all-reduce of `elements` bf16 values: the table's,
-        floored at this device's own link where the tables are another device's."""
-        t, ok = self.all_reduce(elements)
+        floored at this device's own link where the tables are another device's. Past the
+        largest message measured (a pass of ~64k tokens on a 70B model) the ring is
+        bandwidth-bound: the time grows in proportion to the message at the bandwidth that
+        largest message reached (out of range, so the step counts as outside the tables)."""
+        curve = self.all_reduce
+        t, ok = curve(elements)
+        e = np.asarray(elements, dtype=float)
+        t = np.where(e > curve.hi, float(curve.y[-1]) / curve.hi * e, t)
         if self.link_s_per_element:
             floor = float(self.all_reduce.y[0]) + elements * self.link_s_per_element
             t = np.where(np.isnan(t), np.nan, np.maximum(t, floor))

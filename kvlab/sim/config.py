@@ -243,6 +243,15 @@ class SimConfig:
         flag="--scheduling-delay-slo",
         metavar="S",
     )
+    step_overhead_s: float = _f(
+        0.0,
+        "host seconds each engine iteration adds to its GPU time (the CPU scheduling, "
+        "sampling and launches between steps that kernel tables leave out; 0 = the GPU's "
+        "time only); fit to a published engine with bench/peers/mooncake_repro.py",
+        kind="number",
+        flag="--step-overhead",
+        metavar="S",
+    )
     step_jitter: float = _f(
         0.0,
         "coefficient of variation of every GPU step's time (0 = exact ledger times)",
@@ -328,6 +337,9 @@ class SimConfig:
             maximum=1e15,
         )
         check_number("step_jitter", self.step_jitter, minimum=0, allow_equal_min=True, maximum=10)
+        check_number(
+            "step_overhead_s", self.step_overhead_s, minimum=0, allow_equal_min=True, maximum=10
+        )
         check_number("ttft_slo_s", self.ttft_slo_s, maximum=1e9)
         check_number("tbt_slo_s", self.tbt_slo_s, maximum=1e9)
         check_number("scheduling_delay_slo_s", self.scheduling_delay_slo_s, maximum=1e9)

@@ -5,7 +5,8 @@ SimConfig's cost knobs (model, GPU, dtypes, speed, remote KV's link) into a `Dep
 at the ceiling, divided by the efficiency); `KernelTables()` gives `KernelCost`
 (kvlab/sim/kernel_cost.py: every operator timed from published kernel tables). Another
 model plugs in here (see the costs module for the four questions it must answer). Both
-are shared per configuration, so that sweeps reuse their tables and memos.
+are shared per configuration, so that sweeps reuse their tables and memos. A config's
+`step_overhead_s` wraps either in `HostOverhead` (the host's time between steps).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import functools
 
 from ..deployment import Deployment, parse_speed
-from .costs import LedgerCost
+from .costs import HostOverhead, LedgerCost
 from .kernel_cost import KernelCost
 
 
@@ -32,7 +33,9 @@ def config_deployment(config) -> Deployment:
 def make_cost(config) -> LedgerCost:
     """The step-time model of a (resolved) SimConfig."""
     remote = config.link if config.remote_kv else None
-    return _cost(config_deployment(config), remote, config.link_efficiency, config.max_batch)
+    cost = _cost(config_deployment(config), remote, config.link_efficiency, config.max_batch)
+    overhead_s = getattr(config, "step_overhead_s", 0.0)
+    return HostOverhead(cost, overhead_s) if overhead_s else cost
 
 
 @functools.lru_cache(maxsize=16)

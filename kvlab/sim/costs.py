@@ -256,3 +256,38 @@ class BenchCost(LedgerCost):
         if batch:
             time_s += float(self.decode_times_s(batch, mean_context))
         return float(time_s)
+
+
+class HostOverhead:
+    """Another cost object's steps plus a fixed host time per engine iteration: the CPU's
+    scheduling, sampling and kernel launches between steps, which GPU-side kernel tables
+    leave out (vLLM's v0.6 release measured most of a small model's step on the CPU). Every
+    priced iteration (a decode step, a fused or prefill-only pass, a prefill worker's
+    prompt) lasts `overhead_s` longer; everything else is the wrapped object's."""
+
+    def __init__(self, inner, overhead_s: float):
+        check_number("step overhead", overhead_s, minimum=0, allow_equal_min=True, maximum=10)
+        self.inner, self.overhead_s = inner, float(overhead_s)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    @property
+    def source(self) -> str:
+        src = getattr(self.inner, "source", type(self.inner).__name__)
+        return f"{src}; plus {self.overhead_s * 1e3:g} ms of host time per iteration"
+
+    def decode_times_s(self, batch: int, mean_context):
+        return self.inner.decode_times_s(batch, mean_context) + self.overhead_s
+
+    def remote_decode_times_s(self, batch: int, mean_context):
+        times, network = self.inner.remote_decode_times_s(batch, mean_context)
+        return times + self.overhead_s, network
+
+    def prefill_times_s(self, prompt_tokens, cached_tokens):
+        time_s, compute, memory = self.inner.prefill_times_s(prompt_tokens, cached_tokens)
+        return time_s + self.overhead_s, compute, memory
+
+    def iteration_time_s(self, batch: int, mean_context, chunks) -> float:
+        t = self.inner.iteration_time_s(batch, mean_context, chunks)
+        return t + self.overhead_s if chunks or batch else t

@@ -24,7 +24,8 @@ Outside a table's measured range nothing is silently extrapolated: the operator 
 the efficiency (measured time over its max(bytes/bandwidth, FLOPs/peak) ceiling) that its
 table shows at the nearest size it covers (for decode attention: the same batch at the
 longest context measured; for a prefill: the longest fresh prompt every table covers),
-and the run counts those step prices (`steps_priced_outside_tables` in its summary). The
+and the run counts those step prices (`steps_priced_outside_tables` in its summary); an
+all-reduce past its largest message keeps that message's bandwidth. The
 generation tables stop at batch x context ~ 0.5 M tokens, so long-context batches do
 leave them; decode attention there is memory-bound, so holding its efficiency is what a
 longer read does.
@@ -161,8 +162,10 @@ class KernelCost(LedgerCost):
             if op.name == "attention":
                 continue
             r = refs[op.name]  # small kernels have no ceiling and no range to leave
-            ratio = float(r.measured_s) / float(r.ceiling_s) if float(r.ceiling_s) > 0 else 0.0
-            beyond = np.asarray(op.ceiling_s, float) * ratio
+            if float(r.ceiling_s) > 0:
+                beyond = np.asarray(op.ceiling_s, float) * float(r.measured_s) / float(r.ceiling_s)
+            else:  # no ceiling of its own (the all-reduce): its table extrapolates itself
+                beyond = np.asarray(op.measured_s, float)
             inside = np.broadcast_to(np.asarray(op.in_range, dtype=bool), tokens.shape)
             total = total + np.where(inside, np.asarray(op.measured_s, float), beyond)
         return total.tolist()
@@ -262,6 +265,10 @@ def _sum(step, refs, skip: str = "", only: str = "") -> tuple[float, bool]:
             total += float(op.measured_s)
             continue
         ref = by_name.get(op.name)
+        if op.kind == "allreduce" and bool(np.all(np.isfinite(op.measured_s))):
+            total += float(op.measured_s)  # past its table: bandwidth-bound (kernel_tables)
+            outside = True
+            continue
         if ref is None or not bool(np.all(ref.in_range)) or float(ref.ceiling_s) <= 0:
             raise KvlabError(f"{op.name}: {op.limit}, and no measured size to scale from")
         total += float(op.ceiling_s) * float(ref.measured_s) / float(ref.ceiling_s)

@@ -563,3 +563,98 @@ def token_stream_figure(data: dict):
         fig.xaxis.formatter = style.seconds_ticks()
         figs.append(fig)
     return column(*figs)
+
+
+# ------------------------------------------------------------- schedulers
+def scheduler_figure(data: dict):
+    """What each engine scheduler costs the first token (TTFT p90) and buys the gaps
+    between tokens (the p90 over requests of each one's worst gap); `data` from
+    kvlab.book.sim_runs.schedulers."""
+    from bokeh.layouts import row
+    from bokeh.models import ColumnDataSource
+
+    names = data["variants"]
+    s = data["summary"]
+    src = ColumnDataSource(
+        {
+            "scheduler": names,
+            "ttft": [s[n]["ttft_p90_s"] for n in names],
+            "gap": [s[n]["worst_gap_p90_s"] for n in names],
+        }
+    )
+    figs = []
+    for column, title, color in (
+        ("ttft", "TTFT p90", style.VERMILION),
+        ("gap", "a request's worst gap, p90", style.BLUE),
+    ):
+        fig = style.new_figure(
+            f"{title}: {data['trace']}",
+            "seconds",
+            "",
+            y_range=names[::-1],
+            x_range=style.from_zero(),
+            width=340,
+            height=240,
+        )
+        bars = fig.hbar(y="scheduler", right=column, height=0.6, color=color, source=src)
+        fig.xaxis.formatter = style.seconds_ticks()
+        style.hover(fig, [("", "@scheduler"), (title, f"@{column}{{0.000}} s")], [bars])
+        figs.append(fig)
+    return row(*figs)
+
+
+# ------------------------------------------------------------- Mooncake's regime
+#: Line styles of the two step-time models in the Mooncake-regime figure.
+STEP_MODELS = (("kernels", "solid", "kernels only"), ("fitted", "dashed", "with host time"))
+SYSTEM_COLORS = {"mooncake": style.BLUE, "vllm": style.GREY}
+
+
+def mooncake_figure(data: dict):
+    """FAST'25's Figure 1 redrawn by kvlab: the share of requests whose TBT (the mean of their
+    slowest 10% of gaps) stays under each limit, Mooncake against vLLM, with step times
+    from kernels alone and with the fitted host time; the three limits marked. `data` from
+    kvlab.book.sim_runs.mooncake_regime."""
+    from bokeh.models import Span
+
+    fig = style.new_figure(
+        f"Effective request capacity: {data['trace']}",
+        "TBT limit (mean of the slowest 10% of gaps), log scale",
+        "share of requests",
+        x_axis_type="log",
+        y_range=(0, 1),
+        height=320,
+    )
+    renderers = []
+    for col, dash, how in STEP_MODELS:
+        if col not in data:
+            continue
+        for name, row in data[col].items():
+            tbt = np.asarray(row["tbt_s"], dtype=float)
+            tbt = tbt[tbt > 0]
+            if not tbt.size:
+                continue
+            share = np.arange(1, tbt.size + 1) / data["requests"]
+            renderers.append(
+                fig.line(
+                    tbt,
+                    share,
+                    color=SYSTEM_COLORS.get(name, style.ORANGE),
+                    line_dash=dash,
+                    width=2.5,
+                    legend_label=f"{name}, {how}",
+                )
+            )
+    for limit in data["tbt_slos_s"]:
+        fig.add_layout(
+            Span(
+                location=limit,
+                dimension="height",
+                line_color=style.VERMILION,
+                line_dash="dotted",
+                line_width=1.5,
+            )
+        )
+    fig.xaxis.formatter = style.seconds_ticks()
+    fig.yaxis.formatter = style.percent_ticks()
+    fig.legend.location = "bottom_right"
+    return fig
