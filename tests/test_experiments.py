@@ -16,7 +16,7 @@ from kvlab.errors import KvlabError
 from kvlab.published import mooncake
 from kvlab.sim import SimConfig, simulate
 from kvlab.sim import experiments as ex
-from kvlab.traces_gen import generate_trace, poisson_trace
+from kvlab.traces.generate import generate_trace, poisson_trace
 
 KV_70B = 80 * 8 * 128 * 2 * 2  # layers x KV heads x head dim x (K, V) x fp16 bytes
 

@@ -236,7 +236,7 @@ REPORT_KEYS = {"arxiv-summarization": "report_arxiv_summarization", "l-eval": "r
 
 def report_workload(name: str, rate_per_s: float, requests: int = 200, seed: int = 0):
     """One of REPORT_WORKLOADS at a rate (a generated Trace)."""
-    from ..traces_gen import poisson_trace
+    from ..traces.generate import poisson_trace
 
     if name not in REPORT_WORKLOADS:
         raise KvlabError(f"unknown report workload {name!r}; valid: {', '.join(REPORT_WORKLOADS)}")

@@ -362,7 +362,7 @@ ZH: dict[str, str] = {
     "decode step reading it remotely": "远程读取它的解码步",
     "@kind on @worker": "@kind（@worker）",
     "@tokens{0,0} tokens (@gb{0.0} GB for Llama 3.1 8B)": "@tokens{0,0} token（Llama 3.1 8B 为 @gb{0.0} GB）",
-    # ------------------------------------------ past the per-user ceiling (levers_panels.py)
+    # ------------------------------------------ past the per-user ceiling (past_the_ceiling.py)
     "Acceptance per drafted token": "每个草稿 token 的接受率",
     "Drafted tokens per round (K)": "每轮草稿 token 数（K）",
     "Model, GPUs and drafter": "模型、GPU 与草稿器",
