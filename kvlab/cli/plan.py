@@ -45,9 +45,9 @@ def register(sub) -> None:
         "split, scheduler and token budget, batch cap, prefix cache and pool, GPU type) for the "
         "one that serves the workload at the SLOs with the most requests/s per GPU (per dollar "
         "with --price). Each design's capacity is its saturation rate: the highest arrival rate "
-        "at which the attainment target of requests meets both SLOs, found by bisection in the "
-        "simulator. Designs that cannot fit in memory are pruned first. Runs on every core, or "
-        "on Ray with --ray.",
+        "at which the attainment target of requests meets both SLOs, found by the simulator's "
+        "saturation search (bracket, then bisect the rate). Designs that cannot fit in memory "
+        "are pruned first. Runs on every core, or on Ray with --ray.",
     )
     p.add_argument(
         "workload",
@@ -123,7 +123,7 @@ def register(sub) -> None:
         type=count,
         default=1,
         metavar="K",
-        help="consecutive slices; the saturation is their median, with its spread (default 1)",
+        help="consecutive slices; the saturation is their mean, with its spread (default 1)",
     )
     j = p.add_argument_group("evaluation")
     j.add_argument("--weight-dtype", default="fp16", metavar="DTYPE")
@@ -140,7 +140,7 @@ def register(sub) -> None:
         type=number,
         default=DEFAULT_TOLERANCE,
         metavar="F",
-        help=f"bisection stops when its bracket is this share of its top (default "
+        help=f"the rate search stops when its bracket is this share of its top (default "
         f"{DEFAULT_TOLERANCE:g})",
     )
     s = p.add_argument_group("design space (comma-separated lists)")
