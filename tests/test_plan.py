@@ -587,3 +587,20 @@ def test_a_saved_plan_loads_back(tmp_path, serial_plan):
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(KvlabError, match="not a kvlab plan"):
         load_plan(tmp_path / "bad.json")
+
+
+def test_a_warm_up_leads_each_slice_in_with_the_requests_before_it():
+    """--warmup S: each slice keeps its measured requests and is led in by those of the S
+    seconds before it (they run, they are not measured); a cold slice has no lead-in."""
+    longer = WORKLOAD.replace("requests=160,seed=3", "requests=240,seed=5")
+    cold = Workload(longer, start_s=20.0, requests=60).traces()[0]
+    warm = Workload(longer, start_s=20.0, requests=60, warmup_s=10.0).traces()[0]
+    assert cold.lead_in == 0 and len(cold) == 60
+    # Poisson at 4 requests/s: about 40 requests in the 10 s before the slice
+    assert 20 < warm.lead_in < 60 and len(warm) - warm.lead_in == 60
+    measured = warm.requests[warm.lead_in :]
+    assert [r.input_tokens for r in measured] == [r.input_tokens for r in cold.requests]
+    assert warm.requests[warm.lead_in - 1].arrival_s <= measured[0].arrival_s
+    assert Workload(longer, warmup_s=10.0).to_dict()["warmup_s"] == 10.0
+    with pytest.raises(KvlabError, match="warm-up"):
+        Workload(longer, warmup_s=-1.0)

@@ -112,6 +112,14 @@ def register(sub) -> None:
     w = p.add_argument_group("workload")
     w.add_argument("--start", type=number, default=0.0, metavar="S", help="seconds into the trace")
     w.add_argument(
+        "--warmup",
+        type=number,
+        default=0.0,
+        metavar="S",
+        help="lead each slice in with the requests of the S seconds before it: they run (prefix "
+        "caches fill) but are not measured (default 0: a cold start)",
+    )
+    w.add_argument(
         "--requests",
         type=count,
         default=DEFAULT_REQUESTS,
@@ -253,7 +261,7 @@ def run(args) -> int:
         int(check_number("seed", args.seed, minimum=0, allow_equal_min=True, integer=True)),
         args.tolerance,
     )
-    workload = Workload(args.workload, args.start, args.requests, args.slices)
+    workload = Workload(args.workload, args.start, args.requests, args.slices, args.warmup)
     space = space_of(args)
     workers = None
     if args.jobs is not None:
@@ -335,7 +343,9 @@ def render(out: dict, top: int = 10) -> str:
     w = out["workload"]
     lines = [
         f"kvlab plan: {out['model']} on {w['trace_name']} ({w['slices']} slice(s) of "
-        f"{w['requests']:,} requests), TTFT <= {seconds(slo['ttft_s'])} and {slo['tbt_stat']} "
+        f"{w['requests']:,} requests"
+        + (f", each after a {seconds(w['warmup_s'])} warm-up" if w.get("warmup_s") else "")
+        + f"), TTFT <= {seconds(slo['ttft_s'])} and {slo['tbt_stat']} "
         f"TBT <= {seconds(slo['tbt_s'])} for {percent(slo['attainment'])} of requests",
         f"{len(out['designs']) + len(out['pruned'])} designs: {len(out['pruned'])} pruned "
         f"(memory), {out['evaluated']} evaluated, {out['reused']} from the resume file; "

@@ -32,6 +32,7 @@ LATENCY_KEYS = (
     "tbt_slo_attainment",
     "prefix_hit_ratio",
     "preemptions",
+    "requests_rejected",
     "busy_share",
 )
 AXES = (
