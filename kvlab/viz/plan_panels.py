@@ -179,8 +179,8 @@ PLAN_READOUT = (
     ("best_per_gpu", "Its requests/s per GPU", "rate"),
     ("best_requests_per_s", "Its requests/s in all", "rate"),
     ("gpus", "GPUs it uses", "count"),
-    ("best_ttft_s", "Its TTFT at saturation (90% of requests within)", "seconds"),
-    ("best_tbt_s", "Its p90 TBT at saturation (90% of requests within)", "seconds"),
+    ("best_ttft_s", "Its TTFT at saturation", "seconds"),
+    ("best_tbt_s", "Its TBT at saturation", "seconds"),
     ("binds", "What binds just past its saturation", "text"),
     ("runner_up", "Runner-up", "text"),
     ("gap", "Runner-up's requests/s per GPU, below the best", "percent"),
@@ -223,7 +223,7 @@ def _bars_figure(src):
 def _front_plot(title: str, source, here=None, height: int = 300):
     fig = style.new_figure(
         title,
-        "TBT target (p90 gap, ms)",
+        "TBT target (ms)",
         "best requests/s per GPU",
         y_range=style.from_zero(),
         height=height,
@@ -288,7 +288,7 @@ def plan_panel(terms: dict, default_model: str, default_traffic: str, default_tb
         ),
         Control(
             "tbt_s",
-            "TBT target (p90 gap)",
+            "TBT target",
             targets,
             default_tbt_s,
             kind="slider",
