@@ -25,6 +25,7 @@ hint where an exercise has none yet).
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import sys
@@ -67,6 +68,9 @@ class Exercise:
     #: catalogues; shown after a wrong estimate. None: not an estimate.
     rough: Callable[[], tuple[float, str, str]] | None = None
     options: tuple[str, ...] = ()  # a choice's letters; () for a number
+    #: A choice that asks which way kvlab will come out before the reader runs it (its
+    #: verdict says "kvlab finds", not "the reason").
+    prediction: bool = False
 
     @property
     def is_choice(self) -> bool:
@@ -117,12 +121,15 @@ def estimate(key: str, unit: str, hint: str, hint_zh: str, rough, of: str):
     _EXERCISES[key] = Exercise(key, unit, ex.expected, hint, ESTIMATE_TOL, hint_zh, rough)
 
 
-def choice(key: str, options: str, hint: str, hint_zh: str):
+def choice(key: str, options: str, hint: str, hint_zh: str, prediction: bool = False):
     """Register the decorated function as the right letter of a multiple-choice question
-    (`options`: its letters, such as "abc"); kvlab computes it where the reason is a number."""
+    (`options`: its letters, such as "abc"); kvlab computes it where the reason is a number.
+    `prediction`: the question asks what kvlab will find, before the reader runs it."""
 
     def register(expected: Callable[[], str]) -> Callable[[], str]:
-        _EXERCISES[key] = Exercise(key, "", expected, hint, 0.0, hint_zh, None, tuple(options))
+        _EXERCISES[key] = Exercise(
+            key, "", expected, hint, 0.0, hint_zh, None, tuple(options), prediction
+        )
         return expected
 
     return register
@@ -780,6 +787,137 @@ def _hit_why():
     return "b" if r.request_hit_rate > 0.9 and r.request_hit_rate > 1.5 * r.token_hit_ratio else "a"
 
 
+# ------------------------------------------------------------------ chapter 6
+#: The planning lab's search: Llama 3.1 70B on 8 H200s (141 GB each: at TP2 the weights now
+#: leave room for KV), one instance shape per tensor-parallel degree (colocated,
+#: prefill-first), the chapter's SLOs and traffic (600 requests from 15 minutes into the
+#: conversation trace).
+LAB_PLAN_MODEL, LAB_PLAN_HARDWARE, LAB_PLAN_GPUS = "llama-3.1-70b", "h200", 8
+LAB_PLAN_TP = (2, 4, 8)
+LAB_PLAN_TTFT_S, LAB_PLAN_TBT_S = 10.0, 0.03
+LAB_PLAN_START_S, LAB_PLAN_REQUESTS = 900.0, 600
+
+
+def lab_plan_trace() -> str:
+    """The conversation trace when this machine has it, else its generated stand-in."""
+    from .traces import find_trace
+
+    return "conversation" if find_trace("conversation") is not None else "generated:conversation"
+
+
+@functools.cache
+def lab_plan() -> dict:
+    """`kvlab plan` as the lab's reader runs it (kvlab.plan.plan, in this process)."""
+    from .plan import Job, Slo, Space, Workload, plan
+
+    return plan(
+        Job(LAB_PLAN_MODEL, Slo(ttft_s=LAB_PLAN_TTFT_S, tbt_s=LAB_PLAN_TBT_S)),
+        Workload(lab_plan_trace(), start_s=LAB_PLAN_START_S, requests=LAB_PLAN_REQUESTS),
+        {LAB_PLAN_HARDWARE: LAB_PLAN_GPUS},
+        Space(archs=("colocated",), schedulers=("prefill-first",), tensor_parallel=LAB_PLAN_TP),
+        runner="serial",
+    )
+
+
+def _lab_per_gpu() -> dict:
+    return {r["tensor_parallel"]: r for r in lab_plan()["designs"]}
+
+
+def _lab_prefill_s(tp: int) -> tuple[float, float]:
+    """(seconds, tokens): the ledger's prefill of the lab slice's median prompt at TP `tp`
+    (all-reduces in)."""
+    from .plan import Workload
+    from .sim.costs import LedgerCost
+
+    slice_ = Workload(lab_plan_trace(), start_s=LAB_PLAN_START_S, requests=LAB_PLAN_REQUESTS)
+    tokens = float(np.median(slice_.traces()[0].input_tokens))
+    d = Deployment(LAB_PLAN_MODEL, LAB_PLAN_HARDWARE, tensor_parallel=tp)
+    return float(np.asarray(LedgerCost(d, max_batch=256).prefill_times_s(tokens, 0.0)[0])), tokens
+
+
+@choice(
+    "ch6.tp_predict",
+    "abc",
+    "what a TP8 step gains over a TP4 step (chapter 2c), and what a slower prefill does to "
+    "TTFT when prompts arrive in bursts",
+    "TP8 的一步比 TP4 快多少（第 2c 章），以及当 prompt 成批到达时，更慢的预填充对 TTFT 意味着什么",
+    prediction=True,
+)
+def _tp_predict():
+    """The tensor-parallel degree of the lab search's best design: a TP2, b TP4, c TP8."""
+    return {2: "a", 4: "b", 8: "c"}[lab_plan()["best"]["tensor_parallel"]]
+
+
+@exercise(
+    "ch6.tp8_over_tp4",
+    "x",
+    "the best TP8 design's requests/s per GPU over the best TP4 design's, both from the search",
+    hint_zh="搜索结果里 TP8 最佳设计的每 GPU 请求/秒，除以 TP4 最佳设计的",
+)
+def _tp8_over_tp4():
+    rows = _lab_per_gpu()
+    return rows[8]["requests_per_s_per_gpu"] / rows[4]["requests_per_s_per_gpu"]
+
+
+def _tp8_rough() -> tuple[float, str, str]:
+    t4, tokens = _lab_prefill_s(4)
+    t8, _ = _lab_prefill_s(8)
+    value = t4 / t8 / 2
+    n, a, b, v = fmt.fixed(tokens, 0), fmt.seconds(t4), fmt.seconds(t8), fmt.sig(value, 3)
+    return (
+        value,
+        f"a TP4 instance prefills the median prompt ({n} tokens) in {a}, a TP8 instance in "
+        f"{b}: {fmt.sig(t4 / t8, 3)}× as fast on twice the GPUs, so per GPU {a} / {b} / 2 ≈ {v}",
+        f"TP4 实例预填充中位数 prompt（{n} 个 token）要 {a}，TP8 实例要 {b}：用两倍的 GPU 只快 "
+        f"{fmt.sig(t4 / t8, 3)} 倍，所以每 GPU 是 {a} / {b} / 2 ≈ {v}",
+    )
+
+
+estimate(
+    "ch6.tp8_over_tp4_estimate",
+    "x",
+    "the ledger's prefill time of the median prompt at TP4 and at TP8 "
+    "(kvlab.sim.costs.LedgerCost), and that a TP8 instance takes twice the GPUs",
+    "账本给出的中位数 prompt 在 TP4 和 TP8 下的预填充时间（kvlab.sim.costs.LedgerCost），"
+    "以及一个 TP8 实例要占两倍的 GPU",
+    _tp8_rough,
+    of="ch6.tp8_over_tp4",
+)
+
+
+@choice(
+    "ch6.tp8_why",
+    "abc",
+    "how much faster a step gets when the same model is split over twice the GPUs",
+    "同一个模型切到两倍的 GPU 上时，一步能快多少",
+)
+def _tp8_why():
+    """(b) when TP8 is not pruned and a TP8 prefill is less than twice as fast as TP4's."""
+    t4, _ = _lab_prefill_s(4)
+    t8, _ = _lab_prefill_s(8)
+    return "b" if 8 in _lab_per_gpu() and t4 / t8 < 2 else "a"
+
+
+@choice(
+    "ch6.tp2_why",
+    "abc",
+    "what binds just past the TP2 design's saturation, and how long one of its instances "
+    "takes to prefill the prompts of a burst",
+    "TP2 设计刚过饱和点时是什么先超限，以及它的一个实例预填充一批 prompt 要多久",
+)
+def _tp2_why():
+    """(b) when TP2 fits, TTFT binds past its saturation, it neither rejects nor preempts at
+    saturation, and per GPU it prefills faster than TP4 (so throughput is not why)."""
+    row = _lab_per_gpu().get(2)
+    if row is None or row["saturation_requests_per_s"] <= 0:
+        return "a"
+    t2, _ = _lab_prefill_s(2)
+    t4, _ = _lab_prefill_s(4)
+    ttft = "ttft" in (row["limit"] or {}).get("binds", "")
+    clean = not row["preemptions"] and not row["requests_rejected"]
+    return "b" if ttft and clean and 2 * t4 / t2 > 1 else "a"
+
+
 def _exercises() -> dict[str, Exercise]:
     return dict(_EXERCISES)
 
@@ -840,6 +978,8 @@ def _english_verdicts(
         return f"{key}: answer with one letter, {_letters(ex, 'or')}; got {answer!r}."
     if kind == "right letter":
         return f"{key}: correct ({answer})."
+    if kind == "wrong letter" and ex.prediction:
+        return f"{key}: ({answer}) is not what kvlab finds. Think again about {ex.hint}."
     if kind == "wrong letter":
         return f"{key}: ({answer}) is not the reason. Recheck {ex.hint}."
     if kind == "not a number":
@@ -876,6 +1016,8 @@ def _chinese_verdicts(
         return f"{key}：请用一个字母作答（{_letters(ex, '或', '、')}），收到的却是 {answer!r}。"
     if kind == "right letter":
         return f"{key}：正确（{answer}）。"
+    if kind == "wrong letter" and ex.prediction:
+        return f"{key}：kvlab 得出的不是（{answer}）。请再想想：{hint}。"
     if kind == "wrong letter":
         return f"{key}：（{answer}）不是原因。请重新核对：{hint}。"
     if kind == "not a number":

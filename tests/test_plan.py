@@ -29,8 +29,9 @@ from kvlab.plan import (
     prune_reason,
     slo_front,
 )
-from kvlab.plan.evaluate import run_at, saturation_of, sim_setup
+from kvlab.plan.evaluate import observed, saturation_of, sim_setup
 from kvlab.sim import simulate, trace_at_rate
+from kvlab.sim.saturation import saturation
 
 #: A small Poisson workload: 160 requests, prompts of 256-3,072 tokens, 16-256 out.
 WORKLOAD = "poisson:rate=4,prompt=uniform(256,3072),output=uniform(16,256),requests=160,seed=3"
@@ -54,6 +55,13 @@ CONTRACT = {
     "ttft_p90_s",
     "tpot_p50_s",
 }
+
+
+def attainment_at(design, job, trace, rate_per_s) -> float:
+    """A plain replay of `trace` at `rate_per_s` on `design`, to its end: the share of
+    requests meeting both SLOs (the brute force's verdict, no search involved)."""
+    config, _ = sim_setup(design, job)
+    return simulate(trace_at_rate(trace, rate_per_s), config).summary()["slo_attainment"]
 
 
 def run(capsys, *argv):
@@ -159,13 +167,8 @@ def test_the_search_finds_what_a_brute_force_sweep_finds(serial_plan):
     grid = np.arange(0.5, 24.01, 0.5)
     brute = {}
     for d in enumerate_designs(SPACE, OFFER):
-        setup = sim_setup(d, JOB)
         first_miss = next(
-            (
-                i
-                for i, r in enumerate(grid)
-                if run_at(d, JOB, traces[0], r, setup)["slo_attainment"] < 0.9
-            ),
+            (i for i, r in enumerate(grid) if attainment_at(d, JOB, traces[0], r) < 0.9),
             len(grid),
         )
         brute[d.key] = (grid[first_miss - 1] if first_miss else 0.0) / d.gpus
@@ -179,19 +182,59 @@ def test_the_search_finds_what_a_brute_force_sweep_finds(serial_plan):
     assert order[0] == serial_plan["designs"][0]["key"]
 
 
-def test_the_bisection_brackets_the_saturation_rate():
+def test_the_search_is_the_simulators_saturation_search():
+    """saturation_of is kvlab.sim.saturation on the design's config, from the ledger's
+    optimistic capacity: the same rate per slice, mean and spread over two slices."""
     d = enumerate_designs(SPACE, OFFER)[0]
-    r = saturation_of(d, JOB, SMALL.traces())
-    rate = r["saturation_requests_per_s"]
-    probes = np.array(r["probes"])
-    assert 0 < rate and r["at_saturation"]["slo_attainment"] >= 0.9
-    past = r["limit"]["rate_requests_per_s"]
-    assert past > rate and (past - rate) <= JOB.tolerance * past  # the bracket closed
-    assert r["limit"]["slo_attainment"] < 0.9
-    assert len(probes) == r["simulations"] <= JOB.max_runs
-    # the probes are the simulator's own runs: replay the saturation rate and compare
-    again = simulate(trace_at_rate(SMALL.traces()[0], rate), sim_setup(d, JOB)[0]).summary()
-    assert again["slo_attainment"] == r["at_saturation"]["slo_attainment"]
+    longer = WORKLOAD.replace("requests=160,seed=3", "requests=240,seed=5")
+    two = Workload(longer, requests=120, slices=2).traces()
+    r = saturation_of(d, JOB, two)
+    config, _ = sim_setup(d, JOB)
+    direct = saturation(
+        config,
+        two,
+        rel_tol=JOB.tolerance,
+        start_rate_per_s=r["ledger_capacity_requests_per_s"],
+        min_rate_per_s=r["ledger_capacity_requests_per_s"] / 64,
+    )
+    assert r["saturation_by_slice"] == list(direct.samples_requests_per_s)
+    a, b = r["saturation_by_slice"]
+    assert a != b  # the slices differ
+    assert r["saturation_requests_per_s"] == pytest.approx((a + b) / 2)
+    assert r["saturation_spread_requests_per_s"] == pytest.approx(abs(a - b) / 2)
+    assert r["simulations"] == direct.runs and r["saturation_status"] == ["crossed"] * 2
+    # the latencies at saturation are the first slice's run at its answer
+    again = simulate(trace_at_rate(two[0], a), config)
+    assert r["at_saturation"] == observed(again, JOB.slo)
+    assert r["at_saturation"]["slo_attainment"] == direct.at_saturation["slo_attainment"]
+
+
+def test_the_search_brackets_the_saturation_rate_and_names_what_binds():
+    traces = SMALL.traces()
+    for d in enumerate_designs(SPACE, OFFER):
+        r = saturation_of(d, JOB, traces)
+        rate = r["saturation_requests_per_s"]
+        probes = r["probes"]
+        assert 0 < rate and r["at_saturation"]["slo_attainment"] >= 0.9
+        lim = r["limit"]
+        past = lim["rate_requests_per_s"]
+        assert past > rate and (past - rate) <= JOB.tolerance * past  # the bracket closed
+        at = r["at_saturation"]
+        assert len(probes) == r["simulations"] and [rate, at["slo_attainment"]] in probes
+        # the run past saturation, replayed to its end, misses the target
+        config, _ = sim_setup(d, JOB)
+        full = observed(simulate(trace_at_rate(traces[0], past), config), JOB.slo)
+        assert full["slo_attainment"] < 0.9
+        if lim["stopped_early"]:  # TTFT (or admission) sank it: its attainment says so
+            assert lim["binds"] == "ttft" and full["ttft_slo_attainment"] < 0.9
+            assert [past, None] in probes
+            assert lim["busy_rate_requests_per_s"] == rate  # busy shares of the full run
+            assert lim["busy_share"] == max(at["busy_share"].values())
+        else:
+            assert lim["slo_attainment"] == full["slo_attainment"]
+            assert lim["busy_share"] == max(full["busy_share"].values())
+            missed = [k for k in ("ttft", "tbt") if full[f"{k}_slo_attainment"] < 0.9]
+            assert lim["binds"] in (" and ".join(missed) or "ttft and tbt", *missed)
 
 
 def test_tighter_slos_never_raise_capacity():
@@ -516,7 +559,7 @@ def test_pruned_designs_cannot_meet_the_target_in_the_simulator():
     for d in enumerate_designs(space, {"h100-sxm": 4, "l40s": 4}):
         why = prune_reason(d, job.model, "fp16", "fp16", tokens, 0.8)
         try:
-            attained = run_at(d, job, trace, 0.05)["slo_attainment"]
+            attained = attainment_at(d, job, trace, 0.05)
         except KvlabError:
             attained = 0.0  # the weights alone do not fit: the simulator refuses to start
         seen["pruned" if why else "kept"] += 1
@@ -544,3 +587,20 @@ def test_a_saved_plan_loads_back(tmp_path, serial_plan):
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(KvlabError, match="not a kvlab plan"):
         load_plan(tmp_path / "bad.json")
+
+
+def test_a_warm_up_leads_each_slice_in_with_the_requests_before_it():
+    """--warmup S: each slice keeps its measured requests and is led in by those of the S
+    seconds before it (they run, they are not measured); a cold slice has no lead-in."""
+    longer = WORKLOAD.replace("requests=160,seed=3", "requests=240,seed=5")
+    cold = Workload(longer, start_s=20.0, requests=60).traces()[0]
+    warm = Workload(longer, start_s=20.0, requests=60, warmup_s=10.0).traces()[0]
+    assert cold.lead_in == 0 and len(cold) == 60
+    # Poisson at 4 requests/s: about 40 requests in the 10 s before the slice
+    assert 20 < warm.lead_in < 60 and len(warm) - warm.lead_in == 60
+    measured = warm.requests[warm.lead_in :]
+    assert [r.input_tokens for r in measured] == [r.input_tokens for r in cold.requests]
+    assert warm.requests[warm.lead_in - 1].arrival_s <= measured[0].arrival_s
+    assert Workload(longer, warmup_s=10.0).to_dict()["warmup_s"] == 10.0
+    with pytest.raises(KvlabError, match="warm-up"):
+        Workload(longer, warmup_s=-1.0)

@@ -41,6 +41,58 @@ def test_the_answer_meets_the_target_and_the_bracket_top_misses_it(found):
     assert found.at_saturation["slo_attainment"] >= 0.9
 
 
+def test_the_answer_is_a_brute_force_sweeps_crossing():
+    """Replays at every rate of a fine grid, each to its end: the answer lies within the
+    grid's step and the tolerance of the highest grid rate before the first miss."""
+    sample = seed_samples(WORKLOAD, 1)[0]
+    grid = [0.5 * k for k in range(1, 101)]
+    first_miss = next(
+        i
+        for i, r in enumerate(grid)
+        if simulate(trace_at_rate(sample, r), SMALL).summary()["slo_attainment"] < 0.9
+    )
+    brute = grid[first_miss - 1]
+    found = saturation(SMALL, [sample]).requests_per_s
+    assert brute - 0.5 - DEFAULT_REL_TOL * brute <= found <= brute + 0.5
+
+
+def test_observe_sees_every_run_and_which_stopped_early():
+    """observe(sample, rate, result) is called once per run: the SimResult of a run that
+    went to its end (the same as a plain replay at that rate), None for one that stopped
+    early, and those are runs that miss the target on their TTFT (or admission)."""
+    samples = seed_samples(WORKLOAD, 2)
+    seen = []
+    out = saturation(SMALL, samples, observe=lambda i, rate, result: seen.append((i, rate, result)))
+    assert len(seen) == out.runs and {i for i, _, _ in seen} == {0, 1}
+    assert len({(i, rate) for i, rate, _ in seen}) == len(seen)  # never the same run twice
+    stopped = [(i, rate) for i, rate, result in seen if result is None]
+    assert stopped  # past saturation a run stops early here (TTFT binds at 1 s)
+    for i, (lo, hi) in enumerate(out.brackets):
+        rates = {rate for j, rate, _ in seen if j == i}
+        assert lo in rates and hi in rates
+    for i, rate, result in seen:
+        full = simulate(trace_at_rate(samples[i], rate), SMALL).summary()
+        if result is None:
+            assert full["ttft_slo_attainment"] < 0.9
+        else:
+            assert result.summary()["slo_attainment"] == full["slo_attainment"]
+    assert saturation(SMALL, samples).to_dict() == out.to_dict()  # watching changes nothing
+
+
+def test_a_floor_ends_a_hopeless_search_early():
+    """A TBT limit below any decode step is never met: the search halves down to the floor
+    and says "below" (capacity 0), in fewer runs the higher the floor."""
+    hopeless = SimConfig(arch="colocated", prefill_workers=1, decode_workers=0, tbt_slo_s=1e-5)
+    sample = seed_samples(WORKLOAD, 1)
+    low = saturation(hopeless, sample, start_rate_per_s=8.0)
+    high = saturation(hopeless, sample, start_rate_per_s=8.0, min_rate_per_s=0.5)
+    for out in (low, high):
+        assert out.status == ("below",) and out.requests_per_s == 0.0
+        assert out.brackets[0][0] is None
+    assert high.brackets[0][1] == 0.5 and high.runs == 5  # 8, 4, 2, 1, 0.5
+    assert low.runs > high.runs
+
+
 def test_mean_and_spread_over_seeds(found):
     a, b = found.samples_requests_per_s
     assert a != b  # seeds move it
@@ -123,6 +175,10 @@ def test_bad_arguments_are_clear_errors():
             saturation(SMALL, seed_samples(WORKLOAD, 1), **kw)
     with pytest.raises(KvlabError, match="at least one"):
         saturation(SMALL, [])
+    with pytest.raises(KvlabError, match="min_rate_per_s"):
+        saturation(SMALL, seed_samples(WORKLOAD, 1), min_rate_per_s=0.0)
+    with pytest.raises(KvlabError, match="observe"):
+        saturation(SMALL, seed_samples(WORKLOAD, 1), observe="print")
 
 
 def test_cli_saturation_contract(capsys):

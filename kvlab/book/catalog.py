@@ -11,6 +11,7 @@ from . import (
     kv_centric,
     metrics_and_diagnosis,
     past_the_ceiling,
+    plan_a_deployment,
     prefix_caching,
     what_a_hit_saves,
 )
@@ -41,6 +42,7 @@ def panels() -> dict[str, Callable[[], object]]:
             ("sweep", kv_centric.sweep_panel),
             ("load-capacity", kv_centric.capacity_panel),
             ("timeline", kv_centric.timeline_panel),
+            ("plan", plan_a_deployment.panel),
         ]
     )
 

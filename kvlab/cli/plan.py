@@ -45,9 +45,9 @@ def register(sub) -> None:
         "split, scheduler and token budget, batch cap, prefix cache and pool, GPU type) for the "
         "one that serves the workload at the SLOs with the most requests/s per GPU (per dollar "
         "with --price). Each design's capacity is its saturation rate: the highest arrival rate "
-        "at which the attainment target of requests meets both SLOs, found by bisection in the "
-        "simulator. Designs that cannot fit in memory are pruned first. Runs on every core, or "
-        "on Ray with --ray.",
+        "at which the attainment target of requests meets both SLOs, found by the simulator's "
+        "saturation search (bracket, then bisect the rate). Designs that cannot fit in memory "
+        "are pruned first. Runs on every core, or on Ray with --ray.",
     )
     p.add_argument(
         "workload",
@@ -112,6 +112,14 @@ def register(sub) -> None:
     w = p.add_argument_group("workload")
     w.add_argument("--start", type=number, default=0.0, metavar="S", help="seconds into the trace")
     w.add_argument(
+        "--warmup",
+        type=number,
+        default=0.0,
+        metavar="S",
+        help="lead each slice in with the requests of the S seconds before it: they run (prefix "
+        "caches fill) but are not measured (default 0: a cold start)",
+    )
+    w.add_argument(
         "--requests",
         type=count,
         default=DEFAULT_REQUESTS,
@@ -123,7 +131,7 @@ def register(sub) -> None:
         type=count,
         default=1,
         metavar="K",
-        help="consecutive slices; the saturation is their median, with its spread (default 1)",
+        help="consecutive slices; the saturation is their mean, with its spread (default 1)",
     )
     j = p.add_argument_group("evaluation")
     j.add_argument("--weight-dtype", default="fp16", metavar="DTYPE")
@@ -140,7 +148,7 @@ def register(sub) -> None:
         type=number,
         default=DEFAULT_TOLERANCE,
         metavar="F",
-        help=f"bisection stops when its bracket is this share of its top (default "
+        help=f"the rate search stops when its bracket is this share of its top (default "
         f"{DEFAULT_TOLERANCE:g})",
     )
     s = p.add_argument_group("design space (comma-separated lists)")
@@ -253,7 +261,7 @@ def run(args) -> int:
         int(check_number("seed", args.seed, minimum=0, allow_equal_min=True, integer=True)),
         args.tolerance,
     )
-    workload = Workload(args.workload, args.start, args.requests, args.slices)
+    workload = Workload(args.workload, args.start, args.requests, args.slices, args.warmup)
     space = space_of(args)
     workers = None
     if args.jobs is not None:
@@ -335,7 +343,9 @@ def render(out: dict, top: int = 10) -> str:
     w = out["workload"]
     lines = [
         f"kvlab plan: {out['model']} on {w['trace_name']} ({w['slices']} slice(s) of "
-        f"{w['requests']:,} requests), TTFT <= {seconds(slo['ttft_s'])} and {slo['tbt_stat']} "
+        f"{w['requests']:,} requests"
+        + (f", each after a {seconds(w['warmup_s'])} warm-up" if w.get("warmup_s") else "")
+        + f"), TTFT <= {seconds(slo['ttft_s'])} and {slo['tbt_stat']} "
         f"TBT <= {seconds(slo['tbt_s'])} for {percent(slo['attainment'])} of requests",
         f"{len(out['designs']) + len(out['pruned'])} designs: {len(out['pruned'])} pruned "
         f"(memory), {out['evaluated']} evaluated, {out['reused']} from the resume file; "

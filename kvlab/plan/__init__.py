@@ -5,7 +5,7 @@ requests per GPU (or per dollar), found by simulating each design at its saturat
     Job, Slo          the model, dtypes, speed, SLOs and attainment target (evaluate.py)
     Workload          a trace cut into slices of consecutive requests (workload.py)
     Space, Design     the axes and one point of them; parse_gpus, parse_prices (space.py)
-    saturation_of     one design's capacity by bisection on the rate (evaluate.py)
+    saturation_of     one design's capacity: the simulator's saturation search (evaluate.py)
     prune_reason      why a design cannot fit in memory, before simulating (prune.py)
     load_plan         read back a saved `kvlab plan --json` result
     slo_front         the search at several SLO targets: capacity per target, best per

@@ -1,15 +1,17 @@
 """One design's capacity: the highest request rate at which it still meets the SLOs.
 
-`saturation_of(design, job, traces)` bisects the arrival rate of each workload slice
-(`kvlab.sim.trace_at_rate`) for the highest rate whose SLO attainment (the share of all
-requests meeting both the TTFT and the TBT limit; rejected ones miss) reaches the target:
-DistServe's goodput, Vidur-Search's capacity. It starts from an optimistic capacity of the
-ledger's (every GPU busy with no queueing or interference), doubles while the design
-keeps up, then halves the bracket until it is `tolerance` of its top wide.
-
-THE SWAP POINT: this bisection is kvlab.plan's own until the simulator's saturation search
-(`kvlab.sim.saturation`, rate scale, seeds or slices, spread) lands; `saturation_of` is the
-only function the search calls, so switching means calling that one here.
+`saturation_of(design, job, traces)` is the simulator's saturation search
+(`kvlab.sim.saturation`: the same requests replayed with their gaps scaled, the rate
+bracketed by doubling or halving, then bisected geometrically until the bracket is
+`tolerance` of its top wide; a run past saturation stops as soon as too many requests
+missed their TTFT) on the design's SimConfig, summarised over the workload's slices as the
+simulator summarises samples: their mean and the largest distance of one from it. The
+planner starts each design's search from an optimistic capacity of the ledger's (every
+GPU busy, no queueing or interference) and calls a design that misses the target at
+FLOOR_FRACTION of it unable to meet the SLOs (saturation 0). It watches every run
+(`observe`) to keep what the saturation rate alone does not say: the latencies at
+saturation (the attainment quantile of TTFT and of the TBT statistic), and which limit
+binds just past it, in the first slice.
 
 Tensor parallelism: a design's instance is `tensor_parallel` GPUs, which the simulator
 runs as one engine instance (`SimConfig.tensor_parallel`: the ledger's tensor-parallel
@@ -29,14 +31,15 @@ from ..deployment import Deployment, parse_speed
 from ..errors import KvlabError, check_number
 from ..hardware import USABLE_MEMORY_FRACTION, get_device
 from ..models import get_model
-from ..sim import DONE, SimConfig, simulate, trace_at_rate
+from ..sim import DONE, SimConfig
 from ..sim.costs import LedgerCost
 from ..sim.kernel_cost import KernelCost
+from ..sim.saturation import MAX_RATE_PER_S, MIN_RATE_PER_S, saturation
 
-#: The bracket is closed when its width is this share of its top.
+#: The bracket is closed when its width is this share of its top: twice the simulator's
+#: 2.5% (Sarathi-Serve's step), as a search over many designs ranks them, it does not
+#: quote one to the percent.
 DEFAULT_TOLERANCE = 0.05
-#: Simulations one slice's bisection may spend.
-DEFAULT_MAX_RUNS = 14
 #: A design that misses the target at this fraction of its ledger capacity is called
 #: unable to meet the SLOs (saturation 0) rather than bisected further down.
 FLOOR_FRACTION = 1 / 64
@@ -81,16 +84,11 @@ class Job:
     efficiency: float | str = 1.0
     seed: int = 0
     tolerance: float = DEFAULT_TOLERANCE
-    max_runs: int = DEFAULT_MAX_RUNS
 
     def __post_init__(self):
         get_model(self.model)
         parse_speed(self.efficiency)
         check_number("tolerance", self.tolerance, minimum=1e-4, maximum=0.5)
-        runs = check_number(
-            "max runs", self.max_runs, minimum=2, allow_equal_min=True, maximum=1000, integer=True
-        )
-        object.__setattr__(self, "max_runs", runs)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -136,7 +134,7 @@ def deployment(design, job: Job) -> Deployment:
 def ledger_capacity_per_s(design, job: Job, trace) -> float:
     """An optimistic capacity (requests/s) from the ledger alone: every instance busy, mean
     prompts prefilled from scratch, decodes batched as deep as memory and the batch cap
-    allow, no queueing and no interference. The bisection starts here."""
+    allow, no queueing and no interference. The rate search starts here."""
     d = deployment(design, job)
     c = (KernelCost if d.kernel_tables else LedgerCost)(d, max_batch=design.max_batch)
     prompt = float(np.mean(trace.input_tokens))
@@ -158,14 +156,13 @@ def _quantile(values: np.ndarray, q: float) -> float | None:
     return out if math.isfinite(out) else None
 
 
-def run_at(design, job: Job, trace, rate_per_s: float, setup=None) -> dict:
-    """Simulate `trace` played at `rate_per_s` on `design`: what the search keeps of it."""
-    config, cost = setup or sim_setup(design, job)
-    result = simulate(trace_at_rate(trace, rate_per_s), config, cost=cost)
+def observed(result, slo: Slo) -> dict:
+    """What the search keeps of one run (a SimResult): the summary's attainments and
+    latencies, TTFT and the TBT statistic at the attainment quantile (requests that did not
+    finish count as infinitely late), and how busy each pool of GPUs was."""
     s = result.summary()
     rec = result.records
-    slo = job.slo
-    out = {"rate_requests_per_s": rate_per_s}
+    out = {}
     for key in (
         "slo_attainment",
         "ttft_slo_attainment",
@@ -198,45 +195,39 @@ def run_at(design, job: Job, trace, rate_per_s: float, setup=None) -> dict:
     return out
 
 
-def _bisect(design, job: Job, trace, setup) -> dict:
-    """One slice's saturation rate: see the module docstring."""
-    target, tol = job.slo.attainment, job.tolerance
-    start = ledger_capacity_per_s(design, job, trace)
-    probes: list[dict] = []
-    lo, lo_p, hi, hi_p = 0.0, None, math.inf, None
-    rate = start
-    while len(probes) < job.max_runs:
-        p = run_at(design, job, trace, rate, setup)
-        probes.append(p)
-        if (p["slo_attainment"] or 0.0) >= target:
-            lo, lo_p = rate, p
-        else:
-            hi, hi_p = rate, p
-        if math.isinf(hi):
-            rate = 2 * rate
-            continue
-        if lo == 0.0 and hi <= start * FLOOR_FRACTION:
-            break
-        if lo > 0.0 and hi - lo <= tol * hi:
-            break
-        rate = (lo + hi) / 2
-    return {
-        "saturation_requests_per_s": lo,
-        "start_requests_per_s": start,
-        "at_saturation": lo_p,
-        "past_saturation": hi_p,
-        "probes": [[p["rate_requests_per_s"], p["slo_attainment"]] for p in probes],
-    }
-
-
-def limit_of(past: dict | None, target: float) -> dict | None:
-    """Which limit binds just past saturation: the SLO met by fewer requests, and which
-    pool of GPUs was busiest."""
-    if past is None:
+def limit_of(
+    past_rate: float | None, past: dict | None, at_rate: float | None, at: dict | None, target
+) -> dict | None:
+    """Which limit binds just past saturation (the run at the bracket's top, `past`): the
+    SLO met by fewer requests; and which pool of GPUs was busiest, in that run, or in the
+    run at saturation where the run past it stopped early. A run that stopped early
+    (`past` None at a `past_rate`) had more than 1 - target of its requests miss their TTFT
+    or be turned away: TTFT (or admission) binds by construction, and its attainments are
+    not known. None when no rate was seen to miss."""
+    if past_rate is None:
         return None
-    ttft, tbt = past["ttft_slo_attainment"] or 0.0, past["tbt_slo_attainment"] or 0.0
-    busy = past["busy_share"]
+    stopped = past is None
+    ran = at if stopped else past
+    busy = (ran or {}).get("busy_share") or {}
     role = max(busy, key=lambda r: (busy[r], r)) if busy else None
+    out = {
+        "rate_requests_per_s": past_rate,
+        "stopped_early": stopped,
+        "busiest": role,
+        "busy_share": busy.get(role) if role else None,
+        "busy_rate_requests_per_s": (at_rate if stopped else past_rate) if role else None,
+    }
+    if stopped:
+        return {
+            "binds": "ttft",
+            "slo_attainment": None,
+            "ttft_slo_attainment": None,
+            "tbt_slo_attainment": None,
+            "ttft_misses": True,
+            "tbt_misses": None,
+            **out,
+        }
+    ttft, tbt = past["ttft_slo_attainment"] or 0.0, past["tbt_slo_attainment"] or 0.0
     ttft_misses, tbt_misses = ttft < target, tbt < target
     if ttft_misses != tbt_misses:
         binds = "ttft" if ttft_misses else "tbt"
@@ -246,33 +237,49 @@ def limit_of(past: dict | None, target: float) -> dict | None:
         binds = "ttft and tbt"
     return {
         "binds": binds,
-        "rate_requests_per_s": past["rate_requests_per_s"],
         "slo_attainment": past["slo_attainment"],
         "ttft_slo_attainment": ttft,
         "tbt_slo_attainment": tbt,
         "ttft_misses": ttft_misses,
         "tbt_misses": tbt_misses,
-        "busiest": role,
-        "busy_share": busy.get(role) if role else None,
+        **out,
     }
 
 
 def saturation_of(design, job: Job, traces) -> dict:
-    """The design's saturation rate over the workload's slices: the median slice's, with
-    the spread (max - min) and each slice's; the latencies at it and the limit that binds
-    past it come from the median slice. Deterministic for a given job and traces."""
-    setup = sim_setup(design, job)
-    runs = [_bisect(design, job, t, setup) for t in traces]
-    rates = [r["saturation_requests_per_s"] for r in runs]
-    order = sorted(range(len(runs)), key=lambda i: (rates[i], i))
-    mid = runs[order[(len(runs) - 1) // 2]]
+    """The design's saturation rate over the workload's slices (the module docstring):
+    their mean, the spread (largest distance of a slice from it) and each slice's; the
+    latencies at it, the limit that binds past it and the probes (rate, attainment; None
+    for a run stopped early) come from the first slice. Deterministic for a given job and
+    traces."""
+    config, cost = sim_setup(design, job)
+    start = min(max(ledger_capacity_per_s(design, job, traces[0]), MIN_RATE_PER_S), MAX_RATE_PER_S)
+    runs: list[dict] = [{} for _ in traces]  # per slice: {rate: observed dict or None}
+
+    def observe(index, rate, result):
+        runs[index][rate] = None if result is None else observed(result, job.slo)
+
+    found = saturation(
+        config,
+        traces,
+        attainment=job.slo.attainment,
+        rel_tol=job.tolerance,
+        start_rate_per_s=start,
+        cost=cost,
+        min_rate_per_s=max(start * FLOOR_FRACTION, MIN_RATE_PER_S),
+        observe=observe,
+    )
+    lo, hi = found.brackets[0]
+    first = runs[0]
+    at = first.get(lo) if lo is not None else None
     return {
-        "saturation_requests_per_s": mid["saturation_requests_per_s"],
-        "saturation_spread_requests_per_s": max(rates) - min(rates),
-        "saturation_by_slice": rates,
-        "ledger_capacity_requests_per_s": mid["start_requests_per_s"],
-        "at_saturation": mid["at_saturation"],
-        "limit": limit_of(mid["past_saturation"], job.slo.attainment),
-        "probes": mid["probes"],
-        "simulations": sum(len(r["probes"]) for r in runs),
+        "saturation_requests_per_s": found.requests_per_s,
+        "saturation_spread_requests_per_s": found.spread_requests_per_s,
+        "saturation_by_slice": list(found.samples_requests_per_s),
+        "saturation_status": list(found.status),
+        "ledger_capacity_requests_per_s": start,
+        "at_saturation": at,
+        "limit": limit_of(hi, first.get(hi), lo, at, job.slo.attainment),
+        "probes": [[r, p["slo_attainment"] if p else None] for r, p in first.items()],
+        "simulations": found.runs,
     }

@@ -32,6 +32,7 @@ LATENCY_KEYS = (
     "tbt_slo_attainment",
     "prefix_hit_ratio",
     "preemptions",
+    "requests_rejected",
     "busy_share",
 )
 AXES = (
@@ -112,6 +113,17 @@ def _limit_text(row: dict) -> str:
     lim = row.get("limit")
     if not lim:
         return "it met the SLOs at every rate tried"
+    rate = sig(lim["rate_requests_per_s"], 3)
+    busy = ""
+    if lim.get("busiest"):
+        busy = f"; its {lim['busiest']} GPUs {percent(lim['busy_share'])} busy"
+        if lim["stopped_early"]:
+            busy += f" at {sig(lim['busy_rate_requests_per_s'], 3)} requests/s"
+    if lim["stopped_early"]:
+        return (
+            f"TTFT binds: at {rate} requests/s more requests missed their TTFT or were turned "
+            f"away than the attainment target allows (the run stopped there){busy}"
+        )
     parts = []
     if lim["ttft_misses"]:
         parts.append(f"TTFT met by {percent(lim['ttft_slo_attainment'])}")
@@ -120,13 +132,7 @@ def _limit_text(row: dict) -> str:
     if not parts:
         parts.append(f"both SLOs met by {percent(lim['slo_attainment'])} together")
     binds = {"ttft": "TTFT", "tbt": "TBT", "ttft and tbt": "TTFT and TBT"}[lim["binds"]]
-    busy = ""
-    if lim.get("busiest"):
-        busy = f"; its {lim['busiest']} GPUs {percent(lim['busy_share'])} busy"
-    return (
-        f"{binds} binds: at {sig(lim['rate_requests_per_s'], 3)} requests/s "
-        f"{' and '.join(parts)}{busy}"
-    )
+    return f"{binds} binds: at {rate} requests/s {' and '.join(parts)}{busy}"
 
 
 def _show(value) -> str:

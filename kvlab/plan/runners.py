@@ -38,6 +38,14 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
+def start_method():
+    """The multiprocessing context of kvlab's process pools: 'forkserver' where the platform
+    has it, else 'spawn' (never fork: a forked child would inherit whatever threads the
+    parent runs, a notebook kernel's included)."""
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+
+
 def _init_worker(job, traces) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
     _SHARED["job"], _SHARED["traces"] = job, traces
@@ -48,16 +56,16 @@ def _evaluate_in_worker(design) -> dict:
 
 
 def run_pool(designs, job, traces, on_result, workers: int | None = None) -> None:
-    """A process pool of `workers` (default: every core), started with 'forkserver' where
-    the platform has it, else 'spawn' (never fork: a forked child would inherit whatever
-    threads the parent runs). The job and traces travel once per worker."""
+    """A process pool of `workers` (default: every core), started by `start_method`. The
+    job and traces travel once per worker."""
     workers = min(workers or cores(), len(designs))
     if workers <= 1:
         return run_serial(designs, job, traces, on_result)
-    methods = multiprocessing.get_all_start_methods()
-    ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
     pool = ProcessPoolExecutor(
-        max_workers=workers, mp_context=ctx, initializer=_init_worker, initargs=(job, traces)
+        max_workers=workers,
+        mp_context=start_method(),
+        initializer=_init_worker,
+        initargs=(job, traces),
     )
     try:
         futures = {pool.submit(_evaluate_in_worker, d): d for d in designs}

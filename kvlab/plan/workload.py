@@ -3,7 +3,10 @@ slices of consecutive requests, each replayed at whatever rate the saturation se
 (`kvlab.sim.trace_at_rate`: the slice's burstiness and prefix sharing kept).
 
 Several slices give the saturation rate a spread (the same design on different stretches
-of traffic), as the simulator's own saturation search reports it over seeds or slices.
+of traffic), as the simulator's own saturation search reports it over seeds or slices
+(the slices are `kvlab.sim.saturation.slice_samples`' runs of requests). A warm-up leads
+each slice in with the requests of the seconds before it: they run (the prefix caches
+fill, the cluster loads up) but are not measured, and they play at the slice's rate.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import numpy as np
 
 from ..errors import KvlabError, check_number
 from ..sim import trace_slice
+from ..sim.saturation import slice_samples
 from ..traces import load_trace
 
 #: Requests per slice unless told: enough for the queues of a small cluster to build up
@@ -27,15 +31,18 @@ MAX_SLICES = 64
 @dataclass(frozen=True)
 class Workload:
     """`slices` consecutive slices of `requests` requests each, from `start_s` seconds into
-    `trace` (a name, `generated...`, `poisson:...` or a .jsonl path)."""
+    `trace` (a name, `generated...`, `poisson:...` or a .jsonl path), each led in by the
+    requests of the `warmup_s` seconds before it (clipped at the trace's start)."""
 
     trace: str
     start_s: float = 0.0
     requests: int = DEFAULT_REQUESTS
     slices: int = 1
+    warmup_s: float = 0.0
 
     def __post_init__(self):
         check_number("start", self.start_s, minimum=0, allow_equal_min=True, maximum=1e9)
+        check_number("warm-up", self.warmup_s, minimum=0, allow_equal_min=True, maximum=1e9)
         n = check_number(
             "requests per slice",
             self.requests,
@@ -57,25 +64,25 @@ class Workload:
 
     def traces(self) -> tuple:
         """The slices as traces, each starting at 0 (the rate search rescales them)."""
-        trace = trace_slice(load_trace(self.trace), self.start_s)
+        trace = load_trace(self.trace)
         need = self.requests * self.slices
-        if len(trace) < need:
+        sliced = trace_slice(trace, self.start_s)
+        left = len(sliced) - sliced.lead_in
+        if left < need:
             raise KvlabError(
-                f"trace {trace.name!r} has {len(trace):,} requests from {self.start_s:g} s, "
+                f"trace {trace.name!r} has {left:,} requests from {self.start_s:g} s, "
                 f"fewer than {self.slices} slice(s) of {self.requests:,}: ask for fewer"
             )
-        out = []
-        for i in range(self.slices):
-            picked = trace.requests[i * self.requests : (i + 1) * self.requests]
-            t0 = picked[0].arrival_s
-            shifted = tuple(dataclasses.replace(r, arrival_s=r.arrival_s - t0) for r in picked)
-            if shifted[-1].arrival_s <= 0:
+        out = slice_samples(
+            trace, self.slices, self.start_s, limit=self.requests, warmup_s=self.warmup_s
+        )
+        for i, t in enumerate(out):
+            measured = t.requests[t.lead_in :]
+            if measured[-1].arrival_s <= measured[0].arrival_s:
                 raise KvlabError(
                     f"slice {i + 1} of trace {trace.name!r}: all its requests arrive at once, "
                     "so it has no rate to scale"
                 )
-            name = f"{trace.name} [requests {i * self.requests:,}-{(i + 1) * self.requests:,}]"
-            out.append(dataclasses.replace(trace, name=name, requests=shifted))
         return tuple(out)
 
     def to_dict(self) -> dict:

@@ -25,11 +25,20 @@ finds a crossing, not necessarily the last one. It is deterministic: the same co
 samples give the same answer. A run past saturation stops as soon as enough requests have
 missed their TTFT or been rejected (`Simulation.meets`), and every run shares one step-cost
 object, so a search costs a few full replays.
+
+A caller that needs more of each run than the verdict (kvlab.plan keeps the latencies at
+saturation and what binds just past it) passes `observe(sample_index, rate, result)`,
+called once per run with its SimResult, or None for a run stopped early: more than
+1 - attainment of the measured requests missed their TTFT or were rejected, so the TTFT
+limit (or admission) alone sank it. `min_rate_per_s` raises the floor below which a
+sample is called "below" (a caller with an estimate of capacity need not halve down to
+MIN_RATE_PER_S to learn that a design never meets its SLOs).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -113,6 +122,8 @@ def saturation(
     rel_tol: float = DEFAULT_REL_TOL,
     start_rate_per_s: float | None = None,
     cost=None,
+    min_rate_per_s: float = MIN_RATE_PER_S,
+    observe=None,
 ) -> Saturation:
     """The highest request rate at which `config` meets the attainment target, found for
     each sample (a Trace or trace name, or a sequence of them; see `seed_samples`,
@@ -120,21 +131,33 @@ def saturation(
 
     `start_rate_per_s` starts the first sample's search (default: its own mean rate); each
     later sample starts from the answer before. `cost` is the step-cost object shared by
-    every run (default `make_cost(config)`). Bad arguments raise KvlabError."""
+    every run (default `make_cost(config)`). `min_rate_per_s` is the lowest rate tried
+    (default MIN_RATE_PER_S); `observe(sample_index, rate, result)` sees every run (the
+    module docstring). Bad arguments raise KvlabError."""
     check_number("attainment", attainment, maximum=1.0)
     check_number("rel_tol", rel_tol, maximum=1.0)
+    check_number(
+        "min_rate_per_s",
+        min_rate_per_s,
+        minimum=MIN_RATE_PER_S,
+        allow_equal_min=True,
+        maximum=MAX_RATE_PER_S,
+    )
     if start_rate_per_s is not None:
         check_number(
             "start_rate_per_s", start_rate_per_s, minimum=MIN_RATE_PER_S, maximum=MAX_RATE_PER_S
         )
+    if observe is not None and not callable(observe):
+        raise KvlabError("observe must be a function (sample_index, rate, result)")
     traces = _samples(samples)
     resolved = config.resolved()
     cost = cost or make_cost(resolved)
     wall = time.perf_counter()
     rates, brackets, statuses, runs, first_summary = [], [], [], 0, None
     start = start_rate_per_s
-    for trace in traces:
-        found = _search(config, trace, attainment, rel_tol, start, cost)
+    for index, trace in enumerate(traces):
+        seen = None if observe is None else functools.partial(observe, index)
+        found = _search(config, trace, attainment, rel_tol, start, cost, min_rate_per_s, seen)
         rates.append(found.rate)
         brackets.append((found.lo, found.hi))
         statuses.append(found.status)
@@ -172,7 +195,7 @@ class _Found:
     hi: float | None
 
 
-def _search(config, trace, attainment, rel_tol, start, cost) -> _Found:
+def _search(config, trace, attainment, rel_tol, start, cost, floor, observe) -> _Found:
     """Bracket, then bisect, one sample's rate (module docstring)."""
     native = measured_rate_per_s(trace)
     if not math.isfinite(native):
@@ -180,14 +203,16 @@ def _search(config, trace, attainment, rel_tol, start, cost) -> _Found:
             f"trace {trace.label!r} has no rate to scale: its measured requests "
             + ("arrive at once" if native == math.inf else "are fewer than two")
         )
-    rate = start if start is not None else min(max(native, MIN_RATE_PER_S), MAX_RATE_PER_S)
+    rate = start if start is not None else min(max(native, floor), MAX_RATE_PER_S)
     verdicts: dict = {}
 
     def meets(r: float) -> bool:
         if r not in verdicts:
             result = Simulation(trace_at_rate(trace, r), config, cost).meets(attainment)
-            ok = result is not None and _attained(result.summary(), attainment)
-            verdicts[r] = result.summary() if ok else None
+            summary = result.summary() if result is not None else None
+            verdicts[r] = summary if summary and _attained(summary, attainment) else None
+            if observe is not None:
+                observe(r, result)
         return verdicts[r] is not None
 
     if meets(rate):
@@ -202,9 +227,9 @@ def _search(config, trace, attainment, rel_tol, start, cost) -> _Found:
     else:
         hi = rate
         while True:
-            if hi <= MIN_RATE_PER_S:
+            if hi <= floor:
                 return _Found(0.0, "below", len(verdicts), {}, None, hi)
-            lo = max(hi / 2.0, MIN_RATE_PER_S)
+            lo = max(hi / 2.0, floor)
             if meets(lo):
                 break
             hi = lo
