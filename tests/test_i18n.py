@@ -25,7 +25,7 @@ from kvlab.book import measured  # noqa: E402
 from kvlab.book.catalog import panels  # noqa: E402
 from kvlab.book.lang import clauses, join, pick, sentences  # noqa: E402
 from kvlab.viz import i18n  # noqa: E402
-from kvlab.viz.i18n_zh import ZH  # noqa: E402
+from kvlab.viz.i18n import ZH  # noqa: E402
 from kvlab.viz.panel import FORMATS, Panel  # noqa: E402
 
 #: Pages whose Chinese translation has not landed yet. The lead removes a page when its
@@ -234,7 +234,7 @@ def test_every_visible_label_has_its_chinese():
     for obj in _notebook_figures():
         texts |= panel_texts(obj) if isinstance(obj, Panel) else i18n.visible_texts(obj)
     assert len(texts) > 300
-    assert i18n.missing(texts) == [], "add these to kvlab/viz/i18n_zh.py"
+    assert i18n.missing(texts) == [], f"add these to {i18n.CATALOGUE}"
 
 
 def test_the_browser_translates_as_python_does(chinese, tmp_path):

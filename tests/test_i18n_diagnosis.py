@@ -180,7 +180,7 @@ def test_the_english_html_is_unchanged_and_a_failed_fit_comes_first(cases):
 
 def test_every_wording_has_its_chinese(cases, chinese):
     texts = {t for d in cases.values() for t in _texts(d)}
-    assert i18n.missing(texts) == [], "add these to kvlab/viz/i18n_zh.py (chapter 5)"
+    assert i18n.missing(texts) == [], f"add these to {i18n.CATALOGUE} (chapter 5)"
     assert all(CJK.search(i18n.t(t)) for t in texts), [
         t for t in texts if not CJK.search(i18n.t(t))
     ]

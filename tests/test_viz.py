@@ -460,7 +460,7 @@ def test_texts_that_only_some_states_show_have_their_chinese():
                     for v in values
                     if isinstance(v, str)
                 }
-    assert i18n.missing(texts) == [], "add these to kvlab/viz/i18n_zh.py"
+    assert i18n.missing(texts) == [], f"add these to {i18n.CATALOGUE}"
 
 
 def test_footprint_draws_no_room_when_the_weights_overflow_the_device():

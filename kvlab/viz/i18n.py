@@ -1,9 +1,10 @@
 """The Chinese edition's labels: one table keyed by the English label, applied only when
 the book is built in Chinese (KVLAB_BOOK_LANG=zh_CN).
 
-Why a table and not gettext: labels live in bokeh models and in data that the static
-page's JavaScript rebuilds on every slider move, so the browser needs the same table
-(`browser_js`); a dict serves Python and JavaScript alike. Values never change, only the
+Why one table and not a gettext call at each label: labels live in bokeh models and in
+data that the static page's JavaScript rebuilds on every slider move, so the browser
+needs the same table (`browser_js`); the catalogue, read once into a dict, serves Python
+and JavaScript alike. Values never change, only the
 words: a readout's data-value stays the English/number value Python computed.
 
 - `t(text)`: the label in the edition's language (unchanged in English);
@@ -13,9 +14,12 @@ words: a readout's data-value stays the English/number value Python computed.
   so that readouts and rebuilt data are translated the same way after a change;
 - `missing(texts)`, `visible_texts(layout)`: what tests/test_i18n.py checks.
 
-Exact entries live in `kvlab/viz/i18n_zh.py` (ZH), templates with `{name}` slots in
-PATTERNS there (each slot is translated in turn). Names of products, models, dtypes and
-catalogue ids stay as they are (`exempt`).
+The table is a gettext catalogue, `kvlab/viz/locale/zh_CN/LC_MESSAGES/kvlab-labels.po`
+(inside the package so it ships with it; apart from the pages' catalogues in locale/,
+which `make locale` regenerates and Sphinx compiles), read once through `gettext` (`labels`) into
+ZH (exact labels), PATTERNS (msgctxt "pattern": templates with `{name}` slots, each
+slot translated in turn, first match first) and KEEP (msgctxt "keep": names that stay
+as they are). Names of products, models, dtypes and catalogue ids stay too (`exempt`).
 """
 
 from __future__ import annotations
@@ -23,18 +27,38 @@ from __future__ import annotations
 import json
 import os
 import re
-from functools import lru_cache
+from functools import cache, lru_cache
+from pathlib import Path
 
 from .. import hardware, models
-from .i18n_zh import KEEP, PATTERNS, ZH
+from . import po
 
 LANG_ENV = "KVLAB_BOOK_LANG"
 CHINESE = "zh_CN"
+#: The Chinese labels (see the module's docstring).
+CATALOGUE = Path(__file__).parent / "locale" / CHINESE / "LC_MESSAGES" / "kvlab-labels.po"
 
 #: Data columns that are never shown as text (colours, markers).
 HIDDEN_COLUMNS = frozenset(
     {"color", "colour", "marker", "line_dash", "fill_color", "line_color", "hatch_pattern"}
 )
+
+
+@cache
+def labels() -> tuple[frozenset[str], dict[str, str], list[tuple[str, str]]]:
+    """(KEEP, ZH, PATTERNS) from the catalogue, in its order."""
+    entries, translations = po.load(CATALOGUE)
+    contexts = {entry.context for entry in entries} - {None, "keep", "pattern"}
+    if contexts:
+        raise ValueError(f"{CATALOGUE}: unknown msgctxt {sorted(contexts)}")
+    of = lambda context: [e.msgid for e in entries if e.context == context]  # noqa: E731
+    keep = frozenset(translations.pgettext("keep", msgid) for msgid in of("keep"))
+    table = {msgid: translations.gettext(msgid) for msgid in of(None)}
+    patterns = [(msgid, translations.pgettext("pattern", msgid)) for msgid in of("pattern")]
+    return keep, table, patterns
+
+
+KEEP, ZH, PATTERNS = labels()
 
 
 def language() -> str:
