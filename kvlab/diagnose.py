@@ -106,7 +106,7 @@ def _bandwidth(name: str, value) -> float:
     )
 
 
-def _check_inputs(
+def _check_inputs(  # noqa: PLR0913 - one keyword per `kvlab diagnose` option
     model,
     hardware,
     batch,
@@ -162,7 +162,7 @@ def _check_inputs(
     )
 
 
-def diagnose(
+def diagnose(  # noqa: PLR0913 - one keyword per `kvlab diagnose` option
     model,
     hardware,
     batch: int,

@@ -72,7 +72,7 @@ def check_number(
         if requirement:
             raise KvlabError(f"{name} must be {requirement}, got {value!r}")
         return int(v) if integer else v
-    import numpy as np  # here, not at the top: `kvlab --help` must not pay numpy's import
+    import numpy as np  # noqa: PLC0415 - here, not at the top: `kvlab --help` must not pay numpy's import
 
     try:
         arr = np.asarray(value, dtype=float)

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 
 def jsonable(obj, digits: int | None = None):
     """`obj` with every value JSON-ready (see the module docstring). Dict keys become str."""
-    import numpy as np
 
     if isinstance(obj, dict):
         return {str(k): jsonable(v, digits) for k, v in obj.items()}

@@ -45,11 +45,13 @@ from .hardware import get_device
 from .kernel_tables import load
 from .models import get_model
 from .parallel import allreduce_link
+from .plan import Job, Slo, Space, Workload, plan
 from .prefix import replay
 from .prompt import served_tokens
+from .sim.costs import LedgerCost
 from .speculative import breakeven_batch, speculative_step, tokens_per_verify_step
 from .tiers import TierPath, get_placement, kv_fetch_time_s, tiered_decode_step
-from .traces import trace_or_generated, trace_stats
+from .traces import find_trace, trace_or_generated, trace_stats
 from .viz.i18n import chinese
 
 ANSWER_MARK = "# ANSWER"
@@ -800,7 +802,6 @@ LAB_PLAN_START_S, LAB_PLAN_REQUESTS = 900.0, 600
 
 def lab_plan_trace() -> str:
     """The conversation trace when this machine has it, else its generated stand-in."""
-    from .traces import find_trace
 
     return "conversation" if find_trace("conversation") is not None else "generated:conversation"
 
@@ -808,7 +809,6 @@ def lab_plan_trace() -> str:
 @functools.cache
 def lab_plan() -> dict:
     """`kvlab plan` as the lab's reader runs it (kvlab.plan.plan, in this process)."""
-    from .plan import Job, Slo, Space, Workload, plan
 
     return plan(
         Job(LAB_PLAN_MODEL, Slo(ttft_s=LAB_PLAN_TTFT_S, tbt_s=LAB_PLAN_TBT_S)),
@@ -826,8 +826,6 @@ def _lab_per_gpu() -> dict:
 def _lab_prefill_s(tp: int) -> tuple[float, float]:
     """(seconds, tokens): the ledger's prefill of the lab slice's median prompt at TP `tp`
     (all-reduces in)."""
-    from .plan import Workload
-    from .sim.costs import LedgerCost
 
     slice_ = Workload(lab_plan_trace(), start_s=LAB_PLAN_START_S, requests=LAB_PLAN_REQUESTS)
     tokens = float(np.median(slice_.traces()[0].input_tokens))

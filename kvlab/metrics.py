@@ -315,7 +315,7 @@ def capacity_gain(capacity: float, baseline: float) -> float:
     return capacity / baseline - 1.0
 
 
-def summarize(
+def summarize(  # noqa: PLR0913 - the SLOs and statistics of `kvlab simulate`, keyword-only
     arrival_s,
     token_times,
     offsets=None,

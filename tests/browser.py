@@ -8,6 +8,7 @@ import contextlib
 import functools
 import http.server
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -150,7 +151,6 @@ def site_pages() -> list[str]:
 
 def page_panels() -> list[tuple[str, str]]:
     """(page, panel key) for every static panel the built book embeds."""
-    import re
 
     found = []
     for page in site_pages():

@@ -4,20 +4,30 @@ the figures are measured and reported, not tested."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import time as _time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
+
+import kvlab.bench.memory as memory
+from kvlab import hardware
+from kvlab.bench import gpu_session
 
 pytest.importorskip("torch")
 
 from kvlab import native
 from kvlab.bench import (
     decode,
-    gpu_session,
     host_copy,
-    memory,
     recompute,
     report,  # noqa: E402
     timing,
@@ -177,7 +187,6 @@ def test_unusable_results_dir_is_refused_before_the_work(tmp_path, monkeypatch, 
     afile.write_text("")
     target = afile if where == "file" else afile / "results"
     monkeypatch.setenv("KVLAB_RESULTS_DIR", str(target))
-    import kvlab.bench.memory as memory
 
     def never(*args, **kwargs):
         raise AssertionError("the benchmark ran")
@@ -249,7 +258,7 @@ def test_all_quick_writes_every_benchmark(results, capsys):
         "recompute-vs-fetch-quick.json",
         "transfer-quick.json",
     ]
-    from kvlab.decoder import tune
+    from kvlab.decoder import tune  # noqa: PLC0415 - torch loads only when used
 
     # where auto picked the native kernels (timed faster here), the decode points are timed
     # again with PyTorch's
@@ -390,7 +399,7 @@ def test_report_keeps_the_pytorch_kernel_run_apart(results):
     assert report.targets(kernels="torch")[0]["rows"][0]["max_abs_error"] == pytest.approx(0.5)
     with pytest.raises(ValueError, match="kernels"):
         report.decode_comparison(kernels="fast")
-    from kvlab.viz import bench_figures
+    from kvlab.viz import bench_figures  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     assert chapter.decode_summary() == (
         "On CPU A with kvlab's kernels (bf16 KV): at batch 1 the steps used at least 75.0% of the "
@@ -454,8 +463,6 @@ def test_report_recompute_curves(results):
 
 
 def test_measure_undisturbed_retries_when_another_process_stalled_the_cpu(monkeypatch):
-    import time as _time
-
     stalls = iter([0.0, 1e9, 1e9, 1e9 + 10])  # PSI counter (us): attempt 1 stalled, attempt 2 quiet
     monkeypatch.setattr(timing, "_stall_total_us", lambda: next(stalls))
     calls = []
@@ -689,8 +696,6 @@ class _Recorder:
         return stream
 
     def named(self, kind, device):
-        import contextlib
-
         @contextlib.contextmanager
         def context():
             self.calls.append((kind, device))
@@ -730,7 +735,6 @@ class _Recorder:
 def test_cuda_graph_capture_names_the_benchmarks_device(monkeypatch):
     """`--device cuda:1`: the warm-up stream, the capture and the stream waits all name
     cuda:1, never the current device."""
-    from types import SimpleNamespace
 
     import torch
 
@@ -759,8 +763,6 @@ def test_device_index_beyond_the_gpus_is_one_line(monkeypatch, capsys):
 
 
 def test_result_files_are_ordinary_files(results):
-    import os
-
     path = write_result("memory", {"x": 1}, machine="m")
     umask = os.umask(0o022)
     os.umask(umask)
@@ -821,8 +823,6 @@ def test_findings_from_hand_made_results():
 
 
 def test_gpu_session_packs_what_comes_back(tmp_path):
-    import tarfile
-
     assert gpu_session.catalogue_device("NVIDIA H200") == "h200"
     (tmp_path / "results" / "gpu").mkdir(parents=True)
     for i in range(7):
@@ -866,8 +866,6 @@ def test_gpu_session_packs_what_comes_back(tmp_path):
     ],
 )
 def test_gpu_names_map_to_the_catalogue_device_or_to_none(reported, device):
-    from kvlab.bench import gpu_session
-
     assert gpu_session.catalogue_device(reported) == device
     if device is None:
         note = gpu_session.unknown_device_note(reported)
@@ -877,7 +875,6 @@ def test_gpu_names_map_to_the_catalogue_device_or_to_none(reported, device):
 def test_every_catalogue_device_lists_the_names_its_driver_reports():
     """Where a new GPU's author adds it: kvlab/data/hardware.toml, one entry with its figures
     and `reported_names`; no name may belong to two devices."""
-    from kvlab import hardware
 
     seen = {}
     for dev in hardware.devices().values():
@@ -892,8 +889,6 @@ def test_every_catalogue_device_lists_the_names_its_driver_reports():
 
 
 def test_unknown_gpu_gets_no_plan_and_says_why(tmp_path, monkeypatch):
-    from kvlab.bench import gpu_session
-
     session = gpu_session.Session(tmp_path, 60)
     session.record["facts"] = {"device_name": "NVIDIA L40"}
     gpu_session.run_plan(session, gpu_session.catalogue_device("NVIDIA L40"), 60, None)
@@ -916,8 +911,6 @@ def test_unknown_gpu_gets_no_plan_and_says_why(tmp_path, monkeypatch):
 )
 def test_gpu_session_bad_arguments_are_one_line_and_exit_2(tmp_path, argv, message):
     """Before any step runs: one line on stderr, exit status 2, nothing written."""
-    import subprocess
-    import sys
 
     afile = tmp_path / "afile"
     afile.write_text("x")
@@ -953,10 +946,6 @@ def test_gpu_session_dry_run_on_the_cpu(tmp_path):
     """The GPU session script, run end to end where CUDA is absent (suite on the CPU, quick):
     every step runs and is recorded, results land under OUT, and OUT holds only what the
     device machine sends back."""
-    import os
-    import re
-    import subprocess
-    import sys
 
     out = tmp_path / "out"
     argv = [

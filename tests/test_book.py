@@ -6,11 +6,13 @@ check the data behind them on small inputs, by hand where the article gives a nu
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from kvlab import cost
+from kvlab import cost, fmt, kernel_tables, tiers, traces
 from kvlab.book import bandwidth_wall as ch2
 from kvlab.book import (
     beyond_hbm,
@@ -19,12 +21,15 @@ from kvlab.book import (
     measured,
     metrics_and_diagnosis,
     past_the_ceiling,
+    prefix_caching,
     sim_runs,
+    what_a_hit_saves,
 )
 from kvlab.book import past_the_ceiling as ch
 from kvlab.book.bandwidth_wall import NIC, flash_attention_effect, tier_step_ratios
 from kvlab.book.beyond_hbm import hit_conditions
 from kvlab.book.catalog import panels
+from kvlab.book.prefix_caching import shared_requests_words
 from kvlab.deployment import Deployment
 from kvlab.grids import BATCH_GRID
 from kvlab.jsonsafe import jsonable
@@ -33,7 +38,7 @@ from kvlab.sim import ARCHS, trace_at_rate, trace_slice
 from kvlab.speculative import speculative_step
 from kvlab.tiers import series
 from kvlab.traces.generate import generate_trace
-from kvlab.viz import Panel
+from kvlab.viz import Panel, i18n
 
 LLAMA_8B = Deployment("llama-3.1-8b", "h100-sxm")
 
@@ -61,7 +66,7 @@ def test_article_numbers_are_book_ready():
 
 
 def test_tier_series_are_plot_ready():
-    from kvlab.viz.beyond_hbm import PD_LINKS
+    from kvlab.viz.beyond_hbm import PD_LINKS  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     article = Deployment("article-7b", "h100-sxm")
     t = series.tier_throughput_series(article, 32)
@@ -234,7 +239,6 @@ def test_flops_per_kv_byte_all_of_a_sequence_against_attention_alone():
 
 def test_chapter_2_glues_its_former_typed_numbers():
     """'a sixteenth' and 'the 4x' were typed beside glued numbers: now computed."""
-    from kvlab.book import bandwidth_wall as ch2
 
     n = ch2.numbers()
     assert n["kvw_batch"] == "16"
@@ -342,7 +346,7 @@ def test_load_sweep_attainment_falls_and_rejection_holds_goodput(gen, load):
 
 
 def test_capacity_panel_and_numbers(load):
-    from kvlab.viz.sim_panels import capacity_panel
+    from kvlab.viz.sim_panels import capacity_panel  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     panel = capacity_panel(load, sim_runs.SATURATION_ATTAINMENT)
     assert [c.key for c in panel.controls] == ["rate", "chunk", "early_reject"]
@@ -427,7 +431,7 @@ def test_speculative_panel_terms_are_the_ledger_and_live_states_work():
 
 
 def levers_setup_step(setup, batch, context, k, a):
-    from kvlab.viz.past_the_ceiling import SPEC_SETUPS
+    from kvlab.viz.past_the_ceiling import SPEC_SETUPS  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     s = SPEC_SETUPS[setup]
     return speculative_step(s.deployment, batch, context, k, a, s.draft_model)
@@ -483,9 +487,6 @@ def test_deepseek_v3_reads_more_experts_as_the_batch_grows_and_mtp_pays_more():
 
 
 def test_past_the_ceiling_numbers_glue_every_role(ceiling_numbers):
-    import re
-    from pathlib import Path
-
     notebook = Path(__file__).resolve().parents[1] / "notebooks" / "02c_past_the_ceiling.ipynb"
     text = notebook.read_text()
     roles = set(re.findall(r"\{glue:text\}`([\w-]+)`", text))
@@ -516,7 +517,6 @@ def test_chapter_5_token_gaps_show_what_the_prose_says():
 def test_chapter_5_token_gap_example_holds_on_the_generated_stand_in(monkeypatch):
     """A book built without the Mooncake traces replays the generated conversation trace
     over the same window: the example must show the same thing there."""
-    from kvlab import traces
 
     monkeypatch.setattr(traces, "find_trace", lambda name: None)
     stand_in = traces.trace_or_generated("conversation")
@@ -553,7 +553,6 @@ def test_chapter_3_measured_mode_with_links_at_a_share():
     """The measured mode adds each tier's trip at line rate to the measured kernels (the
     panel's numbers, reproduced); at 80% of line rate the slow tiers slow by up to 1/0.8
     and the gap to host memory widens again."""
-    from kvlab.book import beyond_hbm
 
     n = beyond_hbm.numbers()
     line = beyond_hbm.measured_tier_reads(1.0)
@@ -569,8 +568,6 @@ def test_chapter_3_measured_mode_with_links_at_a_share():
 
 
 def fmt_rate(x):
-    from kvlab import fmt
-
     return fmt.rate(x)
 
 
@@ -578,8 +575,6 @@ def test_the_hit_never_pays_only_inside_llama_2s_window():
     """Llama 2 7B, a full hit over PCIe 4.0: no prompt up to its 4,096-token window pays;
     with the window raised it pays from ~14K tokens, where the miss's quadratic attention
     outgrows the linear copy."""
-    from kvlab import tiers
-    from kvlab.book import beyond_hbm
 
     b = beyond_hbm.breakeven_beyond_the_window()
     assert b["window"] == 4096 and b["inside_window"] == float("inf")
@@ -593,8 +588,6 @@ def test_the_hit_never_pays_only_inside_llama_2s_window():
 
 
 def test_chapter_3_and_5_name_the_400g_nic_per_gpu():
-    from kvlab.book import beyond_hbm, metrics_and_diagnosis
-
     n = beyond_hbm.numbers()
     assert n["nic_400g_sold"] == "400 Gb/s"
     assert float(n["pd_remote_slowdown_400g"].rstrip("×")) < float(
@@ -608,8 +601,6 @@ def test_chapter_3_and_5_name_the_400g_nic_per_gpu():
 def test_deepseek_v3_fixed_costs_beside_its_ceiling():
     """The ledger's own fixed-cost estimate: its operator list's kernels per GPU (all but
     the all-reduces) at the H200 tables' smallest-kernel latency, ~2.7 us."""
-    from kvlab.book import past_the_ceiling as ch
-    from kvlab.kernel_tables import load
 
     f = ch.v3_fixed_costs()
     # 61 layers: attention + its projections + 2 norms each; 58 MoE layers: router, top-k,
@@ -617,7 +608,7 @@ def test_deepseek_v3_fixed_costs_beside_its_ceiling():
     # final norm, LM head, embedding, sampling
     assert f["kernels"] == 61 * 4 + 58 * 5 + 3 * 3 + 4
     assert f["allreduces"] == 2 * 61
-    assert f["kernel_floor_s"] == load("h200").kernel_floor_s
+    assert f["kernel_floor_s"] == kernel_tables.load("h200").kernel_floor_s
     assert 2e-6 < f["kernel_floor_s"] < 3.5e-6
     assert f["fixed_s"] == pytest.approx(f["kernels"] * f["kernel_floor_s"])
     assert 0.5 < f["fixed_s"] / f["ceiling_step_s"] < 1.5  # as large as the ceiling itself
@@ -627,8 +618,6 @@ def test_deepseek_v3_fixed_costs_beside_its_ceiling():
 
 
 def test_mtp_pays_more_with_the_batch_only_until_every_expert_is_read():
-    from kvlab.book import past_the_ceiling as ch
-
     peak = ch.mtp_peak()
     assert peak["batch"] == 128 and peak["experts_touched"] > 0.98 * 256
     assert peak["speedup_at_max"] < peak["speedup"]
@@ -637,8 +626,6 @@ def test_mtp_pays_more_with_the_batch_only_until_every_expert_is_read():
 
 
 def test_magicdec_is_quoted_with_its_version():
-    from kvlab.book import past_the_ceiling as ch
-
     p = ch.PUBLISHED["magicdec"]
     assert (p["speedup"], p["iclr_speedup"]) == (1.84, 2.51)
     n = ch.speculative_numbers()
@@ -647,8 +634,6 @@ def test_magicdec_is_quoted_with_its_version():
 
 
 def test_shared_requests_said_exactly_where_a_percentage_rounds_to_100():
-    from kvlab.book.prefix_caching import shared_requests_words
-
     assert shared_requests_words(12030, 12031) == "all but one of its 12,031 requests"
     assert shared_requests_words(12031, 12031) == "all 12,031 of its requests"
     assert shared_requests_words(6000, 12031) == "49.9% of its requests"
@@ -656,16 +641,12 @@ def test_shared_requests_said_exactly_where_a_percentage_rounds_to_100():
 
 def test_the_chinese_says_all_but_one_in_words_too(monkeypatch):
     """The Chinese edition states the same numbers as the English: a word, not a digit."""
-    from kvlab.book.prefix_caching import shared_requests_words
-    from kvlab.viz import i18n
 
     monkeypatch.setenv(i18n.LANG_ENV, i18n.CHINESE)
     assert shared_requests_words(12030, 12031) == "12,031 个请求中除一个以外的所有请求"
 
 
 def test_chapter_5b_says_all_but_one_where_a_percentage_says_100():
-    from kvlab.book import prefix_caching
-
     n = prefix_caching.numbers()
     if n["conv_requests"] == "12,031":  # the real trace (the generated one differs)
         assert n["conv_shared_requests"] == "all but one of its 12,031 requests"
@@ -676,7 +657,6 @@ def test_chapter_5b_says_all_but_one_where_a_percentage_says_100():
 def test_chapter_1_says_128_kib_is_131_kb_once():
     """The article's "128 KB" per token is 128 KiB = 131,072 bytes, which kvlab writes as
     131 kB (SI units)."""
-    from kvlab.book import what_a_hit_saves
 
     n = what_a_hit_saves.numbers()
     assert (n["kv_per_token_kib"], n["kv_per_token"]) == ("128", "131 kB")
@@ -685,7 +665,6 @@ def test_chapter_1_says_128_kib_is_131_kb_once():
 def test_chapter_5b_latency_conditions_measured_kernels_are_slower(gen):
     """Chapter 5b states the TTFT/TPOT figure's conditions and its numbers again with measured
     kernels, on the requests the tables reach: slower everywhere, the hit moving TTFT alone."""
-    from kvlab.book import prefix_caching
 
     c = prefix_caching.latency_conditions(gen)
     assert 0 < c["covered_share"] <= 1 and c["covered_max_prompt"] <= int(gen.input_tokens.max())

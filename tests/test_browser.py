@@ -11,6 +11,7 @@ and the formatting twins digit for digit, are checked under node by tests/test_j
 from __future__ import annotations
 
 import functools
+import html as html_lib
 import io
 import json
 import math
@@ -197,8 +198,6 @@ def check_readout(panel_key: str, state: dict, readout_html: str, language: str 
 
 
 def _check_readout(panel, state: dict, readout_html: str) -> None:
-    import html as html_lib
-
     expected = panel.compute(state)["values"]
     cli = budget_json(panel.budget_keys(state)) if panel.budget_keys else {}
     shown = parse_readout(readout_html)

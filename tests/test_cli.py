@@ -9,9 +9,19 @@ import pytest
 
 import kvlab.cli.catalog as catalog
 from kvlab import cost, labs
-from kvlab.cli import ALL, COMMANDS, build_parser, guarded, main
+from kvlab.cli import (
+    ALL,
+    ASCII_SPELLING,
+    COMMANDS,
+    _transliterate,
+    build_parser,
+    guarded,
+    main,
+    terminal_safe,
+)
+from kvlab.cli.args import count
 from kvlab.deployment import Deployment
-from kvlab.errors import KvlabError
+from kvlab.errors import KvlabError, check_number
 
 BUDGET_KEYS = {
     "weight_bytes",
@@ -342,8 +352,6 @@ def test_text_output_on_an_ascii_terminal(argv):
 
 
 def test_ascii_spellings_are_ascii_and_keep_the_meaning():
-    from kvlab.cli import ASCII_SPELLING, _transliterate, terminal_safe
-
     terminal_safe()  # registers the handler (every `kvlab` run does, first)
     assert all(spelled.isascii() for spelled in ASCII_SPELLING.values())
     text = "4.64 µs × 2 ≥ 3 → é 中"
@@ -388,8 +396,6 @@ def test_an_unknown_option_points_at_its_command_and_where_it_belongs(capsys, ar
 def test_the_largest_documented_seed_survives_parsing_exactly(capsys):
     """2**63 - 1 has no float: parsed as one it became 2**63 and was refused (or silently
     changed). Whole numbers that large stay int from the command line to the range check."""
-    from kvlab.cli.args import count
-    from kvlab.errors import KvlabError, check_number
 
     top = 2**63 - 1
     assert count(str(top)) == top and type(count(str(top))) is int

@@ -1,6 +1,7 @@
 """The ledger: hand-checked cases, broadcasting, and properties (hypothesis)."""
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from kvlab.deployment import Ceiling, Deployment, KernelTables, parse_speed
 from kvlab.dtypes import bytes_per_element, parse_dtype
 from kvlab.errors import KvlabError
 from kvlab.hardware import USABLE_MEMORY_FRACTION, get_device, get_tier, tiers
-from kvlab.models import models
+from kvlab.models import load_config, models
 from kvlab.operators import experts_touched, operator_work, pass_counts, query_key_pairs
 
 MODELS = sorted(models())
@@ -111,10 +112,6 @@ def test_mla_kv_is_small():
 
 
 def test_sliding_window_caps_kv(tmp_path):
-    import json
-
-    from kvlab.models import load_config
-
     cfg = {
         "model_type": "mistral",
         "num_hidden_layers": 32,

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from browser import CHROMIUM_ARGS, SHOTS, TEXT_FIT, WIDTHS, chromium_path
 
-from kvlab.viz.serve import free_port, start, stop
+from kvlab.viz.serve import die_with_parent, free_port, start, stop
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -85,7 +85,7 @@ def step_slider(page, control: str, presses: int) -> None:
 
 @pytest.mark.browser
 def test_dragging_a_live_slider_reruns_the_ledger(dashboard, browser):
-    from kvlab.viz.dashboard import dashboard_panel
+    from kvlab.viz.dashboard import dashboard_panel  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     page, problems = open_dashboard(browser, dashboard, 1300)
     before = readout_values(page)
@@ -114,7 +114,7 @@ def test_the_books_levers_rerun_the_ledger_and_the_serving_run(dashboard, browse
     """Measured kernels, tensor parallelism, the draft length and its acceptance, then a
     serving run on another cluster design: each shows kvlab's numbers for what the page's
     widgets show."""
-    from kvlab.viz.dashboard import SERVING_RATES, _serving_run, dashboard_panel
+    from kvlab.viz.dashboard import SERVING_RATES, _serving_run, dashboard_panel  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     page, problems = open_dashboard(browser, dashboard)
     first = readout_values(page)
@@ -249,7 +249,6 @@ def test_kill_9_of_the_server_takes_voila_and_its_kernel_down(tmp_path):
     psutil = pytest.importorskip("psutil")
     if not sys.platform.startswith("linux"):
         pytest.skip("the parent-death signal is Linux's")
-    from kvlab.viz.serve import free_port
 
     port = free_port()
     server = _serve("--port", str(port), env={"HOME": str(tmp_path)})
@@ -280,7 +279,6 @@ def test_the_parent_death_signal_is_armed_in_the_child():
     it, so the child asks prctl itself)."""
     if not sys.platform.startswith("linux"):
         pytest.skip("the parent-death signal is Linux's")
-    from kvlab.viz.serve import die_with_parent
 
     code = (
         "import ctypes, signal; libc = ctypes.CDLL(None); v = ctypes.c_int(); "
@@ -327,7 +325,7 @@ def test_a_taken_port_fails_instead_of_moving():
 def test_dashboard_levers_hand_checked():
     """Llama 3.1 8B, fp16 KV, 4,096 tokens: 32 layers x 8 KV heads x 128 x 2 (K, V) x 2 B
     = 131,072 B a token, 537 MB a request, 10.7 ms over one 400 Gb/s NIC (50 GB/s)."""
-    from kvlab.viz.dashboard import dashboard_panel
+    from kvlab.viz.dashboard import dashboard_panel  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     panel = dashboard_panel()
     plain = panel.values()
@@ -348,7 +346,7 @@ def test_dashboard_levers_hand_checked():
 
 
 def test_serving_run_is_small_and_orders_its_percentiles():
-    from kvlab.viz.dashboard import SERVING_REQUESTS, _serving_run, dashboard_panel
+    from kvlab.viz.dashboard import SERVING_REQUESTS, _serving_run, dashboard_panel  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     state = dashboard_panel().default_state
     run = {"arch": "disaggregated", "rate": 4, "prefill": 1, "decode": 2}

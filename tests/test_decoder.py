@@ -251,7 +251,7 @@ def test_cache_limit_is_named(model):
 
 
 def test_cache_footprint_is_what_the_cache_allocates(model):
-    from kvlab.decoder.kvcache import cache_footprint
+    from kvlab.decoder.kvcache import cache_footprint  # noqa: PLC0415 - torch loads only when used
 
     cases = (("fp32", "device", False), ("int8", "host", False), ("bf16", "host", True))
     for kv, placement, prefetch in cases:
@@ -266,7 +266,7 @@ def test_cache_footprint_is_what_the_cache_allocates(model):
 
 
 def test_each_weight_gets_one_backend_chosen_once(tokens):
-    from kvlab.decoder.linear import Int8Linear, NativeLinear, OneDNNLinear, TorchLinear
+    from kvlab.decoder.linear import Int8Linear, NativeLinear, OneDNNLinear, TorchLinear  # noqa: PLC0415 - torch loads only when used
 
     def kinds(m):
         return {type(lin) for lin in m.linears()}
@@ -289,7 +289,7 @@ def test_each_weight_gets_one_backend_chosen_once(tokens):
 
 def test_sdpa_prefill_without_enable_gqa_matches(tokens, monkeypatch):
     """torch < 2.5 has no `enable_gqa`: K and V are expanded to every query head instead."""
-    from kvlab.decoder import attention
+    from kvlab.decoder import attention  # noqa: PLC0415 - torch loads only when used
 
     m = Decoder("tiny", "fp32", prefill_kernel="sdpa")
     assert m.config.num_heads > m.config.num_kv_heads  # grouped-query: the guarded case
@@ -323,7 +323,7 @@ def test_sdpa_prefill_without_enable_gqa_matches(tokens, monkeypatch):
     ],
 )
 def test_enable_gqa_needs_torch_2_5(monkeypatch, version, expected):
-    from kvlab.decoder import attention
+    from kvlab.decoder import attention  # noqa: PLC0415 - torch loads only when used
 
     monkeypatch.setattr(torch, "__version__", version)
     assert attention._torch_at_least(2, 5) is expected
@@ -419,7 +419,7 @@ def test_prefetch_orders_copies_and_compute_with_events(tokens):
     before has finished, a pass's first copies wait for the previous pass, copies do overlap
     compute, and the numbers are those of device placement. Every stream is asked of the
     cache's device (cuda:1), never of the current one."""
-    from kvlab.decoder.kvcache import _Streams
+    from kvlab.decoder.kvcache import _Streams  # noqa: PLC0415 - torch loads only when used
 
     cfg = DecoderConfig(
         "deep",

@@ -13,6 +13,7 @@ import pytest
 from kvlab import metrics
 from kvlab.deployment import Deployment
 from kvlab.errors import KvlabError
+from kvlab.prefix.pools import global_vs_local
 from kvlab.published import mooncake
 from kvlab.sim import SimConfig, simulate
 from kvlab.sim import experiments as ex
@@ -112,7 +113,6 @@ def test_report_workloads_and_slos():
     leval = ex.report_workload("l-eval", 1.0, requests=200)
     assert {r.input_tokens for r in arxiv.requests} == {8088}
     assert {r.output_tokens for r in leval.requests} == {72}
-    from kvlab.prefix.pools import global_vs_local
 
     bound = lambda t: global_vs_local(t, 1, [0])["infinite_token_hit_ratio"]  # noqa: E731
     assert bound(arxiv) == 0.0

@@ -22,6 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvlab.cli import ALL, UsageError, build_parser, main
+from kvlab.cli.bench import check_gpu_session
+from kvlab.errors import KvlabError
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "tests" / "data" / "configs"
@@ -598,8 +600,6 @@ def test_bench_kernels_choice_refuses_everything_else():
 def test_gpu_session_arguments(tmp_path):
     """kvlab bench gpu-session, parsed and checked (never run): a usage error or a parse,
     never another exception; --out names are kept under tmp_path."""
-    from kvlab.cli.bench import check_gpu_session
-    from kvlab.errors import KvlabError
 
     parser = build_parser("bench")
     counter = iter(range(10**6))

@@ -15,6 +15,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from browser import ensure_site
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "book" / "_ext"))
@@ -340,8 +341,6 @@ def _toc_pages() -> list[str]:
 
 @pytest.fixture(scope="module")
 def built():
-    from browser import ensure_site
-
     ensure_site()
     return SITE
 

@@ -6,10 +6,15 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from browser import ensure_site
+from test_i18n import PENDING
+from test_js import measured_states
 
 from kvlab import labs
 from kvlab.book import bandwidth_wall, past_the_ceiling, what_a_hit_saves
@@ -115,8 +120,6 @@ def _exercises_by_page() -> dict[str, set[str]]:
 
 
 def test_every_translated_chapter_has_chinese_hints():
-    from test_i18n import PENDING
-
     missing = [
         key
         for page, keys in _exercises_by_page().items()
@@ -173,10 +176,6 @@ def test_the_browser_translates_the_decode_step_panel_as_python_does(tmp_path, m
     Python's: a template matches only when each of its slots translates ('Time per step
     (measured: X kernel tables, GPU)' also fits '{fw} kernel tables, {gpu}', whose first slot
     does not translate)."""
-    import shutil
-    import subprocess
-
-    from test_js import measured_states
 
     node = shutil.which("node")
     if node is None:
@@ -223,7 +222,6 @@ def test_display_math_survives_translation():
     """Each Chinese page has the English page's display formulas, as formulas (Sphinx's own
     translation step would turn a translated one into '::'; book/_ext/kvlab_i18n.py translates
     them first), and chapter 1's has its words in Chinese."""
-    from browser import ensure_site
 
     site = ensure_site()
     for english in sorted(site.glob("notebooks/*.html")):

@@ -27,14 +27,16 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+import kvlab.models as registry
 from kvlab import cost, fmt
 from kvlab.book.catalog import panels
 from kvlab.deployment import Ceiling, Deployment
-from kvlab.grids import BATCH_GRID, CONTEXT_GRID
+from kvlab.grids import BATCH_GRID, CONTEXT_GRID, DTYPE_CHOICES
 from kvlab.hardware import devices
 from kvlab.jsonsafe import jsonable
 from kvlab.models import get_model, models
 from kvlab.prompt import served_tokens
+from kvlab.viz import speed
 from kvlab.viz.panel import FORMATS, kvlab_js
 from kvlab.viz.terms import DTYPES, ledger_terms
 
@@ -194,8 +196,6 @@ def measured_states(panel) -> list[dict]:
     """The decode-step panel in measured mode: every model x device x dtype pair of the
     grid the kernel tables cover, at MEASURED_POINTS, and one state for each kind of
     configuration they do not cover (no tables for the device, MLA, each weight or KV dtype)."""
-    from kvlab.grids import DTYPE_CHOICES
-    from kvlab.viz import speed
 
     covered, uncovered = [], {}
     for m, d, w, k in itertools.product(models(), devices(), DTYPE_CHOICES, DTYPE_CHOICES):
@@ -241,7 +241,6 @@ def test_decode_step_panel_in_measured_mode(library):
 def windowed_catalogue(monkeypatch):
     """The catalogue plus Mistral 7B with Mistral 7B v0.1's 4,096-token sliding window (the
     catalogued v0.3 has none; no catalogued model has one)."""
-    import kvlab.models as registry
 
     spec = dataclasses.replace(
         get_model("mistral-7b"),
@@ -255,7 +254,7 @@ def windowed_catalogue(monkeypatch):
 
 
 def test_footprint_longest_context_counts_a_sliding_window(windowed_catalogue, library):
-    from kvlab.viz.beyond_hbm import footprint_panel
+    from kvlab.viz.beyond_hbm import footprint_panel  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     panel = footprint_panel()
     assert WINDOWED in panel.controls[0].options

@@ -5,8 +5,9 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from nbclient import NotebookClient
 
-from kvlab import labs
+from kvlab import cost, labs
 from kvlab.cli import guarded
 from kvlab.deployment import Deployment
 
@@ -77,7 +78,6 @@ def test_choices_take_one_letter_in_any_case_and_refuse_the_rest():
 
 def test_the_why_answers_follow_from_kvlab_where_a_number_decides():
     """The letters kvlab computes: the premise of each question holds in the ledger."""
-    from kvlab import cost
 
     for key in (
         "ch1.ttft_why",
@@ -124,8 +124,6 @@ def test_every_chapter_notebook_with_a_lab_is_complete():
 
 @pytest.mark.notebook
 def test_student_copies_fail_with_hints(tmp_path):
-    from nbclient import NotebookClient
-
     written = labs.write_student_copies(NOTEBOOKS, tmp_path)
     assert written
     for path in written:

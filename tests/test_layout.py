@@ -12,6 +12,7 @@ from bokeh.models import (
     CategoricalAxis,
     Column,
     CustomJSTicker,
+    FixedTicker,
     Legend,
     LogAxis,
     NoOverlap,
@@ -19,6 +20,7 @@ from bokeh.models import (
     Plot,
     Row,
     Tabs,
+    Title,
 )
 
 from kvlab.viz import layout, style
@@ -116,8 +118,6 @@ def test_log_axes_are_ticked_at_one_two_five_of_each_decade():
 
 
 def test_a_log_axis_ticked_on_purpose_keeps_its_ticks():
-    from bokeh.models import FixedTicker
-
     fig = _figure(x_axis_type="log")
     fig.xaxis.ticker = FixedTicker(ticks=[512, 1024, 2048])  # say, the measured contexts
     fit(fig)
@@ -145,8 +145,6 @@ def test_log_ticks_under_node(start, end, ticks):
 
 
 def test_a_caption_below_the_plot_becomes_page_text_that_wraps():
-    from bokeh.models import Title
-
     fig = _figure()
     fig.add_layout(Title(text="Data: a long source line", text_font_style="italic"), "below")
     out = fit(fig)

@@ -2,6 +2,8 @@
 
 import dataclasses
 import json
+import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -338,8 +340,6 @@ def test_hostile_config_files_are_one_clear_error(tmp_path, text, message):
 def test_a_piped_config_is_read_once(tmp_path):
     """`--model <(cat config.json)`: a pipe can be read only once; budget asks for the model
     three times (decode step, memory fit, prefill)."""
-    import os
-    import threading
 
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)

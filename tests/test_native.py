@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import platform
 import subprocess
 import sys
 
@@ -33,8 +34,6 @@ needs_native = pytest.mark.skipif(
 def test_native_builds_wherever_cpu_and_compiler_allow():
     """The tests below skip without the kernels; this one makes sure that is never because the
     source stopped compiling on a machine that should build it."""
-    import os
-    import platform
 
     _, flags = native._cpu()
     if (
@@ -261,8 +260,6 @@ def test_kernels_choice_errors():
 
 
 def run_python(code, **env):
-    import os
-
     full = {**os.environ, **env}
     return subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=full, timeout=300

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -368,17 +370,12 @@ def test_ray_gives_the_local_table(serial_plan):
 
 
 def test_ray_missing_is_one_clear_line(capsys, monkeypatch):
-    import sys
-
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails as if not installed
     code, out, err = run(capsys, *cli_args("--json", "--ray"))
     assert code == 2 and out == "" and "pip install 'kvlab[ray]'" in err and err.count("\n") == 1
 
 
 def test_the_local_path_does_not_import_ray():
-    import subprocess
-    import sys
-
     code = (
         "import sys; from kvlab.plan import *; "
         f"plan(Job('llama-3.1-8b', Slo(1.0, 0.05)), Workload({WORKLOAD!r}, requests=40), "

@@ -3,6 +3,7 @@ times, rejection instead of hanging, a golden run, the CLI and the chapter data.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -14,20 +15,28 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvlab import cost, metrics
-from kvlab.cli import main
+from kvlab.cli import build_parser, main
 from kvlab.deployment import Deployment, KernelTables
 from kvlab.errors import KvlabError
+from kvlab.prefix import replay
+from kvlab.prompt import served_from_blocks, served_tokens
 from kvlab.sim import (
     ARCHS,
+    DECODE_ROUTERS,
     DONE,
+    PREFILL_ROUTERS,
     REJECTED,
+    SCHEDULERS,
     BenchCost,
     EventLoop,
     LedgerCost,
     SimConfig,
     Simulation,
     SimulationError,
+    engine_chunk_tokens,
+    measured_rate_per_s,
     pipeline_time_s,
+    scale_arrivals,
     simulate,
     trace_slice,
 )
@@ -873,7 +882,6 @@ def _spaced(trace: Trace, gap_s: float = 1000.0) -> Trace:
 def test_replay_and_simulator_agree_on_hit_ratio(trace):
     """replay() and simulate() count served prompt tokens with one rule (kvlab.prompt): a
     prompt seen before in full still computes its last token."""
-    from kvlab.prefix import replay
 
     spaced = _spaced(trace)
     replayed = replay(spaced, math.inf).token_hit_ratio
@@ -886,8 +894,6 @@ def test_replay_and_simulator_agree_on_hit_ratio(trace):
 
 
 def test_served_tokens_rule():
-    from kvlab.prompt import served_from_blocks, served_tokens
-
     assert served_tokens(4096, 4096) == 4095
     assert served_tokens(0, 1) == 0 and served_tokens(5, 1) == 0
     assert served_from_blocks(3, 512, 1100) == 1099
@@ -1072,8 +1078,6 @@ def test_smaller_chunk_shortens_the_worst_token_gaps_on_long_prompts():
 
 
 def test_engine_chunk_default_follows_vllm():
-    from kvlab.sim import engine_chunk_tokens
-
     assert [engine_chunk_tokens(h) for h in ("h100-sxm", "h200", "mi300x")] == [8192] * 3
     assert [engine_chunk_tokens(h) for h in ("a100-80gb", "l40s", "l4")] == [2048] * 3
     assert SimConfig(arch="colocated").resolved().chunk_tokens == 8192
@@ -1142,8 +1146,6 @@ def test_early_rejection_and_too_large_are_counted_apart():
 
 
 def test_routers_and_schedulers_are_registries():
-    from kvlab.sim import DECODE_ROUTERS, PREFILL_ROUTERS, SCHEDULERS
-
     assert set(SCHEDULERS) == {"prefill-first", "chunked", "decode-first"}
     assert (
         PREFILL_ROUTERS["cache-aware"](1.0, 2.0) == 3.0
@@ -1196,10 +1198,6 @@ def test_cli_schedulers_and_early_rejection(capsys, scheduler):
 
 
 def test_cli_defaults_come_from_simconfig(capsys):
-    import dataclasses
-
-    from kvlab.cli import build_parser
-
     args = build_parser().parse_args(["simulate", "x.jsonl", "--arch", "colocated"])
     names = {f.name for f in dataclasses.fields(SimConfig)}
     assert names & set(vars(args)) == {"arch"}  # unset flags leave SimConfig's defaults alone
@@ -1281,8 +1279,6 @@ def test_warmup_slices_are_clipped_at_the_trace_start(gen):
 
 
 def test_rate_scale_replays_the_same_requests_faster(gen):
-    from kvlab.sim import measured_rate_per_s, scale_arrivals
-
     sliced = trace_slice(gen, 0, 60)
     fast = scale_arrivals(sliced, 2.0)
     assert measured_rate_per_s(fast) == pytest.approx(2 * measured_rate_per_s(sliced))

@@ -142,7 +142,7 @@ def test_auto_takes_the_faster_kernel_set(cache_dir, monkeypatch, ms, auto, weig
 
 
 def test_no_native_kernels_means_only_torch_is_timed(monkeypatch):
-    from kvlab.decoder import linear
+    from kvlab.decoder import linear  # noqa: PLC0415 - torch loads only when used
 
     monkeypatch.setattr(native, "available", lambda: False)
     monkeypatch.setattr(linear, "onednn_layout", lambda w: None)  # and no oneDNN prepacking

@@ -1,6 +1,8 @@
 """Figures and panels on the Python side: every panel computes, renders statically, and
 its values agree with the ledger; formatting rules that the browser mirrors."""
 
+import ast
+import base64
 import itertools
 import json
 import math
@@ -8,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_js import covering_rows, measured_states
 
 from kvlab import cost, fmt
 from kvlab.book.catalog import panels
@@ -167,8 +170,6 @@ def test_measured_terms_add_up_to_the_measured_step_bit_for_bit():
     """The page's measured terms, added as js/speed.js adds them, are
     Kernels.decode_step_s exactly, for every configuration the tables cover, at grid points
     inside and outside their range (the node test then checks the JavaScript does this)."""
-    import base64
-    import math
 
     terms = speed.measured_terms(models(), devices(), BATCH_GRID, CONTEXT_GRID)
     data = np.frombuffer(base64.b64decode(terms["data"]), "<f8")
@@ -216,7 +217,7 @@ def test_knee_is_where_kv_reads_reach_the_weights():
 
 
 def test_tiers_figure_lists_every_tier():
-    from kvlab.viz.bandwidth_wall import tiers_figure
+    from kvlab.viz.bandwidth_wall import tiers_figure  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     fig = tiers_figure()
     assert list(fig.y_range.factors)[::-1] == list(tiers())
@@ -354,7 +355,6 @@ def _row_drawable(data, i: int, columns: list[str], log_axis: bool) -> bool:
 
 def _book_figures() -> list[tuple[str, str, str]]:
     """(notebook, the expression it shows, its imports) for every `show(...)` in the notebooks."""
-    import ast
 
     found = []
     for path in sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb")):
@@ -398,7 +398,6 @@ def legend_states(panel) -> list[dict]:
     """The states whose figures the legend check draws: a panel's whole grid when small,
     else every pair of controls in every combination of their options (plus the default);
     for the ledger panel, every configuration the kernel tables cover, measured."""
-    from test_js import covering_rows, measured_states
 
     keys = [c.key for c in panel.controls]
     options = [c.options for c in panel.controls]
@@ -436,7 +435,6 @@ def test_texts_that_only_some_states_show_have_their_chinese():
     """Words a panel shows only in some states (the measured mode's legends, titles and
     phrases, the limit that binds the batch) are in the Chinese table too; tests/test_i18n.py
     checks every panel's default state."""
-    from test_js import measured_states
 
     texts = set()
     for key in ("ledger", "tier-read", "tpot-budget", "footprint", "pd"):
@@ -497,7 +495,7 @@ def test_the_legend_check_sees_a_missing_series():
     """The class of the chapter 4 bug: the legend promises TTFT p50, the source lacks it."""
     from bokeh.models import ColumnDataSource
 
-    from kvlab.viz.sim_panels import _paired_bars
+    from kvlab.viz.sim_panels import _paired_bars  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     def problems(data):
         pair = (("ttft_p50_s", "p50"), ("ttft_p90_s", "p90"))
@@ -515,7 +513,7 @@ def test_the_legend_check_reads_legend_fields_as_bokehjs_does():
     cannot be drawn (a log axis at zero)."""
     from bokeh.models import ColumnDataSource
 
-    from kvlab.viz import style
+    from kvlab.viz import style  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     fig = style.new_figure("t", "x", "y", y_axis_type="log")
     src = ColumnDataSource({"x": [], "y": [], "label": []})

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from kvlab.cli import main
 from kvlab.errors import KvlabError
+from kvlab.sim import simulate
 from kvlab.traces import load_trace, trace_stats
 from kvlab.traces.generate import parse_poisson, poisson_trace
 
@@ -153,8 +154,6 @@ def test_lengths_vary_and_the_last_token_is_never_shared():
 
 
 def test_the_simulated_prefix_cache_hits_on_the_shared_part():
-    from kvlab.sim import simulate
-
     t = "poisson:rate=2,prompt=8192,output=20,requests=60,shared=0.5"
     r = simulate(t, arch="colocated", prefill_workers=1, decode_workers=0)
     cached = r.records["cached_tokens"]

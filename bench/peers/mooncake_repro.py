@@ -35,6 +35,8 @@ import sys
 import time
 from pathlib import Path
 
+from kvlab.jsonsafe import jsonable
+
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
@@ -288,8 +290,6 @@ def main(argv=None) -> int:
         )
     print(f"wall time {time.perf_counter() - t0:.0f} s")
     if args.json:
-        from kvlab.jsonsafe import jsonable
-
         args.json.write_text(json.dumps(jsonable(res), indent=1, default=str))
     return 0
 

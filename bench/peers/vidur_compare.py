@@ -38,6 +38,11 @@ from pathlib import Path
 
 import numpy as np
 
+from kvlab import cost
+from kvlab.sim import simulate
+from kvlab.sim.costs import LedgerCost
+from kvlab.traces import load_trace
+
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
@@ -53,8 +58,6 @@ TOKENS: dict = {}  # vidur request id -> its token times in the current run
 
 
 def kvlab_run(trace, efficiency: float = 1.0):
-    from kvlab.sim import simulate
-
     return simulate(
         trace,
         arch="colocated",
@@ -73,8 +76,6 @@ def kvlab_run(trace, efficiency: float = 1.0):
 
 
 def kvlab_blocks() -> int:
-    from kvlab import cost
-
     room = 80e9 * 0.9 - cost.weight_bytes(MODEL_KVLAB)
     return int(room // (BLOCK_TOKENS * cost.kv_bytes_per_token(MODEL_KVLAB)))
 
@@ -242,8 +243,6 @@ def step_times(sim) -> list[dict]:
     from vidur.entities import Batch
     from vidur.entities.request import Request
 
-    from kvlab.sim.costs import LedgerCost
-
     lc = LedgerCost(MODEL_KVLAB, "h100-sxm", max_batch=MAX_BATCH)
     etp = next(iter(sim.scheduler._replica_schedulers.values()))._execution_time_predictor
     rows = []
@@ -306,7 +305,6 @@ def main(argv=None) -> int:
             f"vidur's attention times: a roofline table ({attention}), not measurements",
             file=sys.stderr,
         )
-    from kvlab.traces import load_trace
 
     patch_vidur(args.profiles, attention)
     blocks = kvlab_blocks()

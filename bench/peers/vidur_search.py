@@ -57,12 +57,17 @@ to install it and exits 0; --kvlab-only runs kvlab's half alone.
 from __future__ import annotations
 
 import argparse
+import dataclasses as _dc
 import json
+import json as _json
 import os
+import os as _os
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from kvlab.traces import load_trace
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
@@ -149,7 +154,6 @@ def kvlab_key(row: dict) -> tuple:
 
 def write_lengths(path: Path, requests: int, seed: int) -> None:
     """The workload's (prompt, output) lengths as vidur's trace length generator reads them."""
-    from kvlab.traces import load_trace
 
     trace = load_trace(workload(requests, seed))
     lines = ["num_prefill_tokens,num_decode_tokens"]
@@ -207,8 +211,6 @@ EXTRA_ENV = "KVLAB_VIDUR_EXTRA_FLAGS"
 def _patch_vidur() -> None:
     """Runs in the driver and in every Ray worker (worker_process_setup_hook); the flags
     come in the environment (Ray's runtime_env env_vars)."""
-    import json as _json
-    import os as _os
 
     extra = _json.loads(_os.environ[EXTRA_ENV])
     real = _os.cpu_count
@@ -218,8 +220,6 @@ def _patch_vidur() -> None:
     original = explorer_config.SimulationConfig.to_config_dict
     if getattr(original, "_kvlab_patched", False):
         return
-
-    import dataclasses as _dc
 
     from vidur.config import SimulationConfig as _Sim
     from vidur.config.flat_dataclass import create_flat_dataclass

@@ -19,6 +19,9 @@ Every page gets a link to its twin in the other edition (html-page-context).
 
 from __future__ import annotations
 
+import copy
+import gettext
+import html
 import re
 import sys
 from pathlib import Path
@@ -111,7 +114,6 @@ def compile_catalogs(root: Path, language: str, out: Path) -> list[str]:
 def edition_config(config: dict, language: str, root: Path) -> dict:
     """The Chinese build's _config.yml: the English one plus its language settings (local
     extensions by absolute path: Jupyter Book takes them relative to the config file)."""
-    import copy
 
     edition = config["sphinx"]["config"]["kvlab_editions"][language]
     derived = copy.deepcopy(config)
@@ -166,7 +168,6 @@ def _builder_inited(app) -> None:
 def _translate_captions(app, doctree) -> None:
     """Toctree captions that sphinx-external-toc inserts after Sphinx's own translation step
     ("The book", "Using kvlab"), from the page's catalogue."""
-    import gettext
 
     from sphinx import addnodes
 
@@ -186,7 +187,6 @@ def _translate_math_blocks(app, document) -> None:
     block), which MyST reads as a paragraph '::', so the formula would become '::'. The
     block's text is replaced here as it stands in the .po (its \\text{} translated), and
     Sphinx then finds nothing left to translate in it."""
-    import gettext
 
     from docutils import nodes
 
@@ -224,8 +224,6 @@ def _tag(language: str) -> str:
 
 
 def _page_context(app, pagename, templatename, context, doctree) -> None:
-    import html
-
     if not app.config.kvlab_editions or "body" not in context:
         return
     links = twin_links(app, pagename)

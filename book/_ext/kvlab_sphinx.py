@@ -14,11 +14,15 @@
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import subprocess
 import tarfile
 import tempfile
 from pathlib import Path
+
+from kvlab.viz import i18n
+from kvlab.viz.panel import kvlab_js
 
 MATHJAX_VERSION = "3.2.2"
 BOKEH_FILES = ("bokeh.min.js", "bokeh-widgets.min.js")
@@ -45,10 +49,6 @@ def _copy_bokeh(static: Path) -> list[str]:
 
 def _write_kvlab_js(folder: Path) -> str:
     """kvlab's browser code (library + every panel's function), once per site."""
-    import hashlib
-
-    from kvlab.viz import i18n
-    from kvlab.viz.panel import kvlab_js
 
     text = kvlab_js() + i18n.browser_js()  # the label table, in the Chinese edition only
     name = f"kvlab-{hashlib.sha256(text.encode()).hexdigest()[:12]}.js"

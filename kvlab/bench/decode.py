@@ -266,7 +266,7 @@ class _Settings:
 class _Sweep:
     """One decode sweep: the models, the machine's figures, what was measured and skipped."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the object's wiring, keyword-only
         self, dev, grid, model, other, machine, spec_device, settings: _Settings, budget_s
     ):
         import torch
@@ -469,7 +469,7 @@ def describe(point: dict) -> str:
     )
 
 
-def run_decode(
+def run_decode(  # noqa: PLR0913 - one keyword per `kvlab bench decode` option
     device="cpu",
     preset=None,
     batches=None,
@@ -494,7 +494,7 @@ def run_decode(
     point a second time, right after, with PyTorch's kernels (same weights, same cache); the
     result then carries that run as `comparison`, a result of the same shape. A shared machine's
     bandwidth drifts, so the two are compared point by point, never across separate runs."""
-    from ..decoder import Decoder  # torch
+    from ..decoder import Decoder  # noqa: PLC0415 - torch
 
     dev, alloc = open_device(device)
     cuda = dev.type == "cuda"
@@ -548,7 +548,7 @@ def run_decode(
     return result
 
 
-def _result(env, quick, model, grid, spec_device, machine, points, skipped) -> dict:
+def _result(env, quick, model, grid, spec_device, machine, points, skipped) -> dict:  # noqa: PLR0913 - the result's sections, assembled once
     cfg = model.config
     weights = ledger.predict_decode(cfg, spec_device, 1, 0, grid["weight_dtype"], "bf16")[
         "weight_read_bytes"

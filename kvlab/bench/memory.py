@@ -10,6 +10,7 @@ is the FLOP/s ceiling the ledger's compute term uses.
 from __future__ import annotations
 
 from ..decoder import fit
+from ..native import last_level_cache_bytes as cpu_cache_bytes
 from .results import environment
 from .timing import (
     Budget,
@@ -37,7 +38,6 @@ def last_level_cache_bytes(device="cpu") -> int | None:
     dev = torch.device(device)
     if dev.type == "cuda":
         return getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", None)
-    from ..native import last_level_cache_bytes as cpu_cache_bytes
 
     return cpu_cache_bytes()
 
@@ -59,7 +59,7 @@ def matmul_rate(device, dtype: str, n: int | None = None, repeats: int = 5) -> f
     """FLOP/s of an n x n x n matmul (2 n^3 FLOPs), median of repeats."""
     import torch
 
-    from ..decoder.kvcache import torch_dtype
+    from ..decoder.kvcache import torch_dtype  # noqa: PLC0415 - torch loads only when used
 
     dev = torch.device(device)
     n = n or MATMUL_N.get(dev.type, 2048)

@@ -115,7 +115,7 @@ def plan_transfer(
     return out
 
 
-def plan_recompute(
+def plan_recompute(  # noqa: PLR0913 - one keyword per `kvlab bench recompute-vs-fetch --plan` option
     dev: Device,
     link_bytes_per_s: float,
     quick: bool = False,
@@ -126,7 +126,7 @@ def plan_recompute(
     kv_dtype: str = "bf16",
 ) -> list[dict]:
     """Per preset and N: the prefill's and the fetch's predicted times, the KV bytes fetched."""
-    from ..decoder.kvcache import cache_footprint
+    from ..decoder.kvcache import cache_footprint  # noqa: PLC0415 - torch loads only when used
 
     repeats = repeats or (3 if quick else 10)
     presets, grid_tokens = recompute_grid(True, quick, presets, tokens)
@@ -156,7 +156,7 @@ def plan_decode(
     **overrides,
 ) -> list[dict]:
     """Every point of the decode sweep in the order it runs (`decode_groups`)."""
-    from ..decoder.kvcache import cache_footprint
+    from ..decoder.kvcache import cache_footprint  # noqa: PLC0415 - torch loads only when used
 
     grid = resolve_grid(True, quick, **overrides)
     cfg, wd = get_config(grid["preset"]), grid["weight_dtype"]

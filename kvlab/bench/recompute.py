@@ -186,7 +186,7 @@ def measure_preset(run: _Run, preset: str, grid_tokens: list[int], kernels: str,
     """One decoder preset's curve: every N, the two crossovers (measured and predicted)."""
     import torch
 
-    from ..decoder import Decoder  # torch
+    from ..decoder import Decoder  # noqa: PLC0415 - torch
 
     model = Decoder(preset, run.weight_dtype, run.dev, seed=run.seed, kernels=kernels)
     env.update(model.kernels_environment())
@@ -221,7 +221,7 @@ def measure_preset(run: _Run, preset: str, grid_tokens: list[int], kernels: str,
     return curve
 
 
-def run_recompute(
+def run_recompute(  # noqa: PLR0913 - one keyword per `kvlab bench recompute-vs-fetch` option
     device="cpu",
     presets=None,
     tokens=None,

@@ -15,6 +15,8 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
+from ..errors import KvlabError
+
 RESULTS_DIR_ENV = "KVLAB_RESULTS_DIR"
 
 
@@ -93,7 +95,6 @@ def check_writable(device: str | None = "cpu", machine: str | None = None) -> Pa
     before a benchmark spends its time: the folder (or its nearest existing parent) must be a
     folder this process can write. Creates nothing. Raises KvlabError naming the folder, the
     reason and the ways out."""
-    from ..errors import KvlabError
 
     folder = results_dir()
     if machine or device is not None:

@@ -53,7 +53,7 @@ def article_steps() -> tuple[cost.DecodeStep, cost.DecodeStep]:
 def panels() -> dict:
     """The chapter's panels, built once per kernel: the decode step (one control bar for the
     ledger, the batch and context sweeps and the roofline) and quantization."""
-    from ..viz import bandwidth_wall as figures
+    from ..viz import bandwidth_wall as figures  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     return {
         "ledger": figures.decode_step_panel(),
@@ -62,13 +62,13 @@ def panels() -> dict:
 
 
 def tiers_figure():
-    from ..viz import bandwidth_wall as figures
+    from ..viz import bandwidth_wall as figures  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     return figures.tiers_figure()
 
 
 def numbers() -> dict[str, str]:
-    from ..viz import bandwidth_wall as figures
+    from ..viz import bandwidth_wall as figures  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     out = {
         f"tier_{name}": fmt.si(get_tier(name).bandwidth_bytes_per_s, "B/s") for name in QUOTED_TIERS

@@ -59,7 +59,7 @@ def article_numbers(
 
 @functools.cache
 def panels() -> dict:
-    from ..viz import beyond_hbm as figures
+    from ..viz import beyond_hbm as figures  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     return {
         "footprint": figures.footprint_panel(),
@@ -70,7 +70,7 @@ def panels() -> dict:
 
 
 def transfers_figure():
-    from ..viz import beyond_hbm as figures
+    from ..viz import beyond_hbm as figures  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     return figures.transfers_figure()
 

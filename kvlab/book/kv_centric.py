@@ -24,6 +24,7 @@ from ..hardware import get_device, get_tier
 from ..models import get_model
 from ..published import mooncake as published
 from ..sim import SimConfig, make_cost
+from ..sim import experiments as ex
 from ..traces import trace_or_generated
 from ..viz.i18n import t
 from . import run_cache, sim_runs
@@ -167,51 +168,51 @@ def _sweep_point(state: dict) -> dict:
 
 @functools.cache
 def sweep_panel():
-    from ..viz import sim_panels
+    from ..viz import sim_panels  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     return sim_panels.sweep_panel(sweep(), _sweep_point)
 
 
 @functools.cache
 def capacity_panel():
-    from ..viz import sim_panels
+    from ..viz import sim_panels  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     return sim_panels.capacity_panel(load(), sim_runs.SATURATION_ATTAINMENT)
 
 
 @functools.cache
 def timeline_panel():
-    from ..viz import sim_panels
+    from ..viz import sim_panels  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     return sim_panels.timeline_panel(timeline, TIMELINE_S)
 
 
 def cdf_figure(metric: str, title: str):
-    from ..viz import sim_panels
+    from ..viz import sim_panels  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     return sim_panels.cdf_figure(comparison(), metric, title)
 
 
 def scheduler_figure():
-    from ..viz import sim_panels
+    from ..viz import sim_panels  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     return sim_panels.scheduler_figure(schedulers())
 
 
 def mooncake_figure():
-    from ..viz import sim_panels
+    from ..viz import sim_panels  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     return sim_panels.mooncake_figure(regime())
 
 
 def critical_path_figure():
-    from ..viz import sim_panels
+    from ..viz import sim_panels  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     return sim_panels.critical_path_figure(critical_path())
 
 
 def pools_figure():
-    from ..viz import sim_panels
+    from ..viz import sim_panels  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     return sim_panels.global_vs_local_figure(pools())
 
@@ -431,7 +432,7 @@ def capacity_numbers(d: dict, panel) -> dict[str, str]:
     which SLO the requests miss at the first rate past the KV-centric design's saturation
     (past_<slo>_miss_<design>), and the capacity panel's readout at its default state
     (capacity_<design>_<figure>)."""
-    from ..viz.sim_panels import saturation_text
+    from ..viz.sim_panels import saturation_text  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     rates, level = d["rates"], sim_runs.SATURATION_ATTAINMENT
     b = min(_past_rate(d), len(rates) - 2)
@@ -491,7 +492,6 @@ def regime_numbers(m: dict, small: dict, bound: dict) -> dict[str, str]:
     with the fitted host time (mc_f_), the published gains (mc_pub_), prefix hits, how long
     a prefill stalls a colocated stream in each regime, and how much any cache could hit in
     each slice."""
-    from ..sim import experiments as ex
 
     moon = ex.fast25_systems()["mooncake"]
     out = {

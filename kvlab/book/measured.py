@@ -255,7 +255,7 @@ def _sources() -> list[str]:
 
 
 def gemv_figure():
-    from ..viz import measured as figures
+    from ..viz import measured as figures  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     return figures.gemv_band_figure(
         [gpu_tables.gemv_band(d) for d in gpu_tables.gpus()], _names(), _sources()
@@ -263,7 +263,7 @@ def gemv_figure():
 
 
 def gemm_batch_figure():
-    from ..viz import measured as figures
+    from ..viz import measured as figures  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     return figures.gemm_batch_figure(
         [gpu_tables.gemm_over_batch(d) for d in gpu_tables.gpus()],
@@ -274,7 +274,7 @@ def gemm_batch_figure():
 
 
 def attention_figure():
-    from ..viz import measured as figures
+    from ..viz import measured as figures  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     curves = [
         gpu_tables.attention_over_context(d, b)
@@ -285,7 +285,7 @@ def attention_figure():
 
 
 def ledger_figure():
-    from ..viz import measured as figures
+    from ..viz import measured as figures  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     curves = [gpu_tables.ledger_against_kernels(d) for d in gpu_tables.gpus()]
     return figures.ledger_figure(

@@ -13,6 +13,7 @@ from ..hardware import get_device
 from ..models import get_model
 from ..viz.i18n import t
 from . import sim_runs
+from .kv_centric import CONFIG
 from .lang import pick
 
 #: The deployment the diagnosis cases share: model, device, batch, context.
@@ -28,13 +29,12 @@ STREAMS_START_S, STREAMS_S = 300.0, 60.0
 def token_streams() -> dict:
     """Token timestamps on chapter 4's small cluster (its config: step times from measured
     kernels), one minute of the trace."""
-    from .kv_centric import CONFIG
 
     return sim_runs.token_streams(start_s=STREAMS_START_S, duration_s=STREAMS_S, config=CONFIG)
 
 
 def token_stream_figure():
-    from ..viz import sim_panels
+    from ..viz import sim_panels  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     return sim_panels.token_stream_figure(token_streams())
 
@@ -77,14 +77,14 @@ def diagnosis_cases() -> dict:
 
 
 def diagnosis_reports() -> list:
-    from ..viz.metrics_and_diagnosis import DiagnosisReport
+    from ..viz.metrics_and_diagnosis import DiagnosisReport  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     return [DiagnosisReport(title, result) for title, result in diagnosis_cases().items()]
 
 
 @functools.cache
 def panels() -> dict:
-    from ..viz import bandwidth_wall, metrics_and_diagnosis
+    from ..viz import bandwidth_wall, metrics_and_diagnosis  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     return {
         "budget": metrics_and_diagnosis.tpot_budget_panel(),

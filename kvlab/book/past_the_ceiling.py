@@ -66,7 +66,7 @@ PUBLISHED = {
 @functools.cache
 def panels() -> dict:
     """The chapter's panels, built once per kernel (their terms take a few seconds)."""
-    from ..viz import past_the_ceiling as figures
+    from ..viz import past_the_ceiling as figures  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     return {
         "speculative": figures.speculative_panel(),

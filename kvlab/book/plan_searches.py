@@ -24,10 +24,12 @@ import functools
 import hashlib
 import json
 import os
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..plan import Job, Slo, Space, Workload, plan
+from ..plan.runners import cores, start_method
 from ..plan.search import job_fingerprint
 from ..traces import find_trace
 
@@ -163,9 +165,6 @@ def cache_dir() -> Path | None:
 
 def run_all(searches, workers: int | None = None) -> list[dict]:
     """Every search, side by side on `workers` processes (default: every core), in order."""
-    from concurrent.futures import ProcessPoolExecutor
-
-    from ..plan.runners import cores, start_method
 
     searches = list(searches)
     workers = min(workers or cores(), len(searches))

@@ -15,12 +15,16 @@ import math
 
 import numpy as np
 
-from .. import metrics
+from .. import cost, metrics
 from ..cost import kv_bytes_per_token
 from ..deployment import Deployment, KernelTables
 from ..hardware import get_device, get_tier
+from ..prefix.blocks import BlockPrefixCache
 from ..prefix.pools import global_vs_local
+from ..prompt import served_from_blocks
+from ..published import mooncake
 from ..sim import ARCHS, SimConfig, make_cost, simulate, trace_at_rate, trace_slice
+from ..sim import experiments as ex
 from ..sim.network import PURPOSES
 from ..tiers import tiered_decode_step
 from ..traces import load_trace, trace_or_generated
@@ -127,7 +131,7 @@ def _quantiles(values) -> np.ndarray:
     return np.percentile(v, QUANTILES) if v.size else np.full(QUANTILES.size, np.nan)
 
 
-def sweep(
+def sweep(  # noqa: PLR0913 - a chapter's run: keyword-only knobs its notebook sets
     trace=None,
     start_s: float = 0.0,
     duration_s: float = 180.0,
@@ -247,7 +251,7 @@ def bytes_vs_critical_path(
     return out
 
 
-def hit_rate_global_vs_local(
+def hit_rate_global_vs_local(  # noqa: PLR0913 - a chapter's run: keyword-only knobs its notebook sets
     trace=None,
     start_s: float = 0.0,
     duration_s: float | None = 600.0,
@@ -516,7 +520,7 @@ def saturation_rate(rates, attainment, level: float = SATURATION_ATTAINMENT) -> 
     return float(r[i - 1] + w * (r[i] - r[i - 1])), "crossed"
 
 
-def load_sweep(
+def load_sweep(  # noqa: PLR0913 - a chapter's run: keyword-only knobs its notebook sets
     trace=None,
     requests: int = LOAD_REQUESTS,
     rates=LOAD_RATES,
@@ -697,8 +701,6 @@ def preemption(
 def cache_bound(trace=None, start_s: float = 0.0, duration_s=None, limit=None, warmup_s=0.0):
     """The most any prefix cache could serve of a slice's measured prompt tokens (an infinite
     cache that has seen the lead-in): how cold or warm a slice is."""
-    from ..prefix.blocks import BlockPrefixCache
-    from ..prompt import served_from_blocks
 
     trace = trace_or_generated("conversation") if trace is None else load_trace(trace)
     sliced = trace_slice(trace, start_s, duration_s, limit, warmup_s)
@@ -740,9 +742,6 @@ def mooncake_regime(
     "tpot_p50_s", "prefill_busy_share", "decode_busy_share"}}, "prefill_s", "decode_step_s"
     (a prefill of the window's median prompt and one decode step at batch 8 and that
     context, on one instance, from the kernels)}."""
-    from .. import cost
-    from ..published import mooncake
-    from ..sim import experiments as ex
 
     trace = trace_or_generated("conversation") if trace is None else load_trace(trace)
     sliced = trace_slice(trace, start_s, duration_s, None, warmup_s)
@@ -814,8 +813,6 @@ def report_runs(requests: int = 200, workloads=None) -> dict:
     Returns {workload: {"text" (its spec, rate R), "lowest_rate_per_s", "ttft_slo_s",
     "tbt_slo_s", "hits" {system: prefix hit ratio at the lowest rate}, "throughput"
     {system: requests/s}, "gain", "published_gain"}}."""
-    from ..published import mooncake
-    from ..sim import experiments as ex
 
     systems = ex.report_systems()
     out = {}

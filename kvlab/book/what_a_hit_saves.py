@@ -19,7 +19,7 @@ def _article() -> cost.DecodeStep:
 
 @functools.cache
 def hit_panel():
-    from ..viz import what_a_hit_saves as figures
+    from ..viz import what_a_hit_saves as figures  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     return figures.hit_panel()
 

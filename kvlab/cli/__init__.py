@@ -10,9 +10,12 @@ that need them, so `kvlab --help` and `kvlab budget` start fast.
 from __future__ import annotations
 
 import argparse
+import codecs
 import importlib
 import os
 import sys
+import traceback
+import unicodedata
 
 from .. import __version__
 from ..errors import KvlabError
@@ -137,8 +140,6 @@ _ERRORS = "kvlab-transliterate"
 
 
 def _transliterate(exc: UnicodeError):
-    import unicodedata
-
     if not isinstance(exc, UnicodeEncodeError):
         raise exc
     out = []
@@ -154,7 +155,6 @@ def _transliterate(exc: UnicodeError):
 def terminal_safe() -> None:
     """Make stdout and stderr print whatever their encoding cannot show as its ASCII spelling
     (kvlab's text uses µs, x, -> and Chinese): a terminal's encoding is never a crash."""
-    import codecs
 
     try:
         codecs.lookup_error(_ERRORS)
@@ -254,8 +254,6 @@ def report(prog: str, exc: BaseException) -> int:
         _silence_stdout()
         return 0
     if os.environ.get(DEBUG_ENV):
-        import traceback
-
         traceback.print_exception(exc, file=sys.stderr)
     else:
         print(

@@ -9,6 +9,8 @@ import argparse
 import json
 import sys
 
+from ..jsonsafe import jsonable
+
 _SUFFIX = {"k": 1024, "m": 1024 * 1024}
 
 
@@ -45,7 +47,6 @@ def number(text: str) -> float:
 def print_json(obj) -> None:
     """One JSON object on stdout; inf and NaN become null (kvlab.jsonsafe's rule: JSON has no
     infinity, and `--budget inf` must not turn a result into a crash)."""
-    from ..jsonsafe import jsonable
 
     json.dump(jsonable(obj), sys.stdout, indent=2, allow_nan=False)
     sys.stdout.write("\n")

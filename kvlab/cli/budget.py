@@ -18,10 +18,11 @@ import argparse
 from ..cost import decode_step, memory_fit, prefill
 from ..deployment import Ceiling, Deployment, parse_speed
 from ..errors import KvlabError
+from ..fmt import rate, seconds, si
 from ..kernel_tables.tables import devices_with_data
 from ..ledger_rows import operator_rows
 from ..speculative import breakeven_batch, speculative_step
-from .args import count, number, print_json
+from .args import count, number, print_json, table
 
 
 def efficiency(text: str):
@@ -222,7 +223,6 @@ def speculative_round(
 
 def render(r: dict) -> str:
     """The ledger as a short readable report."""
-    from ..fmt import rate, seconds, si
 
     total = r["step_bytes"]
 
@@ -289,7 +289,6 @@ def render(r: dict) -> str:
 
 def _speculative(s: dict, knee) -> str:
     """One speculation round against the plain decode step."""
-    from ..fmt import rate, seconds, si
 
     k, draft = s["speculative_tokens"], s["draft_model"] or "self-drafting heads"
     return "\n".join(
@@ -315,8 +314,6 @@ def _speculative(s: dict, knee) -> str:
 
 def _operators(rows: list[dict], measured: bool, what: str = "step") -> str:
     """The per-operator breakdown: launches, bytes, FLOPs, ceiling (and measured) time."""
-    from ..fmt import seconds, si
-    from .args import table
 
     header = ["operator", "calls", "bytes", "FLOPs", "ceiling"]
     header += ["measured", "from"] if measured else []

@@ -14,6 +14,13 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .. import metrics
+from ..deployment import parse_speed
+from ..errors import KvlabError, check_number
+from ..fmt import percent, seconds, sig
+from ..plan import Job, Slo, Space, Workload, parse_gpus, parse_prices, plan
+from ..plan.evaluate import DEFAULT_TOLERANCE
+from ..plan.workload import DEFAULT_REQUESTS
 from .args import count, number, print_json, table
 
 HELP = "search cluster designs for the most requests/s per GPU at the SLOs (process pool or Ray)"
@@ -34,10 +41,6 @@ def _numbers(kind):
 
 
 def register(sub) -> None:
-    from .. import metrics
-    from ..plan.evaluate import DEFAULT_TOLERANCE
-    from ..plan.workload import DEFAULT_REQUESTS
-
     p = sub.add_parser(
         "plan",
         help=HELP,
@@ -209,9 +212,6 @@ def register(sub) -> None:
 
 
 def space_of(args):
-    from ..errors import KvlabError
-    from ..plan import Space
-
     fields = {}
     if args.arch:
         fields["archs"] = args.arch
@@ -245,10 +245,6 @@ def space_of(args):
 
 
 def run(args) -> int:
-    from ..deployment import parse_speed
-    from ..errors import check_number
-    from ..plan import Job, Slo, Workload, parse_gpus, parse_prices, plan
-
     offers = parse_gpus(args.gpus)
     prices = parse_prices(args.price, offers)
     slo = Slo(args.ttft_slo, args.tbt_slo, args.tbt_stat, args.attainment)
@@ -319,8 +315,6 @@ class Progress:
         self.drawn = False
 
     def __call__(self, done: int, total: int, best) -> None:
-        from ..fmt import sig
-
         filled = round(self.WIDTH * done / total) if total else self.WIDTH
         head = f"kvlab plan: [{'#' * filled}{'.' * (self.WIDTH - filled)}] {done}/{total} designs"
         if best is not None:
@@ -337,8 +331,6 @@ class Progress:
 
 
 def render(out: dict, top: int = 10) -> str:
-    from ..fmt import percent, seconds, sig
-
     slo = out["slo"]
     w = out["workload"]
     lines = [

@@ -27,14 +27,31 @@ consecutive slices of a recorded trace.
 
 from __future__ import annotations
 
+import argparse
+import csv
+import dataclasses
+import json
+import os
 import sys
+import tempfile
+from pathlib import Path
 
+from ..errors import KvlabError, check_number
+from ..fmt import seconds, si
+from ..sim import SimConfig, measured_rate_per_s, scale_arrivals, simulate, trace_slice
+from ..sim.saturation import (
+    DEFAULT_ATTAINMENT,
+    DEFAULT_REL_TOL,
+    is_generated_spec,
+    saturation,
+    seed_samples,
+    slice_samples,
+)
 from .args import count, number, print_json
+from .budget import efficiency
 
 
 def register(sub) -> None:
-    from ..sim.config import SimConfig
-
     p = sub.add_parser(
         "simulate",
         help="replay a trace on a colocated, disaggregated or KV-centric cluster (discrete-event)",
@@ -124,8 +141,6 @@ def register(sub) -> None:
 
 
 def _efficiency(text: str):
-    from .budget import efficiency
-
     return efficiency(text).label  # SimConfig keeps what its JSON echoes: a number or "measured"
 
 
@@ -142,8 +157,6 @@ def add_config_flags(parser, config_class) -> None:
     """One flag per field of `config_class`, from the field's metadata (help, flag, kind,
     choices, metavar, required). Unset flags stay out of the namespace, so the dataclass's
     defaults are the only defaults."""
-    import argparse
-    import dataclasses
 
     for f in dataclasses.fields(config_class):
         meta = f.metadata
@@ -184,11 +197,6 @@ def add_config_flags(parser, config_class) -> None:
 
 
 def run(args) -> int:
-    import dataclasses
-
-    from ..errors import KvlabError
-    from ..sim import SimConfig, scale_arrivals, simulate, trace_slice
-
     names = [f.name for f in dataclasses.fields(SimConfig)]
     config = SimConfig(**{name: getattr(args, name) for name in names if hasattr(args, name)})
     if args.records:
@@ -222,16 +230,6 @@ def run(args) -> int:
 
 
 def _run_saturation(args, config, start: float) -> int:
-    from ..sim import measured_rate_per_s, trace_slice
-    from ..sim.saturation import (
-        DEFAULT_ATTAINMENT,
-        DEFAULT_REL_TOL,
-        is_generated_spec,
-        saturation,
-        seed_samples,
-        slice_samples,
-    )
-
     k = 1 if args.seeds is None else args.seeds
     if is_generated_spec(args.trace):
         samples = [
@@ -242,8 +240,6 @@ def _run_saturation(args, config, start: float) -> int:
         samples = slice_samples(args.trace, k, start, args.duration, args.limit, args.warmup)
     first_rate = None
     if args.rate_scale is not None:
-        from ..errors import check_number
-
         check_number("--rate-scale", args.rate_scale, maximum=1e9)
         first_rate = measured_rate_per_s(samples[0]) * args.rate_scale
     found = saturation(
@@ -267,7 +263,6 @@ def _run_saturation(args, config, start: float) -> int:
 
 def render_saturation(r: dict, wall_s: float | None = None) -> str:
     """A saturation search as a short readable report."""
-    from ..fmt import seconds
 
     n = len(r["samples"])
     per = "; ".join(
@@ -301,11 +296,6 @@ def check_records_path(path: str):
     """Refuse a records path that cannot be written before a long run, not after it: the
     folder must exist and take a new file (one is created and removed), and the name must
     fit the file system."""
-    import os
-    import tempfile
-    from pathlib import Path
-
-    from ..errors import KvlabError
 
     target = Path(path)
     if target.suffix not in (".csv", ".jsonl"):
@@ -357,7 +347,6 @@ def _missing_folder(folder) -> str:
 
 def _file_mode() -> int:
     """The mode a new file gets from open(): 0666 less the umask (0644 with the usual 022)."""
-    import os
 
     umask = os.umask(0o022)
     os.umask(umask)
@@ -366,12 +355,6 @@ def _file_mode() -> int:
 
 def write_records(result, path: str) -> None:
     """Per-request records to .csv or .jsonl, atomically (a temp file renamed into place)."""
-    import csv
-    import json
-    import os
-    import tempfile
-
-    from ..errors import KvlabError
 
     target = check_records_path(path)
     rows = result.records_table()
@@ -404,7 +387,6 @@ def write_records(result, path: str) -> None:
 
 def render(r: dict, wall_s: float | None = None) -> str:
     """The run as a short readable report."""
-    from ..fmt import seconds
 
     def s(x):
         return "-" if x is None else seconds(x)
@@ -466,8 +448,6 @@ def _outside(r: dict) -> str:
 
 
 def _render_totals(r: dict, s) -> list[str]:
-    from ..fmt import si
-
     lines = [
         "",
         f"  throughput        {r['throughput_tokens_per_s'] or 0:,.0f} tokens/s",

@@ -26,11 +26,11 @@ __all__ = [
 
 def __getattr__(name):
     if name in ("Decoder", "StepPlan"):
-        from . import model
+        from . import model  # noqa: PLC0415 - torch loads only when used
 
         return getattr(model, name)
     if name == "KVCache":
-        from .kvcache import KVCache
+        from .kvcache import KVCache  # noqa: PLC0415 - torch loads only when used
 
         return KVCache
     raise AttributeError(f"module 'kvlab.decoder' has no attribute {name!r}")

@@ -121,7 +121,7 @@ class _Streams:
             self.free[slot].record(self._compute())
 
 
-def cache_footprint(
+def cache_footprint(  # noqa: PLR0913 - the cache's shape, keyword-only
     config: DecoderConfig,
     batch: int,
     max_seq_len: int,
@@ -152,7 +152,7 @@ def cache_footprint(
 class KVCache:
     """K and V for `batch` sequences of up to `max_seq_len` tokens in every layer."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the object's wiring, keyword-only
         self,
         config: DecoderConfig,
         batch: int,

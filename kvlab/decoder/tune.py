@@ -121,8 +121,8 @@ def _write(path: Path, result: dict) -> None:
 
 def measure(rounds: int = ROUNDS) -> dict:
     """Time every candidate (see the module docstring); the choice and all timings."""
-    from .attention import decode_attention
-    from .linear import _onednn_linear, onednn_layout
+    from .attention import decode_attention  # noqa: PLC0415 - torch loads only when used
+    from .linear import _onednn_linear, onednn_layout  # noqa: PLC0415 - torch loads only when used
 
     cands = candidates()
     total = working_set_bytes()

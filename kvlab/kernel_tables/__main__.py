@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from ..errors import KvlabError
+from .extract import extract
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,7 +25,6 @@ def main(argv: list[str] | None = None) -> int:
         help="output folder",
     )
     args = parser.parse_args(argv)
-    from .extract import extract
 
     try:
         for path in extract(args.out):

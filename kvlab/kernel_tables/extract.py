@@ -37,6 +37,7 @@ import json
 import math
 import os
 import tempfile
+from importlib import metadata
 from pathlib import Path
 
 import numpy as np
@@ -110,10 +111,11 @@ def _data_root() -> Path:
             f"extract needs {PACKAGE}=={PACKAGE_VERSION} (pip install "
             f"'kvlab[measured]'), with pandas and pyarrow"
         ) from None
-    from importlib.metadata import version
 
-    if version(PACKAGE) != PACKAGE_VERSION:
-        raise KvlabError(f"extract reads {PACKAGE} {PACKAGE_VERSION}, found {version(PACKAGE)}")
+    if metadata.version(PACKAGE) != PACKAGE_VERSION:
+        raise KvlabError(
+            f"extract reads {PACKAGE} {PACKAGE_VERSION}, found {metadata.version(PACKAGE)}"
+        )
     return Path(aiconfigurator_core.__file__).parent / "systems" / "data"
 
 

@@ -70,7 +70,7 @@ def _clamp(measured, ceiling):
     return np.where(np.isnan(measured), np.nan, np.maximum(measured, ceiling))
 
 
-def _timed(name, kind, calls, per_call, ceiling_call, ok, how, limit) -> OperatorTime:
+def _timed(name, kind, calls, per_call, ceiling_call, ok, how, limit) -> OperatorTime:  # noqa: PLR0913 - the fields of one OperatorTime
     """An operator's times over its calls: the table's, floored at the ceiling."""
     return OperatorTime(
         name,

@@ -13,7 +13,9 @@ import os
 import time
 from dataclasses import asdict
 
+from ..bench.results import environment, load_results, machine_slug, write_result
 from ..errors import KvlabError
+from ..tiers.link_model import fit_link_model
 from .channel import PeerError
 from .config import (
     DEFAULT_SIZES,
@@ -25,6 +27,8 @@ from .config import (
     parse_sizes,
     quick_config,
 )
+from .runner import run_local
+from .torchrun import finish_torchrun, init_torchrun, run_torchrun, under_torchrun
 
 RESULT_KIND = "kv_transfer"
 
@@ -50,8 +54,6 @@ def run_benchmark(configs, progress=None) -> dict:
     Raises KvlabError on any failure, including a checksum that differs between the
     two sides: a transfer that corrupts data has no bandwidth worth reporting.
     """
-    from ..bench.results import environment
-    from .torchrun import finish_torchrun, init_torchrun, under_torchrun
 
     configs = [c.validate() for c in configs]
     if not configs:
@@ -72,8 +74,6 @@ def run_benchmark(configs, progress=None) -> dict:
 
 
 def _run_all(configs, result, progress, reporter) -> dict:
-    from .torchrun import run_torchrun, under_torchrun
-
     for config in configs:
         start = time.monotonic()
         if under_torchrun():
@@ -82,8 +82,6 @@ def _run_all(configs, result, progress, reporter) -> dict:
                 reporter = False
                 continue
         else:
-            from .runner import run_local
-
             measured = run_local(config, progress)
         bad = [r for r in measured["rows"] if not r["checksum_ok"]]
         if bad:
@@ -114,7 +112,6 @@ def _run_all(configs, result, progress, reporter) -> dict:
 
 def _check_cuda(configs) -> None:
     """Fail in one line before spawning anything if the GPUs cannot do what was asked."""
-    from .torchrun import under_torchrun
 
     try:
         import torch
@@ -137,7 +134,6 @@ def _check_cuda(configs) -> None:
 
 def summary(rows: list[dict]) -> dict:
     """Smallest-message time, best bandwidth and the fitted (latency, bandwidth) per layout."""
-    from ..tiers.link_model import fit_link_model
 
     out = {}
     for layout in LAYOUTS:
@@ -166,7 +162,6 @@ def save_results(result: dict, command: str = "", machine: str | None = None):
     Each engine entry keeps the environment and command it was measured with, so a
     later run of one engine does not erase the other's figures.
     """
-    from ..bench.results import load_results, machine_slug, write_result
 
     env = result["environment"]
     device = env.get("device", "cpu")

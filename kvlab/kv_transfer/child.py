@@ -6,16 +6,21 @@ the report socket, runs its role, and reports "ready", rows, "done" or "error" b
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import sys
+from multiprocessing.connection import Connection
+
+from ..errors import KvlabError
+from .channel import PipeChannel
+from .config import DECODE, PREFILL, TransferConfig
+from .worker import run_role
 
 
 def _die_with_parent() -> None:
     """Linux: SIGKILL this process when its parent dies, so no orphan lingers."""
     try:
-        import ctypes
-
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
@@ -27,11 +32,6 @@ def main(argv: list[str]) -> int:
     _die_with_parent()
     if os.getppid() != parent:  # the parent died before the signal was armed
         return 1
-    from multiprocessing.connection import Connection
-
-    from ..errors import KvlabError
-    from .channel import PipeChannel
-    from .config import DECODE, PREFILL, TransferConfig
 
     role, peer_fd, report_fd = argv[0], int(argv[1]), int(argv[2])
     report_conn, peer_conn = Connection(report_fd), Connection(peer_fd)
@@ -47,7 +47,6 @@ def main(argv: list[str]) -> int:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         os.environ.setdefault("MC_TCP_BIND_ADDRESS", config.host)
         os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
-        from .worker import run_role
 
         peer = DECODE if role == PREFILL else PREFILL
         run_role(role, config, PipeChannel(peer_conn, peer, config.timeout_s), report)

@@ -28,7 +28,8 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
 from ..errors import KvlabError
-from .config import DECODE, PREFILL, ROLES, TransferConfig
+from ..fmt import seconds, si
+from .config import DECODE, PREFILL, ROLES, TransferConfig, format_size
 
 GRACE_S = 2.0  # after a failure, how long the other side may take to explain itself
 
@@ -170,9 +171,6 @@ def _failure_message(config, state) -> str:
 
 
 def _progress_line(config, row, n, total) -> str:
-    from ..fmt import seconds, si
-    from .config import format_size
-
     t = row["time_s"]
     check = "ok" if row["checksum_ok"] else "CHECKSUM MISMATCH"
     bandwidth = si(row["bandwidth_bytes_per_s"]["median"], "B/s")

@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 from datetime import timedelta
 
 from ..errors import KvlabError
 from .channel import DistChannel
 from .config import DECODE, PREFILL, TransferConfig
+from .runner import _progress_line
+from .worker import run_role
 
 
 def under_torchrun() -> bool:
@@ -95,13 +98,10 @@ def run_torchrun(config: TransferConfig, progress=None) -> dict | None:
     def report(kind, payload):
         if kind == "row":
             rows.append(payload)
-            from .runner import _progress_line
 
             progress(_progress_line(config, payload, len(rows), total))
         elif kind == "ready":
             facts[role] = payload
-
-    from .worker import run_role
 
     run_role(role, config, channel, report)
     if role != PREFILL:
@@ -110,6 +110,4 @@ def run_torchrun(config: TransferConfig, progress=None) -> dict | None:
 
 
 def _with_device(config: TransferConfig, device: str) -> TransferConfig:
-    from dataclasses import replace
-
     return replace(config, device=device)

@@ -15,9 +15,11 @@ from __future__ import annotations
 import os
 import time
 import zlib
+from dataclasses import replace
 
 import numpy as np
 
+from ..errors import KvlabError
 from .config import DECODE, PREFILL, TransferConfig
 from .engines import exchange, make_engine
 
@@ -97,8 +99,6 @@ def role_device(torch, config: TransferConfig, role: str) -> str:
     if config.device != "cuda":
         return config.device
     if not torch.cuda.is_available():
-        from ..errors import KvlabError
-
         raise KvlabError("--device cuda asked for, but torch sees no CUDA device")
     index = 1 if role == DECODE and torch.cuda.device_count() > 1 else 0
     return f"cuda:{index}"
@@ -106,7 +106,6 @@ def role_device(torch, config: TransferConfig, role: str) -> str:
 
 def run_role(role: str, config: TransferConfig, channel, report) -> None:
     """Run every case as `role`; `report(kind, payload)` sends rows/progress upwards."""
-    from dataclasses import replace
 
     import torch
 

@@ -346,7 +346,7 @@ def attention_supported(k, k_scale, head_dim: int) -> bool:
     return k.dtype == torch.int8 and k_scale.dtype == torch.float16
 
 
-def decode_attention(
+def decode_attention(  # noqa: PLR0913 - mirrors the C kernel's arguments
     q,
     k,
     v,

@@ -8,6 +8,7 @@ Ray is optional (`pip install kvlab[ray]`) and imported only by `run_ray`.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import signal
@@ -95,8 +96,6 @@ def run_ray(designs, job, traces, on_result, address: str | None = None) -> None
         ) from None
     started = False
     if not ray.is_initialized():
-        import logging
-
         kwargs = dict(include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
         if address:
             package = str(Path(__file__).resolve().parents[1])

@@ -37,7 +37,7 @@ def job_fingerprint(job: Job, workload: Workload, traces) -> dict:
     )
 
 
-def plan(
+def plan(  # noqa: PLR0913 - one keyword per `kvlab plan` option
     job: Job,
     workload: Workload,
     offers: dict[str, int],

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from ..errors import KvlabError, check_number
 from ..fmt import si
 from ..hardware import get_device
-from ..sim.config import ARCHS, PREFIX_CACHES, SimConfig, engine_chunk_tokens
+from ..sim.config import ARCH_DEFAULTS, ARCHS, PREFIX_CACHES, SimConfig, engine_chunk_tokens
 from ..sim.schedulers import SCHEDULERS
 
 #: The degrees engines offer within one server (kvlab.operators.TP_DEGREES).
@@ -258,8 +258,6 @@ def _designs_of(space: Space, hardware: str, arch: str, tp: int, instances: int)
 
 
 def _cache_of(arch: str, cache: str) -> str:
-    from ..sim.config import ARCH_DEFAULTS
-
     return ARCH_DEFAULTS[arch]["prefix_cache"] if cache == ARCH_DEFAULT else cache
 
 

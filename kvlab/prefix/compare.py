@@ -67,7 +67,7 @@ def _make(kind: str, capacity_tokens):
     raise unknown_name("cache kind", kind, CACHES, also="'page-N' (radix rounded to N-token pages)")
 
 
-def compare_granularity(
+def compare_granularity(  # noqa: PLR0913 - one keyword per `kvlab prefix-cache --compare` option
     workload=None,
     *,
     caches=CACHES,

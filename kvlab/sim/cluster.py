@@ -25,6 +25,7 @@ finds no free block (kvlab.sim.engine).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections import deque
@@ -44,6 +45,7 @@ from .cost_model import config_deployment, make_cost
 from .costs import pipeline_time_s
 from .loop import EventLoop
 from .network import Link, Network
+from .results import build_result
 from .routers import route_decode, route_prefill
 from .workers import ColocatedWorker, DecodeWorker, PrefillWorker
 from .workload import DONE, REJECTED, UNFINISHED, SimRequest, check_replayable
@@ -152,7 +154,6 @@ class Simulation:
     # ------------------------------------------------------------------ running
     def run(self):
         """Simulate the whole trace; returns a `SimResult`."""
-        from .results import build_result
 
         wall = time.perf_counter()
         self._build()
@@ -165,7 +166,6 @@ class Simulation:
         """Whether at least `attainment` of the measured requests meet both SLOs: the run's
         SimResult, or None as soon as more have missed their TTFT (or been rejected) than
         that allows: a run past saturation stops early, its verdict known."""
-        from .results import build_result
 
         self._build()
         measured = len(self.requests) - self.trace.lead_in
@@ -405,7 +405,6 @@ class Simulation:
 def simulate(trace, config: SimConfig | None = None, cost=None, progress=None, **overrides):
     """Simulate `trace` (a Trace, name or path) on a cluster; keyword overrides go into the
     config (`simulate("generated", arch="colocated", decode_workers=4)`). Returns a SimResult."""
-    import dataclasses
 
     config = (
         dataclasses.replace(config or SimConfig(), **overrides)

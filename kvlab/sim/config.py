@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from .. import metrics
 from ..errors import KvlabError, check_number, unknown_name
-from ..hardware import USABLE_MEMORY_FRACTION, get_device
+from ..hardware import USABLE_MEMORY_FRACTION, get_device, tiers
 from .routers import DECODE_ROUTERS, PREFILL_ROUTERS
 from .schedulers import PREEMPTION_MODES, SCHEDULERS
 
@@ -74,7 +74,6 @@ def engine_chunk_tokens(hardware: str) -> int:
 def _check_link(field_name: str, name) -> None:
     """A link field must name a catalogued link tier (a NIC, PCIe, NVLink), not a memory tier
     (hbm3, ddr5): the simulator moves bytes over it, as `kvlab bench` refuses memories."""
-    from ..hardware import tiers
 
     catalogue = tiers()
     links = [n for n, t in catalogue.items() if t.kind == "link"]

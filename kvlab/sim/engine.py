@@ -77,7 +77,7 @@ class Engine:
 
     role = "decode"
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the object's wiring, keyword-only
         self,
         sim,
         index: int,

@@ -34,6 +34,7 @@ from .. import metrics
 from ..errors import KvlabError, check_number
 from ..hardware import get_device
 from ..published import mooncake
+from ..traces.generate import poisson_trace
 from .cluster import simulate
 from .config import SimConfig
 from .cost_model import config_deployment
@@ -236,7 +237,6 @@ REPORT_KEYS = {"arxiv-summarization": "report_arxiv_summarization", "l-eval": "r
 
 def report_workload(name: str, rate_per_s: float, requests: int = 200, seed: int = 0):
     """One of REPORT_WORKLOADS at a rate (a generated Trace)."""
-    from ..traces.generate import poisson_trace
 
     if name not in REPORT_WORKLOADS:
         raise KvlabError(f"unknown report workload {name!r}; valid: {', '.join(REPORT_WORKLOADS)}")

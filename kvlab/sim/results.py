@@ -10,6 +10,7 @@ import numpy as np
 
 from .. import metrics
 from .config import SimConfig
+from .loop import SimulationError
 from .workload import DONE, REJECTED, STATUS, UNFINISHED
 
 SIM_DTYPE = np.dtype(
@@ -247,7 +248,6 @@ def _json_ready(x):
 
 def _check_invariants(sim) -> None:
     """What must hold after every run; a failure is a simulator bug, never bad input."""
-    from .loop import SimulationError
 
     ended = sum(q.status != UNFINISHED for q in sim.requests)
     if sim.finished != ended:

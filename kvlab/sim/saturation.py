@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 from ..errors import KvlabError, check_number
 from ..traces import GENERATED, POISSON, load_trace
+from ..traces.generate import parse_poisson, poisson_trace
 from .cluster import Simulation
 from .config import SimConfig
 from .cost_model import make_cost
@@ -114,7 +115,7 @@ class Saturation:
         }
 
 
-def saturation(
+def saturation(  # noqa: PLR0913 - the search's knobs, keyword-only
     config: SimConfig,
     samples,
     *,
@@ -195,7 +196,7 @@ class _Found:
     hi: float | None
 
 
-def _search(config, trace, attainment, rel_tol, start, cost, floor, observe) -> _Found:
+def _search(config, trace, attainment, rel_tol, start, cost, floor, observe) -> _Found:  # noqa: PLR0913 - saturation()'s knobs, for one sample
     """Bracket, then bisect, one sample's rate (module docstring)."""
     native = measured_rate_per_s(trace)
     if not math.isfinite(native):
@@ -265,7 +266,6 @@ def is_generated_spec(text) -> bool:
 def seed_samples(spec: str, seeds: int) -> list:
     """`seeds` traces of a generated workload (`generated[:PRESET][:SEED]` or
     `poisson:...`), its seed and the next seeds - 1."""
-    from ..traces.generate import parse_poisson, poisson_trace
 
     seeds = _count("seeds", seeds)
     text = str(spec)

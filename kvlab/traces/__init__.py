@@ -30,6 +30,8 @@ import numpy as np
 
 from ..errors import KvlabError, unknown_name
 from ..prompt import served_from_blocks
+from . import cache as parsed
+from .generate import PRESETS, generate_trace, poisson_trace
 from .types import BLOCK_TOKENS, Request, Trace
 
 TRACE_DIR_ENV = "KVLAB_TRACE_DIR"
@@ -263,7 +265,6 @@ def _read_cached(path: Path, name: str | None) -> Trace:
 def _read_file(path: Path, name: str | None, st: os.stat_result) -> Trace:
     """A regular file's requests come from the parsed-trace cache when this version of it
     was validated before (kvlab.traces.cache), else from read_jsonl, which fills the cache."""
-    from . import cache as parsed
 
     if not stat.S_ISREG(st.st_mode):
         return read_jsonl(path, name=name)
@@ -292,7 +293,6 @@ def _is_path(text: str) -> bool:
 def _generated(text: str) -> Trace:
     """`generated[:PRESET][:SEED]` -> a generated trace (kvlab.traces.generate), labelled as
     such."""
-    from .generate import PRESETS, generate_trace
 
     preset, seed = "conversation", 0
     for part in text.split(":")[1:]:
@@ -310,7 +310,6 @@ def _generated(text: str) -> Trace:
 @functools.lru_cache(maxsize=8)
 def _poisson(text: str) -> Trace:
     """`poisson:rate=R,prompt=P,output=O[,requests=N][,seed=S]` -> a plain generated workload."""
-    from .generate import poisson_trace
 
     return poisson_trace(text)
 

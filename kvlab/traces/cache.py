@@ -18,8 +18,11 @@ import hashlib
 import itertools
 import marshal
 import os
+import tempfile
 import zlib
 from pathlib import Path
+
+from .types import Request
 
 #: Bump when the validation rules or the Request fields change: old files are then ignored.
 FORMAT = 1
@@ -40,7 +43,6 @@ def _stamp(st: os.stat_result, block_tokens: int) -> tuple:
 
 def load(path: Path, st: os.stat_result, block_tokens: int):
     """The requests parsed from this very version of `path` before, or None."""
-    from .types import Request
 
     try:
         file = _file(path)
@@ -59,7 +61,6 @@ def load(path: Path, st: os.stat_result, block_tokens: int):
 
 def store(path: Path, st: os.stat_result, block_tokens: int, requests) -> None:
     """Keep the validated requests of `path` (atomically; any failure is ignored)."""
-    import tempfile
 
     file = _file(path)
     if file is None:

@@ -36,7 +36,7 @@ from .controls import (
     hit_control,
     model_control,
 )
-from .panel import Control, Panel, readout_html
+from .panel import LIVE_ROW, Control, Panel, _live_control, _live_value, readout_html
 
 PLACEMENTS = (
     "hbm",
@@ -288,8 +288,6 @@ def serving_section(ledger_view):
     """The serving run's controls, its button and its readout, reading the model, device,
     dtypes and speed from the ledger panel's live view (kvlab.viz.panel.LiveView)."""
     import ipywidgets as w
-
-    from .panel import LIVE_ROW, _live_control, _live_value
 
     controls = serving_controls()
     boxes = {c.key: _live_control(c) for c in controls}

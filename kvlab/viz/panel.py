@@ -13,6 +13,7 @@ tests/test_js.py runs every twin under node against `compute` over the panel's g
 from __future__ import annotations
 
 import html
+import itertools
 import json
 import math
 import os
@@ -455,7 +456,7 @@ def state_key(controls, state: dict) -> str:
 LOOKUP_DIGITS = 7  # significant digits kept in lookup tables
 
 
-def lookup_panel(
+def lookup_panel(  # noqa: PLR0913 - a panel's parts, keyword-only
     key: str,
     controls: tuple,
     compute: Callable[[dict], dict],
@@ -472,7 +473,6 @@ def lookup_panel(
     `js_sources` (optional): (name, terms) of a function in KVLAB.sources that rebuilds the
     figure sources from the readout values, so that the page stores values only (much
     smaller pages)."""
-    import itertools
 
     grid = [
         dict(zip([c.key for c in controls], combo, strict=True))

@@ -9,6 +9,7 @@ one without those two links, so the page makes no request off the machine.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
@@ -94,7 +95,6 @@ def die_with_parent():
     and frees the port instead of outliving the server. None where there is no prctl."""
     if not sys.platform.startswith("linux"):
         return None
-    import ctypes
 
     try:
         prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here, not after fork

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bokeh.models import CustomJSTickFormatter, HoverTool
+from bokeh.models import CustomJSTickFormatter, DataRange1d, HoverTool
 from bokeh.plotting import figure
 
 # Okabe & Ito (2008), safe for the common colour-vision deficiencies.
@@ -60,8 +60,6 @@ def hover(fig, rows: list[tuple[str, str]], renderers=None, mode: str = "mouse")
 
 def from_zero():
     """An auto range that always starts at zero (bars must not start elsewhere)."""
-    from bokeh.models import DataRange1d
-
     return DataRange1d(start=0)
 
 
