@@ -33,6 +33,13 @@ def _vendor_dir(app) -> Path:
     return Path(app.srcdir) / "_build" / "vendor"
 
 
+def _edition_dir(app) -> Path:
+    """This edition's own static folder: its kvlab.js differs from the other's (the Chinese
+    one carries the label table) and `make book` builds the two editions at once, so
+    neither may touch the other's copy."""
+    return Path(app.srcdir) / "_build" / f"vendor-{app.config.language or 'en'}"
+
+
 def _copy_bokeh(static: Path) -> list[str]:
     import bokeh
 
@@ -44,7 +51,9 @@ def _copy_bokeh(static: Path) -> list[str]:
         if not target.exists():
             shutil.copyfile(source / name, target)
         names.append(f"kvlab-vendor/{target.name}")
-    return [_write_kvlab_js(static / "kvlab-vendor"), *names]
+    for old in (static / "kvlab-vendor").glob("kvlab-*.js"):  # from builds before _edition_dir
+        old.unlink(missing_ok=True)
+    return names
 
 
 def _write_kvlab_js(folder: Path) -> str:
@@ -52,6 +61,7 @@ def _write_kvlab_js(folder: Path) -> str:
 
     text = kvlab_js() + i18n.browser_js()  # the label table, in the Chinese edition only
     name = f"kvlab-{hashlib.sha256(text.encode()).hexdigest()[:12]}.js"
+    folder.mkdir(parents=True, exist_ok=True)
     for old in folder.glob("kvlab*.js"):  # earlier builds' copies would ship with the site
         if old.name != name:
             old.unlink()
@@ -70,7 +80,8 @@ def _fetch_mathjax(static: Path) -> None:
         "package/es5/ui/",
         "package/es5/a11y/",
     )
-    with tempfile.TemporaryDirectory() as tmp:
+    static.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=static, prefix=".mathjax-") as tmp:
         try:
             out = subprocess.run(
                 [
@@ -96,16 +107,23 @@ def _fetch_mathjax(static: Path) -> None:
         with tarfile.open(tarball) as tar:
             members = [m for m in tar.getmembers() if m.name.startswith(keep)]
             tar.extractall(tmp, members=members, filter="data")
-        shutil.copytree(Path(tmp) / "package" / "es5", target, dirs_exist_ok=True)
+        # The editions build at once: each unpacks beside the target and renames it into
+        # place; the second one finds it there and drops its own copy.
+        staged = Path(tmp) / "package" / "es5"
+        try:
+            staged.rename(target)
+        except OSError:
+            if not (target / "tex-chtml.js").exists():
+                shutil.copytree(staged, target, dirs_exist_ok=True)
 
 
 def _builder_inited(app) -> None:
     if app.builder.format != "html":
         return
-    static = _vendor_dir(app)
-    app.env.kvlab_bokeh_js = _copy_bokeh(static)
+    static, own = _vendor_dir(app), _edition_dir(app)
+    app.env.kvlab_bokeh_js = [_write_kvlab_js(own / "kvlab-vendor"), *_copy_bokeh(static)]
     _fetch_mathjax(static)
-    app.config.html_static_path.append(str(static))
+    app.config.html_static_path.extend([str(static), str(own)])
 
 
 def _page_context(app, pagename, templatename, context, doctree) -> None:
