@@ -346,7 +346,7 @@ def test_load_sweep_attainment_falls_and_rejection_holds_goodput(gen, load):
 
 
 def test_capacity_panel_and_numbers(load):
-    from kvlab.viz.sim_panels import capacity_panel  # noqa: PLC0415 - bokeh loads only when a figure is drawn
+    from kvlab.viz.kv_centric import capacity_panel  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     panel = capacity_panel(load, sim_runs.SATURATION_ATTAINMENT)
     assert [c.key for c in panel.controls] == ["rate", "chunk", "early_reject"]

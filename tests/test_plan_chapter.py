@@ -17,7 +17,7 @@ import pytest
 from kvlab.book import plan_a_deployment as ch
 from kvlab.book import plan_searches as ps
 from kvlab.hardware import USABLE_MEMORY_FRACTION, get_device
-from kvlab.viz import plan_panels as pp
+from kvlab.viz import plan_a_deployment as pp
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "06_plan_a_deployment.ipynb"

@@ -495,7 +495,7 @@ def test_the_legend_check_sees_a_missing_series():
     """The class of the chapter 4 bug: the legend promises TTFT p50, the source lacks it."""
     from bokeh.models import ColumnDataSource
 
-    from kvlab.viz.sim_panels import _paired_bars  # noqa: PLC0415 - bokeh loads only when a figure is drawn
+    from kvlab.viz.kv_centric import _paired_bars  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     def problems(data):
         pair = (("ttft_p50_s", "p50"), ("ttft_p90_s", "p90"))

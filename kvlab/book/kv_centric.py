@@ -168,53 +168,53 @@ def _sweep_point(state: dict) -> dict:
 
 @functools.cache
 def sweep_panel():
-    from ..viz import sim_panels  # noqa: PLC0415 - bokeh loads only when a figure is drawn
+    from ..viz import kv_centric as figures  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
-    return sim_panels.sweep_panel(sweep(), _sweep_point)
+    return figures.sweep_panel(sweep(), _sweep_point)
 
 
 @functools.cache
 def capacity_panel():
-    from ..viz import sim_panels  # noqa: PLC0415 - bokeh loads only when a figure is drawn
+    from ..viz import kv_centric as figures  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
-    return sim_panels.capacity_panel(load(), sim_runs.SATURATION_ATTAINMENT)
+    return figures.capacity_panel(load(), sim_runs.SATURATION_ATTAINMENT)
 
 
 @functools.cache
 def timeline_panel():
-    from ..viz import sim_panels  # noqa: PLC0415 - bokeh loads only when a figure is drawn
+    from ..viz import kv_centric as figures  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
-    return sim_panels.timeline_panel(timeline, TIMELINE_S)
+    return figures.timeline_panel(timeline, TIMELINE_S)
 
 
 def cdf_figure(metric: str, title: str):
-    from ..viz import sim_panels  # noqa: PLC0415 - bokeh loads only when a figure is drawn
+    from ..viz import kv_centric as figures  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
-    return sim_panels.cdf_figure(comparison(), metric, title)
+    return figures.cdf_figure(comparison(), metric, title)
 
 
 def scheduler_figure():
-    from ..viz import sim_panels  # noqa: PLC0415 - bokeh loads only when a figure is drawn
+    from ..viz import kv_centric as figures  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
-    return sim_panels.scheduler_figure(schedulers())
+    return figures.scheduler_figure(schedulers())
 
 
 def mooncake_figure():
-    from ..viz import sim_panels  # noqa: PLC0415 - bokeh loads only when a figure is drawn
+    from ..viz import kv_centric as figures  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
-    return sim_panels.mooncake_figure(regime())
+    return figures.mooncake_figure(regime())
 
 
 def critical_path_figure():
-    from ..viz import sim_panels  # noqa: PLC0415 - bokeh loads only when a figure is drawn
+    from ..viz import kv_centric as figures  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
-    return sim_panels.critical_path_figure(critical_path())
+    return figures.critical_path_figure(critical_path())
 
 
 def pools_figure():
-    from ..viz import sim_panels  # noqa: PLC0415 - bokeh loads only when a figure is drawn
+    from ..viz import kv_centric as figures  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
-    return sim_panels.global_vs_local_figure(pools())
+    return figures.global_vs_local_figure(pools())
 
 
 def _setup() -> str:
@@ -432,7 +432,7 @@ def capacity_numbers(d: dict, panel) -> dict[str, str]:
     which SLO the requests miss at the first rate past the KV-centric design's saturation
     (past_<slo>_miss_<design>), and the capacity panel's readout at its default state
     (capacity_<design>_<figure>)."""
-    from ..viz.sim_panels import saturation_text  # noqa: PLC0415 - bokeh loads only when a figure is drawn
+    from ..viz.kv_centric import saturation_text  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     rates, level = d["rates"], sim_runs.SATURATION_ATTAINMENT
     b = min(_past_rate(d), len(rates) - 2)

@@ -34,9 +34,9 @@ def token_streams() -> dict:
 
 
 def token_stream_figure():
-    from ..viz import sim_panels  # noqa: PLC0415 - bokeh loads only when a figure is drawn
+    from ..viz import kv_centric as serving_figures  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
-    return sim_panels.token_stream_figure(token_streams())
+    return serving_figures.token_stream_figure(token_streams())
 
 
 def ceiling_tokens_per_s() -> float:

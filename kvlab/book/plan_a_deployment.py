@@ -40,7 +40,7 @@ def model_label(model: str) -> str:
 
 @functools.cache
 def terms() -> dict:
-    from ..viz.plan_panels import plan_terms  # noqa: PLC0415 - bokeh loads only when a figure is drawn
+    from ..viz.plan_a_deployment import plan_terms  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     found = {
         (s.model, s.traffic, s.tbt_s): out
@@ -57,20 +57,20 @@ def terms() -> dict:
 
 
 def panel():
-    from ..viz.plan_panels import plan_panel  # noqa: PLC0415 - bokeh loads only when a figure is drawn
+    from ..viz.plan_a_deployment import plan_panel  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     return plan_panel(terms(), MODEL_8B, "cold", ps.TBT_SLO_S)
 
 
 def front_figure():
-    from ..viz.plan_panels import front_figure as figure  # noqa: PLC0415 - bokeh loads only when a figure is drawn
+    from ..viz.plan_a_deployment import front_figure as figure  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     return figure(terms(), "cold")
 
 
 def words(row: dict) -> str:
     """A design in the edition's words."""
-    from ..viz.plan_panels import describe  # noqa: PLC0415 - bokeh loads only when a figure is drawn
+    from ..viz.plan_a_deployment import describe  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     return t(
         describe(
@@ -90,7 +90,7 @@ def best_of(out: dict, **match) -> dict | None:
 
 
 def binds_words(row: dict) -> str:
-    from ..viz.plan_panels import BINDS_LABELS  # noqa: PLC0415 - bokeh loads only when a figure is drawn
+    from ..viz.plan_a_deployment import BINDS_LABELS  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     lim = row.get("limit")
     return t(BINDS_LABELS[lim["binds"] if lim else None])

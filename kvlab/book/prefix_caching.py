@@ -20,12 +20,12 @@ from .lang import pick
 
 @functools.cache
 def panels() -> dict:
-    from ..viz import prefix_panels  # noqa: PLC0415 - bokeh loads only when a figure is drawn
+    from ..viz import prefix_caching as figures  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     return {
-        "capacity": prefix_panels.capacity_panel(),
-        "latency": prefix_panels.latency_panel(),
-        "granularity": prefix_panels.granularity_panel(),
+        "capacity": figures.capacity_panel(),
+        "latency": figures.latency_panel(),
+        "granularity": figures.granularity_panel(),
     }
 
 
@@ -120,7 +120,7 @@ def latency_conditions(trace=None) -> dict:
 
 
 def numbers() -> dict[str, str]:
-    from ..viz.prefix_panels import SWEEP_VALUES  # noqa: PLC0415 - bokeh loads only when a figure is drawn
+    from ..viz.prefix_caching import SWEEP_VALUES  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     conv = trace_or_generated("conversation")
     stats = trace_stats(conv)

@@ -5,7 +5,7 @@ is built, read back in the page.
   target, one plot per model (the chapter's SLO front).
 - `plan_panel(terms)`: pick a model, a kind of traffic and a TBT target; every design's
   capacity per GPU, ranked, the front of that model and traffic, and the best design,
-  the runner-up and what binds. Its JavaScript twin (kvlab/viz/js/plan_panels.js) ranks
+  the runner-up and what binds. Its JavaScript twin (kvlab/viz/js/plan_a_deployment.js) ranks
   the designs as kvlab.plan.rank does and takes each architecture's best per target.
 
 Both read `terms` (`plan_terms`): per search, each design's row as the planner's table
@@ -88,7 +88,7 @@ def plan_terms(searches: dict, models: dict, traffic, targets_s, ttft_s: float) 
 
 def describe(arch, tp, prefill, decode, scheduler, chunk) -> str:
     """A design in words: 'colocated, 8 × TP1, prefill-first', 'KV-centric, 4P:4D × TP1'
-    (kvlab/viz/js/plan_panels.js describe is the twin)."""
+    (kvlab/viz/js/plan_a_deployment.js describe is the twin)."""
     if arch == "colocated":
         how = (
             f"chunked ({fmt.fixed(chunk, 0)} tokens per step)"
@@ -120,7 +120,7 @@ def front(terms: dict, model: str, traffic: str) -> dict:
 
 
 def plan_state(terms: dict, state: dict) -> dict:
-    """The panel's Python face (kvlab/viz/js/plan_panels.js is the browser's)."""
+    """The panel's Python face (kvlab/viz/js/plan_a_deployment.js is the browser's)."""
     rows, pruned = _rows(terms, state["model"], state["traffic"], state["tbt_s"])
     labels = dict(zip(terms["archs"], terms["arch_labels"], strict=True))
     colors = dict(zip(terms["archs"], terms["arch_colors"], strict=True))

@@ -1,4 +1,4 @@
-// kvlab/viz/sim_panels.py in the browser: the sweep's page holds readout values only, and
+// kvlab/viz/kv_centric.py in the browser: the sweep's page holds readout values only, and
 // this rebuilds its bars from them ({metric: one value per architecture}, as compute does).
 (function (KVLAB) {
   "use strict";
@@ -9,7 +9,7 @@
   };
 })(window.KVLAB);
 
-// kvlab/viz/sim_panels.py capacity_panel in the browser: the same lookups as its Python
+// kvlab/viz/kv_centric.py capacity_panel in the browser: the same lookups as its Python
 // `_capacity_state` into the load sweep kvlab ran when the book was built.
 (function (KVLAB) {
   "use strict";

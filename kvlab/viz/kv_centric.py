@@ -129,7 +129,7 @@ def sweep_panel(s: dict, run_point: Callable[[dict], dict] | None = None):
             "decode", "Decode GPUs", tuple(int(d) for d in s["decode_workers"]), 2, kind="slider"
         ),
     )
-    # the page rebuilds the bars from the values: KVLAB.sources.sweep (js/sim_panels.js)
+    # the page rebuilds the bars from the values: KVLAB.sources.sweep (js/kv_centric.js)
     js_sources = (
         "sweep",
         {
@@ -203,7 +203,7 @@ def capacity_panel(data: dict, level: float) -> Panel:
     with and without early rejection.
 
     Every state is a lookup into `data` (the browser twin, KVLAB.panels.load_capacity in
-    js/sim_panels.js, does the same lookups): the curves depend on two controls only, so
+    js/kv_centric.js, does the same lookups): the curves depend on two controls only, so
     the page stores them once, not once per load as a lookup panel's table would."""
     rates = [float(r) for r in data["rates"]]
     settings = data["settings"]

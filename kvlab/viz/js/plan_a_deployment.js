@@ -1,4 +1,4 @@
-// kvlab/viz/plan_panels.py's plan panel in the browser: the searches kvlab ran when the book
+// kvlab/viz/plan_a_deployment.py's plan panel in the browser: the searches kvlab ran when the book
 // was built (T.searches: each design's row of the planner's table), ranked here as
 // kvlab.plan.rank ranks them (most requests/s per GPU first, then fewer GPUs, then the
 // design's key), each architecture's best taken at every TBT target, the best design and
@@ -19,7 +19,7 @@
     return [out, found.pruned];
   }
 
-  // plan_panels.describe
+  // plan_a_deployment.describe (the Python twin)
   function describe(K, T, r) {
     const label = T.arch_labels[T.archs.indexOf(r.arch)];
     if (r.arch === "colocated") {
@@ -31,7 +31,7 @@
       r.tensor_parallel;
   }
 
-  // plan_panels.front
+  // plan_a_deployment.front (the Python twin)
   function front(T, model, traffic) {
     const out = { target_ms: T.targets_s.map((t) => 1e3 * t) };
     for (const arch of T.archs) {
