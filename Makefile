@@ -54,11 +54,13 @@ system-deps:
 # locale/, configuration derived from _config.yml) into $(ZH_BUILD), copied to $(HTML_DIR)/zh.
 ZH_BUILD    := $(BUILD_DIR)/zh
 BOOK_FLAGS  := --warningiserror --nitpick --keep-going
-# The two editions build at once (each runs every notebook on one core most of the time);
-# each writes its log to $(BUILD_DIR)/book-<lang>.log, shown when that build fails.
+# The chapters' expensive runs go into their caches first (kvlab.book.warm), so the two
+# editions, built at once, read the same results; each build logs to
+# $(BUILD_DIR)/book-<lang>.log, shown when it fails.
 book: $(STAMP)
 	@mkdir -p $(RUN_HOME) $(ZH_BUILD)
 	$(BIN)/python book/_ext/kvlab_i18n.py config zh_CN $(ZH_BUILD)/_config.yml
+	HOME=$(RUN_HOME) $(BIN)/python -m kvlab.book.warm
 	@echo "building the English and Chinese editions (logs: $(BUILD_DIR)/book-en.log, book-zh.log)"
 	@HOME=$(RUN_HOME) KVLAB_BOOK_BUILD=1 $(BIN)/jupyter-book build . $(BOOK_FLAGS) \
 	  > $(BUILD_DIR)/book-en.log 2>&1 & en=$$!; \
