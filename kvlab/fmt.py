@@ -49,9 +49,22 @@ def rate(value: float, digits: int = 4) -> str:
     return sig(value, digits)
 
 
+#: The most significant digits `percent` adds so that a share short of all never reads 100%.
+PERCENT_MAX_DIGITS = 9
+
+
 def percent(fraction: float, digits: int = 3) -> str:
-    """0.953 -> '95.3%'."""
-    return f"{sig(100 * fraction, digits)}%"
+    """0.953 -> '95.3%'. A share short of all never reads as all: 12,030 of 12,031 is
+    '99.99%', not '100%' (one more digit at a time until it shows)."""
+    text = sig(100 * fraction, digits)
+    while fraction < 1 and digits < PERCENT_MAX_DIGITS and _value(text) >= 100:
+        digits += 1
+        text = sig(100 * fraction, digits)
+    return f"{text}%"
+
+
+def _value(text: str) -> float:
+    return float(text.replace(",", ""))
 
 
 #: Beyond these magnitudes fixed-point text is a wall of zeros (1e-300 would print 300 of

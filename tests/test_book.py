@@ -674,3 +674,12 @@ def test_chapter_5b_latency_conditions_measured_kernels_are_slower(gen):
         assert c[f"measured_{k}_s"] > c[f"ceiling_{k}_s"]  # kernels below the ceiling
     n = prefix_caching.numbers()
     assert n["lat_batch"] == "16" and n["lat_setup"].startswith("Llama 3.1 8B")
+
+
+def test_a_share_short_of_all_never_reads_100_percent():
+    """12,030 of 12,031 requests (chapter 5b's panel) is 99.99%, not 100%."""
+    assert fmt.percent(12_030 / 12_031) == "99.99%"
+    assert fmt.percent(0.9995) == "99.95%"
+    assert fmt.percent(1 - 1e-7) == "99.99999%"
+    assert fmt.percent(1.0) == "100%"
+    assert fmt.percent(0.953) == "95.3%"

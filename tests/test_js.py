@@ -417,6 +417,10 @@ def test_readout_formats_are_twins(library):
         assert texts == [FORMATS[kind](v) for v in samples.get(kind, numbers)], kind
 
 
+#: Shares just short of all (and all): a readout must never round them up to 100%.
+NEAR_ALL = [12_030 / 12_031, 0.9995, 0.99995, 1 - 1e-7, 1 - 1e-12, 1.0, 0.5]
+
+
 def test_formatting_matches_kvlab_fmt_digit_for_digit(library):
     """kvlab.js formats numbers as kvlab.fmt does (readouts and the prose depend on it)."""
     rng = np.random.default_rng(7)
@@ -427,16 +431,21 @@ def test_formatting_matches_kvlab_fmt_digit_for_digit(library):
             [0.0, 1.0, 999.5, 999.95, 1000.0, 0.125, 2.5, 1.125e9, 9.995e-4, 1e21],
         ]
     ).tolist()
+    # name -> (kvlab.js function, the values, its arguments, kvlab.fmt's text of a value)
     calls = {
-        "si": ([[v, "B"] for v in values], lambda v: fmt.si(v, "B")),
-        "seconds": ([[abs(v)] for v in values], lambda v: fmt.seconds(abs(v))),
-        "rate": ([[v] for v in values], fmt.rate),
-        "sig": ([[v, 3] for v in values], lambda v: fmt.sig(v, 3)),
-        "percent": ([[v / 1e9] for v in values], lambda v: fmt.percent(v / 1e9)),
+        "si": ("si", values, lambda v: [v, "B"], lambda v: fmt.si(v, "B")),
+        "seconds": ("seconds", values, lambda v: [abs(v)], lambda v: fmt.seconds(abs(v))),
+        "rate": ("rate", values, lambda v: [v], fmt.rate),
+        "sig": ("sig", values, lambda v: [v, 3], lambda v: fmt.sig(v, 3)),
+        "percent": ("percent", values, lambda v: [v / 1e9], lambda v: fmt.percent(v / 1e9)),
+        "percent near all": ("percent", NEAR_ALL, lambda v: [v], fmt.percent),
     }
-    jobs = [{"library": fn, "terms": None, "args": args} for fn, (args, _) in calls.items()]
-    for (fn, (_args, python)), texts in zip(calls.items(), run_node(library, jobs), strict=True):
-        mismatches = [
-            (v, g, python(v)) for v, g in zip(values, texts, strict=True) if g != python(v)
-        ]
-        assert mismatches == [], fn
+    jobs = [
+        {"library": fn, "terms": None, "args": [args(v) for v in xs]}
+        for fn, xs, args, _ in calls.values()
+    ]
+    for (name, (_, xs, _args, python)), texts in zip(
+        calls.items(), run_node(library, jobs), strict=True
+    ):
+        mismatches = [(v, g, python(v)) for v, g in zip(xs, texts, strict=True) if g != python(v)]
+        assert mismatches == [], name

@@ -62,7 +62,16 @@ window.KVLAB = window.KVLAB || (function () {
     if (value === null || !isFinite(value)) return "n/a";
     return sig(value, digits || 4);
   }
-  function percent(fraction, digits) { return sig(100 * fraction, digits || 3) + "%"; }
+  // kvlab/fmt.py percent: a share short of all never reads 100% (one more digit until it shows)
+  function percent(fraction, digits) {
+    let d = digits || 3;
+    let text = sig(100 * fraction, d);
+    while (fraction < 1 && d < 9 && Number(text.replace(/,/g, "")) >= 100) {
+      d += 1;
+      text = sig(100 * fraction, d);
+    }
+    return text + "%";
+  }
 
   // One formatter per readout kind (kvlab/viz/panel.py FORMATS holds the Python side).
   const FORMATS = {
