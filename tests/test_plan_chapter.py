@@ -3,7 +3,7 @@ plan_searches.py): the searches' results hold the properties the prose states, t
 and the figure read them faithfully, and the cache hands both editions the same results.
 
 The searches run once per checkout (about four minutes on two cores) and are kept in
-_build/kvlab-cache; the book build usually has run them already."""
+the run cache (kvlab.book.run_cache); the book build usually has run them already."""
 
 from __future__ import annotations
 
@@ -189,12 +189,13 @@ def test_the_cache_hands_the_other_edition_the_same_results(tmp_path, monkeypatc
         calls.append(len(wanted))
         return [{"search": s.name, "x": 1.5} for s in wanted]
 
-    monkeypatch.setenv(ps.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv("KVLAB_RUN_CACHE", str(tmp_path))
     monkeypatch.setattr(ps, "run_all", fake_run_all)
     first = ps.searches.__wrapped__()
     second = ps.searches.__wrapped__()
     assert calls == [len(ps.SEARCHES + ps.EXTRA)]  # the second read the file
-    assert first == second and len(list(tmp_path.glob("plan-*.json"))) == 1
+    assert first == second and len(list(tmp_path.glob("ch6-plan-*.pickle"))) == 1
     assert ps.cache_key(ps.SEARCHES) != ps.cache_key(ps.SEARCHES + ps.EXTRA)
-    monkeypatch.setenv(ps.CACHE_ENV, "")
-    assert ps.cache_dir() is None
+    monkeypatch.setenv("KVLAB_RUN_CACHE", "off")
+    ps.searches.__wrapped__()
+    assert calls == [len(ps.SEARCHES + ps.EXTRA)] * 2  # off: nothing kept, run again

@@ -9,13 +9,12 @@ A search is `kvlab.plan.plan` on one model, GPUs and tensor-parallel degrees, on
 and one pair of SLOs, over the planner's default space otherwise (the three
 architectures, prefill:decode splits at 1/4, 1/2 and 3/4, chunked and prefill-first
 scheduling, the architecture's prefix cache). The searches run side by side on every core
-(each search in one process), and their results are written to
-`_build/kvlab-cache/plan-<key>.json` in the repository, where `key` hashes everything a
-result depends on: each search's job, workload and requests (the planner's own fingerprint
-of them: `kvlab.plan.search.job_fingerprint`), its GPUs and space, and the source of
-kvlab's domain and data layers (the simulator, the ledger, the catalogues). The second
-edition's build finds the file and runs nothing; a change to the simulator runs them again.
-`KVLAB_PLAN_CACHE` names another folder (empty: no file).
+(each search in one process), and their results are kept by `kvlab.book.run_cache` (as
+chapter 4's simulations are), keyed by what a result depends on: each search's job,
+workload and requests (the planner's own fingerprint of them:
+`kvlab.plan.search.job_fingerprint`), its GPUs and space, and kvlab's code and data. The
+second edition's build finds them and runs nothing; a change to the simulator runs them
+again.
 """
 
 from __future__ import annotations
@@ -23,15 +22,14 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
 from ..plan import Job, Slo, Space, Workload, plan
 from ..plan.runners import cores, start_method
 from ..plan.search import job_fingerprint
 from ..traces import find_trace
+from . import run_cache
 
 #: GPUs on offer and the tensor-parallel degrees tried, per model: the 8B fits one H100
 #: with room for KV; the 70B's 141 GB of fp16 weights need an instance of 2 GPUs at least.
@@ -64,7 +62,6 @@ TBT_STAT = "p90"
 ATTAINMENT = 0.9
 #: A tighter TTFT target the chapter tries once, on the 70B: the trace's bursts.
 TIGHT_TTFT_SLO_S = 5.0
-CACHE_ENV = "KVLAB_PLAN_CACHE"
 
 
 @dataclass(frozen=True, order=True)
@@ -122,25 +119,9 @@ def run(search: Search) -> dict:
     )
 
 
-def _code_digest() -> str:
-    """The source of what a search's result depends on: kvlab's domain and data layers and
-    its catalogues (not the book, the panels, the CLI or the labs)."""
-    root = Path(__file__).resolve().parents[1]
-    skip = {"book", "viz", "cli", "bench"}
-    h = hashlib.sha256()
-    for path in sorted(root.rglob("*")):
-        rel = path.relative_to(root)
-        if not path.is_file() or rel.parts[0] in skip or "__pycache__" in rel.parts:
-            continue
-        if path.suffix not in {".py", ".toml", ".json", ".csv", ".yaml"} or rel.name == "labs.py":
-            continue
-        h.update(str(rel).encode() + b"\0" + path.read_bytes() + b"\0")
-    return h.hexdigest()
-
-
 def cache_key(searches) -> str:
-    """What the results depend on, hashed (the module docstring)."""
-    h = hashlib.sha256(_code_digest().encode())
+    """What the results depend on besides kvlab's code, hashed (the module docstring)."""
+    h = hashlib.sha256()
     for s in searches:
         w = workload(s.traffic)
         what = {
@@ -151,16 +132,6 @@ def cache_key(searches) -> str:
         }
         h.update(json.dumps(what, sort_keys=True).encode())
     return h.hexdigest()[:20]
-
-
-def cache_dir() -> Path | None:
-    """Where results are kept: $KVLAB_PLAN_CACHE, else the checkout's _build/kvlab-cache
-    (None: set to '' to keep nothing, or kvlab runs from an installed package)."""
-    env = os.environ.get(CACHE_ENV)
-    if env is not None:
-        return Path(env) if env else None
-    repo = Path(__file__).resolve().parents[2]
-    return repo / "_build" / "kvlab-cache" if (repo / "_toc.yml").exists() else None
 
 
 def run_all(searches, workers: int | None = None) -> list[dict]:
@@ -177,21 +148,11 @@ def run_all(searches, workers: int | None = None) -> list[dict]:
 @functools.cache
 def searches() -> dict:
     """{Search: the plan `kvlab plan --json` would print} for SEARCHES and EXTRA, from the
-    cache file when one matches, else run (and written to it)."""
+    run cache when it holds them, else run (and stored)."""
     wanted = SEARCHES + EXTRA
-    folder = cache_dir()
-    path = folder / f"plan-{cache_key(wanted)}.json" if folder else None
-    if path is not None and path.exists():
-        stored = json.loads(path.read_text(encoding="utf-8"))
-        return {s: stored[s.name] for s in wanted}
-    # as the file reads back: the two editions' builds see the same values
-    results = {s: json.loads(json.dumps(r)) for s, r in zip(wanted, run_all(wanted), strict=True)}
-    if path is not None:
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(
-            json.dumps({s.name: r for s, r in results.items()}, allow_nan=False),
-            encoding="utf-8",
-        )
-        os.replace(tmp, path)  # whole or not at all: a build killed mid-write leaves no file
-    return results
+
+    def run_named() -> dict:
+        return {s.name: r for s, r in zip(wanted, run_all(wanted), strict=True)}
+
+    stored = run_cache.cached("ch6-plan", cache_key(wanted), run_named)
+    return {s: stored[s.name] for s in wanted}
