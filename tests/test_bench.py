@@ -28,6 +28,7 @@ from kvlab import native
 from kvlab.bench import (
     decode,
     host_copy,
+    kernel_table,
     recompute,
     report,  # noqa: E402
     timing,
@@ -126,6 +127,17 @@ def test_decode_quick_points_carry_the_contract(results, capsys):
             r["machine"].get("link_bytes_per_s"),
         )
         assert p["predicted_step_s"] == pytest.approx(again["predicted_step_s"])
+        # the second prediction: the same bytes at the kernel table's shares
+        assert p["predicted_kernels_step_s"] == pytest.approx(
+            kernel_table.predict_step_s(r["kernel_table"], again, p)
+        )
+        assert p["kernels_error"] == pytest.approx(
+            p["measured_step_s"] / p["predicted_kernels_step_s"] - 1
+        )
+    table = r["kernel_table"]
+    assert table["batches"] == [1, 4] and table["contexts"] == [512]
+    assert all(share > 0 for share in table["weights"])
+    assert set(table["attention"]) == {"bf16", "int8"}
     assert {p["placement"] for p in r["points"]} == {"device", "host"}
     assert {p["kv_dtype"] for p in r["points"]} == {"bf16", "int8"}
     # the ledger counts the bytes: more context, more bytes; int8 KV moves fewer than bf16
@@ -1020,3 +1032,38 @@ def test_decode_sweep_on_cuda(results, capsys):
     assert placements == {("device", False), ("host", False), ("host", True)}
     for p in r["points"]:
         assert DECODE_KEYS <= set(p) and p["measured_step_s"] > 0
+
+
+def test_kernel_table_interpolates_in_log2_and_clamps():
+    """Hand-checked: batch 2 lies halfway (in log2) between 1 and 4; context 4K halfway
+    between 2K and 8K; past the table's ends the nearest share holds."""
+    table = {
+        "batches": [1, 4, 16],
+        "contexts": [2048, 8192],
+        "weights": [1.0, 0.8, 0.6],
+        "attention": {"bf16": [[0.9, 0.7], [0.8, 0.6], [0.5, 0.3]]},
+    }
+    assert kernel_table.shares(table, 2, 4096, "bf16") == pytest.approx((0.9, 0.75))
+    assert kernel_table.shares(table, 8, 2048, "bf16") == pytest.approx((0.7, 0.65))
+    assert kernel_table.shares(table, 64, 32768, "bf16") == pytest.approx((0.6, 0.3))
+    assert kernel_table.shares(table, 1, 1024, "bf16") == pytest.approx((1.0, 0.9))
+
+
+def test_kernel_table_prices_the_ledgers_bytes_at_the_kernels_shares():
+    """Hand-checked: 800 MB of weights at 80% of 10 GB/s is 100 ms, 90 MB of KV at 60% is
+    15 ms, the other 10 MB at the full 10 GB/s 1 ms; host placement adds the fetch serially,
+    or overlaps it when prefetching."""
+    table = {
+        "batches": [1, 4],
+        "contexts": [512],
+        "weights": [0.8, 0.8],
+        "attention": {"bf16": [[0.6], [0.6]]},
+    }
+    pred = {"weight_read_bytes": 800e6, "kv_read_bytes": 90e6, "step_bytes": 900e6, "fetch_s": 0.2}
+    point = {"bandwidth_bytes_per_s": 10e9, "batch": 2, "context": 512, "kv_dtype": "bf16"}
+    device = {**point, "placement": "device", "prefetch": False}
+    assert kernel_table.predict_step_s(table, pred, device) == pytest.approx(0.116)
+    serial = {**point, "placement": "host", "prefetch": False}
+    assert kernel_table.predict_step_s(table, pred, serial) == pytest.approx(0.316)
+    overlapped = {**point, "placement": "host", "prefetch": True}
+    assert kernel_table.predict_step_s(table, pred, overlapped) == pytest.approx(0.2)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from ..decoder import fit, ledger
 from ..errors import KvlabError
+from . import kernel_table
 from .host_copy import link_bandwidth
 from .memory import GiB, MiB, copy_bandwidth, matmul_rate
 from .results import environment, write_result
@@ -261,6 +262,7 @@ class _Settings:
     probe_bytes: int
     cuda_graph: bool
     seed: int
+    kind: str  # "cpu" | "cuda", "-quick": the grid and the kernel table's shapes
 
 
 class _Sweep:
@@ -275,17 +277,43 @@ class _Sweep:
         self.model, self.other, self.machine, self.spec_device = model, other, machine, spec_device
         self.s, self.budget = settings, Budget(budget_s)
         self.points, self.skipped, self.other_points = [], [], []
+        self.tables: dict[int, dict] = {}  # id(model) -> its kernel table
         self.gen = torch.Generator(device="cpu").manual_seed(settings.seed)
         self.progress = None
 
     def run(self, groups, quiet: bool) -> None:
         self.progress = Progress("decode", sum(len(c) + len(r) for _, c, r in groups), quiet)
         self.progress.log(self._headline())
+        self._measure_tables()
         for group, ctxs, refused in groups:
             for ctx, reason in refused:
                 self.skip(group, ctx, reason, reason.replace("limited to", "beyond"))
             if ctxs:
                 self.run_group(group, ctxs)
+
+    def _measure_tables(self) -> None:
+        """Each kernel set's table (`kernel_table`), timed before the sweep's first point."""
+        for model in (self.model, self.other):
+            if model is None:
+                continue
+            try:
+                table = kernel_table.measure(
+                    model,
+                    self.grid["kv_dtypes"],
+                    self.spec_device,
+                    self.grid["weight_dtype"],
+                    self.s.probe_bytes,
+                    self.s.kind,
+                )
+            except (KvlabError, RuntimeError) as exc:
+                if not isinstance(exc, KvlabError) and "out of memory" not in str(exc).lower():
+                    raise
+                self._release()
+                self.progress.log(f"kernel table not measured: {str(exc).splitlines()[0]}")
+                continue
+            self.tables[id(model)] = table
+            tag = "" if model is self.model else " [PyTorch kernels]"
+            self.progress.log(f"kernel table{tag}: {kernel_table.describe(table)}")
 
     def _headline(self) -> str:
         m = self.machine
@@ -426,7 +454,7 @@ class _Sweep:
             self.machine.get("link_bytes_per_s"),
         )
         measured_s = t.median_s
-        return {
+        point = {
             **group.keys(ctx),
             "weight_dtype": weights,
             "preset": model.config.name,
@@ -453,6 +481,12 @@ class _Sweep:
             "cpu_stall_fraction": stall,
             "attempts": attempts,
         }
+        table = self.tables.get(id(model))
+        if table is not None:
+            kernels_s = kernel_table.predict_step_s(table, pred, point)
+            point["predicted_kernels_step_s"] = kernels_s
+            point["kernels_error"] = measured_s / kernels_s - 1
+        return point
 
 
 def describe(point: dict) -> str:
@@ -517,6 +551,7 @@ def run_decode(  # noqa: PLR0913 - one keyword per `kvlab bench decode` option
         probe_bytes=PROBE_BYTES[kind],
         cuda_graph=cuda_graph,
         seed=seed,
+        kind=kind,
     )
     env = {**environment(str(dev)), **alloc, "at_start": machine_state()}
     model = Decoder(grid["preset"], grid["weight_dtype"], dev, seed=seed, kernels=kernels)
@@ -535,6 +570,7 @@ def run_decode(  # noqa: PLR0913 - one keyword per `kvlab bench decode` option
     sweep.run(decode_groups(grid, cuda), quiet)
     env["at_end"] = machine_state()
     result = _result(env, quick, model, grid, spec_device, machine, sweep.points, sweep.skipped)
+    result["kernel_table"] = sweep.tables.get(id(model))
     if other is not None:
         other_env = {
             **{k: v for k, v in env.items() if k != "kernel_variant"},
@@ -545,6 +581,7 @@ def run_decode(  # noqa: PLR0913 - one keyword per `kvlab bench decode` option
         result["comparison"] = _result(
             other_env, quick, other, grid, spec_device, machine, sweep.other_points, []
         )
+        result["comparison"]["kernel_table"] = sweep.tables.get(id(other))
     return result
 
 

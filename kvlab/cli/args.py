@@ -61,7 +61,7 @@ def table(rows: list[list[str]], header: list[str]) -> str:
         cells = []
         for value, width in zip(row, widths, strict=True):
             value = str(value)
-            numeric = value[:1].isdigit() or value[:1] == "-"
+            numeric = value[:1].isdigit() or value[:1] in ("-", "+")
             cells.append(value.rjust(width) if numeric else value.ljust(width))
         return "  ".join(cells).rstrip()
 

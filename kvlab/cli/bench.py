@@ -785,6 +785,7 @@ BENCHMARKS = (
             ("measured ms", _ms("measured_step_s"), ".2f"),
             ("ledger ms", _ms("predicted_step_s"), ".2f"),
             ("error", "error", "+.1%"),
+            ("kernels error", lambda p: p.get("kernels_error", float("nan")), "+.1%"),
             ("GB/s", _gb_per_s("achieved_bytes_per_s"), ".1f"),
             ("of copy", "fraction_of_bandwidth", ".0%"),
             SPREAD,

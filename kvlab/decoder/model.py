@@ -331,23 +331,26 @@ class Decoder(torch.nn.Module):
             k, v = k.transpose(1, 2), v.reshape(B, S, KV, D).transpose(1, 2)  # (B, KV, S, D)
             cache.layer_ready(i)
             cache.write(i, k, v, plan)
-            kk, vv, ks, vs = cache.view(i, plan.n_total)  # (nb, B, KV, blk, D), scales (..., 1)
-            if S == 1 and self.kernels == "native" and native.attention_supported(kk, ks, D):
-                y = native.decode_attention(q, kk, vv, plan.kv_lengths, ks, vs)  # (B, H, 1, D)
-            elif S == 1:
-                # (B, H, 1, D)
-                y = decode_attention(q, kk, vv, ks, vs, plan.valid, cache.chunk_budget_bytes)
-            else:
-                work = kk.dtype if ks is None else self.compute_dtype
-                y = prefill_attention(
-                    q, gather(kk, ks, work), gather(vv, vs, work), plan.first_pos, plan.sdpa
-                )
+            y = self.attend(q, cache, i, plan)  # (B, H, S, D)
             cache.layer_done(i)
             y = y.to(self.compute_dtype).transpose(1, 2).reshape(B, S, H * D)  # (B, S, H*D)
             x = x + layer.wo(y)
             gate, up = layer.w13(layer.ffn_norm(x)).chunk(2, dim=-1)  # (B, S, I) each
             x = x + layer.w2(F.silu(gate) * up)
         return self.output(self.norm(x)).float()  # (B, S, vocab)
+
+    def attend(self, q: torch.Tensor, cache: KVCache, layer: int, plan: StepPlan) -> torch.Tensor:
+        """Layer `layer`'s attention of q (B, H, S, D) over the cache as planned, with the
+        kernels this decoder runs (the benchmark's kernel table times this same call)."""
+        kk, vv, ks, vs = cache.view(layer, plan.n_total)  # (nb, B, KV, blk, D), scales (..., 1)
+        if plan.new_tokens == 1:
+            if self.kernels == "native" and native.attention_supported(kk, ks, q.shape[-1]):
+                return native.decode_attention(q, kk, vv, plan.kv_lengths, ks, vs)
+            return decode_attention(q, kk, vv, ks, vs, plan.valid, cache.chunk_budget_bytes)
+        work = kk.dtype if ks is None else self.compute_dtype
+        return prefill_attention(
+            q, gather(kk, ks, work), gather(vv, vs, work), plan.first_pos, plan.sdpa
+        )
 
     @torch.no_grad()
     def prefill(
