@@ -9,7 +9,7 @@ comes from kvlab.cost and kvlab.tiers.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -80,11 +80,12 @@ class Diagnosis:
 
 @dataclass(frozen=True)
 class _Inputs:
-    """What was deployed and measured, every value checked before any step runs (a value
-    that a step would not use is checked too: a typo is never silently ignored)."""
+    """What was deployed and measured. `_checked` resolves the names and checks every value
+    before any step runs (a value that a step would not use is checked too: a typo is never
+    silently ignored); the steps see only checked inputs."""
 
-    model: ModelSpec
-    device: Device
+    model: ModelSpec | str
+    device: Device | str
     batch: int
     context: int
     measured_tokens_per_s: float
@@ -92,7 +93,7 @@ class _Inputs:
     kv_dtype: str
     measured_bandwidth_bytes_per_s: float | None
     kv_tier: str
-    network_bytes_per_s: float | None
+    network_bytes_per_s: float | str | None  # bytes/s, or a link's name until checked
     kv_bytes_per_request: float | None
 
 
@@ -106,37 +107,27 @@ def _bandwidth(name: str, value) -> float:
     )
 
 
-def _check_inputs(  # noqa: PLR0913 - one keyword per `kvlab diagnose` option
-    model,
-    hardware,
-    batch,
-    context,
-    measured_tokens_per_s,
-    weight_dtype,
-    kv_dtype,
-    measured_bandwidth_bytes_per_s,
-    kv_tier,
-    network,
-    kv_bytes_per_request,
-) -> _Inputs:
-
-    m, dev = get_model(model), get_device(hardware)
-    measured = check_number("measured tokens/s", measured_tokens_per_s, maximum=1e9)
-    if measured_bandwidth_bytes_per_s is not None:
-        measured_bandwidth_bytes_per_s = _bandwidth(
-            "measured bandwidth (bytes/s)", measured_bandwidth_bytes_per_s
-        )
+def _checked(given: _Inputs) -> _Inputs:
+    """`given` (the model and device still as named, the network as a link name or bytes/s)
+    with names resolved and every value checked."""
+    m, dev = get_model(given.model), get_device(given.device)
+    measured = check_number("measured tokens/s", given.measured_tokens_per_s, maximum=1e9)
+    measured_bandwidth = given.measured_bandwidth_bytes_per_s
+    if measured_bandwidth is not None:
+        measured_bandwidth = _bandwidth("measured bandwidth (bytes/s)", measured_bandwidth)
+    kv_tier = given.kv_tier
     if not isinstance(kv_tier, str):
         raise KvlabError(
             f"kv_tier must be a placement name such as hbm or host-pcie5, got {kv_tier!r}"
         )
     if kv_tier.lower() != tiers.HBM:
         tiers.get_placement(kv_tier)
-    bandwidth = None
+    network, bandwidth = given.network_bytes_per_s, None
     if isinstance(network, str):
         bandwidth = get_tier(network).bandwidth_bytes_per_s
     elif network is not None:
         bandwidth = _bandwidth("network bandwidth (bytes/s)", network)
+    kv_bytes_per_request = given.kv_bytes_per_request
     if kv_bytes_per_request is not None:
         kv_bytes_per_request = check_number(
             "KV bytes per request", kv_bytes_per_request, maximum=1e15
@@ -147,18 +138,14 @@ def _check_inputs(  # noqa: PLR0913 - one keyword per `kvlab diagnose` option
             "each request sends (--network and --kv-bytes-per-request); give both "
             "or neither"
         )
-    return _Inputs(
-        m,
-        dev,
-        batch,
-        context,
-        measured,
-        weight_dtype,
-        kv_dtype,
-        measured_bandwidth_bytes_per_s,
-        kv_tier,
-        bandwidth,
-        kv_bytes_per_request,
+    return replace(
+        given,
+        model=m,
+        device=dev,
+        measured_tokens_per_s=measured,
+        measured_bandwidth_bytes_per_s=measured_bandwidth,
+        network_bytes_per_s=bandwidth,
+        kv_bytes_per_request=kv_bytes_per_request,
     )
 
 
@@ -185,18 +172,20 @@ def diagnose(  # noqa: PLR0913 - one keyword per `kvlab diagnose` option
     neither). A deployment that does not fit in memory is said so first (step 0), and
     its bound is "memory capacity".
     """
-    d = _check_inputs(
-        model,
-        hardware,
-        batch,
-        context,
-        measured_tokens_per_s,
-        weight_dtype,
-        kv_dtype,
-        measured_bandwidth_bytes_per_s,
-        kv_tier,
-        network_bandwidth_bytes_per_s,
-        kv_bytes_per_request,
+    d = _checked(
+        _Inputs(
+            model,
+            hardware,
+            batch,
+            context,
+            measured_tokens_per_s,
+            weight_dtype,
+            kv_dtype,
+            measured_bandwidth_bytes_per_s,
+            kv_tier,
+            network_bandwidth_bytes_per_s,
+            kv_bytes_per_request,
+        )
     )
     step = cost.decode_step(_deployment(d), d.batch, d.context)
     fit = _memory_fit(d, step)

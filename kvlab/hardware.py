@@ -151,14 +151,17 @@ def tiers() -> dict[str, Tier]:
     return dict(sorted(_catalogue()[1].items(), key=lambda kv: -kv[1].bandwidth_bytes_per_s))
 
 
+def _lookup(kind: str, name, entries: dict):
+    """The catalogue entry called `name`, case aside; unknown names raise with the valid list."""
+    found = entries.get(str(name).lower())
+    if found is None:
+        raise unknown_name(kind, name, entries)
+    return found
+
+
 def get_device(name: str | Device) -> Device:
     """A device by catalogue name; unknown names raise with the valid list."""
-    if isinstance(name, Device):
-        return name
-    found = _catalogue()[0].get(str(name).lower())
-    if found is None:
-        raise unknown_name("hardware", name, _catalogue()[0])
-    return found
+    return name if isinstance(name, Device) else _lookup("hardware", name, _catalogue()[0])
 
 
 def _reported_key(name: str) -> str:
@@ -180,12 +183,7 @@ def device_for_reported_name(reported: str | None) -> Device | None:
 
 def get_tier(name: str | Tier) -> Tier:
     """A memory or link tier by catalogue name; unknown names raise with the valid list."""
-    if isinstance(name, Tier):
-        return name
-    found = _catalogue()[1].get(str(name).lower())
-    if found is None:
-        raise unknown_name("tier", name, _catalogue()[1])
-    return found
+    return name if isinstance(name, Tier) else _lookup("tier", name, _catalogue()[1])
 
 
 def gpu_link(device: str | Device) -> Tier:

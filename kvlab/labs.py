@@ -930,7 +930,7 @@ def check(key: str, answer) -> CheckResult:
     ex = _exercises().get(key)
     if ex is None:
         raise unknown_name("exercise", key, _exercises())
-    say = _chinese_verdicts if chinese() else _english_verdicts
+    say = functools.partial(_verdict, "zh" if chinese() else "en")
     if answer is Ellipsis or answer is None:
         return CheckResult(key, False, say(ex, "blank"))
     if ex.is_choice:
@@ -962,75 +962,93 @@ def _letters(ex: Exercise, last: str, sep: str = ", ") -> str:
     return sep.join(quoted[:-1]) + f" {last} " + quoted[-1]
 
 
-def _english_verdicts(
-    ex: Exercise, kind: str, answer=None, value: float = 0.0, off: float = 0.0, expected=None
-) -> str:
-    key = ex.key
-    if kind == "blank":
-        what = f"one of {_letters(ex, 'or')}" if ex.is_choice else "your answer"
-        unit = f" in {ex.unit}" if ex.unit else ""
-        return (
-            f"{key}: not answered yet. Replace `...` with {what}{unit}. Hint: work from {ex.hint}."
-        )
-    if kind == "not a letter":
-        return f"{key}: answer with one letter, {_letters(ex, 'or')}; got {answer!r}."
-    if kind == "right letter":
-        return f"{key}: correct ({answer})."
-    if kind == "wrong letter" and ex.prediction:
-        return f"{key}: ({answer}) is not what kvlab finds. Think again about {ex.hint}."
-    if kind == "wrong letter":
-        return f"{key}: ({answer}) is not the reason. Recheck {ex.hint}."
-    if kind == "not a number":
-        return f"{key}: expected a number in {ex.unit}, got {answer!r}."
-    if kind == "correct":
-        if ex.is_estimate:
-            return (
-                f"{key}: a good estimate ({value:,.4g}{_unit(ex)}; kvlab's exact figure is "
-                f"{expected:,.4g}{_unit(ex)})."
-            )
-        return f"{key}: correct ({value:,.4g}{_unit(ex)})."
-    direction = "high" if off > 0 else "low"
-    arithmetic = f" The arithmetic: {ex.rough()[1]}." if ex.is_estimate else ""
-    return (
-        f"{key}: {value:,.4g}{_unit(ex)} is {abs(off):.0%} too {direction}. "
-        f"Recheck {ex.hint}.{arithmetic}"
-    )
+#: A verdict's words in each edition, by kind; `_verdict` picks the kind and fills the fields.
+VERDICTS = {
+    "en": {
+        "blank": "{key}: not answered yet. Replace `...` with {what}{in_unit}. "
+        "Hint: work from {hint}.",
+        "not a letter": "{key}: answer with one letter, {letters}; got {answer!r}.",
+        "right letter": "{key}: correct ({answer}).",
+        "wrong prediction": "{key}: ({answer}) is not what kvlab finds. Think again about {hint}.",
+        "wrong letter": "{key}: ({answer}) is not the reason. Recheck {hint}.",
+        "not a number": "{key}: expected a number in {unit}, got {answer!r}.",
+        "good estimate": "{key}: a good estimate ({value:,.4g}{after}; kvlab's exact figure is "
+        "{expected:,.4g}{after}).",
+        "correct": "{key}: correct ({value:,.4g}{after}).",
+        "wrong": "{key}: {value:,.4g}{after} is {off:.0%} too {direction}. "
+        "Recheck {hint}.{arithmetic}",
+    },
+    "zh": {
+        "blank": "{key}：尚未作答。请把 `...` 换成{what}{in_unit}。提示：{hint}。",
+        "not a letter": "{key}：请用一个字母作答（{letters}），收到的却是 {answer!r}。",
+        "right letter": "{key}：正确（{answer}）。",
+        "wrong prediction": "{key}：kvlab 得出的不是（{answer}）。请再想想：{hint}。",
+        "wrong letter": "{key}：（{answer}）不是原因。请重新核对：{hint}。",
+        "not a number": "{key}：这里要填一个数{in_unit}，收到的却是 {answer!r}。",
+        "good estimate": "{key}：估得不错（{value:,.4g}{after}；kvlab 的精确值是 "
+        "{expected:,.4g}{after}）。",
+        "correct": "{key}：正确（{value:,.4g}{after}）。",
+        "wrong": "{key}：{value:,.4g}{after}，{direction}了 {off:.0%}。请重新核对：{hint}。"
+        "{arithmetic}",
+    },
+}
 
+#: The pieces a verdict is built from, in each edition: how options are listed ("or", the
+#: separator), what to answer, a unit after "in", the directions, and the arithmetic line
+#: (with the index of `Exercise.rough()`'s text in that language).
+_VERDICT_PARTS = {
+    "en": {
+        "letters": ("or", ", "),
+        "choice": "one of {letters}",
+        "free": "your answer",
+        "in_unit": " in {name}",
+        "directions": ("high", "low"),
+        "arithmetic": (" The arithmetic: {}.", 1),
+    },
+    "zh": {
+        "letters": ("或", "、"),
+        "choice": "{letters} 中的一个字母",
+        "free": "你的答案",
+        "in_unit": "（单位：{name}）",
+        "directions": ("偏高", "偏低"),
+        "arithmetic": ("算式：{}。", 2),
+    },
+}
 
 #: Units of the exercises in Chinese: (as a unit's name, after a number); others stay.
 UNITS_ZH = {"bytes": ("字节", " 字节"), "sequences": ("序列数", " 个序列"), "x": ("倍", " 倍")}
 
 
-def _chinese_verdicts(
-    ex: Exercise, kind: str, answer=None, value: float = 0.0, off: float = 0.0, expected=None
-) -> str:
-    key, hint = ex.key, ex.hint_zh or ex.hint
-    name, after = UNITS_ZH.get(ex.unit, (ex.unit, _unit(ex)))
-    in_unit = f"（单位：{name}）" if ex.unit else ""
-    if kind == "blank":
-        what = f"{_letters(ex, '或', '、')} 中的一个字母" if ex.is_choice else "你的答案"
-        return f"{key}：尚未作答。请把 `...` 换成{what}{in_unit}。提示：{hint}。"
-    if kind == "not a letter":
-        return f"{key}：请用一个字母作答（{_letters(ex, '或', '、')}），收到的却是 {answer!r}。"
-    if kind == "right letter":
-        return f"{key}：正确（{answer}）。"
+def _verdict(lang: str, ex: Exercise, kind: str, **given) -> str:
+    """The verdict of `kind` on an answer to `ex`, in the edition `lang` ("en" or "zh").
+    `given`: what the check found, as its kind needs it (answer; value, expected; off, the
+    value's relative distance from the expected one)."""
+    parts = _VERDICT_PARTS[lang]
+    name, after = (ex.unit, _unit(ex))
+    if lang == "zh":
+        name, after = UNITS_ZH.get(ex.unit, (name, after))
+    letters = _letters(ex, *parts["letters"]) if ex.is_choice else ""
     if kind == "wrong letter" and ex.prediction:
-        return f"{key}：kvlab 得出的不是（{answer}）。请再想想：{hint}。"
-    if kind == "wrong letter":
-        return f"{key}：（{answer}）不是原因。请重新核对：{hint}。"
-    if kind == "not a number":
-        return f"{key}：这里要填一个数{in_unit}，收到的却是 {answer!r}。"
-    if kind == "correct":
-        if ex.is_estimate:
-            return (
-                f"{key}：估得不错（{value:,.4g}{after}；kvlab 的精确值是 {expected:,.4g}{after}）。"
-            )
-        return f"{key}：正确（{value:,.4g}{after}）。"
-    direction = "偏高" if off > 0 else "偏低"
-    arithmetic = f"算式：{ex.rough()[2]}。" if ex.is_estimate else ""
-    return (
-        f"{key}：{value:,.4g}{after}，{direction}了 {abs(off):.0%}。请重新核对：{hint}。"
-        f"{arithmetic}"
+        kind = "wrong prediction"
+    if kind == "correct" and ex.is_estimate:
+        kind = "good estimate"
+    off = given.pop("off", 0.0)
+    arithmetic = ""
+    if kind == "wrong" and ex.is_estimate:
+        line, index = parts["arithmetic"]
+        arithmetic = line.format(ex.rough()[index])
+    return VERDICTS[lang][kind].format(
+        key=ex.key,
+        unit=ex.unit,
+        hint=(ex.hint_zh or ex.hint) if lang == "zh" else ex.hint,
+        what=(parts["choice"] if ex.is_choice else parts["free"]).format(letters=letters),
+        in_unit=parts["in_unit"].format(name=name) if ex.unit else "",
+        letters=letters,
+        after=after,
+        off=abs(off),
+        direction=parts["directions"][0 if off > 0 else 1],
+        arithmetic=arithmetic,
+        **given,
     )
 
 

@@ -44,7 +44,7 @@ from kvlab.bench.decode import (
 from kvlab.bench.findings import findings
 from kvlab.bench.gpu_session import MAX_DEPTH, MAX_FILES
 from kvlab.bench.recompute import crossover  # noqa: E402
-from kvlab.bench.results import machine_slug, write_result  # noqa: E402
+from kvlab.bench.results import machine_slug, results_dir, write_result  # noqa: E402
 from kvlab.bench.timing import Budget, time_call  # noqa: E402
 from kvlab.book import measured as chapter
 from kvlab.cli import main  # noqa: E402
@@ -189,6 +189,23 @@ def test_decode_compares_kernels_point_by_point(results, capsys):
     on_device = [p for p in r["points"] if p["placement"] == "device"]
     for a, b in zip(on_device, other["points"], strict=True):
         assert a["step_bytes"] == b["step_bytes"]
+
+
+def test_results_dir_follows_the_current_folder_not_the_package(tmp_path, monkeypatch):
+    """Without $KVLAB_RESULTS_DIR: a checkout's results/ from anywhere inside it (the book's
+    notebooks run in notebooks/), else ./results; the variable wins over both."""
+    monkeypatch.delenv("KVLAB_RESULTS_DIR", raising=False)
+    checkout = tmp_path / "checkout"
+    for folder in ("kvlab", "results", "notebooks"):
+        (checkout / folder).mkdir(parents=True)
+    monkeypatch.chdir(checkout / "notebooks")
+    assert results_dir() == checkout / "results"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert results_dir() == elsewhere / "results"
+    monkeypatch.setenv("KVLAB_RESULTS_DIR", str(tmp_path / "mine"))
+    assert results_dir() == tmp_path / "mine"
 
 
 @pytest.mark.parametrize("where", ["file", "below-a-file"])

@@ -19,11 +19,12 @@ from browser import CHROMIUM_ARGS, SHOTS, TEXT_FIT, WIDTHS, chromium_path
 from kvlab.viz.serve import die_with_parent, free_port, start, stop
 
 ROOT = Path(__file__).resolve().parents[1]
+DASHBOARD = ROOT / "notebooks" / "dashboard.ipynb"
 
 
 @pytest.fixture(scope="module")
 def dashboard(tmp_path_factory):
-    proc, url = start(home=str(tmp_path_factory.mktemp("home")))
+    proc, url = start(DASHBOARD, home=str(tmp_path_factory.mktemp("home")))
     yield url
     stop(proc)
 
@@ -206,10 +207,10 @@ def test_every_label_and_value_is_whole(dashboard, browser, width):
     assert {"Achieved fraction of peak", "Prefix-cache hit (share of prompt)"} <= set(labels)
 
 
-def _serve(*argv, env=None):
+def _serve(*argv, env=None, cwd=ROOT):
     return subprocess.Popen(
         [sys.executable, "-m", "kvlab.viz.serve", *argv],
-        cwd=ROOT,
+        cwd=cwd,
         text=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -219,11 +220,12 @@ def _serve(*argv, env=None):
 
 @pytest.mark.slow
 def test_sigterm_takes_voila_and_its_kernel_down(tmp_path):
-    """Start the server, open the page (Voila starts a kernel for it), SIGTERM the server:
-    Voila and the kernel are gone and nothing listens on the port."""
+    """Start the server (from a folder outside the checkout, the notebook named), open the
+    page (Voila starts a kernel for it), SIGTERM the server: Voila and the kernel are gone
+    and nothing listens on the port."""
     psutil = pytest.importorskip("psutil")
     port = free_port()
-    server = _serve("--port", str(port), env={"HOME": str(tmp_path)})
+    server = _serve(str(DASHBOARD), "--port", str(port), env={"HOME": str(tmp_path)}, cwd=tmp_path)
     try:
         line = server.stdout.readline()
         assert f"http://127.0.0.1:{port}/" in line  # the port it really listens on
@@ -308,6 +310,14 @@ def test_bad_ports_and_notebooks_are_one_line(argv, env, fragment):
     out, err = server.communicate(timeout=60)
     assert server.returncode == 2 and out == ""
     assert fragment in err and err.count("\n") == 1
+
+
+def test_outside_a_checkout_the_default_notebook_is_one_line(tmp_path):
+    server = _serve("--port", "0", cwd=tmp_path)
+    out, err = server.communicate(timeout=60)
+    assert server.returncode == 2 and out == "" and err.count("\n") == 1
+    assert f"'notebooks/dashboard.ipynb' does not exist under {tmp_path}" in err
+    assert "run from the root of a kvlab checkout or name the notebook" in err
 
 
 def test_a_taken_port_fails_instead_of_moving():

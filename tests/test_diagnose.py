@@ -262,18 +262,20 @@ def test_the_steps_are_functions_and_agree_with_the_whole():
         network_bandwidth_bytes_per_s="ib-200g",
         kv_bytes_per_request=4096 * 131072,
     )
-    inputs = module._check_inputs(
-        "llama-3.1-8b",
-        "h100-sxm",
-        8,
-        16384,
-        30,
-        "fp16",
-        "fp16",
-        None,
-        "host-pcie5",
-        "ib-200g",
-        4096 * 131072,
+    inputs = module._checked(
+        module._Inputs(
+            "llama-3.1-8b",
+            "h100-sxm",
+            8,
+            16384,
+            30,
+            "fp16",
+            "fp16",
+            None,
+            "host-pcie5",
+            "ib-200g",
+            4096 * 131072,
+        )
     )
     step = cost.decode_step(LLAMA_8B, 8, 16384)
     tier, _, tiered = module._kv_tier(inputs)

@@ -80,6 +80,17 @@ def test_extract_runs_only_with_its_extra(tmp_path, capsys):
     assert not (tmp_path / "x").exists()
 
 
+def test_extract_outside_a_checkout_needs_out(tmp_path, monkeypatch, capsys):
+    """The default folder is the checkout's kvlab/data/kernel_tables under the current folder:
+    elsewhere the command says so in one line and writes nothing (never into an installed
+    package)."""
+    monkeypatch.chdir(tmp_path)
+    assert extract_main(["extract"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--out DIR" in err and "kvlab checkout" in err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_the_notes_figures_hold():
     """../shared/notes/measured-data.md: bf16 GEMV (m = 1, >= 50 MB) at a median 79% of the
     sheet bandwidth on H100 SXM, 74% on A100, 76% on H200."""

@@ -21,10 +21,16 @@ RESULTS_DIR_ENV = "KVLAB_RESULTS_DIR"
 
 
 def results_dir() -> Path:
-    """results/ at the repository root, or $KVLAB_RESULTS_DIR."""
+    """$KVLAB_RESULTS_DIR; else the results/ of the kvlab checkout the current folder is in
+    (the nearest folder from here up that holds both kvlab/ and results/: the book's
+    notebooks run in notebooks/); else ./results."""
     if os.environ.get(RESULTS_DIR_ENV):
         return Path(os.environ[RESULTS_DIR_ENV])
-    return Path(__file__).resolve().parents[2] / "results"
+    here = Path.cwd()
+    for folder in (here, *here.parents):
+        if (folder / "results").is_dir() and (folder / "kvlab").is_dir():
+            return folder / "results"
+    return here / "results"
 
 
 def cpu_name() -> str:

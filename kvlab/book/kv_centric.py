@@ -60,27 +60,24 @@ def _cached(name: str, compute, *inputs):
     return run_cache.cached(f"ch4-{name}", _key(*inputs), compute)
 
 
+def _simulated(name: str, run, duration_s: float):
+    """`run` over `duration_s` of the trace on the small cluster, stored once per build."""
+    return _cached(name, lambda: run(duration_s=duration_s, config=CONFIG), duration_s)
+
+
 @functools.cache
 def comparison() -> dict:
-    return _cached(
-        "compare",
-        lambda: sim_runs.compare_architectures(duration_s=COMPARE_S, config=CONFIG),
-        COMPARE_S,
-    )
+    return _simulated("compare", sim_runs.compare_architectures, COMPARE_S)
 
 
 @functools.cache
 def schedulers() -> dict:
-    return _cached(
-        "schedulers", lambda: sim_runs.schedulers(duration_s=COMPARE_S, config=CONFIG), COMPARE_S
-    )
+    return _simulated("schedulers", sim_runs.schedulers, COMPARE_S)
 
 
 @functools.cache
 def preemption() -> dict:
-    return _cached(
-        "preemption", lambda: sim_runs.preemption(duration_s=COMPARE_S, config=CONFIG), COMPARE_S
-    )
+    return _simulated("preemption", sim_runs.preemption, COMPARE_S)
 
 
 def _sweep(**grid) -> dict:
@@ -98,11 +95,7 @@ def sweep() -> dict:
 
 @functools.cache
 def critical_path() -> dict:
-    return _cached(
-        "critical-path",
-        lambda: sim_runs.bytes_vs_critical_path(duration_s=CRITICAL_PATH_S, config=CONFIG),
-        CRITICAL_PATH_S,
-    )
+    return _simulated("critical-path", sim_runs.bytes_vs_critical_path, CRITICAL_PATH_S)
 
 
 @functools.cache
@@ -130,11 +123,7 @@ def report() -> dict:
 
 @functools.cache
 def disaster() -> dict:
-    return _cached(
-        "disaster",
-        lambda: sim_runs.remote_kv_disaster(duration_s=DISASTER_S, config=CONFIG),
-        DISASTER_S,
-    )
+    return _simulated("disaster", sim_runs.remote_kv_disaster, DISASTER_S)
 
 
 @functools.cache
@@ -253,6 +242,11 @@ def _kernel_source(config: SimConfig) -> str:
     return t(make_cost(config.resolved()).source.removeprefix("measured: "))
 
 
+def _seconds(stem: str, run: dict, *figures: str) -> dict[str, str]:
+    """Glue `<stem>_<figure>` for each figure: the run's `<figure>_s`, in seconds."""
+    return {f"{stem}_{figure}": fmt.seconds(run[f"{figure}_s"]) for figure in figures}
+
+
 def numbers() -> dict[str, str]:
     cmp = comparison()
     out = {
@@ -263,15 +257,8 @@ def numbers() -> dict[str, str]:
     }
     for arch, s in cmp["summary"].items():
         a = ARCH_KEYS[arch]
-        out.update(
-            {
-                f"{a}_ttft_p50": fmt.seconds(s["ttft_p50_s"]),
-                f"{a}_ttft_p90": fmt.seconds(s["ttft_p90_s"]),
-                f"{a}_tpot_p50": fmt.seconds(s["tpot_p50_s"]),
-                f"{a}_itl_p99": fmt.seconds(s["itl_p99_s"]),
-                f"{a}_hits": fmt.percent(s["prefix_hit_ratio"]),
-            }
-        )
+        out.update(_seconds(a, s, "ttft_p50", "ttft_p90", "tpot_p50", "itl_p99"))
+        out[f"{a}_hits"] = fmt.percent(s["prefix_hit_ratio"])
     out.update(scheduler_numbers(schedulers()))
     out.update(preemption_numbers(preemption()))
     out.update(sweep_panel().readout_texts())
@@ -358,18 +345,10 @@ def scheduler_numbers(d: dict) -> dict[str, str]:
     gaps against a 2,048-token one."""
     out = {"sched_trace": t(d["trace"]), "sched_requests": fmt.fixed(d["requests"], 0)}
     for name, s in d["summary"].items():
-        k = SCHEDULER_KEYS[name]
-        out.update(
-            {
-                f"sched_{k}_ttft_p50": fmt.seconds(s["ttft_p50_s"]),
-                f"sched_{k}_ttft_p90": fmt.seconds(s["ttft_p90_s"]),
-                f"sched_{k}_itl_p99": fmt.seconds(s["itl_p99_s"]),
-                f"sched_{k}_worst_p50": fmt.seconds(s["worst_gap_p50_s"]),
-                f"sched_{k}_worst_p90": fmt.seconds(s["worst_gap_p90_s"]),
-                f"sched_{k}_tpot_p50": fmt.seconds(s["tpot_p50_s"]),
-                f"sched_{k}_chunk": fmt.fixed(d["chunk_tokens"][name], 0),
-            }
-        )
+        k = f"sched_{SCHEDULER_KEYS[name]}"
+        out.update(_seconds(k, s, "ttft_p50", "ttft_p90", "itl_p99", "tpot_p50"))
+        out.update({f"{k}_worst_{q}": fmt.seconds(s[f"worst_gap_{q}_s"]) for q in ("p50", "p90")})
+        out[f"{k}_chunk"] = fmt.fixed(d["chunk_tokens"][name], 0)
     small, mid = d["summary"]["chunked-512"], d["summary"]["chunked-2048"]
     out["chunk_ttft_price"] = _ratio(small["ttft_p90_s"] / mid["ttft_p90_s"])
     out["chunk_gap_gain"] = _ratio(mid["worst_gap_p90_s"] / small["worst_gap_p90_s"])
@@ -387,13 +366,9 @@ def preemption_numbers(d: dict) -> dict[str, str]:
         "pre_recompute_preemptions": fmt.fixed(rec["preemptions"], 0),
         "pre_swap_preemptions": fmt.fixed(swap["preemptions"], 0),
         "pre_swap_bytes": fmt.si(swap["swapped_bytes"], "B"),
-        "pre_roomy_ttft_p90": fmt.seconds(roomy["ttft_p90_s"]),
-        "pre_recompute_ttft_p90": fmt.seconds(rec["ttft_p90_s"]),
-        "pre_swap_ttft_p90": fmt.seconds(swap["ttft_p90_s"]),
-        "pre_roomy_queue_p90": fmt.seconds(roomy["queue_p90_s"]),
-        "pre_recompute_queue_p90": fmt.seconds(rec["queue_p90_s"]),
-        "pre_recompute_e2e_p90": fmt.seconds(rec["e2e_p90_s"]),
-        "pre_swap_e2e_p90": fmt.seconds(swap["e2e_p90_s"]),
+        **_seconds("pre_roomy", roomy, "ttft_p90", "queue_p90"),
+        **_seconds("pre_recompute", rec, "ttft_p90", "queue_p90", "e2e_p90"),
+        **_seconds("pre_swap", swap, "ttft_p90", "e2e_p90"),
         "pre_refused": fmt.fixed(roomy["requests_completed"] - rec["requests_completed"], 0),
     }
 

@@ -69,6 +69,12 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(self.prog, message)
 
 
+def add_command(sub, name: str, description: str) -> Parser:
+    """The parser of subcommand `name`, with its one-line help from COMMANDS (the one place
+    it is written: `kvlab --help` lists it without importing the command's module)."""
+    return sub.add_parser(name, help=COMMANDS[name][1], description=description)
+
+
 ALL = "*"
 
 

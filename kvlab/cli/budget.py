@@ -22,6 +22,7 @@ from ..fmt import rate, seconds, si
 from ..kernel_tables.tables import devices_with_data
 from ..ledger_rows import operator_rows
 from ..speculative import breakeven_batch, speculative_step
+from . import add_command
 from .args import count, number, print_json, table
 
 
@@ -34,10 +35,10 @@ def efficiency(text: str):
 
 
 def register(sub) -> None:
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "budget",
-        help="bytes, FLOPs, time and memory fit of one decode step",
-        description="The ledger of one decode step: weights streamed once for the batch, "
+        "The ledger of one decode step: weights streamed once for the batch, "
         "plus every sequence's KV history, against the device's bandwidth and FLOP/s.",
     )
     p.add_argument(

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from ..diagnose import diagnose
+from . import add_command
 from .args import count, number, print_json
 
 
 def register(sub) -> None:
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "diagnose",
-        help="why is decode slow? the five-step diagnosis of a measurement",
-        description="Which bound applies, how far a measured tokens/s is from the ceiling, "
+        "Which bound applies, how far a measured tokens/s is from the ceiling, "
         "whether weights or KV dominate, and what to try, with the numbers behind each line.",
     )
     p.add_argument("--model", required=True, help="catalogue name or config.json path")

@@ -21,9 +21,8 @@ from ..fmt import percent, seconds, sig
 from ..plan import Job, Slo, Space, Workload, parse_gpus, parse_prices, plan
 from ..plan.evaluate import DEFAULT_TOLERANCE
 from ..plan.workload import DEFAULT_REQUESTS
+from . import add_command
 from .args import count, number, print_json, table
-
-HELP = "search cluster designs for the most requests/s per GPU at the SLOs (process pool or Ray)"
 
 
 def _words(text: str) -> tuple:
@@ -40,11 +39,47 @@ def _numbers(kind):
     return parse
 
 
+#: The design-space options: flag, parser of its list (None: kept as written, parsed by
+#: space_of), metavar, help. Each left out keeps the search's default.
+SPACE_OPTIONS = (
+    ("--arch", _words, "A,..", "architectures (default colocated,disaggregated,kv-centric)"),
+    ("--tensor-parallel", _numbers(count), "N,..", "GPUs per instance among 1,2,4,8 (default 1)"),
+    (
+        "--splits",
+        None,
+        "all|F,..",
+        "prefill share of the instances of a disaggregated design (default 0.25,0.5,0.75; "
+        "'all': every split)",
+    ),
+    (
+        "--scheduler",
+        _words,
+        "S,..",
+        "colocated iteration schedulers, each optionally with its token budget "
+        "(chunked:512, prefill-first:4096; default chunked,prefill-first)",
+    ),
+    (
+        "--chunk-tokens",
+        _numbers(count),
+        "N,..",
+        "token budgets of the chunked scheduler (default: vLLM's for the GPU)",
+    ),
+    ("--max-batch", _numbers(count), "N,..", "batch caps"),
+    (
+        "--prefix-cache",
+        _words,
+        "C,..",
+        "prefix caches: default (the architecture's), none, local, global",
+    ),
+    ("--pool-bytes", _numbers(number), "B,..", "host DRAM per node for prefix KV"),
+)
+
+
 def register(sub) -> None:
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "plan",
-        help=HELP,
-        description="Search cluster designs (architecture, tensor parallelism, prefill:decode "
+        "Search cluster designs (architecture, tensor parallelism, prefill:decode "
         "split, scheduler and token budget, batch cap, prefix cache and pool, GPU type) for the "
         "one that serves the workload at the SLOs with the most requests/s per GPU (per dollar "
         "with --price). Each design's capacity is its saturation rate: the highest arrival rate "
@@ -155,59 +190,8 @@ def register(sub) -> None:
         f"{DEFAULT_TOLERANCE:g})",
     )
     s = p.add_argument_group("design space (comma-separated lists)")
-    s.add_argument(
-        "--arch",
-        type=_words,
-        default=None,
-        metavar="A,..",
-        help="architectures (default colocated,disaggregated,kv-centric)",
-    )
-    s.add_argument(
-        "--tensor-parallel",
-        type=_numbers(count),
-        default=None,
-        metavar="N,..",
-        help="GPUs per instance among 1,2,4,8 (default 1)",
-    )
-    s.add_argument(
-        "--splits",
-        default=None,
-        metavar="all|F,..",
-        help="prefill share of the instances of a disaggregated design (default 0.25,0.5,0.75; "
-        "'all': every split)",
-    )
-    s.add_argument(
-        "--scheduler",
-        type=_words,
-        default=None,
-        metavar="S,..",
-        help="colocated iteration schedulers, each optionally with its token budget "
-        "(chunked:512, prefill-first:4096; default chunked,prefill-first)",
-    )
-    s.add_argument(
-        "--chunk-tokens",
-        type=_numbers(count),
-        default=None,
-        metavar="N,..",
-        help="token budgets of the chunked scheduler (default: vLLM's for the GPU)",
-    )
-    s.add_argument(
-        "--max-batch", type=_numbers(count), default=None, metavar="N,..", help="batch caps"
-    )
-    s.add_argument(
-        "--prefix-cache",
-        type=_words,
-        default=None,
-        metavar="C,..",
-        help="prefix caches: default (the architecture's), none, local, global",
-    )
-    s.add_argument(
-        "--pool-bytes",
-        type=_numbers(number),
-        default=None,
-        metavar="B,..",
-        help="host DRAM per node for prefix KV",
-    )
+    for flag, parse, metavar, text in SPACE_OPTIONS:
+        s.add_argument(flag, type=parse, default=None, metavar=metavar, help=text)
     p.set_defaults(func=run)
 
 

@@ -1,4 +1,7 @@
-"""`python -m kvlab.kernel_tables extract [--out DIR]`: regenerate the measured kernel extract."""
+"""`python -m kvlab.kernel_tables extract [--out DIR]`: regenerate the measured kernel extract.
+
+The default DIR is `kvlab/data/kernel_tables` under the current folder: the committed copy,
+when run from the root of a kvlab checkout (an installed package's data is not rewritten)."""
 
 from __future__ import annotations
 
@@ -9,6 +12,9 @@ from pathlib import Path
 from ..errors import KvlabError
 from .extract import extract
 
+#: Where the extract is committed, relative to a checkout's root.
+DEFAULT_OUT = Path("kvlab") / "data" / "kernel_tables"
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
@@ -17,17 +23,25 @@ def main(argv: list[str] | None = None) -> int:
         "from aiconfigurator-core (needs the 'measured' extra).",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    ex = sub.add_parser("extract", help="write the extract (default: kvlab/data/kernel_tables)")
+    ex = sub.add_parser("extract", help=f"write the extract (default: ./{DEFAULT_OUT})")
     ex.add_argument(
         "--out",
         type=Path,
-        default=Path(__file__).resolve().parent.parent / "data" / "kernel_tables",
-        help="output folder",
+        default=None,
+        help=f"output folder (default ./{DEFAULT_OUT}: run from the checkout's root)",
     )
     args = parser.parse_args(argv)
 
     try:
-        for path in extract(args.out):
+        out = args.out
+        if out is None:
+            out = DEFAULT_OUT
+            if not out.parent.is_dir():
+                raise KvlabError(
+                    f"no {out.parent}/ under {Path.cwd()}: run from the root of a kvlab "
+                    "checkout, or name the folder with --out DIR"
+                )
+        for path in extract(out):
             print(f"wrote {path} ({path.stat().st_size:,} bytes)")
     except KvlabError as exc:
         print(f"python -m kvlab.kernel_tables: error: {exc}", file=sys.stderr)

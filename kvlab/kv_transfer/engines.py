@@ -260,11 +260,15 @@ class MooncakeEngine(Engine):
         if note is None:
             self._doorbell(self.DATA, seq)
 
-    def pull(self, seq: int) -> None:
+    def _await(self, seq: int, slot: int, note: str, notified: str, rung: str) -> None:
+        """Wait for message `seq`: its notification `note seq`, or its doorbell in `slot`."""
         if self.config.completion == "notify":
-            self._wait(lambda: self._noted(f"kv {seq}"), "KV-arrived notification")
+            self._wait(lambda: self._noted(f"{note} {seq}"), notified)
         else:
-            self._wait(lambda: int(self.signal[self.DATA]) >= seq, "KV doorbell")
+            self._wait(lambda: int(self.signal[slot]) >= seq, rung)
+
+    def pull(self, seq: int) -> None:
+        self._await(seq, self.DATA, "kv", "KV-arrived notification", "KV doorbell")
 
     def ack(self, seq: int) -> None:
         if self.config.completion == "notify":
@@ -282,10 +286,7 @@ class MooncakeEngine(Engine):
             self._doorbell(self.ACK, seq)
 
     def wait_ack(self, seq: int) -> None:
-        if self.config.completion == "notify":
-            self._wait(lambda: self._noted(f"ack {seq}"), "acknowledgement")
-        else:
-            self._wait(lambda: int(self.signal[self.ACK]) >= seq, "acknowledgement")
+        self._await(seq, self.ACK, "ack", "acknowledgement", "acknowledgement")
 
     def close_case(self) -> None:
         ptr = self.pool.data_ptr()

@@ -43,15 +43,21 @@ DEFAULT_TOLERANCE = 0.05
 #: A design that misses the target at this fraction of its ledger capacity is called
 #: unable to meet the SLOs (saturation 0) rather than bisected further down.
 FLOOR_FRACTION = 1 / 64
-#: The column of kvlab.metrics' request records each TBT statistic reads (None: a
-#: property of the whole run, not of each request).
-TBT_COLUMNS = {
-    "mean": "tpot_s",
-    "p90": "itl_p90_s",
-    "p99": "itl_p99_s",
-    "max": "itl_max_s",
-    "slowest10-mean": "itl_slowest10_mean_s",
-}
+#: What the search keeps of a run's summary (kvlab.plan.rank shows them at saturation).
+SUMMARY_KEYS = (
+    "ttft_p50_s",
+    "ttft_p90_s",
+    "ttft_p99_s",
+    "tpot_p50_s",
+    "tpot_p90_s",
+    "itl_p99_s",
+    "slo_attainment",
+    "ttft_slo_attainment",
+    "tbt_slo_attainment",
+    "prefix_hit_ratio",
+    "preemptions",
+    "requests_rejected",
+)
 
 
 @dataclass(frozen=True)
@@ -162,26 +168,11 @@ def observed(result, slo: Slo) -> dict:
     finish count as infinitely late), and how busy each pool of GPUs was."""
     s = result.summary()
     rec = result.records
-    out = {}
-    for key in (
-        "slo_attainment",
-        "ttft_slo_attainment",
-        "tbt_slo_attainment",
-        "ttft_p50_s",
-        "ttft_p90_s",
-        "ttft_p99_s",
-        "tpot_p50_s",
-        "tpot_p90_s",
-        "itl_p99_s",
-        "prefix_hit_ratio",
-        "requests_rejected",
-        "preemptions",
-    ):
-        out[key] = s.get(key)
+    out = {key: s.get(key) for key in SUMMARY_KEYS}
     done = rec["status"] == DONE
     ttft = np.where(done, rec["ttft_s"], np.nan)
     out["ttft_s"] = _quantile(ttft, slo.attainment)
-    column = TBT_COLUMNS.get(slo.tbt_stat)
+    column = metrics.TBT_COLUMNS.get(slo.tbt_stat)  # None: a statistic of the whole run
     if column is not None and column in rec.dtype.names:
         tbt = np.where(done, rec[column], np.nan)
         tbt = np.where(done & np.isnan(tbt), 0.0, tbt)  # one token: no gap

@@ -11,42 +11,18 @@ quantile): the price of a faster first token or a smoother stream in capacity.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from ..fmt import percent, seconds, sig
+from .evaluate import SUMMARY_KEYS
 from .space import Design, gpu_hours_usd
 
 #: What each design entry carries from its saturation run (None past a design that never
 #: met the SLOs).
-LATENCY_KEYS = (
-    "ttft_s",
-    "tbt_s",
-    "ttft_p50_s",
-    "ttft_p90_s",
-    "ttft_p99_s",
-    "tpot_p50_s",
-    "tpot_p90_s",
-    "itl_p99_s",
-    "slo_attainment",
-    "ttft_slo_attainment",
-    "tbt_slo_attainment",
-    "prefix_hit_ratio",
-    "preemptions",
-    "requests_rejected",
-    "busy_share",
-)
-AXES = (
-    "hardware",
-    "arch",
-    "tensor_parallel",
-    "prefill_workers",
-    "decode_workers",
-    "scheduler",
-    "chunk_tokens",
-    "max_batch",
-    "prefix_cache",
-    "pool_bytes_per_node",
-)
+LATENCY_KEYS = ("ttft_s", "tbt_s", *SUMMARY_KEYS, "busy_share")
+#: The axes of the design space, in the order of Design's fields.
+AXES = tuple(f.name for f in dataclasses.fields(Design))
 
 
 def entry(design: Design, result: dict, prices: dict) -> dict:

@@ -13,6 +13,7 @@ capacity per GPU is what is ranked, and instances of one design share the load.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -230,30 +231,19 @@ def _designs_of(space: Space, hardware: str, arch: str, tp: int, instances: int)
     else:
         shapes = splits(instances, space.prefill_shares)
         schedules = [(None, None)]
-    out = []
-    for prefill, decode in shapes:
-        for scheduler, chunk in schedules:
-            for batch in space.max_batch:
-                for cache in space.prefix_cache:
-                    pools = space.pool_bytes_per_node
-                    cache_name = _cache_of(arch, cache)
-                    if cache_name == "none":
-                        pools = pools[:1]  # no cache: the pool size changes nothing
-                    for pool in pools:
-                        out.append(
-                            Design(
-                                hardware=hardware,
-                                arch=arch,
-                                tensor_parallel=tp,
-                                prefill_workers=prefill,
-                                decode_workers=decode,
-                                scheduler=scheduler,
-                                chunk_tokens=chunk,
-                                max_batch=int(batch),
-                                prefix_cache=cache_name,
-                                pool_bytes_per_node=float(pool),
-                            )
-                        )
+    caches = []
+    for cache in space.prefix_cache:
+        name = _cache_of(arch, cache)
+        pools = space.pool_bytes_per_node
+        if name == "none":
+            pools = pools[:1]  # no cache: the pool size changes nothing
+        caches += [(name, float(pool)) for pool in pools]
+    out = [
+        Design(hardware, arch, tp, prefill, decode, scheduler, chunk, int(batch), cache, pool)
+        for (prefill, decode), (scheduler, chunk), batch, (cache, pool) in itertools.product(
+            shapes, schedules, space.max_batch, caches
+        )
+    ]
     return list(dict.fromkeys(out))
 
 

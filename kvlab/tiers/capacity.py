@@ -14,7 +14,7 @@ import numpy as np
 from .. import cost
 from ..cost import Num, Result, _out
 from ..deployment import Deployment
-from .decode import tiered_decode_step
+from .decode import carried, tiered_decode_step
 from .placement import TierPath
 
 
@@ -52,21 +52,13 @@ def kv_footprint(d: Deployment, batch=1, context=4096) -> KVFootprint:
         fraction = np.ones_like(fraction)
     per_request = kv / np.asarray(step.batch, dtype=float)
     return KVFootprint(
-        model=step.model,
-        hardware=step.hardware,
-        batch=step.batch,
-        context=step.context,
-        kv_bytes_per_token=step.kv_bytes_per_token,
+        **carried(step, "model", "hardware", "batch", "context", "kv_bytes_per_token"),
+        **carried(step, "kv_cache_bytes", "weight_bytes", "capacity_bytes", "fits"),
+        **carried(fit, "max_batch", "max_context"),
         kv_bytes_per_request=_out(per_request),
-        kv_cache_bytes=step.kv_cache_bytes,
-        weight_bytes=step.weight_bytes,
-        capacity_bytes=step.capacity_bytes,
         kv_room_bytes=room,
-        fits=step.fits,
         overflow_bytes=_out(overflow),
         overflow_fraction=_out(fraction),
-        max_batch=fit.max_batch,
-        max_context=fit.max_context,
     )
 
 
@@ -98,11 +90,8 @@ def spill_cost(d: Deployment, batch, context, path: TierPath | str, overlap=Fals
     capped_step = cost.decode_step(d, np.maximum(capped, 1), context)
     capped_tps = np.where(capped >= 1, np.asarray(capped_step.tokens_per_s, dtype=float), 0.0)
     return SpillCost(
+        **carried(fp, "batch", "context", "fits", "overflow_fraction"),
         placement=spilled.placement,
-        batch=fp.batch,
-        context=fp.context,
-        fits=fp.fits,
-        overflow_fraction=fp.overflow_fraction,
         tokens_per_s_spilled=spilled.tokens_per_s,
         tokens_per_s_unlimited=spilled.hbm_tokens_per_s,
         capped_batch=_out(capped.astype(np.int64)),

@@ -15,6 +15,13 @@ from ..deployment import Deployment
 from ..errors import check_number
 from .placement import TierPath, as_path, transfer_time_s
 
+
+def carried(source, *names: str) -> dict:
+    """{name: source.name}: the figures a result carries over unchanged from the result it
+    is built on (its deployment, batch, context, ...)."""
+    return {name: getattr(source, name) for name in names}
+
+
 # --------------------------------------------------------------- where KV is read
 
 
@@ -75,18 +82,14 @@ def tiered_decode_step(
     )
     b = np.asarray(step.batch, dtype=float)
     return TieredStep(
-        model=step.model,
-        hardware=step.hardware,
+        **carried(step, "model", "hardware", "batch", "context", "compute_time_s"),
         placement=p.name,
-        batch=step.batch,
-        context=step.context,
         tier_fraction=fraction,
         tier_bandwidth_bytes_per_s=_out(np.asarray(bandwidth, dtype=float)),
         hbm_bytes=_out(hbm_bytes),
         tier_bytes=_out(tier_bytes),
         hbm_time_s=_out(hbm_time),
         tier_time_s=_out(tier_time),
-        compute_time_s=step.compute_time_s,
         step_time_s=_out(step_time),
         bound=bound.item() if bound.ndim == 0 else bound,
         tokens_per_s=_out(b / step_time),

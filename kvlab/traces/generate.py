@@ -487,21 +487,20 @@ def _number(text: str, where: str) -> float:
     return value
 
 
+def _bounded(text: str, where: str, minimum: float, maximum: float, *, integer=False):
+    """The number in `text`, within [minimum, maximum] (whole when `integer`); errors name
+    `where`."""
+    value = _number(text, where)
+    return check_number(
+        where, value, minimum=minimum, allow_equal_min=True, maximum=maximum, integer=integer
+    )
+
+
 def _length(text: str, where: str) -> tuple:
     """'1024' -> ('fixed', 1024); 'lognormal(1024,0.5)' -> ('lognormal', 1024.0, 0.5)."""
     text = text.strip()
     if "(" not in text:
-        return (
-            "fixed",
-            check_number(
-                where,
-                _number(text, where),
-                minimum=1,
-                allow_equal_min=True,
-                maximum=MAX_DRAWN_TOKENS,
-                integer=True,
-            ),
-        )
+        return ("fixed", _bounded(text, where, 1, MAX_DRAWN_TOKENS, integer=True))
     name, _, rest = text.partition("(")
     if not rest.endswith(")"):
         raise KvlabError(f"{where}: {text!r} lacks its closing parenthesis")
@@ -555,62 +554,25 @@ def parse_poisson(text: str) -> PoissonSpec:
     def where(key):
         return f"{text!r} field {list(given).index(key) + 1} ({key}={given[key]})"
 
+    def field(key, minimum, maximum, default=None, *, integer=True):
+        if key not in given:
+            return default
+        return _bounded(given[key], where(key), minimum, maximum, integer=integer)
+
     rate = check_number(where("rate"), _number(given["rate"], where("rate")), maximum=1e6)
-    requests, seed = 1000, 0
-    if "requests" in given:
-        requests = check_number(
-            where("requests"),
-            _number(given["requests"], where("requests")),
-            minimum=1,
-            allow_equal_min=True,
-            maximum=MAX_POISSON_REQUESTS,
-            integer=True,
-        )
-    if "seed" in given:
-        seed = check_number(
-            where("seed"),
-            _number(given["seed"], where("seed")),
-            minimum=0,
-            allow_equal_min=True,
-            maximum=2**63 - 1,
-            integer=True,
-        )
+    requests = field("requests", 1, MAX_POISSON_REQUESTS, 1000)
+    seed = field("seed", 0, 2**63 - 1, 0)
     if requests > 1 and (requests - 1) / rate > MAX_ARRIVAL_S:
         raise KvlabError(
             f"{where('rate')}: {requests:,} requests at {rate:g}/s arrive over about "
             f"{(requests - 1) / rate:.3g} s, beyond {MAX_ARRIVAL_S:.3g} s (136 years), where a "
             "clock in seconds stops resolving token gaps; raise the rate or lower requests"
         )
-    shared = prefix = None
-    prefixes = 1
-    if "shared" in given:
-        shared = check_number(
-            where("shared"),
-            _number(given["shared"], where("shared")),
-            minimum=0,
-            allow_equal_min=True,
-            maximum=1,
-        )
-    if "prefix" in given:
-        prefix = check_number(
-            where("prefix"),
-            _number(given["prefix"], where("prefix")),
-            minimum=1,
-            allow_equal_min=True,
-            maximum=MAX_DRAWN_TOKENS,
-            integer=True,
-        )
-    if "prefixes" in given:
-        if shared is None and prefix is None:
-            raise KvlabError(f"{where('prefixes')}: a pool of prefixes needs shared=F or prefix=T")
-        prefixes = check_number(
-            where("prefixes"),
-            _number(given["prefixes"], where("prefixes")),
-            minimum=1,
-            allow_equal_min=True,
-            maximum=MAX_POISSON_REQUESTS,
-            integer=True,
-        )
+    shared = field("shared", 0, 1, integer=False)
+    prefix = field("prefix", 1, MAX_DRAWN_TOKENS)
+    if "prefixes" in given and shared is None and prefix is None:
+        raise KvlabError(f"{where('prefixes')}: a pool of prefixes needs shared=F or prefix=T")
+    prefixes = field("prefixes", 1, MAX_POISSON_REQUESTS, 1)
     return PoissonSpec(
         rate,
         _length(given["prompt"], where("prompt")),

@@ -5,6 +5,10 @@ carries the same CSS; `offline_template()` derives a `kvlab` template from the i
 one without those two links, so the page makes no request off the machine.
 
     python -m kvlab.viz.serve [--port N] [NOTEBOOK]
+
+NOTEBOOK defaults to notebooks/dashboard.ipynb under the current folder (run from the root of
+a kvlab checkout, or name it). The template and Voila's log go to ~/.cache/kvlab/voila (or
+$XDG_CACHE_HOME/kvlab/voila).
 """
 
 from __future__ import annotations
@@ -23,13 +27,22 @@ from pathlib import Path
 from ..cli import Parser, guarded
 from ..errors import KvlabError
 
-ROOT = Path(__file__).resolve().parents[2]
-DASHBOARD = ROOT / "notebooks" / "dashboard.ipynb"
+#: The dashboard, relative to the current folder (a checkout's root).
+DASHBOARD = Path("notebooks") / "dashboard.ipynb"
 TEMPLATE = "kvlab"
 
 
-def offline_template(build_dir: Path = ROOT / "_build" / "voila") -> Path:
-    """Write the `kvlab` Voila template under build_dir; returns the JUPYTER_PATH entry."""
+def cache_dir() -> Path:
+    """Where the template and Voila's logs go: $XDG_CACHE_HOME/kvlab/voila, else
+    ~/.cache/kvlab/voila (no checkout needed)."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser()
+    return base / "kvlab" / "voila"
+
+
+def offline_template(build_dir: Path | None = None) -> Path:
+    """Write the `kvlab` Voila template under build_dir (default `cache_dir()`); returns the
+    JUPYTER_PATH entry."""
+    build_dir = build_dir or cache_dir()
     from jupyter_core.paths import jupyter_path
 
     labs = [Path(p) / "voila" / "templates" / "lab" for p in jupyter_path()]
@@ -115,9 +128,13 @@ def start(
 ) -> tuple[subprocess.Popen, str]:
     """Start Voila in the background, in a process group of its own; returns the process and
     its URL once it answers on exactly that port (Voila may not move to another one)."""
-    notebook = Path(notebook)
-    if not notebook.is_file():
-        raise KvlabError(f"notebook {str(notebook)[:200]!r} does not exist")
+    if not Path(notebook).is_file():
+        where = "" if Path(notebook).is_absolute() else f" under {Path.cwd()}"
+        raise KvlabError(
+            f"notebook {str(notebook)[:200]!r} does not exist{where}; run from the root of a "
+            "kvlab checkout or name the notebook"
+        )
+    notebook = Path(notebook).resolve()
     port = port or free_port()
     _check_free(port)
     env = {
@@ -130,7 +147,7 @@ def start(
     if home:
         env["HOME"] = home
     voila = Path(sys.executable).with_name("voila")
-    log_path = ROOT / "_build" / "voila" / f"voila-{port}.log"
+    log_path = cache_dir() / f"voila-{port}.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
             [
@@ -221,7 +238,9 @@ def _on_sigterm(signum, frame):
 
 def main(argv=None) -> int:
     parser = Parser(prog="python -m kvlab.viz.serve", description=__doc__.splitlines()[0])
-    parser.add_argument("notebook", nargs="?", default=str(DASHBOARD))
+    parser.add_argument(
+        "notebook", nargs="?", default=str(DASHBOARD), help=f"the notebook (default ./{DASHBOARD})"
+    )
     parser.add_argument(
         "--port", help=f"port on 127.0.0.1 (default ${PORT_ENV}, else {DEFAULT_PORT}; 0: any free)"
     )
@@ -235,11 +254,11 @@ def main(argv=None) -> int:
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     proc = None
     try:
-        proc, url = start(Path(args.notebook).resolve(), port or free_port())
+        proc, url = start(Path(args.notebook), port or free_port())
         print(f"The kvlab dashboard is served at {url} (Ctrl-C stops it)", flush=True)
         code = proc.wait()
         if code:
-            logs = ROOT / "_build" / "voila"
+            logs = cache_dir()
             raise KvlabError(f"voila stopped with exit status {code}; see {logs}")
     except (KeyboardInterrupt, _Stopped):
         pass
