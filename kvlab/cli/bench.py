@@ -478,11 +478,12 @@ def kv_transfer_configs(args) -> list:
         "threads": args.threads,
         "fault": args.inject_fault,
     }
-    for dest, field in (
-        ("seconds_per_size",) * 2,
-        ("timeout", "timeout_s"),
-        ("time_limit", "time_limit_s"),
-    ):
+    times = {
+        "seconds_per_size": "seconds_per_size",
+        "timeout": "timeout_s",
+        "time_limit": "time_limit_s",
+    }
+    for dest, field in times.items():  # the time bounds: a config field each, where given
         if getattr(args, dest) is not None:
             changes[field] = getattr(args, dest)
     if args.layout != "both":
