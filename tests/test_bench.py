@@ -1084,3 +1084,34 @@ def test_kernel_table_prices_the_ledgers_bytes_at_the_kernels_shares():
     assert kernel_table.predict_step_s(table, pred, serial) == pytest.approx(0.316)
     overlapped = {**point, "placement": "host", "prefetch": True}
     assert kernel_table.predict_step_s(table, pred, overlapped) == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize("out", ["", ".", "results"])
+def test_gpu_session_refuses_a_folder_it_did_not_write(tmp_path, out):
+    """`--out ""` in a checkout once packed the checkout's results/ into a tarball and removed
+    the tracked JSON: a folder holding anything a session did not write is refused, untouched."""
+    checkout = tmp_path / "checkout"
+    recorded = checkout / "results" / "cpu-x" / "decode.json"
+    recorded.parent.mkdir(parents=True)
+    recorded.write_text("{}")
+    (checkout / "kvlab").mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "kvlab", "bench", "gpu-session", "--out", out, "--dry-run"],
+        cwd=checkout,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "holds files no GPU session wrote" in done.stderr
+    assert recorded.read_text() == "{}"
+    assert sorted(p.name for p in checkout.iterdir()) == ["kvlab", "results"]
+
+
+def test_gpu_session_may_write_again_where_a_session_wrote(tmp_path):
+    out = tmp_path / "out"
+    (out / "results").mkdir(parents=True)
+    (out / "session.log").write_text("")
+    assert gpu_session.check_out(out) == out
+    assert gpu_session.check_out(tmp_path / "new") == tmp_path / "new"

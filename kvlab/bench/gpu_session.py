@@ -372,6 +372,28 @@ def pack(out: Path) -> list[str]:
     return [str(p.relative_to(out)) for p in files()]
 
 
+#: What a session writes at OUT's top level; a folder holding anything else is someone's.
+SESSION_FILES = {
+    "session.log",
+    "session.json",
+    ".session.json.partial",
+    "results",
+    "results.tar.gz",
+}
+
+
+def _not_a_sessions(out: Path) -> list[str]:
+    """Up to three names at OUT's top level that no session wrote (empty: OUT is new, empty,
+    or a previous session's). `--out .` in a checkout once packed and removed its results/."""
+    try:
+        names = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    except (OSError, ValueError):
+        return []  # mkdir and the write probe say why
+    if "session.log" not in names and "results" in names:
+        return ["results/ from elsewhere", *[n for n in names if n != "results"]][:3]
+    return [n for n in names if n not in SESSION_FILES][:3]
+
+
 def check_out(out: Path) -> Path:
     """OUT must be a folder this process can write (created if missing): checked before any
     step runs, so that a bad path costs a line, not a session's device time."""
@@ -382,6 +404,12 @@ def check_out(out: Path) -> Path:
         is_file = False  # mkdir says why below
     if is_file:
         raise KvlabError(f"--out {shown}: exists and is not a folder")
+    others = _not_a_sessions(out)
+    if others:
+        raise KvlabError(
+            f"--out {shown}: holds files no GPU session wrote ({', '.join(others)}); name an "
+            "empty or new folder (a session packs OUT/results into results.tar.gz and removes it)"
+        )
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".gpu_session-write-probe"
