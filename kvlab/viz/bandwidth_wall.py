@@ -82,20 +82,19 @@ def tiers_figure():
         legend_field="kind",
     )
     fig.hbar(y="tier", left="low", right="high", height=0.65, color="color", source=src)
-    fig.xaxis.formatter = style.si_ticks("B/s")
-    fig.legend.location = "bottom_right"
     fig.legend.title = "light: peak · solid: the 60–85% real code reaches"
-    style.hover(
+    return style.finish(
         fig,
-        [
+        x="B/s",
+        legend="bottom_right",
+        tips=[
             ("tier", "@tier"),
             ("peak", "@peak{0.000a}B/s"),
             ("from", "@derivation"),
             ("e.g.", "@example"),
         ],
-        [bars],
+        on=[bars],
     )
-    return fig
 
 
 # ------------------------------------------------------- the decode-step panel's roofline
@@ -150,28 +149,23 @@ def quantization_panel() -> Panel:
         }
 
     def figures(src):
-        fig = style.new_figure(
+        fig = style.bars(
             "Quantize what dominates the bytes",
-            "",
             "tokens per second, each sequence",
-            x_range=[label for label, _ in _quant_labels()],
-            y_range=style.from_zero(),
+            [label for label, _ in _quant_labels()],
+            "config",
+            "tokens_per_s",
+            src["bars"],
+            bar_width=0.65,
             height=330,
         )
-        bars = fig.vbar(
-            x="config", top="tokens_per_s", width=0.65, color="color", source=src["bars"]
-        )
         fig.xaxis.major_label_text_font_size = "10px"
-        style.hover(
-            fig,
-            [
-                ("", "@config"),
-                ("tokens/s", "@tokens_per_s{0,0.0}"),
-                ("KV share of bytes", "@kv_share{0.0%}"),
-            ],
-            [bars],
-        )
-        return fig
+        tips = [
+            ("", "@config"),
+            ("tokens/s", "@tokens_per_s{0,0.0}"),
+            ("KV share of bytes", "@kv_share{0.0%}"),
+        ]
+        return style.finish(fig, tips=tips, on=fig.renderers)
 
     controls = (model_control(), hardware_control(), batch_control(8), context_control(16384))
     labels = _quant_labels()
@@ -386,12 +380,8 @@ def _roofline_part(state: dict, point, measured: bool, short: str) -> tuple[dict
         rows.append((point.flops, point.step_bytes, point.step_time_s))
         styles.append((f"{MEASURED_POINT[0]} ({short})", *MEASURED_POINT[1:]))
     peak = point.ridge_flops_per_byte * point.bandwidth_bytes_per_s
-    roof_peak = ceiling.ridge_flops_per_byte * ceiling.bandwidth_bytes_per_s
     sources = {
-        "roof": {
-            "x": ROOF_X.tolist(),
-            "y": (np.minimum(roof_peak, ROOF_X * ceiling.bandwidth_bytes_per_s) * eff).tolist(),
-        },
+        "roof": roof_source(ceiling, ROOF_X, eff),
         "points": {
             "label": [p[0] for p in styles],
             "color": [p[1] for p in styles],
@@ -423,12 +413,7 @@ def _compute(state: dict) -> dict:
     roof_sources, roof_values = _roofline_part(state, point, measured, short)
     times = [point.memory_time_s, point.compute_time_s, point.step_time_s]
     sources = {
-        "bytes": {
-            "y": list(BYTES_Y),
-            "weights": [point.weight_read_bytes],
-            "kv_read": [point.kv_read_bytes],
-            "kv_write": [point.kv_write_bytes],
-        },
+        "bytes": bytes_source(point),
         "time": {
             "kind": list(TIME_KINDS),
             "seconds": times,
@@ -484,36 +469,45 @@ def _figures(src):
 def bytes_figure(source, **figure_kw):
     """The bytes one step moves, stacked: weights, KV read, KV written (this panel's and
     the live dashboard's)."""
-    fig = style.new_figure(
+    return style.stacked_bars(
         "Bytes one decode step moves",
         "bytes per step",
-        "",
+        BYTES_Y,
+        "y",
+        {
+            "weights": (style.WEIGHTS, "weights"),
+            "kv_read": (style.KV_READ, "KV history read"),
+            "kv_write": (style.KV_WRITE, "KV written"),
+        },
+        source,
+        x="B",
         height=150,
-        y_range=list(BYTES_Y),
-        x_range=style.from_zero(),
-        **figure_kw,
-    )
-    renderers = fig.hbar_stack(
-        ["weights", "kv_read", "kv_write"],
-        y="y",
-        height=0.6,
-        source=source,
-        color=[style.WEIGHTS, style.KV_READ, style.KV_WRITE],
-        legend_label=["weights", "KV history read", "KV written"],
-    )
-    fig.xaxis.formatter = style.si_ticks("B")
-    fig.legend.orientation = "horizontal"
-    fig.add_layout(fig.legend[0], "above")
-    style.hover(
-        fig,
-        [
+        tips=[
             ("weights", "@weights{0.000a}B"),
             ("KV read", "@kv_read{0.000a}B"),
             ("KV written", "@kv_write{0.000a}B"),
         ],
-        renderers,
+        **figure_kw,
     )
-    return fig
+
+
+def bytes_source(step) -> dict:
+    """`bytes_figure`'s columns for one decode step."""
+    return {
+        "y": list(BYTES_Y),
+        "weights": [step.weight_read_bytes],
+        "kv_read": [step.kv_read_bytes],
+        "kv_write": [step.kv_write_bytes],
+    }
+
+
+def roof_source(step, x, efficiency: float) -> dict:
+    """The roof at intensities `x` (FLOP/B): the step's device peaks x the efficiency."""
+    peak = step.ridge_flops_per_byte * step.bandwidth_bytes_per_s
+    return {
+        "x": x.tolist(),
+        "y": (np.minimum(peak, x * step.bandwidth_bytes_per_s) * efficiency).tolist(),
+    }
 
 
 def _step_figures(src):
@@ -531,8 +525,7 @@ def _step_figures(src):
         name="time",
     )
     times.hbar(y="kind", right="seconds", height=0.6, color="color", source=src["time"])
-    times.xaxis.formatter = style.seconds_ticks()
-    style.hover(times, [("", "@kind"), ("time", "@label")])
+    style.finish(times, x="seconds", tips=[("", "@kind"), ("time", "@label")])
     return column(fig, times)
 
 
@@ -544,206 +537,96 @@ def _batch_figures(src):
 
 
 def _batch_throughput_figure(src):
-    tps = style.new_figure(
-        "Throughput against batch",
-        "batch (sequences)",
-        "tokens per second",
-        x_axis_type="log",
-        y_axis_type="log",
-        height=330,
+    tps = style.chart(
+        "Throughput against batch", "batch (sequences)", "tokens per second", "xy", height=330
     )
-    tps.line(
-        "batch",
-        "tokens_per_s",
-        source=src["batch_ref"],
-        color=style.GREY,
-        width=1.5,
-        legend_field="ref_label",
+    ref, main = src["batch_ref"], src["batch"]
+    style.line(tps, "batch", "tokens_per_s", ref, style.GREY, 1.5, field="ref_label")
+    style.line(tps, "batch", "per_sequence", ref, style.GREY, 1.5, dash="dashed")
+    a = style.line(tps, "batch", "tokens_per_s", main, field="total_label")
+    b = style.line(
+        tps, "batch", "per_sequence", main, style.ORANGE, dash="dashed", field="each_label"
     )
-    tps.line(
-        "batch",
-        "per_sequence",
-        source=src["batch_ref"],
-        color=style.GREY,
-        width=1.5,
-        line_dash="dashed",
-    )
-    a = tps.line(
-        "batch",
-        "tokens_per_s",
-        source=src["batch"],
-        color=style.BLUE,
-        width=2.5,
-        legend_field="total_label",
-    )
-    b = tps.line(
-        "batch",
-        "per_sequence",
-        source=src["batch"],
-        color=style.ORANGE,
-        width=2.5,
-        line_dash="dashed",
-        legend_field="each_label",
-    )
-    tps.scatter(
-        "batch",
-        "tokens_per_s",
-        source=src["knee"],
-        size=11,
-        color=style.VERMILION,
-        legend_field="knee_label",
-    )
-    tps.scatter(
-        "batch",
-        "tokens_per_s",
-        source=src["batch_here"],
-        size=12,
-        marker="circle",
-        fill_color=None,
-        line_color="black",
-        line_width=2,
-        legend_label="this step",
-    )
-    tps.xaxis.formatter = style.count_ticks()
-    tps.yaxis.formatter = style.count_ticks()
-    tps.legend.label_text_font_size = "10px"
+    style.dot(tps, "batch", "tokens_per_s", src["knee"], legend_field="knee_label")
+    here = src["batch_here"]
+    style.ring(tps, "batch", "tokens_per_s", here, marker="circle", legend_label="this step")
     tps.legend.ncols = 2
     tps.add_layout(tps.legend[0], "below")  # clear of the curves, which fill the plot
-    style.hover(
-        tps,
-        [
-            ("batch", "@batch{0,0}"),
-            ("tokens/s (batch)", "@tokens_per_s{0,0.0}"),
-            ("tokens/s (each)", "@per_sequence{0,0.0}"),
-        ],
-        [a, b],
-        mode="vline",
+    tips = [
+        ("batch", "@batch{0,0}"),
+        ("tokens/s (batch)", "@tokens_per_s{0,0.0}"),
+        ("tokens/s (each)", "@per_sequence{0,0.0}"),
+    ]
+    return style.finish(
+        tps, x="count", y="count", legend_px="10px", tips=tips, on=[a, b], mode="vline"
     )
-    return tps
 
 
 def _batch_tpot_figure(src, x_range):
-    tpot = style.new_figure(
+    tpot = style.chart(
         "Time per output token against batch",
         "batch (sequences)",
         "TPOT",
-        x_axis_type="log",
+        "x",
         height=220,
         x_range=x_range,
     )
-    tpot.line("batch", "tpot_s", source=src["batch_ref"], color=style.GREY, width=1.5)
-    c = tpot.line("batch", "tpot_s", source=src["batch"], color=style.GREEN, width=2.5)
-    tpot.scatter("batch", "tpot_s", source=src["knee"], size=11, color=style.VERMILION)
-    tpot.scatter(
-        "batch",
-        "tpot_s",
-        source=src["batch_here"],
-        size=12,
-        fill_color=None,
-        line_color="black",
-        line_width=2,
-    )
-    tpot.xaxis.formatter = style.count_ticks()
-    tpot.yaxis.formatter = style.seconds_ticks()
-    style.hover(
-        tpot, [("batch", "@batch{0,0}"), ("TPOT", "@tpot_s{0.000000} s")], [c], mode="vline"
-    )
-    return tpot
+    style.line(tpot, "batch", "tpot_s", src["batch_ref"], style.GREY, 1.5)
+    c = style.line(tpot, "batch", "tpot_s", src["batch"], style.GREEN)
+    style.dot(tpot, "batch", "tpot_s", src["knee"])
+    style.ring(tpot, "batch", "tpot_s", src["batch_here"])
+    tips = [("batch", "@batch{0,0}"), ("TPOT", "@tpot_s{0.000000} s")]
+    return style.finish(tpot, x="count", y="seconds", tips=tips, on=[c], mode="vline")
 
 
 def _context_figures(src):
     from bokeh.layouts import column
 
-    speed_fig = style.new_figure(
+    speed_fig = style.chart(
         "Decode speed against context",
         "context (tokens)",
         "tokens per second, each sequence",
-        x_axis_type="log",
+        "x",
         height=280,
     )
-    speed_fig.line(
-        "context",
-        "per_sequence",
-        source=src["context_ref"],
-        color=style.GREY,
-        width=1.5,
-        legend_field="ref_label",
+    style.line(
+        speed_fig, "context", "per_sequence", src["context_ref"], style.GREY, 1.5, field="ref_label"
     )
-    line = speed_fig.line(
-        "context",
-        "per_sequence",
-        source=src["context"],
-        color=style.BLUE,
-        width=2.5,
-        legend_field="label",
-    )
-    speed_fig.scatter(
-        "context",
-        "per_sequence",
-        source=src["context_here"],
-        size=12,
-        fill_color=None,
-        line_color="black",
-        line_width=2,
-        legend_label="this step",
-    )
-    speed_fig.xaxis.formatter = style.count_ticks()
-    speed_fig.legend.location = "top_right"
-    speed_fig.legend.label_text_font_size = "10px"
-    style.hover(
+    line = style.line(speed_fig, "context", "per_sequence", src["context"], field="label")
+    style.ring(speed_fig, "context", "per_sequence", src["context_here"], legend_label="this step")
+    style.finish(
         speed_fig,
-        [("context", "@context{0,0}"), ("tokens/s", "@per_sequence{0,0.0}")],
-        [line],
+        x="count",
+        legend="top_right",
+        legend_px="10px",
+        tips=[("context", "@context{0,0}"), ("tokens/s", "@per_sequence{0,0.0}")],
+        on=[line],
         mode="vline",
     )
-    split = style.new_figure(
+    split = style.chart(
         "Bytes per step: weights vs KV history",
         "context (tokens)",
         "bytes per step",
-        x_axis_type="log",
-        y_axis_type="log",
+        "xy",
         height=220,
         x_range=speed_fig.x_range,
     )
-    split.line(
-        "context",
-        "weights",
-        source=src["context_bytes"],
-        color=style.WEIGHTS,
-        width=2.5,
-        legend_label="weights",
-    )
-    split.line(
-        "context",
-        "kv_read",
-        source=src["context_bytes"],
-        color=style.KV_READ,
-        width=2.5,
-        legend_label="KV history",
-    )
-    split.xaxis.formatter = style.count_ticks()
-    split.yaxis.formatter = style.si_ticks("B")
-    split.legend.location = "top_left"
+    bytes_src = src["context_bytes"]
+    style.line(split, "context", "weights", bytes_src, style.WEIGHTS, legend="weights")
+    style.line(split, "context", "kv_read", bytes_src, style.KV_READ, legend="KV history")
+    style.finish(split, x="count", y="B", legend="top_left")
     return column(speed_fig, split)
 
 
 def _roofline_figure(src):
-    fig = style.new_figure(
+    fig = style.chart(
         "Roofline: attainable FLOP/s against arithmetic intensity",
         "arithmetic intensity (FLOPs per byte moved)",
         "FLOP/s",
-        x_axis_type="log",
-        y_axis_type="log",
+        "xy",
         height=400,
     )
-    fig.line(
-        "x",
-        "y",
-        source=src["roof"],
-        color=style.GREY,
-        width=3,
-        legend_label="roof (peak × efficiency)",
-    )
+    style.line(fig, "x", "y", src["roof"], style.GREY, 3, legend="roof (peak × efficiency)")
     pts = fig.scatter(
         "intensity",
         "flops_per_s",
@@ -753,20 +636,14 @@ def _roofline_figure(src):
         marker="marker",
         legend_field="label",
     )
-    fig.yaxis.formatter = style.si_ticks("FLOP/s")
-    fig.xaxis.formatter = style.count_ticks()
-    fig.legend.location = "bottom_right"
-    fig.legend.label_text_font_size = "10px"
-    style.hover(
-        fig,
-        [
-            ("", "@label"),
-            ("intensity", "@intensity{0,0.00} FLOP/B"),
-            ("attained", "@flops_per_s{0.000a}FLOP/s"),
-        ],
-        [pts],
+    tips = [
+        ("", "@label"),
+        ("intensity", "@intensity{0,0.00} FLOP/B"),
+        ("attained", "@flops_per_s{0.000a}FLOP/s"),
+    ]
+    return style.finish(
+        fig, x="count", y="FLOP/s", legend="bottom_right", legend_px="10px", tips=tips, on=[pts]
     )
-    return fig
 
 
 def decode_step_panel() -> Panel:

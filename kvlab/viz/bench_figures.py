@@ -31,23 +31,7 @@ def _note(fig, text: str):
 
 def _legend_below(fig):
     """Many series: the legend goes under the plot, in two columns, instead of over the data."""
-    legend = fig.legend[0]
-    legend.ncols = 2
-    legend.label_text_font_size = "10px"
-    fig.center = [r for r in fig.center if r is not legend]
-    fig.add_layout(legend, "below")
-    fig.height += 24 * ((len(legend.items) + 1) // 2)
-
-
-def _ticks_125(lo: float, hi: float):
-    """Log-axis ticks at 1, 2, 5 x 10^k inside [lo, hi]: bokeh's own label every minor tick
-    of a range under two decades, and the labels run into each other."""
-    from bokeh.models import FixedTicker
-
-    decades = range(int(np.floor(np.log10(lo))), int(np.ceil(np.log10(hi))) + 1)
-    return FixedTicker(
-        ticks=[m * 10.0**e for e in decades for m in (1, 2, 5) if lo <= m * 10.0**e <= hi]
-    )
+    style.legend_below(fig, row_px=24)
 
 
 def _context_ticks(contexts):
@@ -62,12 +46,11 @@ def decode_figure():
     measured bandwidth), per machine, placement and KV dtype; the diagonal is 'exact'."""
     from bokeh.models import ColumnDataSource
 
-    fig = style.new_figure(
+    fig = style.chart(
         "Decode step: measured against the ledger",
         "predicted step time (ledger, measured bandwidth)",
         "measured step time",
-        x_axis_type="log",
-        y_axis_type="log",
+        log="xy",
         height=420,
     )
     entries = report.decode_comparison()
@@ -138,14 +121,14 @@ def _decode_axes(fig, renderers, lo: float, hi: float) -> None:
     fig.line(line, line, color="black", width=1.5, legend_label="measured = predicted")
     fig.line(line, line * 1.1, color=style.GREY, line_dash="dashed", legend_label="±10%")
     fig.line(line, line / 1.1, color=style.GREY, line_dash="dashed")
-    fig.xaxis.formatter = style.seconds_ticks()
-    fig.yaxis.formatter = style.seconds_ticks()
-    fig.xaxis.ticker = fig.yaxis.ticker = _ticks_125(lo / 1.2, hi * 1.2)
-    fig.legend.location = "top_left"
-    fig.legend.label_text_font_size = "10px"
-    style.hover(
+    fig.xaxis.ticker = fig.yaxis.ticker = style.ticks_125(lo / 1.2, hi * 1.2)
+    style.finish(
         fig,
-        [
+        x="seconds",
+        y="seconds",
+        legend="top_left",
+        legend_px="10px",
+        tips=[
             ("batch", "@batch"),
             ("context", "@context{0,0}"),
             ("measured", "@measured_step_s{0.000000} s"),
@@ -153,7 +136,7 @@ def _decode_axes(fig, renderers, lo: float, hi: float) -> None:
             ("error", "@error{+0.0%}"),
             ("share of copy bandwidth", "@fraction_of_bandwidth{0%}"),
         ],
-        renderers,
+        on=renderers,
     )
 
 
@@ -163,11 +146,11 @@ def bandwidth_figure():
     decoder's own kernels, dashed with PyTorch's CPU kernels where that run was recorded."""
     from bokeh.models import ColumnDataSource
 
-    fig = style.new_figure(
+    fig = style.chart(
         "How much of the memory bandwidth decode uses",
         "context (tokens)",
         "share of measured copy bandwidth",
-        x_axis_type="log",
+        log="x",
         height=360,
     )
     colors: dict[tuple, str] = {}
@@ -187,15 +170,8 @@ def bandwidth_figure():
                         {"context": p["context"][sel], "share": p["fraction_of_bandwidth"][sel]}
                     )
                     contexts.update(p["context"][sel].tolist())
-                    fig.line(
-                        "context",
-                        "share",
-                        source=src,
-                        color=color,
-                        width=2,
-                        line_dash=dash,
-                        legend_label=f"{entry['device_name']}: batch {int(batch)}, KV {kv}, {who}",
-                    )
+                    label = f"{entry['device_name']}: batch {int(batch)}, KV {kv}, {who}"
+                    style.line(fig, "context", "share", src, color, 2, dash=dash, legend=label)
                     fig.scatter(
                         "context",
                         "share",
@@ -208,8 +184,7 @@ def bandwidth_figure():
     if drawn == 0:
         return _note(fig, "no decode results recorded yet")
     fig.xaxis.ticker = _context_ticks(contexts)
-    fig.xaxis.formatter = style.count_ticks()
-    fig.yaxis.formatter = style.percent_ticks()
+    style.finish(fig, x="count", y="percent")
     _legend_below(fig)
     return fig
 
@@ -274,15 +249,9 @@ def pace_figure():
                     hi = max(hi, float(p["bandwidth_bytes_per_s"][sel].max()))
     if not renderers:
         return _note(fig, "no decode results recorded yet")
-    fig.line(
-        [0, hi * 1.05],
-        [0, hi * 1.05],
-        color="black",
-        width=1.5,
-        legend_label="achieved = copy bandwidth",
-    )
-    fig.xaxis.formatter = style.si_ticks("B/s")
-    fig.yaxis.formatter = style.si_ticks("B/s")
+    diagonal = [0, hi * 1.05]
+    style.line(fig, diagonal, diagonal, None, "black", 1.5, legend="achieved = copy bandwidth")
+    style.finish(fig, x="B/s", y="B/s")
     _legend_below(fig)
     style.hover(
         fig,
@@ -298,12 +267,11 @@ def pace_figure():
 
 def recompute_figure():
     """Prefill N tokens (recompute) against bringing their KV from host memory (fetch)."""
-    fig = style.new_figure(
+    fig = style.chart(
         "A hit can be slower than a miss: recompute against fetch",
         "tokens",
         "seconds",
-        x_axis_type="log",
-        y_axis_type="log",
+        log="xy",
         height=380,
     )
     k, lengths = 0, set()
@@ -313,29 +281,15 @@ def recompute_figure():
         lengths.update(curve["tokens"].tolist())
         name = f"{curve['device_name']} ({curve['preset']})"
         c1, c2 = style.PALETTE[(2 * k) % 8], style.PALETTE[(2 * k + 1) % 8]
-        fig.line(
-            curve["tokens"],
-            curve["recompute_s"],
-            color=c1,
-            width=2.5,
-            legend_label=f"recompute, {name}",
-        )
-        fig.line(
-            curve["tokens"],
-            curve["fetch_s"],
-            color=c2,
-            width=2.5,
-            legend_label=f"fetch from host, {name}",
-        )
+        tokens = curve["tokens"]
+        style.line(fig, tokens, curve["recompute_s"], None, c1, legend=f"recompute, {name}")
+        style.line(fig, tokens, curve["fetch_s"], None, c2, legend=f"fetch from host, {name}")
         if curve["predicted_recompute_s"] is not None:
-            fig.line(
-                curve["tokens"],
-                curve["predicted_recompute_s"],
-                color=c1,
-                line_dash="dashed",
-                legend_label="ledger's prediction",
+            predicted = curve["predicted_recompute_s"]
+            style.line(
+                fig, tokens, predicted, None, c1, None, dash="dashed", legend="ledger's prediction"
             )
-            fig.line(curve["tokens"], curve["predicted_fetch_s"], color=c2, line_dash="dashed")
+            style.line(fig, tokens, curve["predicted_fetch_s"], None, c2, None, dash="dashed")
         if curve["crossover_tokens"]:
             fig.scatter(
                 [curve["crossover_tokens"]],
@@ -349,33 +303,24 @@ def recompute_figure():
     if k == 0:
         return _note(fig, "no recompute-vs-fetch results recorded yet")
     fig.xaxis.ticker = _context_ticks(lengths)  # bokeh's log ticks leave most lengths unlabelled
-    fig.xaxis.formatter = style.count_ticks()
-    fig.yaxis.formatter = style.seconds_ticks()
-    fig.legend.location = "top_left"
-    fig.legend.label_text_font_size = "10px"
-    return fig
+    return style.finish(fig, x="count", y="seconds", legend="top_left", legend_px="10px")
 
 
 def memory_figure():
     """Copy/read/write bandwidth against array size: the caches, then main memory."""
-    fig = style.new_figure(
+    fig = style.chart(
         "Memory bandwidth against working-set size",
         "array size",
         "bytes per second",
-        x_axis_type="log",
-        y_axis_type="log",
+        log="xy",
         height=340,
     )
     k = 0
     for m in report.memory_bandwidth():
         for kernel, data in m["kernels"].items():
-            fig.line(
-                data["size_bytes"],
-                data["bandwidth_bytes_per_s"],
-                color=style.PALETTE[k % 8],
-                width=2,
-                legend_label=f"{m['device_name']}: {kernel}",
-            )
+            x, y = data["size_bytes"], data["bandwidth_bytes_per_s"]
+            label = f"{m['device_name']}: {kernel}"
+            style.line(fig, x, y, None, style.PALETTE[k % 8], 2, legend=label)
             k += 1
         if m.get("last_level_cache_bytes"):
             from bokeh.models import Span
@@ -390,8 +335,4 @@ def memory_figure():
             )
     if k == 0:
         return _note(fig, "no memory results recorded yet")
-    fig.xaxis.formatter = style.si_ticks("B")
-    fig.yaxis.formatter = style.si_ticks("B/s")
-    fig.legend.location = "bottom_left"
-    fig.legend.label_text_font_size = "10px"
-    return fig
+    return style.finish(fig, x="B", y="B/s", legend="bottom_left", legend_px="10px")

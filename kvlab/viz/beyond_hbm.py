@@ -21,7 +21,13 @@ from ..tiers.placement import PLACEMENT_NAMES
 from ..tiers.series import CONTEXTS as TIER_CONTEXTS
 from ..tiers.series import hit_rate_series, pd_series
 from . import speed, style
-from .controls import CONTEXT_GRID, batch_control, hardware_control, model_control
+from .controls import (
+    CONTEXT_GRID,
+    batch_control,
+    hardware_control,
+    log_slider,
+    model_control,
+)
 from .panel import Control, Panel, lookup_panel
 from .terms import ledger_terms
 
@@ -101,37 +107,17 @@ def footprint_panel() -> Panel:
         }
 
     def figures(src):
-        fig = style.new_figure(
-            "How fat the KV cache gets",
-            "context (tokens per sequence)",
-            "bytes",
-            x_axis_type="log",
-            y_axis_type="log",
-            height=330,
+        fig = style.chart(
+            "How fat the KV cache gets", "context (tokens per sequence)", "bytes", "xy", height=330
         )
-        a = fig.line(
-            "context",
-            "kv",
-            source=src["kv"],
-            color=style.KV_READ,
-            width=3,
-            legend_label="KV of the batch",
-        )
+        a = style.line(fig, "context", "kv", src["kv"], style.KV_READ, 3, legend="KV of the batch")
         # absent, legend entry too, where nothing is left
-        fig.line(
-            "context",
-            "room",
-            source=src["room"],
-            color=style.GREY,
-            width=2,
-            line_dash="dashed",
-            legend_field="room_label",
+        room = src["room"]
+        style.line(fig, "context", "room", room, style.GREY, 2, dash="dashed", field="room_label")
+        tips = [("context", "@context{0,0}"), ("KV", "@kv{0.000a}B")]
+        return style.finish(
+            fig, x="count", y="B", legend="top_left", tips=tips, on=[a], mode="vline"
         )
-        fig.xaxis.formatter = style.count_ticks()
-        fig.yaxis.formatter = style.si_ticks("B")
-        fig.legend.location = "top_left"
-        style.hover(fig, [("context", "@context{0,0}"), ("KV", "@kv{0.000a}B")], [a], mode="vline")
-        return fig
 
     controls = (model_control("article-7b"), hardware_control(), batch_control(32))
     terms = {
@@ -235,38 +221,27 @@ def tier_read_panel():
         }
 
     def figures(src):
-        fig = style.new_figure(
-            TIER_TITLE,
-            "context (tokens)",
-            "tokens per second, whole batch",
-            x_axis_type="log",
-            y_axis_type="log",
-            height=380,
+        fig = style.chart(
+            TIER_TITLE, "context (tokens)", "tokens per second, whole batch", "xy", height=380
         )
         fig.name = "tier-read"
-        for name in SHOWN_PLACEMENTS:
-            fig.line(
-                "context",
-                "tokens_per_s",
-                source=src[name],
-                color=PLACEMENT_COLORS[name],
-                width=2.5,
-                legend_label=tiers.get_placement(name).description
-                if name != "hbm"
-                else "the GPU's own HBM",
-            )
+        _placement_lines(fig, "context", "tokens_per_s", src, _placement_label)
         fig.xaxis.ticker = _decade_ticks(TIER_CONTEXTS)
-        fig.xaxis.formatter = style.count_ticks()
-        fig.yaxis.formatter = style.count_ticks()
-        fig.legend.location = "bottom_left"
-        fig.legend.label_text_font_size = "10px"
-        return fig
+        return style.finish(fig, x="count", y="count", legend="bottom_left", legend_px="10px")
 
-    batch = Control(
-        "batch", "Batch (sequences)", (1, 8, 32), 8, kind="slider", live_range=(1, 512), log=True
-    )
+    batch = log_slider("batch", "Batch (sequences)", (1, 8, 32), 8, (1, 512))
     controls = (small_model_control(), batch, speed.speed_control())
     return lookup_panel("tier-read", controls, compute, figures, TIER_READOUT, glue=TIER_GLUE)
+
+
+def _placement_label(name: str) -> str:
+    return tiers.get_placement(name).description if name != "hbm" else "the GPU's own HBM"
+
+
+def _placement_lines(fig, x: str, y: str, src, label) -> None:
+    """One curve per shown placement, in its colour, labelled `label(name)`."""
+    for name in SHOWN_PLACEMENTS:
+        style.line(fig, x, y, src[name], PLACEMENT_COLORS[name], legend=label(name))
 
 
 # -------------------------------------------------------------- hit vs miss
@@ -310,46 +285,19 @@ def hit_miss_panel():
         }
 
     def figures(src):
-        fig = style.new_figure(
+        fig = style.chart(
             "Mean prefill time against hit rate",
             "prefix-cache hit rate",
             "seconds",
-            y_axis_type="log",
+            "y",
             height=380,
         )
-        fig.line(
-            "rate",
-            "time",
-            source=src["miss"],
-            color="black",
-            width=2,
-            line_dash="dashed",
-            legend_label="every request a miss",
-        )
-        for name in SHOWN_PLACEMENTS:
-            fig.line(
-                "rate",
-                "time",
-                source=src[name],
-                color=PLACEMENT_COLORS[name],
-                width=2.5,
-                legend_label=f"hits served from {name}",
-            )
-        fig.xaxis.formatter = style.percent_ticks()
-        fig.yaxis.formatter = style.seconds_ticks()
-        fig.legend.location = "top_left"
-        fig.legend.label_text_font_size = "10px"
-        return fig
+        miss = "every request a miss"
+        style.line(fig, "rate", "time", src["miss"], "black", 2, dash="dashed", legend=miss)
+        _placement_lines(fig, "rate", "time", src, lambda name: f"hits served from {name}")
+        return style.finish(fig, x="percent", y="seconds", legend="top_left", legend_px="10px")
 
-    prompt = Control(
-        "prompt",
-        "Prompt (tokens)",
-        (512, 2048, 4096, 16384),
-        4096,
-        kind="slider",
-        live_range=(64, 131072),
-        log=True,
-    )
+    prompt = log_slider("prompt", "Prompt (tokens)", (512, 2048, 4096, 16384), 4096, (64, 131072))
     return lookup_panel(
         "hit-miss", (small_model_control("llama-2-7b"), prompt), compute, figures, HIT_READOUT
     )
@@ -442,35 +390,19 @@ def _pd_figures(src):
         line_width=3,
         legend_label="one decode step",
     )
-    fig.xaxis.formatter = style.seconds_ticks()
-    fig.legend.location = "bottom_right"
-    style.hover(
-        fig,
-        [
-            ("", "@link"),
-            ("transfer", "@transfer{0.000000} s"),
-            ("decode step reading it remotely", "@every_step{0.000000} s"),
-        ],
-        [bars],
-    )
-    return fig
+    tips = [
+        ("", "@link"),
+        ("transfer", "@transfer{0.000000} s"),
+        ("decode step reading it remotely", "@every_step{0.000000} s"),
+    ]
+    return style.finish(fig, x="seconds", legend="bottom_right", tips=tips, on=[bars])
 
 
 def pd_panel():
     """One request's KV over each link against one decode step, and the every-step disaster."""
 
-    context = Control(
-        "context",
-        "Context (tokens)",
-        (1024, 4096, 32768),
-        4096,
-        kind="slider",
-        live_range=(128, 131072),
-        log=True,
-    )
-    batch = Control(
-        "batch", "Requests moved together", (1, 8), 1, kind="slider", live_range=(1, 256), log=True
-    )
+    context = log_slider("context", "Context (tokens)", (1024, 4096, 32768), 4096, (128, 131072))
+    batch = log_slider("batch", "Requests moved together", (1, 8), 1, (1, 256))
     return lookup_panel(
         "pd",
         (small_model_control(), context, batch),
@@ -490,22 +422,17 @@ def transfers_figure():
         "model": link_model_curves(MODEL_LINKS, 2.0 ** np.arange(12, 30)),
         "measured": kv_transfer_series(),
     }
-    fig = style.new_figure(
+    fig = style.chart(
         "KV transfer: effective bandwidth against message size",
         "message size",
         "effective bandwidth (bytes/s)",
-        x_axis_type="log",
-        y_axis_type="log",
+        "xy",
         height=400,
     )
     for i, (name, curve) in enumerate(data["model"]["links"].items()):
-        fig.line(
-            curve["sizes_bytes"],
-            curve["bandwidth_bytes_per_s"],
-            color=style.PALETTE[i],
-            width=2,
-            line_dash="dashed",
-            legend_label=f"link model: {name}",
+        x, y = curve["sizes_bytes"], curve["bandwidth_bytes_per_s"]
+        style.line(
+            fig, x, y, None, style.PALETTE[i], 2, dash="dashed", legend=f"link model: {name}"
         )
     markers = ("circle", "triangle", "square", "diamond")
     k = 0
@@ -532,9 +459,7 @@ def transfers_figure():
                 )
                 fig.segment("bytes", "p10", "bytes", "p90", source=src, color=color)
                 k += 1
-    fig.xaxis.formatter = style.si_ticks("B")
-    fig.yaxis.formatter = style.si_ticks("B/s")
-    fig.legend.label_text_font_size = "10px"
+    style.finish(fig, x="B", y="B/s", legend_px="10px")
     fig.legend.ncols = 2
     fig.add_layout(fig.legend[0], "below")
     fig.height = 560

@@ -26,15 +26,17 @@ from ..errors import KvlabError
 from ..hardware import get_tier
 from ..sim import ARCHS, SimConfig, simulate, trace_at_rate, trace_slice
 from . import speed, style
-from .bandwidth_wall import BYTES_Y, bytes_figure
+from .bandwidth_wall import bytes_figure, bytes_source, roof_source
 from .controls import (
     batch_control,
     context_control,
     dtype_control,
     efficiency_control,
+    fraction_slider,
     hardware_control,
     hit_control,
     model_control,
+    slider,
 )
 from .panel import LIVE_ROW, Control, Panel, _live_control, _live_value, readout_html
 
@@ -87,29 +89,16 @@ def dashboard_controls() -> tuple[Control, ...]:
         dtype_control("kv_dtype", "KV cache"),
         speed.speed_control(),
         efficiency_control(),
-        Control("tensor_parallel", "GPUs (tensor parallel)", TP_DEGREES, 1, kind="slider"),
+        slider("tensor_parallel", "GPUs (tensor parallel)", TP_DEGREES, 1),
         batch_control(),
         context_control(),
         Control("kv_tier", "KV read from", PLACEMENTS, "hbm"),
         # one 400 Gb/s NIC per GPU, as in current nodes and the simulator's default
         Control("link", "Prefill→decode link", LINKS, SimConfig().link),
         hit_control(0.9),
-        Control(
-            "draft_tokens",
-            "Speculative: tokens drafted per round",
-            DRAFT_TOKENS,
-            4,
-            kind="slider",
-            live_range=(1, 8),
-        ),
-        Control(
-            "acceptance",
-            "Speculative: acceptance of a drafted token",
-            ACCEPTANCES,
-            0.7,
-            kind="slider",
-            live_range=(0.0, 1.0),
-            integer=False,
+        slider("draft_tokens", "Speculative: tokens drafted per round", DRAFT_TOKENS, 4, (1, 8)),
+        fraction_slider(
+            "acceptance", "Speculative: acceptance of a drafted token", ACCEPTANCES, 0.7
         ),
     )
 
@@ -156,7 +145,6 @@ def _dashboard_compute(state):
     link_bytes_per_s = get_tier(state["link"]).bandwidth_bytes_per_s
     # one request's KV, whole (with tensor parallelism each GPU holds a share of it)
     transfer = led["one_gpu"].kv_cache_bytes / state["batch"] / link_bytes_per_s
-    peak = step.ridge_flops_per_byte * step.bandwidth_bytes_per_s
     x = np.logspace(-1, 4, 41)
     efficiency = 1.0 if step.efficiency == "measured" else state["efficiency"]
     values = {
@@ -176,16 +164,8 @@ def _dashboard_compute(state):
     }
     return {
         "sources": {
-            "bytes": {
-                "y": list(BYTES_Y),
-                "weights": [step.weight_read_bytes],
-                "kv_read": [step.kv_read_bytes],
-                "kv_write": [step.kv_write_bytes],
-            },
-            "roof": {
-                "x": x.tolist(),
-                "y": (np.minimum(peak, x * step.bandwidth_bytes_per_s) * efficiency).tolist(),
-            },
+            "bytes": bytes_source(step),
+            "roof": roof_source(step, x, efficiency),
             "point": {"x": [step.arithmetic_intensity], "y": [step.flops / step.step_time_s]},
         },
         "values": values,
@@ -196,19 +176,10 @@ def _dashboard_figures(src):
     from bokeh.layouts import column
 
     bytes_fig = bytes_figure(src["bytes"])
-    roof = style.new_figure(
-        "Roofline position",
-        "FLOPs per byte",
-        "FLOP/s",
-        x_axis_type="log",
-        y_axis_type="log",
-        height=280,
-    )
-    roof.line("x", "y", source=src["roof"], color=style.GREY, width=3)
+    roof = style.chart("Roofline position", "FLOPs per byte", "FLOP/s", "xy", height=280)
+    style.line(roof, "x", "y", src["roof"], style.GREY, 3)
     roof.scatter("x", "y", source=src["point"], size=13, color=style.BLUE)
-    roof.yaxis.formatter = style.si_ticks("FLOP/s")
-    roof.xaxis.formatter = style.count_ticks()
-    return column(bytes_fig, roof)
+    return column(bytes_fig, style.finish(roof, x="count", y="FLOP/s"))
 
 
 def dashboard_panel() -> Panel:
@@ -246,10 +217,10 @@ SERVING_READOUT = (
 def serving_controls() -> tuple[Control, ...]:
     return (
         Control("arch", "Serving: cluster design", ARCHS, "kv-centric"),
-        Control("rate", "Serving: requests per second", SERVING_RATES, 4, kind="slider"),
-        Control("prefill", "Serving: prefill GPUs", SERVING_GPUS, 2, kind="slider"),
+        slider("rate", "Serving: requests per second", SERVING_RATES, 4),
+        slider("prefill", "Serving: prefill GPUs", SERVING_GPUS, 2),
         # colocated: every GPU does both, prefill + decode of them
-        Control("decode", "Serving: decode GPUs", SERVING_GPUS, 2, kind="slider"),
+        slider("decode", "Serving: decode GPUs", SERVING_GPUS, 2),
     )
 
 

@@ -15,6 +15,7 @@ from .. import fmt
 from ..errors import KvlabError
 from ..sim import ARCHS, SimConfig
 from . import style
+from .controls import slider
 from .panel import Control, Panel, lookup_panel
 
 ARCH_COLORS = {"colocated": style.GREY, "disaggregated": style.ORANGE, "kv-centric": style.BLUE}
@@ -26,26 +27,21 @@ KIND_COLORS = {
 }
 
 
+def _share_chart(title: str, x_label: str, y_label: str, height: int = 300):
+    """A share (0 to 1) against a log x axis: the chapter's distributions and hit ratios."""
+    return style.chart(title, x_label, y_label, "x", y_range=(0, 1), height=height)
+
+
 def cdf_figure(data: dict, metric: str, title: str):
     """The distribution of a per-request metric for each architecture (percentile curves);
     `data` from kvlab.book.sim_runs.compare_architectures."""
-    fig = style.new_figure(
-        f"{title}: {data['trace']}",
-        "seconds (log scale)",
-        "share of requests",
-        x_axis_type="log",
-        y_range=(0, 1),
-        height=300,
-    )
+    fig = _share_chart(f"{title}: {data['trace']}", "seconds (log scale)", "share of requests")
     q = np.asarray(data["quantiles"]) / 100
     for arch in data["archs"]:
         values = np.asarray(data[metric][arch], dtype=float)
         ok = values > 0
-        fig.line(values[ok], q[ok], color=ARCH_COLORS[arch], width=2.5, legend_label=arch)
-    fig.xaxis.formatter = style.seconds_ticks()
-    fig.yaxis.formatter = style.percent_ticks()
-    fig.legend.location = "bottom_right"
-    return fig
+        style.line(fig, values[ok], q[ok], None, ARCH_COLORS[arch], legend=arch)
+    return style.finish(fig, x="seconds", y="percent", legend="bottom_right")
 
 
 # ---------------------------------------------------------------- the sweep
@@ -122,12 +118,8 @@ def sweep_panel(s: dict, run_point: Callable[[dict], dict] | None = None):
             pools[-1],
             option_labels=tuple("none" if p == 0 else f"{p / 1e9:.0f} GB" for p in pools),
         ),
-        Control(
-            "prefill", "Prefill GPUs", tuple(int(p) for p in s["prefill_workers"]), 2, kind="slider"
-        ),
-        Control(
-            "decode", "Decode GPUs", tuple(int(d) for d in s["decode_workers"]), 2, kind="slider"
-        ),
+        slider("prefill", "Prefill GPUs", tuple(int(p) for p in s["prefill_workers"]), 2),
+        slider("decode", "Decode GPUs", tuple(int(d) for d in s["decode_workers"]), 2),
     )
     # the page rebuilds the bars from the values: KVLAB.sources.sweep (js/kv_centric.js)
     js_sources = (
@@ -158,8 +150,7 @@ def _paired_bars(title: str, source, first: tuple[str, str], second: tuple[str, 
             source=source,
             legend_label=label,
         )
-    fig.yaxis.formatter = style.seconds_ticks()
-    fig.legend.location = "top_left"
+    style.finish(fig, y="seconds", legend="top_left")
     fig.xaxis.major_label_text_font_size = "10px"
     return fig
 
@@ -246,13 +237,8 @@ def capacity_panel(data: dict, level: float) -> Panel:
         return _capacity_state(terms, state)
 
     controls = (
-        Control(
-            "rate",
-            "Offered load (requests/s)",
-            tuple(rates),
-            rates[len(rates) // 2],
-            kind="slider",
-            integer=False,
+        slider(
+            "rate", "Offered load (requests/s)", tuple(rates), rates[len(rates) // 2], integer=False
         ),
         Control(
             "chunk",
@@ -302,61 +288,52 @@ def _capacity_state(terms: dict, state: dict) -> dict:
     return {"sources": {"curves": curves, "at": at}, "values": values}
 
 
+#: The capacity panel's two figures: (title, x label, y label).
+CAPACITY_AXES = (
+    ("Requests within both SLOs", "offered load (requests/s)", "share of requests"),
+    ("Goodput", "offered load (requests/s)", "requests/s within both SLOs"),
+)
+
+
 def _capacity_figures(src, rates: list[float], level: float):
     """Attainment and goodput against the offered load, one line per design."""
     from bokeh.layouts import row
     from bokeh.models import ColumnDataSource
 
     top = max(rates) * 1.05
-    att = style.new_figure(
-        "Requests within both SLOs",
-        "offered load (requests/s)",
-        "share of requests",
-        x_range=(0, top),
-        y_range=(0, 1.02),
-        width=340,
-        height=320,
-    )
-    good = style.new_figure(
-        "Goodput",
-        "offered load (requests/s)",
-        "requests/s within both SLOs",
-        x_range=(0, top),
-        y_range=(0, top),
-        width=340,
-        height=320,
-    )
     limit = ColumnDataSource({"rate": [0.0, top], "level": [level, level], "offered": [0.0, top]})
-    att.line(
-        "rate",
-        "level",
-        source=limit,
-        color=style.GREY,
-        line_dash="dashed",
-        legend_label=f"{fmt.percent(level, 2)}: saturation",
+    # (figure, its metric, the dashed limit line's column and label, legend place)
+    specs = (
+        (
+            style.new_figure(
+                *CAPACITY_AXES[0], x_range=(0, top), y_range=(0, 1.02), width=340, height=320
+            ),
+            "slo_attainment",
+            "level",
+            f"{fmt.percent(level, 2)}: saturation",
+            "bottom_left",
+        ),
+        (
+            style.new_figure(
+                *CAPACITY_AXES[1], x_range=(0, top), y_range=(0, top), width=340, height=320
+            ),
+            "goodput_requests_per_s",
+            "offered",
+            "every request served",
+            "top_left",
+        ),
     )
-    good.line(
-        "rate",
-        "offered",
-        source=limit,
-        color=style.GREY,
-        line_dash="dashed",
-        legend_label="every request served",
-    )
+    for fig, _metric, column, label, _where in specs:
+        style.line(fig, "rate", column, limit, style.GREY, None, dash="dashed", legend=label)
     for design, key in DESIGN_KEYS.items():
-        for fig, metric in ((att, "slo_attainment"), (good, "goodput_requests_per_s")):
-            fig.line(
-                "rate",
-                f"{key}_{metric}",
-                source=src["curves"],
-                color=ARCH_COLORS[design],
-                width=2.5,
-                legend_label=design,
+        for fig, metric, *_ in specs:
+            style.line(
+                fig, "rate", f"{key}_{metric}", src["curves"], ARCH_COLORS[design], legend=design
             )
-    for fig, metric in ((att, "slo_attainment"), (good, "goodput_requests_per_s")):
+    for fig, metric, _column, _label, where in specs:
         fig.scatter("rate", metric, source=src["at"], color="color", size=9)
-        fig.legend.location = "bottom_left" if fig is att else "top_left"
-        fig.legend.label_text_font_size = "10px"
+        style.finish(fig, legend=where, legend_px="10px")
+    att, good = specs[0][0], specs[1][0]
     att.yaxis.formatter = style.percent_ticks()
     return row(att, good)
 
@@ -374,75 +351,45 @@ def critical_path_figure(data: dict):
     src = ColumnDataSource(
         {"variant": variants, "exposed": exposed, "hidden": hidden, "bytes": moved}
     )
-    fig = style.new_figure(
+    return style.stacked_bars(
         f"Same bytes, lower latency: {data['trace']}",
         "seconds of transfer, summed over requests",
-        "",
-        y_range=variants[::-1],
-        x_range=style.from_zero(),
+        variants[::-1],
+        "variant",
+        {
+            "exposed": (style.VERMILION, "on the critical path"),
+            "hidden": (style.GREEN, "hidden behind compute"),
+        },
+        src,
+        x="seconds",
+        legend_side="below",
         height=240,
-    )
-    bars = fig.hbar_stack(
-        ["exposed", "hidden"],
-        y="variant",
-        height=0.6,
-        source=src,
-        color=[style.VERMILION, style.GREEN],
-        legend_label=["on the critical path", "hidden behind compute"],
-    )
-    fig.xaxis.formatter = style.seconds_ticks()
-    fig.legend.orientation = "horizontal"
-    fig.add_layout(fig.legend[0], "below")
-    style.hover(
-        fig,
-        [
+        tips=[
             ("", "@variant"),
             ("bytes moved", "@bytes{0.00a}B"),
             ("exposed", "@exposed{0.0} s"),
             ("hidden", "@hidden{0.0} s"),
         ],
-        bars,
     )
-    return fig
 
 
 def global_vs_local_figure(data: dict):
     """Prefix hit ratio of one global pool against per-node caches of the same total size;
     `data` from kvlab.book.sim_runs.hit_rate_global_vs_local."""
-    fig = style.new_figure(
+    fig = _share_chart(
         f"One global pool or {data['nodes']} separate caches: {data['trace']}",
         "cache per node (bytes of KV)",
         "prompt tokens served",
-        x_axis_type="log",
-        y_range=(0, 1),
-        height=300,
     )
     pools = data["pool_bytes_per_node"]
-    fig.line(
-        pools,
-        data["global_token_hit_ratio"],
-        color=style.BLUE,
-        width=2.5,
-        legend_label="global pool",
+    style.line(fig, pools, data["global_token_hit_ratio"], legend="global pool")
+    local = data["local_token_hit_ratio"]
+    style.line(fig, pools, local, None, style.ORANGE, legend="per-node caches")
+    unlimited = np.full(pools.shape, data["infinite_token_hit_ratio"])
+    style.line(
+        fig, pools, unlimited, None, style.GREY, None, dash="dashed", legend="unlimited cache"
     )
-    fig.line(
-        pools,
-        data["local_token_hit_ratio"],
-        color=style.ORANGE,
-        width=2.5,
-        legend_label="per-node caches",
-    )
-    fig.line(
-        pools,
-        np.full(pools.shape, data["infinite_token_hit_ratio"]),
-        color=style.GREY,
-        line_dash="dashed",
-        legend_label="unlimited cache",
-    )
-    fig.xaxis.formatter = style.si_ticks("B")
-    fig.yaxis.formatter = style.percent_ticks()
-    fig.legend.location = "top_left"
-    return fig
+    return style.finish(fig, x="B", y="percent", legend="top_left")
 
 
 # ------------------------------------------------------------------ timeline
@@ -516,19 +463,13 @@ def timeline_panel(timeline_of: Callable[[str], dict], duration_s: float):
             source=src["spans"],
             legend_field="kind",
         )
-        fig.legend.location = "bottom_right"
-        fig.legend.label_text_font_size = "10px"
-        style.hover(
-            fig,
-            [
-                ("", "@kind on @worker"),
-                ("request", "@request"),
-                ("from", "@start{0.000} s"),
-                ("to", "@end{0.000} s"),
-            ],
-            [spans],
-        )
-        return fig
+        tips = [
+            ("", "@kind on @worker"),
+            ("request", "@request"),
+            ("from", "@start{0.000} s"),
+            ("to", "@end{0.000} s"),
+        ]
+        return style.finish(fig, legend="bottom_right", legend_px="10px", tips=tips, on=[spans])
 
     control = Control("arch", "Architecture", tuple(ARCHS), "kv-centric")
     return lookup_panel("timeline", (control,), compute, figures, TIMELINE_READOUT)
@@ -597,9 +538,8 @@ def scheduler_figure(data: dict):
             height=240,
         )
         bars = fig.hbar(y="scheduler", right=column, height=0.6, color=color, source=src)
-        fig.xaxis.formatter = style.seconds_ticks()
-        style.hover(fig, [("", "@scheduler"), (title, f"@{column}{{0.000}} s")], [bars])
-        figs.append(fig)
+        tips = [("", "@scheduler"), (title, f"@{column}{{0.000}} s")]
+        figs.append(style.finish(fig, x="seconds", tips=tips, on=[bars]))
     return row(*figs)
 
 
@@ -616,12 +556,10 @@ def mooncake_figure(data: dict):
     kvlab.book.sim_runs.mooncake_regime."""
     from bokeh.models import Span
 
-    fig = style.new_figure(
+    fig = _share_chart(
         f"Effective request capacity: {data['trace']}",
         "TBT limit (mean of the slowest 10% of gaps), log scale",
         "share of requests",
-        x_axis_type="log",
-        y_range=(0, 1),
         height=320,
     )
     renderers = []
@@ -634,16 +572,9 @@ def mooncake_figure(data: dict):
             if not tbt.size:
                 continue
             share = np.arange(1, tbt.size + 1) / data["requests"]
-            renderers.append(
-                fig.line(
-                    tbt,
-                    share,
-                    color=SYSTEM_COLORS.get(name, style.ORANGE),
-                    line_dash=dash,
-                    width=2.5,
-                    legend_label=f"{name}, {how}",
-                )
-            )
+            color = SYSTEM_COLORS.get(name, style.ORANGE)
+            label = f"{name}, {how}"
+            renderers.append(style.line(fig, tbt, share, None, color, dash=dash, legend=label))
     for limit in data["tbt_slos_s"]:
         fig.add_layout(
             Span(
@@ -654,7 +585,4 @@ def mooncake_figure(data: dict):
                 line_width=1.5,
             )
         )
-    fig.xaxis.formatter = style.seconds_ticks()
-    fig.yaxis.formatter = style.percent_ticks()
-    fig.legend.location = "bottom_right"
-    return fig
+    return style.finish(fig, x="seconds", y="percent", legend="bottom_right")

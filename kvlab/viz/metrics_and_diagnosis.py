@@ -14,8 +14,14 @@ from ..diagnose import Diagnosis
 from ..hardware import devices
 from ..models import models
 from . import i18n, style
-from .controls import BATCH_GRID, context_control, hardware_control, model_control
-from .panel import Control, Panel
+from .controls import (
+    BATCH_GRID,
+    context_control,
+    hardware_control,
+    model_control,
+    slider,
+)
+from .panel import Panel
 from .terms import ledger_terms
 
 SLO_GRID = (0.02, 0.03, 0.05, 0.1, 0.2)
@@ -119,31 +125,16 @@ def _tpot_budget_compute(state):
 
 
 def _tpot_budget_figures(src):
-    fig = style.new_figure(
+    fig = style.chart(
         "TPOT budget and memory: two limits on the batch",
         "batch (sequences)",
         "TPOT",
-        x_axis_type="log",
-        y_axis_type="log",
+        "xy",
         height=340,
     )
-    fig.line(
-        "batch",
-        "tpot_s",
-        source=src["curve"],
-        color=style.GREEN,
-        width=2.5,
-        legend_label="TPOT",
-    )
-    fig.line(
-        "batch",
-        "tpot_s",
-        source=src["slo"],
-        color=style.VERMILION,
-        width=2,
-        line_dash="dashed",
-        legend_label="TPOT budget",
-    )
+    style.line(fig, "batch", "tpot_s", src["curve"], style.GREEN, legend="TPOT")
+    slo = src["slo"]
+    style.line(fig, "batch", "tpot_s", slo, style.VERMILION, 2, dash="dashed", legend="TPOT budget")
     # each mark is absent (no glyph, no legend entry) when its batch is 0
     fig.segment(
         "batch",
@@ -156,43 +147,23 @@ def _tpot_budget_figures(src):
         line_dash="dotted",
         legend_field="memory_label",
     )
-    fig.scatter(
-        "batch",
-        "tpot_s",
-        source=src["budget"],
-        size=10,
-        color=style.VERMILION,
-        legend_field="budget_label",
-    )
-    fig.scatter(
-        "batch",
-        "tpot_s",
-        source=src["allowed"],
-        size=15,
-        fill_color=None,
-        line_color=style.BLUE,
-        line_width=3,
-        legend_field="allowed_label",
-    )
-    fig.xaxis.formatter = style.count_ticks()
-    fig.yaxis.formatter = style.seconds_ticks()
-    fig.legend.location = "top_left"
-    fig.legend.label_text_font_size = "10px"
-    return fig
+    style.dot(fig, "batch", "tpot_s", src["budget"], size=10, legend_field="budget_label")
+    allowed = src["allowed"]
+    style.ring(fig, "batch", "tpot_s", allowed, 15, style.BLUE, 3, legend_field="allowed_label")
+    return style.finish(fig, x="count", y="seconds", legend="top_left", legend_px="10px")
 
 
 def tpot_budget_panel() -> Panel:
     """TPOT against batch with a TPOT budget and the memory limit, kept apart: the budget
     allows one batch, memory another, and the smaller one is what the deployment gets."""
 
-    slo = Control(
+    slo = slider(
         "slo",
         "TPOT budget",
         SLO_GRID,
         0.05,
-        kind="slider",
+        (0.005, 0.5),
         integer=False,
-        live_range=(0.005, 0.5),
         option_labels=tuple(f"{round(v * 1000)} ms" for v in SLO_GRID),
     )
     controls = (model_control(), hardware_control(), context_control(8192), slo)

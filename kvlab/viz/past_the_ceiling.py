@@ -29,7 +29,7 @@ from ..jsonsafe import jsonable
 from ..models import get_model
 from ..speculative import breakeven_batch, speculative_step, tokens_per_verify_step
 from . import style
-from .controls import batch_control
+from .controls import batch_control, fraction_slider, log_slider, slider
 from .panel import LOOKUP_DIGITS, Control, Panel
 
 NOT_MEASURED = "n/a (outside the tables)"
@@ -257,41 +257,18 @@ def spec_figures(src):
     from bokeh.layouts import column
 
     def pair(title, y_label, plain, spec, height):
-        fig = style.new_figure(
-            title, "batch (sequences)", y_label, x_axis_type="log", y_axis_type="log", height=height
-        )
-        a = fig.line(
-            "batch",
-            plain,
-            source=src["curve"],
-            color=style.BLUE,
-            width=2.5,
-            legend_label="plain decode",
-        )
-        b = fig.line(
-            "batch",
-            spec,
-            source=src["curve"],
-            color=style.ORANGE,
-            width=2.5,
-            line_dash="dashed",
-            legend_label="speculative",
-        )
+        fig = style.chart(title, "batch (sequences)", y_label, "xy", height=height)
+        curve = src["curve"]
+        a = style.line(fig, "batch", plain, curve, legend="plain decode")
+        b = style.line(fig, "batch", spec, curve, style.ORANGE, dash="dashed", legend="speculative")
         fig.scatter("batch", spec, source=src["here"], size=10, color=style.VERMILION)
-        fig.xaxis.formatter = style.count_ticks()
-        fig.yaxis.formatter = style.count_ticks()
-        style.hover(
-            fig,
-            [
-                ("batch", "@batch{0,0}"),
-                ("plain", f"@{plain}{{0,0.0}}"),
-                ("speculative", f"@{spec}{{0,0.0}}"),
-                ("speedup", "@speedup{0.00}x"),
-            ],
-            [a, b],
-            mode="vline",
-        )
-        return fig
+        tips = [
+            ("batch", "@batch{0,0}"),
+            ("plain", f"@{plain}{{0,0.0}}"),
+            ("speculative", f"@{spec}{{0,0.0}}"),
+            ("speedup", "@speedup{0.00}x"),
+        ]
+        return style.finish(fig, x="count", y="count", tips=tips, on=[a, b], mode="vline")
 
     each = pair(
         "Each user's speed: plain against speculative",
@@ -324,32 +301,20 @@ def speculative_panel() -> Panel:
             "8b-h100-head",
             option_labels=tuple(s.label for s in SPEC_SETUPS.values()),
         ),
-        Control(
-            "context",
-            "Context (tokens)",
-            SPEC_CONTEXTS,
-            4096,
-            kind="slider",
-            live_range=(128, 131072),
-            log=True,
-        ),
-        Control(
+        log_slider("context", "Context (tokens)", SPEC_CONTEXTS, 4096, (128, 131072)),
+        slider(
             "speculative_tokens",
             "Drafted tokens per round (K)",
             SPEC_TOKENS,
             4,
-            kind="slider",
-            live_range=(1, cost.MAX_SPECULATIVE_TOKENS),
+            (1, cost.MAX_SPECULATIVE_TOKENS),
         ),
-        Control(
+        fraction_slider(
             "acceptance",
             "Acceptance per drafted token",
             SPEC_ACCEPTANCES,
             0.7,
-            kind="slider",
             option_labels=acceptance_labels,
-            live_range=(0.0, 1.0),
-            integer=False,
         ),
         batch_control(1),
     )
@@ -526,65 +491,38 @@ def tp_figures(src):
     from bokeh.layouts import column
 
     factors = [f"TP {tp}, {kind}" for tp in TP_DEGREES for kind in TP_KINDS]
-    bars = style.new_figure(
+    bars = style.stacked_bars(
         "One step at the chosen batch: work on each GPU and all-reduces",
         "seconds",
-        "",
+        factors[::-1],
+        "y",
+        {
+            "work_s": (style.BLUE, "weights and KV on each GPU"),
+            "allreduce_s": (style.VERMILION, "all-reduces"),
+        },
+        src["bars"],
+        x="seconds",
+        bar_height=0.7,
         height=250,
-        y_range=factors[::-1],
-        x_range=style.from_zero(),
     )
-    bars.hbar_stack(
-        ["work_s", "allreduce_s"],
-        y="y",
-        height=0.7,
-        source=src["bars"],
-        color=[style.BLUE, style.VERMILION],
-        legend_label=["weights and KV on each GPU", "all-reduces"],
-    )
-    bars.xaxis.formatter = style.seconds_ticks()
-    bars.legend.orientation = "horizontal"
-    bars.add_layout(bars.legend[0], "above")
-    speed = style.new_figure(
+    speed = style.chart(
         "Each user's speed against batch (solid: ceiling, dashed: measured "
         "kernels; dots: the batch fits)",
         "batch (sequences)",
         "tokens/s, each sequence",
-        x_axis_type="log",
-        y_axis_type="log",
+        "xy",
         height=320,
     )
     lines = []
     for tp, color in zip(TP_DEGREES, TP_COLORS, strict=True):
-        lines.append(
-            speed.line(
-                "batch",
-                f"tp{tp}",
-                source=src["curve"],
-                color=color,
-                width=2.5,
-                legend_label=f"TP {tp}",
-            )
-        )
-        speed.line(
-            "batch",
-            f"m{tp}",
-            source=src["curve"],
-            color=color,
-            width=2,
-            line_dash="dashed",
-            legend_label=f"TP {tp}",
-        )
+        curve, label = src["curve"], f"TP {tp}"
+        lines.append(style.line(speed, "batch", f"tp{tp}", curve, color, legend=label))
+        style.line(speed, "batch", f"m{tp}", curve, color, 2, dash="dashed", legend=label)
     speed.scatter("batch", "tokens_per_s", source=src["fits"], size=5, color=style.GREY)
     speed.scatter("batch", "tokens_per_s", source=src["here"], size=11, color=style.VERMILION)
-    speed.xaxis.formatter = style.count_ticks()
-    speed.yaxis.formatter = style.count_ticks()
-    speed.legend.location = "bottom_left"
-    style.hover(
-        speed,
-        [("batch", "@batch{0,0}")] + [(f"TP {tp}", f"@tp{tp}{{0,0.0}}") for tp in TP_DEGREES],
-        lines[:1],
-        mode="vline",
+    tips = [("batch", "@batch{0,0}")] + [(f"TP {tp}", f"@tp{tp}{{0,0.0}}") for tp in TP_DEGREES]
+    style.finish(
+        speed, x="count", y="count", legend="bottom_left", tips=tips, on=lines[:1], mode="vline"
     )
     return column(bars, speed)
 
@@ -606,16 +544,8 @@ def tensor_parallel_panel() -> Panel:
             "h100-sxm",
             option_labels=tuple(get_device(d).display_name for d in TP_DEVICES),
         ),
-        Control("tensor_parallel", "GPUs (tensor parallel)", TP_DEGREES, 8, kind="slider"),
-        Control(
-            "batch",
-            "Batch (sequences)",
-            TP_BATCHES,
-            1,
-            kind="slider",
-            live_range=(1, 4096),
-            log=True,
-        ),
+        slider("tensor_parallel", "GPUs (tensor parallel)", TP_DEGREES, 8),
+        log_slider("batch", "Batch (sequences)", TP_BATCHES, 1, (1, 4096)),
     )
     return Panel(
         "tensor-parallel",

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from .. import fmt
 from . import style
+from .controls import slider
 from .panel import Control, Panel
 
 ARCHS = ("colocated", "disaggregated", "kv-centric")
@@ -207,17 +208,13 @@ def _bars_figure(src):
     )
     fig.xaxis.ticker.desired_num_ticks = 12
     fig.xaxis.minor_tick_line_color = None
-    style.hover(
-        fig,
-        [
-            ("design", "@design"),
-            ("requests/s per GPU", "@per_gpu{0.000}"),
-            ("TTFT at saturation", "@ttft_s{0.00} s"),
-            ("TBT at saturation", "@tbt_s{0.000} s"),
-        ],
-        [bars],
-    )
-    return fig
+    tips = [
+        ("design", "@design"),
+        ("requests/s per GPU", "@per_gpu{0.000}"),
+        ("TTFT at saturation", "@ttft_s{0.00} s"),
+        ("TBT at saturation", "@tbt_s{0.000} s"),
+    ]
+    return style.finish(fig, tips=tips, on=[bars])
 
 
 def _front_plot(title: str, source, here=None, height: int = 300):
@@ -232,16 +229,8 @@ def _front_plot(title: str, source, here=None, height: int = 300):
     for arch in ARCHS:
         column = arch.replace("-", "_")
         color = ARCH_COLORS[arch]
-        renderers.append(
-            fig.line(
-                "target_ms",
-                column,
-                source=source,
-                color=color,
-                width=2.5,
-                legend_label=ARCH_LABELS[arch],
-            )
-        )
+        label = ARCH_LABELS[arch]
+        renderers.append(style.line(fig, "target_ms", column, source, color, legend=label))
         fig.scatter("target_ms", column, source=source, color=color, size=7)
     if here is not None:
         fig.scatter(
@@ -255,15 +244,10 @@ def _front_plot(title: str, source, here=None, height: int = 300):
             line_width=2.5,
             legend_label="best at this target",
         )
-    fig.legend.location = "top_left"
-    style.hover(
-        fig,
-        [("TBT target", "@target_ms{0} ms")]
-        + [(ARCH_LABELS[a], f"@{a.replace('-', '_')}{{0.000}}") for a in ARCHS],
-        renderers[:1],
-        mode="vline",
-    )
-    return fig
+    tips = [("TBT target", "@target_ms{0} ms")] + [
+        (ARCH_LABELS[a], f"@{a.replace('-', '_')}{{0.000}}") for a in ARCHS
+    ]
+    return style.finish(fig, legend="top_left", tips=tips, on=renderers[:1], mode="vline")
 
 
 def plan_panel(terms: dict, default_model: str, default_traffic: str, default_tbt_s: float):
@@ -286,12 +270,11 @@ def plan_panel(terms: dict, default_model: str, default_traffic: str, default_tb
             default_traffic,
             option_labels=tuple(TRAFFIC_LABELS[t] for t in traffic),
         ),
-        Control(
+        slider(
             "tbt_s",
             "TBT target",
             targets,
             default_tbt_s,
-            kind="slider",
             option_labels=tuple(f"{fmt.sig(1e3 * t, 3)} ms" for t in targets),
         ),
     )

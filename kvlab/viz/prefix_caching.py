@@ -11,6 +11,7 @@ import numpy as np
 from .. import prefix
 from ..traces import trace_or_generated, trace_stats
 from . import style
+from .controls import log_slider
 from .panel import Control, lookup_panel
 
 TRACES = ("conversation", "synthetic")
@@ -63,49 +64,30 @@ def capacity_panel():
         }
 
     def figures(src):
-        fig = style.new_figure(
+        fig = style.chart(
             "Prefix-cache hit ratio against capacity",
             "cache capacity (tokens of KV)",
             "share of prompt tokens served",
-            x_axis_type="log",
+            "x",
             y_range=(0, 1),
             height=340,
         )
-        renderers = []
-        for policy, color in POLICY_COLORS.items():
-            renderers.append(
-                fig.line(
-                    "tokens",
-                    "token_hit",
-                    source=src[policy],
-                    color=color,
-                    width=2.5,
-                    legend_label=f"{policy}: token hit ratio",
-                )
-            )
-        fig.line(
-            "tokens",
-            "request_hit",
-            source=src["lru"],
-            color=style.GREY,
-            width=2,
-            line_dash="dashed",
-            legend_label="lru: request-level hit rate",
+        renderers = [
+            style.line(fig, "tokens", "token_hit", src[p], c, legend=f"{p}: token hit ratio")
+            for p, c in POLICY_COLORS.items()
+        ]
+        request = "lru: request-level hit rate"
+        style.line(
+            fig, "tokens", "request_hit", src["lru"], style.GREY, 2, dash="dashed", legend=request
         )
-        fig.xaxis.formatter = style.count_ticks()
-        fig.yaxis.formatter = style.percent_ticks()
-        fig.legend.location = "top_left"
-        style.hover(
-            fig,
-            [
-                ("capacity", "@tokens{0,0} tokens (@gb{0.0} GB for Llama 3.1 8B)"),
-                ("token hit ratio", "@token_hit{0.0%}"),
-                ("request hit rate", "@request_hit{0.0%}"),
-            ],
-            renderers,
-            mode="vline",
+        tips = [
+            ("capacity", "@tokens{0,0} tokens (@gb{0.0} GB for Llama 3.1 8B)"),
+            ("token hit ratio", "@token_hit{0.0%}"),
+            ("request hit rate", "@request_hit{0.0%}"),
+        ]
+        return style.finish(
+            fig, x="count", y="percent", legend="top_left", tips=tips, on=renderers, mode="vline"
         )
-        return fig
 
     readout = (("trace", "Trace", "text"),) + CAPACITY_READOUT
     return lookup_panel("capacity", (trace_control(),), compute, figures, readout)
@@ -146,37 +128,16 @@ def latency_panel():
     labels = list(prefix.KV_TIERS)
 
     def figures(src):
-        fig = style.new_figure(
-            "The hit ratio moves TTFT, never TPOT",
-            "token hit ratio",
-            "seconds",
-            y_axis_type="log",
-            height=330,
+        fig = style.chart(
+            "The hit ratio moves TTFT, never TPOT", "token hit ratio", "seconds", "y", height=330
         )
         colors = (style.VERMILION, style.PURPLE, style.SKY)
         for i, (label, color) in enumerate(zip(labels, colors, strict=True)):
-            fig.line(
-                "hit",
-                "ttft",
-                source=src[f"tier{i}"],
-                color=color,
-                width=2.5,
-                legend_label=f"mean TTFT, {label}",
-            )
-            fig.scatter("hit", "ttft", source=src[f"tier{i}"], color=color, size=6)
-        fig.line(
-            "hit",
-            "tpot",
-            source=src["tpot"],
-            color=style.BLUE,
-            width=2.5,
-            line_dash="dashed",
-            legend_label="TPOT",
-        )
-        fig.xaxis.formatter = style.percent_ticks()
-        fig.yaxis.formatter = style.seconds_ticks()
-        fig.legend.location = "bottom_left"
-        return fig
+            tier = src[f"tier{i}"]
+            style.line(fig, "hit", "ttft", tier, color, legend=f"mean TTFT, {label}")
+            fig.scatter("hit", "ttft", source=tier, color=color, size=6)
+        style.line(fig, "hit", "tpot", src["tpot"], dash="dashed", legend="TPOT")
+        return style.finish(fig, x="percent", y="seconds", legend="bottom_left")
 
     return lookup_panel("latency", (trace_control(),), compute, figures, LATENCY_READOUT)
 
@@ -222,20 +183,21 @@ def _granularity_figures(src):
         color=style.BLUE,
         legend_label="token-granular",
     )
-    hits.yaxis.formatter = style.percent_ticks()
+    style.finish(hits, y="percent")
     hits.legend.orientation = "horizontal"
     hits.add_layout(hits.legend[0], "below")
-    ttft = style.new_figure(
+    caches = ["no cache", "whole-request", "token-granular"]
+    ttft = style.bars(
         "Mean time to first token",
-        "",
         "seconds",
-        x_range=["no cache", "whole-request", "token-granular"],
-        y_range=style.from_zero(),
+        caches,
+        "cache",
+        "ttft",
+        src["ttft"],
+        y="seconds",
         width=340,
         height=300,
     )
-    ttft.vbar(x="cache", top="ttft", width=0.6, color="color", source=src["ttft"])
-    ttft.yaxis.formatter = style.seconds_ticks()
     return row(hits, ttft)
 
 
@@ -285,14 +247,8 @@ def granularity_panel():
             },
         }
 
-    control = Control(
-        "suffix",
-        "Unique first message (tokens)",
-        SWEEP_VALUES,
-        1000,
-        kind="slider",
-        live_range=(100, 16000),
-        log=True,
+    control = log_slider(
+        "suffix", "Unique first message (tokens)", SWEEP_VALUES, 1000, (100, 16000)
     )
     return lookup_panel(
         "granularity", (control,), compute, _granularity_figures, GRANULARITY_READOUT

@@ -85,63 +85,46 @@ def _hit_compute(state):
 def _hit_figures(src):
     from bokeh.layouts import column, row
 
-    fig = style.new_figure(
+    fig = style.chart(
         "A hit moves TTFT, not TPOT",
         "prefix-cache hit (% of the prompt)",
         "seconds",
-        y_axis_type="log",
+        "y",
         height=300,
     )
-    a = fig.line(
-        "hit",
-        "ttft_s",
-        source=src["curve"],
-        color=style.VERMILION,
-        width=2.5,
-        legend_label="time to first token",
-    )
-    b = fig.line(
-        "hit",
-        "tpot_s",
-        source=src["curve"],
-        color=style.BLUE,
-        width=2.5,
-        line_dash="dashed",
-        legend_label="time per output token",
-    )
-    fig.scatter("hit", "ttft_s", source=src["here"], size=10, color=style.VERMILION)
-    fig.scatter("hit", "tpot_s", source=src["here"], size=10, color=style.BLUE)
-    fig.yaxis.formatter = style.seconds_ticks()
-    fig.legend.location = "bottom_left"
-    style.hover(
+    curve, here = src["curve"], src["here"]
+    a = style.line(fig, "hit", "ttft_s", curve, style.VERMILION, legend="time to first token")
+    b = style.line(fig, "hit", "tpot_s", curve, dash="dashed", legend="time per output token")
+    fig.scatter("hit", "ttft_s", source=here, size=10, color=style.VERMILION)
+    fig.scatter("hit", "tpot_s", source=here, size=10, color=style.BLUE)
+    style.finish(
         fig,
-        [("hit", "@hit{0}%"), ("TTFT", "@ttft_s{0.000000} s"), ("TPOT", "@tpot_s{0.000000} s")],
-        [a, b],
+        y="seconds",
+        legend="bottom_left",
+        tips=[
+            ("hit", "@hit{0}%"),
+            ("TTFT", "@ttft_s{0.000000} s"),
+            ("TPOT", "@tpot_s{0.000000} s"),
+        ],
+        on=[a, b],
         mode="vline",
     )
-    flops = style.new_figure(
-        "Prefill FLOPs",
-        "",
-        "FLOPs",
-        width=330,
-        height=260,
-        x_range=list(WORK_LABELS["kind"]),
-        y_range=style.from_zero(),
-    )
-    flops.vbar(x="kind", top="flops", width=0.6, color="color", source=src["work"])
-    flops.yaxis.formatter = style.si_ticks("FLOP")
-    moved = style.new_figure(
-        "Bytes per decode step",
-        "",
-        "bytes",
-        width=330,
-        height=260,
-        x_range=list(WORK_LABELS["part"]),
-        y_range=style.from_zero(),
-    )
-    moved.vbar(x="part", top="bytes", width=0.6, color="part_color", source=src["work"])
-    moved.yaxis.formatter = style.si_ticks("B")
-    return column(fig, row(flops, moved))
+    bars = [
+        style.bars(
+            title,
+            y_label,
+            WORK_LABELS[x],
+            x,
+            top,
+            src["work"],
+            color,
+            y=unit,
+            width=330,
+            height=260,
+        )
+        for title, y_label, x, top, color, unit in WORK_BARS
+    ]
+    return column(fig, row(*bars))
 
 
 def _hit_budget(state):
@@ -183,6 +166,11 @@ WORK_LABELS = {
     "part": ("weights", "KV history"),
     "part_color": (style.WEIGHTS, style.KV_READ),
 }
+#: The two work figures: (title, y label, category column, value column, colour column, unit).
+WORK_BARS = (
+    ("Prefill FLOPs", "FLOPs", "kind", "flops", "color", "FLOP"),
+    ("Bytes per decode step", "bytes", "part", "bytes", "part_color", "B"),
+)
 
 
 def _work_sources(miss_flops, here_flops, weight_bytes, kv_bytes) -> dict:
