@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..cost import unit_seconds
+from ..cost import pass_totals, unit_seconds
 from ..deployment import Deployment
 from ..errors import KvlabError, check_number
 from ..operators import pass_counts
@@ -168,11 +168,8 @@ class LedgerCost:
 
     def _ledger_prefill(self, new: float, cached: float) -> tuple:
         counts = pass_counts(1.0, new, cached)
-        work = self.deployment.table.work(counts)
-        eff, d = self.efficiency, self.deployment
-        local = [v for k, v in work.items() if k != "allreduce"]
-        compute = sum(f for _, f in local) / (d.peak_flops_per_s * eff)
-        memory = sum(b for b, _ in local) / (d.memory_bandwidth_bytes_per_s * eff)
+        d = self.deployment
+        _, _, memory, compute = pass_totals(d, d.table.work(counts))
         time = self._weights_s(int(new)) + self._attention_s(counts.kv_tokens, counts.pairs)
         return time, compute, memory
 
