@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from kvlab import cost, metrics
 from kvlab.cli import build_parser, main
-from kvlab.deployment import Deployment, KernelTables
+from kvlab.deployment import Ceiling, Deployment, KernelTables
 from kvlab.errors import KvlabError
 from kvlab.prefix import replay
 from kvlab.prompt import served_from_blocks, served_tokens
@@ -545,7 +545,8 @@ def test_cli_measured_without_tables_exit_2(tmp_path, capsys, argv, says):
 
 
 def test_efficiency_is_a_fraction_or_measured():
-    assert SimConfig(efficiency=" Measured ").efficiency == "measured"
+    assert SimConfig(efficiency=" Measured ").efficiency == KernelTables()
+    assert SimConfig(efficiency=0.5).efficiency == Ceiling(0.5)
     for bad in ("fast", 0.0, 1.5):
         with pytest.raises(KvlabError):
             SimConfig(efficiency=bad)

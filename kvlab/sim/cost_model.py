@@ -13,27 +13,15 @@ from __future__ import annotations
 
 import functools
 
-from ..deployment import Deployment, parse_speed
+from ..deployment import Deployment
 from .costs import HostOverhead, LedgerCost
 from .kernel_cost import KernelCost
-
-
-def config_deployment(config) -> Deployment:
-    """The deployment every worker of a (resolved) SimConfig runs."""
-    return Deployment(
-        config.model,
-        config.hardware,
-        config.weight_dtype,
-        config.kv_dtype,
-        parse_speed(config.efficiency),
-        config.tensor_parallel,
-    )
 
 
 def make_cost(config) -> LedgerCost:
     """The step-time model of a (resolved) SimConfig."""
     remote = config.link if config.remote_kv else None
-    cost = _cost(config_deployment(config), remote, config.link_efficiency, config.max_batch)
+    cost = _cost(config.deployment, remote, config.link_efficiency, config.max_batch)
     overhead_s = getattr(config, "step_overhead_s", 0.0)
     return HostOverhead(cost, overhead_s) if overhead_s else cost
 

@@ -94,7 +94,8 @@ class KernelCost(LedgerCost):
             while hi - lo > 1:
                 mid = (lo + hi) // 2
                 lo, hi = (mid, hi) if math.isfinite(step_s(batch, float(mid))) else (lo, mid)
-            attention = _op(self.kernels.decode(float(batch), float(lo)), "attention")
+            ops = self.kernels.decode(float(batch), float(lo)).operators
+            attention = next(op for op in ops if op.name == "attention")
             ratio = float(attention.measured_s) / float(self._attention_ceiling_s(batch, lo))
             edge = self._edge_context[batch] = (float(lo), step_s(batch, float(lo)), ratio)
         return edge
@@ -147,18 +148,17 @@ class KernelCost(LedgerCost):
             return self._pass_table[tokens - 1]
         t = self._pass_memo.get(tokens)
         if t is None:
-            step = self.kernels.decode(float(tokens), 1.0)
-            ref = self._reference_prompt()
-            refs = None if tokens <= ref else self.kernels.decode(float(ref), 1.0)
-            t = self._pass_memo[tokens] = _sum(step, refs, skip="attention")[0]
+            t = self._pass_memo[tokens] = self._pass_seconds(np.array([float(tokens)]))[0]
         return t
 
     def _pass_seconds(self, tokens: np.ndarray) -> list[float]:
-        """`_nonattention_s` over many token counts at once (see `_sum`)."""
+        """`_nonattention_s` over many token counts at once: an operator outside its table
+        runs at the measured/ceiling ratio it has at the reference prompt (`_reference_prompt`);
+        an all-reduce past its table extrapolates itself (bandwidth-bound)."""
         ref = self.kernels.decode(float(self._reference_prompt()), 1.0)
         refs = {op.name: op for op in ref.operators}
         total = np.zeros(tokens.size)
-        for op in self.kernels.decode(tokens, 1.0).operators:  # in order, as _sum adds them
+        for op in self.kernels.decode(tokens, 1.0).operators:
             if op.name == "attention":
                 continue
             r = refs[op.name]  # small kernels have no ceiling and no range to leave
@@ -247,30 +247,3 @@ class KernelCost(LedgerCost):
         self.steps_priced += 1
         self.steps_outside += int(outside)
         return float(self._nonattention_s(tokens) + attention_s) if tokens else 0.0
-
-
-def _op(step, name: str):
-    return next(op for op in step.operators if op.name == name)
-
-
-def _sum(step, refs, skip: str = "", only: str = "") -> tuple[float, bool]:
-    """(seconds, any operator outside its table) of a StepTime's operators; an operator
-    outside its measured range runs at the measured/ceiling ratio it has in `refs`."""
-    by_name = {op.name: op for op in refs.operators} if refs is not None else {}
-    total, outside = 0.0, False
-    for op in step.operators:
-        if op.name == skip or (only and op.name != only):
-            continue
-        if bool(np.all(op.in_range)):
-            total += float(op.measured_s)
-            continue
-        ref = by_name.get(op.name)
-        if op.kind == "allreduce" and bool(np.all(np.isfinite(op.measured_s))):
-            total += float(op.measured_s)  # past its table: bandwidth-bound (kernel_tables)
-            outside = True
-            continue
-        if ref is None or not bool(np.all(ref.in_range)) or float(ref.ceiling_s) <= 0:
-            raise KvlabError(f"{op.name}: {op.limit}, and no measured size to scale from")
-        total += float(op.ceiling_s) * float(ref.measured_s) / float(ref.ceiling_s)
-        outside = True
-    return total, outside
