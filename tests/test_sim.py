@@ -406,9 +406,9 @@ def test_an_iteration_of_several_chunks_reads_the_weights_once():
 def test_fused_iteration_shares_one_weight_read():
     lc = LedgerCost(H100)
     prefill = cost.prefill(H100, 4096, 2048).time_s
-    assert lc.fused_time_s(0, 0.0, 4096, 2048) == pytest.approx(prefill)
+    assert lc.iteration_time_s(0, 0.0, [(4096, 2048)]) == pytest.approx(prefill)
     decode = cost.decode_step(H100, 32, 8000).step_time_s
-    fused = lc.fused_time_s(32, 8000.0, 4096, 2048)
+    fused = lc.iteration_time_s(32, 8000.0, [(4096, 2048)])
     assert max(prefill, decode) <= fused < prefill + decode
 
 

@@ -19,6 +19,7 @@ once, never does. Where that floor binds, the operator says so.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -275,6 +276,28 @@ class Kernels:
             b * query_key_pairs(q, ctx) * self.attn_flops_layer / self.peak,
         )
 
+    def _attention(self, phase: str, timed: tuple, ceiling, grid, how: str, sizes: tuple):
+        """The attention kernel of a pass: `timed` (seconds per layer, in range) from the
+        `phase` table `grid`."""
+        (t, ok), (lo, hi) = timed, sizes
+        return _timed(
+            "attention",
+            "attention",
+            self.model.num_layers,
+            t,
+            ceiling,
+            ok,
+            f"{phase} attention {self.layout_label}: {how}",
+            f"measured for batch {grid.x[0]:g} to {grid.x[-1]:g} and {lo}{grid.y[0]:g} to "
+            f"{grid.y[-1]:g} {hi}",
+        )
+
+    def _pass(self, attention: OperatorTime, tokens, touching) -> StepTime:
+        """A pass over `tokens` rows (`touching` of them pick experts): every operator, in
+        step order around its attention kernel."""
+        ops = self._weights(tokens, touching)
+        return self._step(ops[:1] + [attention] + ops[1:] + self._small(tokens))
+
     def decode(self, batch, context, queries=1) -> StepTime:
         """One decode step of `batch` sequences with `context` tokens of KV each (arrays
         broadcast; a batch of unequal contexts: pass their mean, which keeps the KV bytes).
@@ -288,7 +311,6 @@ class Kernels:
         ctx = np.asarray(self.model.effective_context(np.asarray(context, float)), float)
         grid, how = self.tables.attention("generation", *self.layout)
         t, ok = grid(b, ctx)
-        layers = self.model.num_layers
         ceiling = self._ceiling_attention(b, ctx, 1.0)
         rows = b
         if not (np.ndim(queries) == 0 and queries == 1):
@@ -296,19 +318,9 @@ class Kernels:
             scaled = self._ceiling_attention(b, ctx, q)
             t, ceiling, rows = t * scaled / ceiling, scaled, b * q
             how += f"; {np.max(q):g} queries per sequence: one-query time x ceiling ratio"
-        attention = _timed(
-            "attention",
-            "attention",
-            layers,
-            t,
-            ceiling,
-            ok,
-            f"generation attention {self.layout_label}: {how}",
-            f"measured for batch {grid.x[0]:g} to {grid.x[-1]:g} and {grid.y[0]:g} to "
-            f"{grid.y[-1]:g} tokens in the cache (fewer at large batch x context)",
-        )
-        ops = self._weights(rows, rows)
-        return self._step(ops[:1] + [attention] + ops[1:] + self._small(rows))
+        sizes = ("", "tokens in the cache (fewer at large batch x context)")
+        attention = self._attention("generation", (t, ok), ceiling, grid, how, sizes)
+        return self._pass(attention, rows, rows)
 
     def prefill(self, batch, prompt_tokens, cached_tokens=0) -> StepTime:
         """A prefill of `prompt_tokens - cached_tokens` new tokens in each of `batch`
@@ -317,31 +329,15 @@ class Kernels:
         b = np.asarray(batch, dtype=float)
         c = np.asarray(cached_tokens, dtype=float)
         n = np.asarray(prompt_tokens, dtype=float) - c
-        pairs = query_key_pairs(n, c)
-        equal_work = fresh_prompt_of(pairs)
+        equal_work = fresh_prompt_of(query_key_pairs(n, c))
         grid, how = self.tables.attention("context", *self.layout)
         t, ok = grid(b, equal_work)
-        layers = self.model.num_layers
-        ceiling = np.maximum(
-            b * (c + n) * self.kv_tok_layer / self.bandwidth,
-            b * pairs * self.attn_flops_layer / self.peak,
-        )
+        ceiling = self._ceiling_attention(b, c, n)
         if np.any(c > 0):
             how += "; a cached prefix timed as a fresh prompt of equal query-key pairs"
-        attention = _timed(
-            "attention",
-            "attention",
-            layers,
-            t,
-            ceiling,
-            ok,
-            f"context attention {self.layout_label}: {how}",
-            f"measured for batch {grid.x[0]:g} to {grid.x[-1]:g} and prompts of {grid.y[0]:g} "
-            f"to {grid.y[-1]:g} tokens (fewer at large batch x prompt)",
-        )
-        tokens = b * n
-        ops = self._weights(tokens, b * np.maximum(n, 1))
-        step = self._step(ops[:1] + [attention] + ops[1:] + self._small(tokens))
+        sizes = ("prompts of ", "tokens (fewer at large batch x prompt)")
+        attention = self._attention("context", (t, ok), ceiling, grid, how, sizes)
+        step = self._pass(attention, b * n, b * np.maximum(n, 1))
         done = n <= 0  # a full hit computes nothing
         return StepTime(
             np.where(done, 0.0, step.step_time_s),
@@ -398,8 +394,8 @@ def kernels(model, hardware, weight_dtype="bf16", kv_dtype="bf16", tp: int = 1) 
 
 
 def _plain(x):
-    """A 0-d array as a Python float, as the ledger returns scalars."""
-    return x.item() if np.ndim(x) == 0 else x
+    """A 0-d array or numpy scalar as a Python number, as the ledger returns scalars."""
+    return x.item() if isinstance(x, (np.ndarray, np.generic)) and np.ndim(x) == 0 else x
 
 
 def deployment_kernels(d) -> Kernels:
@@ -412,40 +408,27 @@ def kernel_decode_fields(d, batch, context, scalar: bool, queries=1) -> dict:
     A scalar point outside the tables raises (naming the operators and their measured
     ranges); array points there are NaN."""
     kernels_ = deployment_kernels(d)
-    single = type(queries) is int and queries == 1
-    extra = {}
+    out = dict(efficiency_source=kernels_.source, overhead_s=kernels_.overhead_s)
     if d.tensor_parallel > 1:
         rows = np.asarray(batch, dtype=float) * np.asarray(queries, dtype=float)
         total, latency = kernels_.allreduce_s(rows)
-        extra = dict(
-            allreduce_time_s=_plain(total), allreduce_latency_s=_plain(latency + 0.0 * rows)
-        )
-    if scalar and single:  # the numpy-free path; the full one only to say what is out of range
+        out.update(allreduce_time_s=_plain(total), allreduce_latency_s=_plain(latency + 0.0 * rows))
+    t = math.nan
+    if scalar and type(queries) is int and queries == 1:  # numpy-free; NaN outside the tables
         t = kernels_.decode_step_s(batch, context)
-        if t == t:
-            return dict(
-                step_time_s=t,
-                tokens_per_s=batch / t,
-                tokens_per_s_per_sequence=1.0 / t,
-                efficiency_source=kernels_.source,
-                overhead_s=kernels_.overhead_s,
-                **extra,
+    if t != t:  # the full path: a verify step, an array, or to say what is out of range
+        step = kernels_.decode(batch, context, queries)
+        if scalar and not bool(step.in_range):
+            raise KvlabError(
+                f"{d.model.name} on {d.hardware.name}, batch {batch}, context {context}: outside "
+                f"the measured kernel tables ({'; '.join(step.out_of_range())})"
             )
-    step = kernels_.decode(batch, context, queries)
-    if scalar and not bool(step.in_range):
-        raise KvlabError(
-            f"{d.model.name} on {d.hardware.name}, batch {batch}, context {context}: outside "
-            f"the measured kernel tables ({'; '.join(step.out_of_range())})"
-        )
-    t = np.asarray(step.step_time_s, dtype=float)
-    b = np.asarray(batch, dtype=float) * np.asarray(queries, dtype=float)
-    return dict(
-        step_time_s=_plain(t),
-        tokens_per_s=_plain(b / t),
-        tokens_per_s_per_sequence=_plain(np.asarray(queries, dtype=float) / t),
-        efficiency_source=step.source,
-        overhead_s=step.overhead_s,
-        **extra,
+        t = _plain(np.asarray(step.step_time_s, dtype=float))
+        out.update(efficiency_source=step.source, overhead_s=step.overhead_s)
+    rows = batch * queries if scalar else np.asarray(batch, float) * np.asarray(queries, float)
+    per_sequence = queries / t if scalar else np.asarray(queries, dtype=float) / t
+    return out | dict(
+        step_time_s=t, tokens_per_s=_plain(rows / t), tokens_per_s_per_sequence=_plain(per_sequence)
     )
 
 

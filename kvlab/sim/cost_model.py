@@ -1,12 +1,9 @@
-"""Which step-time model a run uses: `make_cost(config)`, the one place that reads a
-SimConfig's cost knobs (model, GPU, dtypes, speed, remote KV's link) into a `Deployment`.
+"""Which step-time model a run uses: `make_cost(config)`, from the config's deployment.
 
-`Ceiling(efficiency)` gives `LedgerCost` (kvlab/sim/costs.py: the ledger's operator table
-at the ceiling, divided by the efficiency); `KernelTables()` gives `KernelCost`
-(kvlab/sim/kernel_cost.py: every operator timed from published kernel tables). Another
-model plugs in here (see the costs module for the four questions it must answer). Both
-are shared per configuration, so that sweeps reuse their tables and memos. A config's
-`step_overhead_s` wraps either in `HostOverhead` (the host's time between steps).
+`Ceiling(efficiency)` gives `LedgerCost` (the ledger's operator table at the ceiling,
+divided by the efficiency), `KernelTables()` gives `KernelCost` (every operator timed
+from published kernel tables); a config's `step_overhead_s` wraps either in
+`HostOverhead`. Both are shared per configuration, so sweeps reuse their tables and memos.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
-"""Step times from measured kernels: `SimConfig(efficiency="measured")`.
+"""Step times from published kernel tables: a `SimConfig` whose speed is `KernelTables()`.
 
-Every operator of a simulated GPU pass is timed from the published kernel tables that
-`kvlab.cost`'s measured mode uses (`kvlab.kernel_tables`: TensorRT-LLM latencies extracted from
-NVIDIA aiconfigurator-core), so a pure decode step costs exactly
-`kvlab.cost.decode_step(..., efficiency="measured").step_time_s` and a lone prefill
-`kvlab.cost.prefill(..., efficiency="measured").time_s`.
+Every operator of a simulated GPU pass is timed from the tables `kvlab.cost` uses at that
+speed (`kvlab.kernel_tables`: TensorRT-LLM latencies extracted from NVIDIA
+aiconfigurator-core), so a pure decode step costs exactly `kvlab.cost.decode_step`'s
+`step_time_s` and a lone prefill `kvlab.cost.prefill`'s `time_s`.
 
 An engine iteration that fuses prompt chunks with a decode step (chunked prefill) is one
 forward pass, priced the way the tables price its parts:
