@@ -324,11 +324,6 @@ class SimConfig:
         """Prefill plus decode workers: engine instances of `tensor_parallel` GPUs each."""
         return self.prefill_workers + self.decode_workers
 
-    @property
-    def gpus(self) -> int:
-        """GPUs in the cluster: every instance's tensor-parallel group."""
-        return self.instances * self.tensor_parallel
-
     def to_dict(self) -> dict:
         """The fields as JSON values (the speed as its label: a number or "measured")."""
         return dataclasses.asdict(self) | {"efficiency": self.efficiency.label}
@@ -336,11 +331,10 @@ class SimConfig:
     @property
     def deployment(self) -> Deployment:
         """What every worker runs: the model, GPU, dtypes, speed and tensor parallelism."""
-        return Deployment(
-            self.model,
-            self.hardware,
-            self.weight_dtype,
-            self.kv_dtype,
-            self.efficiency,
-            self.tensor_parallel,
-        )
+        names = ("model", "hardware", "weight_dtype", "kv_dtype", "efficiency", "tensor_parallel")
+        return Deployment(*(getattr(self, name) for name in names))
+
+    @property
+    def gpus(self) -> int:
+        """GPUs in the cluster: every instance's tensor-parallel group."""
+        return self.instances * self.tensor_parallel
