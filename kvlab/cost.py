@@ -1,19 +1,15 @@
 """The ledger: bytes, FLOPs and time of a decode step, a verify pass, a prefill; memory fit.
 
-Every question is asked of a `Deployment` (model, device, dtypes, speed, tensor
-parallelism, overrides) and evaluates its `OperatorTable` (`kvlab.operators`): a pass's
-time is the sum over operator groups of max(bytes / bandwidth, FLOPs / peak), divided by
-the efficiency, plus the all-reduces of tensor parallelism. When every operator is bound
-the same way that equals the whole step's max(bytes, FLOPs); when bounds mix (a
-compute-bound GEMM beside a memory-bound attention) the sum is the honest figure. That is
-the rule the book teaches: each step streams the weights once for the whole batch plus
-the KV history of every sequence.
+Every question is asked of a `Deployment` and evaluates its `OperatorTable`
+(`kvlab.operators`): a pass's time is the sum over operator groups of max(bytes /
+bandwidth, FLOPs / peak), divided by the efficiency, plus the all-reduces of tensor
+parallelism. That is the rule the book teaches: each step streams the weights once for
+the whole batch plus the KV history of every sequence.
 
-Numeric arguments (batch, context, and the deployment's bandwidth override and
-efficiency) may be numpy arrays; they broadcast, so a whole slider grid is one call.
-Under tensor parallelism every byte, FLOP and memory figure is per GPU, tokens/s are the
-group's. With `KernelTables()` as the speed, step times come from published kernel
-tables (`kvlab.kernel_tables`) instead of the ceiling.
+Batch, context, and the deployment's bandwidth override and efficiency may be numpy
+arrays; they broadcast, so a whole slider grid is one call. Under tensor parallelism
+bytes, FLOPs and memory are per GPU, tokens/s the group's. With `KernelTables()` as the
+speed, step times come from published kernel tables (`kvlab.kernel_tables`).
 """
 
 from __future__ import annotations

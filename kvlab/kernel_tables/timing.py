@@ -117,25 +117,11 @@ class Kernels:
         self.small_bandwidth = min(self.tables.gemv_bandwidth_bytes_per_s, self.bandwidth)
         by_name = {op.name: op for op in self.table.operators}
         label = DTYPE_KEYS.get(wdt.base, wdt.base)
-        self.gemms = []
+        self.gemms = []  # (operator, curve, how)
         for name, (n, k) in self.shapes.gemms.items():
             curve, how = self.tables.gemm(wdt.base, n, k)
-            op = by_name[name]
-            self.gemms.append(
-                (
-                    name,
-                    op.calls,
-                    curve,
-                    f"GEMM {n}x{k} {label}: {how}",
-                    op.weight_bytes / op.calls,
-                    op.flops_per_token / op.calls,
-                )
-            )
-        self.small = [
-            (op.name, op.calls, op.activation_bytes_per_token, op.weight_bytes, op.flops_per_token)
-            for op in self.table.operators
-            if op.kind == "elementwise"
-        ]
+            self.gemms.append((by_name[name], curve, f"GEMM {n}x{k} {label}: {how}"))
+        self.small = [op for op in self.table.operators if op.kind == "elementwise"]
         self.experts = None
         if m.is_moe:
             curve, how = self.tables.moe(*self.shapes.moe, tp, wdt.base)
@@ -176,12 +162,12 @@ class Kernels:
     def _weights(self, tokens, touching) -> list[OperatorTime]:
         """GEMMs and MoE experts over `tokens` rows (`touching` tokens pick experts)."""
         out = []
-        for name, calls, curve, how, bytes_call, flops_token in self.gemms:
+        for op, curve, how in self.gemms:
             t, ok = curve(tokens)
+            bytes_call, flops_token = op.weight_bytes / op.calls, op.flops_per_token / op.calls
             ceiling = np.maximum(bytes_call / self.bandwidth, flops_token * tokens / self.peak)
-            out.append(
-                _timed(name, "gemm", calls, t, ceiling, ok, how, _range(curve, "m (tokens)"))
-            )
+            limit = _range(curve, "m (tokens)")
+            out.append(_timed(op.name, "gemm", op.calls, t, ceiling, ok, how, limit))
         if self.experts:
             curve, how, op = self.experts
             layers = op.calls
@@ -197,43 +183,29 @@ class Kernels:
     def _small(self, tokens) -> list[OperatorTime]:
         """Norms, activation, embedding, sampling, router top-k, and the all-reduces."""
         out = []
-        for name, calls, act_bytes_token, weight_bytes, flops_token in self.small:
-            t = calls * (self.floor_s + act_bytes_token * tokens / self.small_bandwidth)
-            ceiling = np.maximum(weight_bytes / self.bandwidth, flops_token * tokens / self.peak)
-            ok = np.ones(np.shape(tokens), dtype=bool)
-            out.append(
-                OperatorTime(
-                    name,
-                    "elementwise",
-                    calls,
-                    np.maximum(t, ceiling),
-                    ceiling,
-                    ok,
-                    SMALL_KERNELS,
-                    "any size",
-                )
+        for op in self.small:
+            per_token = op.activation_bytes_per_token
+            t = op.calls * (self.floor_s + per_token * tokens / self.small_bandwidth)
+            ceiling = np.maximum(
+                op.weight_bytes / self.bandwidth, op.flops_per_token * tokens / self.peak
             )
+            ok = np.ones(np.shape(tokens), dtype=bool)  # no table: no range to leave
+            fields = (op.name, "elementwise", op.calls, np.maximum(t, ceiling), ceiling, ok)
+            out.append(OperatorTime(*fields, SMALL_KERNELS, "any size"))
         if self.all_reduce is not None:
             calls = 2 * self.model.num_layers
             t, ok = self._all_reduce_call_s(tokens * self.model.hidden_size)  # bf16 elements
+            how = f"all-reduce over {self.tp} GPUs"
+            limit = _range(self.all_reduce, "message elements")
             out.append(
-                OperatorTime(
-                    "all_reduce",
-                    "allreduce",
-                    calls,
-                    calls * t,
-                    0.0 * t,
-                    ok,
-                    f"all-reduce over {self.tp} GPUs",
-                    _range(self.all_reduce, "message elements"),
-                )
+                OperatorTime("all_reduce", "allreduce", calls, calls * t, 0.0 * t, ok, how, limit)
             )
         return out
 
     @property
     def overhead_s(self) -> float:
         """The per-step fixed cost: the kernel floor times the launches no table times."""
-        return sum(calls for _, calls, *_ in self.small) * self.floor_s
+        return sum(op.calls for op in self.small) * self.floor_s
 
     def _step(self, ops: list[OperatorTime]) -> StepTime:
         total = sum(op.measured_s for op in ops)

@@ -87,12 +87,9 @@ class KernelCost(LedgerCost):
         edge = self._edge_context.get(batch)
         if edge is None:
             step_s = self.kernels.decode_step_s
-            lo, hi = 1, 1 << 20  # finite at lo (every table starts at context 1)
-            if not math.isfinite(step_s(batch, 1.0)):
+            if not math.isfinite(step_s(batch, 1.0)):  # every table starts at context 1
                 raise KvlabError(f"decode batch {batch} is outside the measured kernel tables")
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                lo, hi = (mid, hi) if math.isfinite(step_s(batch, float(mid))) else (lo, mid)
+            lo = _longest(lambda c: math.isfinite(step_s(batch, float(c))))
             ops = self.kernels.decode(float(batch), float(lo)).operators
             attention = next(op for op in ops if op.name == "attention")
             ratio = float(attention.measured_s) / float(self._attention_ceiling_s(batch, lo))
@@ -172,12 +169,8 @@ class KernelCost(LedgerCost):
     def _reference_prompt(self) -> int:
         """The longest fresh prompt (batch 1) that every table covers whole."""
         if self._prompt_ref is None:
-            lo, hi = 1, 1 << 20
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                inside = bool(self.kernels.prefill(1.0, float(mid)).in_range)
-                lo, hi = (mid, hi) if inside else (lo, mid)
-            self._prompt_ref = lo
+            prefill = self.kernels.prefill
+            self._prompt_ref = _longest(lambda n: bool(prefill(1.0, float(n)).in_range))
         return self._prompt_ref
 
     def _context_attention_s(self, end: int, start: int) -> tuple[float, bool]:
@@ -246,3 +239,12 @@ class KernelCost(LedgerCost):
         self.steps_priced += 1
         self.steps_outside += int(outside)
         return float(self._nonattention_s(tokens) + attention_s) if tokens else 0.0
+
+
+def _longest(inside, lo: int = 1, hi: int = 1 << 20) -> int:
+    """The largest size in [lo, hi) that is `inside` a table (bisection: `inside(lo)` holds,
+    `inside(hi)` does not, and a table covers every size up to its edge)."""
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if inside(mid) else (lo, mid)
+    return lo
