@@ -345,21 +345,16 @@ class Kernels:
         return self.decode_step_s(len(contexts), sum(contexts) / len(contexts))
 
 
-@lru_cache(maxsize=64)
-def _kernels(model: ModelSpec, device: Device, wdt: DType, kdt: DType, tp: int) -> Kernels:
-    return Kernels(model, device, wdt, kdt, tp)
-
-
 def kernels(model, hardware, weight_dtype="bf16", kv_dtype="bf16", tp: int = 1) -> Kernels:
     """The cached measured-mode interpolators for one configuration (the simulator's entry:
     `kernels(...).decode_step_s(batch, mean_context)`)."""
-    return _kernels(
-        get_model(model),
-        get_device(hardware),
-        parse_dtype(weight_dtype),
-        parse_dtype(kv_dtype),
-        int(tp),
-    )
+    model, hardware = get_model(model), get_device(hardware)
+    return _kernels(model, hardware, parse_dtype(weight_dtype), parse_dtype(kv_dtype), int(tp))
+
+
+@lru_cache(maxsize=64)
+def _kernels(model: ModelSpec, device: Device, wdt: DType, kdt: DType, tp: int) -> Kernels:
+    return Kernels(model, device, wdt, kdt, tp)
 
 
 # ------------------------------------------------------------------ for kvlab.cost
