@@ -1,19 +1,15 @@
 """The ledger: bytes, FLOPs and time of a decode step, a verify pass, a prefill; memory fit.
 
-Every question is asked of a `Deployment` (model, device, dtypes, speed, tensor
-parallelism, overrides) and evaluates its `OperatorTable` (`kvlab.operators`): a pass's
-time is the sum over operator groups of max(bytes / bandwidth, FLOPs / peak), divided by
-the efficiency, plus the all-reduces of tensor parallelism. When every operator is bound
-the same way that equals the whole step's max(bytes, FLOPs); when bounds mix (a
-compute-bound GEMM beside a memory-bound attention) the sum is the honest figure. That is
-the rule the book teaches: each step streams the weights once for the whole batch plus
-the KV history of every sequence.
+Every question is asked of a `Deployment` and evaluates its `OperatorTable`
+(`kvlab.operators`): a pass's time is the sum over operator groups of max(bytes /
+bandwidth, FLOPs / peak), divided by the efficiency, plus the all-reduces of tensor
+parallelism. That is the rule the book teaches: each step streams the weights once for
+the whole batch plus the KV history of every sequence.
 
-Numeric arguments (batch, context, and the deployment's bandwidth override and
-efficiency) may be numpy arrays; they broadcast, so a whole slider grid is one call.
-Under tensor parallelism every byte, FLOP and memory figure is per GPU, tokens/s are the
-group's. With `KernelTables()` as the speed, step times come from published kernel
-tables (`kvlab.kernel_tables`) instead of the ceiling.
+Batch, context, and the deployment's bandwidth override and efficiency may be numpy
+arrays; they broadcast, so a whole slider grid is one call. Under tensor parallelism
+bytes, FLOPs and memory are per GPU, tokens/s the group's. With `KernelTables()` as the
+speed, step times come from published kernel tables (`kvlab.kernel_tables`).
 """
 
 from __future__ import annotations
@@ -62,13 +58,22 @@ MAX_SPECULATIVE_TOKENS = 16
 
 
 def _out(x):
-    """numpy scalar -> Python float, arrays unchanged."""
+    """numpy scalar -> Python float, arrays unchanged (kvlab.tiers' results)."""
     return x.item() if isinstance(x, np.ndarray) and x.ndim == 0 else x
 
 
 def _plain(x):
     """0-d arrays and numpy scalars -> Python numbers, arrays unchanged."""
+    if type(x) in (int, float):
+        return x
     return x.item() if isinstance(x, (np.ndarray, np.generic)) and np.ndim(x) == 0 else x
+
+
+def check_count(name: str, value, minimum: int, maximum: int):
+    """A whole number (or array of them) in [minimum, maximum]; raises otherwise."""
+    return check_number(
+        name, value, minimum=minimum, allow_equal_min=True, maximum=maximum, integer=True
+    )
 
 
 @dataclass(frozen=True)
@@ -117,7 +122,7 @@ def weight_read_bytes(model: ModelSpec | str, batch=1, weight_dtype: str | DType
     tokens touch, which grows with the batch until all are read."""
     table = operator_table(get_model(model), parse_dtype(weight_dtype), parse_dtype("fp16"))
     work = table.work(pass_counts(batch, 1, 0))
-    return _out(np.asarray(work["dense"][0] + work.get("experts", (0.0,))[0], dtype=float))
+    return _plain(np.asarray(work["dense"][0] + work.get("experts", (0.0,))[0], dtype=float))
 
 
 # ---------------------------------------------------------------- the one evaluation
@@ -274,31 +279,14 @@ def verify_step(d: Deployment, batch=1, context=4096, speculative_tokens=4) -> D
     model at once. The weights are read once for batch x (K + 1) rows, each sequence's KV
     history once, K + 1 new K/V entries are written. Its `tokens_per_s` fields count
     positions verified; `kvlab.speculative.speculative_step` turns them into tokens kept."""
-    k = check_number(
-        "speculative_tokens",
-        speculative_tokens,
-        minimum=0,
-        allow_equal_min=True,
-        maximum=MAX_SPECULATIVE_TOKENS,
-        integer=True,
-    )
+    k = check_count("speculative_tokens", speculative_tokens, 0, MAX_SPECULATIVE_TOKENS)
     return _step(d, batch, context, k + 1 if type(k) is int else np.asarray(k, float) + 1.0)
 
 
 def check_batch_context(batch, context) -> tuple:
     """batch (>= 1) and context (>= 0) tokens, checked."""
-    batch = check_number(
-        "batch", batch, minimum=1, allow_equal_min=True, maximum=MAX_BATCH, integer=True
-    )
-    context = check_number(
-        "context",
-        context,
-        minimum=0,
-        allow_equal_min=True,
-        maximum=MAX_CONTEXT_TOKENS,
-        integer=True,
-    )
-    return batch, context
+    batch = check_count("batch", batch, 1, MAX_BATCH)
+    return batch, check_count("context", context, 0, MAX_CONTEXT_TOKENS)
 
 
 def _step(d: Deployment, batch, context, queries) -> DecodeStep:
@@ -311,21 +299,23 @@ def _step(d: Deployment, batch, context, queries) -> DecodeStep:
     scalar = _scalar(batch, context, bw, eff, capacity, queries)
     attended, counts = _counts(batch, context, queries, m, scalar)
     work = table.work(counts)
-    fields = _ledger_fields(d, counts, work, scalar)
+    fields = _ledger_fields(d, work, scalar)
     fields.update(_memory_fields(d, counts.tokens / queries, attended, scalar))
-    fields["kv_read_bytes"] = _o(counts.tokens / queries * attended * table.kv_bytes_per_token)
-    fields["kv_write_bytes"] = _o(counts.tokens * table.kv_bytes_per_token)
+    fields["kv_read_bytes"] = _plain(counts.tokens / queries * attended * table.kv_bytes_per_token)
+    fields["kv_write_bytes"] = _plain(counts.tokens * table.kv_bytes_per_token)
     units = unit_seconds(d)
     local = units.pass_s(counts)
     latency, link = units.allreduce_s(counts.tokens)
     step_time = local / eff + latency + link / eff
     fields.update(
-        step_time_s=_o(step_time),
-        tokens_per_s=_o(counts.tokens / step_time),
-        tokens_per_s_per_sequence=_o(queries / step_time),
-        ceiling_step_time_s=_o(local + latency + link),
-        allreduce_time_s=_o(latency + link / eff + 0.0 * counts.tokens) if table.tp > 1 else 0.0,
-        allreduce_latency_s=_o(latency + 0.0 * counts.tokens) if table.tp > 1 else 0.0,
+        step_time_s=_plain(step_time),
+        tokens_per_s=_plain(counts.tokens / step_time),
+        tokens_per_s_per_sequence=_plain(queries / step_time),
+        ceiling_step_time_s=_plain(local + latency + link),
+        allreduce_time_s=_plain(latency + link / eff + 0.0 * counts.tokens)
+        if table.tp > 1
+        else 0.0,
+        allreduce_latency_s=_plain(latency + 0.0 * counts.tokens) if table.tp > 1 else 0.0,
         notes=_notes(d),
         overhead_s=0.0,
     )
@@ -344,19 +334,26 @@ def _step(d: Deployment, batch, context, queries) -> DecodeStep:
     )
 
 
-def _o(x):
-    return x if type(x) in (int, float) else _plain(x)
-
-
-def _ledger_fields(d: Deployment, counts: PassCounts, work: dict, scalar: bool) -> dict:
-    """Bytes, FLOPs and the whole-step memory and compute times of a pass."""
-    bw, eff, peak = d.memory_bandwidth_bytes_per_s, d.efficiency, d.peak_flops_per_s
+def pass_totals(d: Deployment, work: dict) -> tuple:
+    """(bytes, FLOPs, memory time, compute time) of a pass's `work`, all-reduces aside: the
+    whole pass against the bandwidth and the peak at the deployment's efficiency."""
     local = [v for k, v in work.items() if k != "allreduce"]
-    weight_read = local[0][0] + (work["experts"][0] if "experts" in work else 0.0)
-    step_bytes = sum(nbytes for nbytes, _ in local)
+    nbytes = sum(b for b, _ in local)
     flops = sum(f for _, f in local)
-    memory_time = step_bytes / (bw * eff)
-    compute_time = flops / (peak * eff)
+    eff = d.efficiency
+    return (
+        nbytes,
+        flops,
+        nbytes / (d.memory_bandwidth_bytes_per_s * eff),
+        flops / (d.peak_flops_per_s * eff),
+    )
+
+
+def _ledger_fields(d: Deployment, work: dict, scalar: bool) -> dict:
+    """Bytes, FLOPs and the whole-step memory and compute times of a pass."""
+    bw, peak = d.memory_bandwidth_bytes_per_s, d.peak_flops_per_s
+    weight_read = work["dense"][0] + (work["experts"][0] if "experts" in work else 0.0)
+    step_bytes, flops, memory_time, compute_time = pass_totals(d, work)
     if scalar:
         bound = "compute" if compute_time > memory_time else "memory"
     else:
@@ -364,14 +361,14 @@ def _ledger_fields(d: Deployment, counts: PassCounts, work: dict, scalar: bool) 
         bound = bound.item() if bound.ndim == 0 else bound
         bw = np.asarray(bw, dtype=float)
     return dict(
-        bandwidth_bytes_per_s=_o(bw),
-        weight_read_bytes=_o(weight_read),
-        step_bytes=_o(step_bytes),
-        flops=_o(flops),
-        arithmetic_intensity=_o(flops / step_bytes),
-        ridge_flops_per_byte=_o(peak / bw),
-        memory_time_s=_o(memory_time),
-        compute_time_s=_o(compute_time),
+        bandwidth_bytes_per_s=_plain(bw),
+        weight_read_bytes=_plain(weight_read),
+        step_bytes=_plain(step_bytes),
+        flops=_plain(flops),
+        arithmetic_intensity=_plain(flops / step_bytes),
+        ridge_flops_per_byte=_plain(peak / bw),
+        memory_time_s=_plain(memory_time),
+        compute_time_s=_plain(compute_time),
         bound=bound,
         efficiency_source=d.speed.source if not d.kernel_tables else "",
     )
@@ -393,8 +390,8 @@ def _memory_fields(d: Deployment, batch, attended, scalar: bool) -> dict:
     return dict(
         weight_bytes=w_total,
         kv_bytes_per_token=kv_tok,
-        kv_cache_bytes=_o(kv),
-        memory_needed_bytes=_o(needed),
+        kv_cache_bytes=_plain(kv),
+        memory_needed_bytes=_plain(needed),
         capacity_bytes=capacity,
         fits=fits,
         max_batch=max_batch,
@@ -452,10 +449,7 @@ def prefill(
     cached = int(c_arr) if c_arr.ndim == 0 else c_arr.astype(np.int64)
     n = p_arr - c_arr
     counts = pass_counts(b, n, c_arr)
-    work = d.table.work(counts, flash_attention)
-    local = [v for k, v in work.items() if k != "allreduce"]
-    flops = sum(f for _, f in local)
-    bytes_moved = np.asarray(sum(nbytes for nbytes, _ in local))
+    bytes_moved, flops, memory_s, compute_s = pass_totals(d, d.table.work(counts, flash_attention))
     units = unit_seconds(d)
     eff = d.efficiency
     work_s = units.pass_s(counts, flash_attention)
@@ -463,9 +457,8 @@ def prefill(
     computing = n > 0
     ceiling = np.where(computing, work_s + latency + link, 0.0)
     time_s = np.where(computing, work_s / eff + latency + link / eff, 0.0)
-    peak, bw = d.peak_flops_per_s, np.asarray(d.memory_bandwidth_bytes_per_s)
-    compute_time = np.where(computing, flops / (peak * eff), 0.0)
-    memory_time = np.where(computing, bytes_moved / (bw * eff), 0.0)
+    compute_time = np.where(computing, compute_s, 0.0)
+    memory_time = np.where(computing, memory_s, 0.0)
     source = d.speed.source if not d.kernel_tables else ""
     if d.kernel_tables:
         time_s, source = kernel_prefill_time(d, batch, prompt, cached)
@@ -474,41 +467,24 @@ def prefill(
         batch=batch,
         prompt_tokens=prompt,
         cached_tokens=cached,
-        computed_tokens=_out(n),
-        flops=_out(np.asarray(flops)),
-        bytes_moved=_out(bytes_moved),
-        compute_time_s=_out(compute_time),
-        memory_time_s=_out(memory_time),
-        time_s=_out(np.asarray(time_s)),
+        computed_tokens=_plain(n),
+        flops=_plain(np.asarray(flops)),
+        bytes_moved=_plain(np.asarray(bytes_moved)),
+        compute_time_s=_plain(compute_time),
+        memory_time_s=_plain(memory_time),
+        time_s=_plain(np.asarray(time_s)),
         bound=bound.item() if bound.ndim == 0 else bound,
-        ttft_s=_out(np.asarray(time_s)),
-        ceiling_time_s=_out(ceiling),
+        ttft_s=_plain(np.asarray(time_s)),
+        ceiling_time_s=_plain(ceiling),
         efficiency_source=source,
     )
 
 
 def _prefill_counts(prompt_tokens, cached_tokens, batch) -> tuple:
     """prefill's token counts and batch, checked (in that order)."""
-    prompt = check_number(
-        "prompt_tokens",
-        prompt_tokens,
-        minimum=1,
-        allow_equal_min=True,
-        maximum=MAX_CONTEXT_TOKENS,
-        integer=True,
-    )
-    cached = check_number(
-        "cached_tokens",
-        cached_tokens,
-        minimum=0,
-        allow_equal_min=True,
-        maximum=MAX_CONTEXT_TOKENS,
-        integer=True,
-    )
-    batch = check_number(
-        "batch", batch, minimum=1, allow_equal_min=True, maximum=MAX_BATCH, integer=True
-    )
-    return prompt, cached, batch
+    prompt = check_count("prompt_tokens", prompt_tokens, 1, MAX_CONTEXT_TOKENS)
+    cached = check_count("cached_tokens", cached_tokens, 0, MAX_CONTEXT_TOKENS)
+    return prompt, cached, check_count("batch", batch, 1, MAX_BATCH)
 
 
 def _served(p_arr, c_arr):
@@ -559,7 +535,7 @@ def memory_fit(d: Deployment, batch=1, context=4096) -> MemoryFit:
         capacity_bytes=fit["capacity_bytes"],
         fits=fit["fits"],
         max_batch=fit["max_batch"],
-        max_context=_out(max_context),
+        max_context=_plain(max_context),
     )
 
 

@@ -162,9 +162,8 @@ class Deployment:
     @property
     def memory_bandwidth_bytes_per_s(self):
         """The bandwidth in use: the override, else the device's sheet figure."""
-        if self.bandwidth_bytes_per_s is None:
-            return self.hardware.memory_bandwidth_bytes_per_s
-        return self.bandwidth_bytes_per_s
+        bw = self.bandwidth_bytes_per_s
+        return self.hardware.memory_bandwidth_bytes_per_s if bw is None else bw
 
     @property
     def peak_flops_per_s(self) -> float:
@@ -174,9 +173,8 @@ class Deployment:
     @property
     def usable_capacity_bytes(self):
         """What weights + KV may fill on one GPU."""
-        if self.capacity_bytes is None:
-            return self.hardware.usable_capacity_bytes
-        return self.capacity_bytes
+        own = self.capacity_bytes
+        return self.hardware.usable_capacity_bytes if own is None else own
 
     @property
     def kv_bytes_per_token(self) -> float:

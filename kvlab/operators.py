@@ -45,7 +45,7 @@ from .models import ModelSpec
 TP_DEGREES = (1, 2, 4, 8)
 #: Bytes per activation element (bf16) in the small kernels and all-reduce messages.
 ACTIVATION_BYTES = 2
-#: Bytes per logit read by sampling (fp32 logits).
+#: Bytes per logit read by sampling and the router's top-k (fp32 logits).
 LOGIT_BYTES = 4
 #: Attention without FlashAttention writes the score matrix S and the probabilities P to
 #: memory and reads both back: 4 passes over heads x query-key pairs, fp16 elements.
@@ -167,24 +167,13 @@ class OperatorTable:
         return experts_touched(self.model.num_experts, self.model.experts_per_token, tokens)
 
     def work(self, counts: PassCounts, flash_attention: bool = True) -> dict:
-        """Per group: (bytes, FLOPs) of a pass with these counts (the all-reduce's bytes
-        are link bytes, its FLOPs 0)."""
-        g = self.groups
-        out = {}
-        d = g["dense"]
-        out["dense"] = (d.weight_bytes, d.flops_per_token * counts.tokens)
-        if "experts" in g:
-            e = g["experts"]
-            touched = self.experts_touched(counts.touching)
-            out["experts"] = (e.expert_bytes * touched, e.flops_per_token * counts.tokens)
-        a = g["attention"]
-        attention_bytes = a.kv_bytes_per_token * counts.kv_tokens
-        if not flash_attention:
-            attention_bytes = attention_bytes + a.score_bytes_per_pair * counts.pairs
-        out["attention"] = (attention_bytes, a.flops_per_pair * counts.pairs)
-        if "allreduce" in g:
-            out["allreduce"] = (g["allreduce"].link_bytes_per_token * counts.tokens, 0.0)
-        return out
+        """Per group, in `GROUPS` order: (bytes, FLOPs) of a pass with these counts (the
+        all-reduce's bytes are link bytes, its FLOPs 0)."""
+        return {
+            name: _work(name, self.groups[name], self, counts, flash_attention)
+            for name in GROUPS
+            if name in self.groups
+        }
 
     def layers(self, share: float) -> OperatorTable:
         """This table for a pass through `share` of the layers: per-layer operators scaled,
@@ -194,20 +183,23 @@ class OperatorTable:
         return replace(self, operators=ops, groups=_group(ops))
 
 
+#: The per-unit costs an operator carries and a group sums (all linear in the counts).
+COEFFICIENTS = (
+    "weight_bytes",
+    "flops_per_token",
+    "expert_bytes",
+    "kv_bytes_per_token",
+    "flops_per_pair",
+    "score_bytes_per_pair",
+)
+
+
 def _scaled(op: Operator, share: float) -> Operator:
     if not op.per_layer:
         return op
-    return replace(
-        op,
-        weight_bytes=op.weight_bytes * share,
-        flops_per_token=op.flops_per_token * share,
-        expert_bytes=op.expert_bytes * share,
-        kv_bytes_per_token=op.kv_bytes_per_token * share,
-        flops_per_pair=op.flops_per_pair * share,
-        score_bytes_per_pair=op.score_bytes_per_pair * share,
-        link_bytes_per_token=op.link_bytes_per_token * share,
-        share=op.share * share,
-    )
+    scaled = {name: getattr(op, name) * share for name in COEFFICIENTS}
+    link = op.link_bytes_per_token * share
+    return replace(op, **scaled, link_bytes_per_token=link, share=op.share * share)
 
 
 def _group(ops) -> dict:
@@ -219,12 +211,7 @@ def _group(ops) -> dict:
             continue
         t = sums.setdefault(op.group, GroupTerms())
         sums[op.group] = GroupTerms(
-            t.weight_bytes + op.weight_bytes,
-            t.flops_per_token + op.flops_per_token,
-            t.expert_bytes + op.expert_bytes,
-            t.kv_bytes_per_token + op.kv_bytes_per_token,
-            t.flops_per_pair + op.flops_per_pair,
-            t.score_bytes_per_pair + op.score_bytes_per_pair,
+            *(getattr(t, name) + getattr(op, name) for name in COEFFICIENTS),
             t.link_bytes_per_token + op.link_bytes_per_token * op.calls,
             t.calls + op.calls * op.share,
         )
@@ -400,51 +387,32 @@ def _small_ops(m: ModelSpec, weights: DType, tp: int) -> list[Operator]:
     norms = _weight_params(m, tp)["norms"]
     up = 3 if m.gated_mlp else 2  # read gate and up (or one input), write one output
     act = ACTIVATION_BYTES
-    ops = [
-        Operator(
-            "add_norm",
-            "elementwise",
-            "dense",
-            2 * layers + 1,
-            weight_bytes=norms * weights.bytes_per_element,
-            flops_per_token=2.0 * norms,
-            activation_bytes_per_token=4 * h * act,
-        )
+    small = [
+        ("embedding", 1, 2 * h * act),
+        ("sampling", 1, math.ceil(m.vocab_size / tp) * LOGIT_BYTES),
     ]
     if moe_layers:
-        per_token = m.num_experts * 4  # fp32 router logits
-        ops.append(
-            Operator(
-                "router_topk", "elementwise", "", moe_layers, activation_bytes_per_token=per_token
-            )
-        )
+        small.insert(0, ("router_topk", moe_layers, m.num_experts * LOGIT_BYTES))
     if layers - moe_layers:
-        per_token = up * (m.intermediate_size // tp) * act
-        ops.append(
-            Operator(
-                "act_mul",
-                "elementwise",
-                "",
-                layers - moe_layers,
-                activation_bytes_per_token=per_token,
-            )
-        )
-    ops.append(Operator("embedding", "elementwise", "", 1, activation_bytes_per_token=2 * h * act))
-    ops.append(
-        Operator(
-            "sampling",
-            "elementwise",
-            "",
-            1,
-            activation_bytes_per_token=math.ceil(m.vocab_size / tp) * LOGIT_BYTES,
-        )
+        small.insert(-2, ("act_mul", layers - moe_layers, up * (m.intermediate_size // tp) * act))
+    norm = Operator(
+        "add_norm",
+        "elementwise",
+        "dense",
+        2 * layers + 1,
+        weight_bytes=norms * weights.bytes_per_element,
+        flops_per_token=2.0 * norms,
+        activation_bytes_per_token=4 * h * act,
     )
+    ops = [norm] + [
+        Operator(name, "elementwise", "", calls, activation_bytes_per_token=per_token)
+        for name, calls, per_token in small
+    ]
     if tp > 1:
-        ops.append(
-            Operator(
-                "all_reduce", "allreduce", "allreduce", 2 * layers, link_bytes_per_token=h * act
-            )
+        link = Operator(
+            "all_reduce", "allreduce", "allreduce", 2 * layers, link_bytes_per_token=h * act
         )
+        ops.append(link)
     return ops
 
 
@@ -490,14 +458,20 @@ def operator_table(m: ModelSpec, weights: DType, kv: DType, tp: int = 1) -> Oper
 def operator_work(op: Operator, table: OperatorTable, counts: PassCounts, flash: bool = True):
     """(bytes, FLOPs) of one operator in a pass with these counts (link bytes for an
     all-reduce): the per-operator view of `OperatorTable.work`."""
-    if op.kind == "allreduce":
-        return op.link_bytes_per_token * op.calls * counts.tokens, 0.0
-    if op.kind == "attention":
-        nbytes = op.kv_bytes_per_token * counts.kv_tokens
+    return _work(op.group, op, table, counts, flash, op.link_bytes_per_token * op.calls)
+
+
+def _work(group: str, t, table: OperatorTable, counts: PassCounts, flash: bool, link=None):
+    """(bytes, FLOPs) of a group's (or one operator's) coefficients `t` in a pass; `link`:
+    the link bytes per token over all calls (a group's sum carries them already)."""
+    if group == "allreduce":
+        return (t.link_bytes_per_token if link is None else link) * counts.tokens, 0.0
+    if group == "attention":
+        nbytes = t.kv_bytes_per_token * counts.kv_tokens
         if not flash:
-            nbytes = nbytes + op.score_bytes_per_pair * counts.pairs
-        return nbytes, op.flops_per_pair * counts.pairs
-    if op.kind == "moe":
+            nbytes = nbytes + t.score_bytes_per_pair * counts.pairs
+        return nbytes, t.flops_per_pair * counts.pairs
+    if group == "experts":
         touched = table.experts_touched(counts.touching)
-        return op.expert_bytes * touched, op.flops_per_token * counts.tokens
-    return op.weight_bytes, op.flops_per_token * counts.tokens
+        return t.expert_bytes * touched, t.flops_per_token * counts.tokens
+    return t.weight_bytes, t.flops_per_token * counts.tokens

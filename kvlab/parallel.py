@@ -29,6 +29,7 @@ class AllReduceLink:
     how: str
 
 
+@lru_cache(maxsize=64)
 def allreduce_link(hardware: Device | str, gpus: int) -> AllReduceLink:
     """The link and per-collective latency of an all-reduce over `gpus` GPUs of `hardware`.
 
@@ -37,11 +38,7 @@ def allreduce_link(hardware: Device | str, gpus: int) -> AllReduceLink:
     almost nothing, so its time is the fixed cost every all-reduce pays (launch,
     synchronisation across the GPUs). Devices without tables use those of the device their
     link names (`allreduce_measured_on` in the catalogue); a link without any raises."""
-    return _allreduce_link(get_device(hardware), int(gpus))
-
-
-@lru_cache(maxsize=64)
-def _allreduce_link(dev: Device, gpus: int) -> AllReduceLink:
+    dev, gpus = get_device(hardware), int(gpus)
     link = gpu_link(dev)
     measured_on = dev.name if dev.name in devices_with_data() else link.allreduce_measured_on
     if measured_on is None:

@@ -39,11 +39,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import cost
-from .cost import MAX_BATCH, MAX_SPECULATIVE_TOKENS, Num, Result, _plain, unit_seconds
-from .deployment import KERNEL_TABLES_WORD, Deployment
+from .cost import (
+    MAX_BATCH,
+    MAX_SPECULATIVE_TOKENS,
+    Num,
+    Result,
+    _plain,
+    check_count,
+    unit_seconds,
+)
+from .deployment import Deployment
 from .errors import KvlabError, check_number
 from .kernel_tables.timing import deployment_kernels
-from .models import ModelSpec, get_model
+from .models import get_model
 from .operators import pass_counts
 
 SELF_DRAFT = (
@@ -57,14 +65,7 @@ def tokens_per_verify_step(acceptance, speculative_tokens):
     each of the K drafted tokens accepted independently with probability A (Leviathan et
     al., 2023). A = 1 gives K + 1, A = 0 gives the one token the verify pass adds itself."""
     a = check_number("acceptance", acceptance, minimum=0.0, allow_equal_min=True, maximum=1.0)
-    k = check_number(
-        "speculative_tokens",
-        speculative_tokens,
-        minimum=0,
-        allow_equal_min=True,
-        maximum=MAX_SPECULATIVE_TOKENS,
-        integer=True,
-    )
+    k = check_count("speculative_tokens", speculative_tokens, 0, MAX_SPECULATIVE_TOKENS)
     if type(a) is float and type(k) is int:
         return float(k + 1) if a == 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
     a, k = np.asarray(a, dtype=float), np.asarray(k, dtype=float)
@@ -122,14 +123,7 @@ def speculative_step(
     broadcast; under kernel tables every pass is timed from them). See the module
     docstring for the draft's cost."""
     m = d.model
-    k = check_number(
-        "speculative_tokens",
-        speculative_tokens,
-        minimum=1,
-        allow_equal_min=True,
-        maximum=MAX_SPECULATIVE_TOKENS,
-        integer=True,
-    )
+    k = check_count("speculative_tokens", speculative_tokens, 1, MAX_SPECULATIVE_TOKENS)
     tau = tokens_per_verify_step(acceptance, k)
     base = cost.decode_step(d, batch, context)
     verify = cost.verify_step(d, batch, context, k)
@@ -141,7 +135,7 @@ def speculative_step(
     cycle = verify.step_time_s + draft_s
     b = np.asarray(base.batch, dtype=float)
     needed, max_batch = _memory(m, base, k, w_bytes, kv_tok)
-    notes = _measured_note(verify) + tuple(base.notes)
+    notes = ((VERIFY_TABLES_NOTE,) if d.kernel_tables else ()) + tuple(base.notes)
     return SpeculativeStep._build(
         model=m.name,
         hardware=base.hardware,
@@ -156,7 +150,7 @@ def speculative_step(
         tensor_parallel=base.tensor_parallel,
         efficiency=base.efficiency,
         tokens_per_verify_step=tau,
-        **_verify_fields(verify),
+        **{f"verify_{name}": getattr(verify, name) for name in VERIFY_FIELDS},
         draft_step_time_s=_plain(step_s),
         draft_time_s=_plain(draft_s),
         cycle_time_s=_plain(cycle),
@@ -192,35 +186,24 @@ def _memory(m, base, k, w_bytes, kv_tok) -> tuple:
     return needed, _plain(np.floor(room / per_seq).astype(np.int64))
 
 
-def _verify_fields(verify) -> dict:
-    """The verify pass's ledger, as SpeculativeStep's verify_* fields."""
-    return {
-        "verify_weight_read_bytes": verify.weight_read_bytes,
-        "verify_kv_read_bytes": verify.kv_read_bytes,
-        "verify_kv_write_bytes": verify.kv_write_bytes,
-        "verify_step_bytes": verify.step_bytes,
-        "verify_flops": verify.flops,
-        "verify_arithmetic_intensity": verify.arithmetic_intensity,
-        "verify_bound": verify.bound,
-        "verify_allreduce_time_s": verify.allreduce_time_s,
-        "verify_step_time_s": verify.step_time_s,
-    }
-
-
-def _measured_note(verify) -> tuple:
-    if verify.efficiency != KERNEL_TABLES_WORD:
-        return ()
-    return (
-        "verify attention: the generation-attention tables hold one query per sequence; "
-        "with K + 1 queries the kernel still reads the KV once, so it is timed as the "
-        "one-query measurement scaled by the ratio of the two ceilings",
-    )
-
-
-def _layer_share(m: ModelSpec, calls: int) -> float:
-    """The part of an operator one extra decoder layer runs: 1/L of a per-layer kernel, all
-    of a once-per-step one (LM head, embedding, sampling)."""
-    return 1.0 if calls == 1 else 1.0 / m.num_layers
+#: The verify pass's ledger fields a SpeculativeStep carries, as verify_<field>.
+VERIFY_FIELDS = (
+    "weight_read_bytes",
+    "kv_read_bytes",
+    "kv_write_bytes",
+    "step_bytes",
+    "flops",
+    "arithmetic_intensity",
+    "bound",
+    "allreduce_time_s",
+    "step_time_s",
+)
+#: What a reader must know about a verify pass timed from kernel tables.
+VERIFY_TABLES_NOTE = (
+    "verify attention: the generation-attention tables hold one query per sequence; "
+    "with K + 1 queries the kernel still reads the KV once, so it is timed as the "
+    "one-query measurement scaled by the ratio of the two ceilings"
+)
 
 
 def _self_draft(d: Deployment, base) -> tuple:
@@ -230,7 +213,8 @@ def _self_draft(d: Deployment, base) -> tuple:
     m, tp = d.model, d.tensor_parallel
     if d.kernel_tables:
         ops = deployment_kernels(d).decode(base.batch, base.context).operators
-        step_s = sum(_layer_share(m, op.calls) * op.measured_s for op in ops)
+        # an extra decoder layer runs 1/L of each per-layer kernel, all of a once-per-step one
+        step_s = sum((1.0 if op.calls == 1 else 1.0 / m.num_layers) * op.measured_s for op in ops)
     else:
         b = np.asarray(base.batch, dtype=float)
         attended = np.asarray(m.effective_context(np.asarray(base.context, dtype=float)), float)
@@ -279,9 +263,7 @@ def breakeven_batch(
     batch that pays and the first that does not. Scalar context, K and A only."""
     if any(np.ndim(v) for v in (context, speculative_tokens, acceptance)):
         raise KvlabError("breakeven_batch takes one context, draft length and acceptance")
-    top = check_number(
-        "max_batch", max_batch, minimum=1, allow_equal_min=True, maximum=MAX_BATCH, integer=True
-    )
+    top = check_count("max_batch", max_batch, 1, MAX_BATCH)
     grid = 2 ** np.arange(int(math.log2(top)) + 1)
 
     def speedup(batches):

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from kvlab import cost, metrics
 from kvlab.cli import build_parser, main
-from kvlab.deployment import Deployment, KernelTables
+from kvlab.deployment import Ceiling, Deployment, KernelTables
 from kvlab.errors import KvlabError
 from kvlab.prefix import replay
 from kvlab.prompt import served_from_blocks, served_tokens
@@ -406,9 +406,9 @@ def test_an_iteration_of_several_chunks_reads_the_weights_once():
 def test_fused_iteration_shares_one_weight_read():
     lc = LedgerCost(H100)
     prefill = cost.prefill(H100, 4096, 2048).time_s
-    assert lc.fused_time_s(0, 0.0, 4096, 2048) == pytest.approx(prefill)
+    assert lc.iteration_time_s(0, 0.0, [(4096, 2048)]) == pytest.approx(prefill)
     decode = cost.decode_step(H100, 32, 8000).step_time_s
-    fused = lc.fused_time_s(32, 8000.0, 4096, 2048)
+    fused = lc.iteration_time_s(32, 8000.0, [(4096, 2048)])
     assert max(prefill, decode) <= fused < prefill + decode
 
 
@@ -545,7 +545,8 @@ def test_cli_measured_without_tables_exit_2(tmp_path, capsys, argv, says):
 
 
 def test_efficiency_is_a_fraction_or_measured():
-    assert SimConfig(efficiency=" Measured ").efficiency == "measured"
+    assert SimConfig(efficiency=" Measured ").efficiency == KernelTables()
+    assert SimConfig(efficiency=0.5).efficiency == Ceiling(0.5)
     for bad in ("fast", 0.0, 1.5):
         with pytest.raises(KvlabError):
             SimConfig(efficiency=bad)

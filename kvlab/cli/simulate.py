@@ -140,14 +140,11 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _efficiency(text: str):
-    return efficiency(text).label  # SimConfig keeps what its JSON echoes: a number or "measured"
-
-
-_KINDS = {"count": count, "number": number, "efficiency": _efficiency}
+_KINDS = {"count": count, "number": number, "efficiency": efficiency}
 
 
 def _default_text(value) -> str:
+    value = getattr(value, "label", value)  # a speed: its number or word
     if isinstance(value, bool) or value is None:
         return ""
     return f" (default {value:g})" if isinstance(value, float) else f" (default {value})"
@@ -219,13 +216,17 @@ def run(args) -> int:
         sys.stderr.write("\n")
     if args.records:
         write_records(result, args.records)
-    out = result.to_dict()
+    return _emit(args, result.to_dict(), result.wall_s, render)
+
+
+def _emit(args, out: dict, wall_s: float, render_text) -> int:
+    """Print a result as one JSON object (its wall time too under --timing) or as text."""
     if args.json:
         if args.timing:
-            out["wall_s"] = result.wall_s
+            out["wall_s"] = wall_s
         print_json(out)
     else:
-        print(render(out, result.wall_s))
+        print(render_text(out, wall_s))
     return 0
 
 
@@ -252,13 +253,7 @@ def _run_saturation(args, config, start: float) -> int:
     out = found.to_dict()
     out["trace"] = samples[0].label
     out["generated"] = samples[0].generated
-    if args.json:
-        if args.timing:
-            out["wall_s"] = found.wall_s
-        print_json(out)
-    else:
-        print(render_saturation(out, found.wall_s))
-    return 0
+    return _emit(args, out, found.wall_s, render_saturation)
 
 
 def render_saturation(r: dict, wall_s: float | None = None) -> str:

@@ -19,6 +19,7 @@ once, never does. Where that floor binds, the operator says so.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -116,25 +117,11 @@ class Kernels:
         self.small_bandwidth = min(self.tables.gemv_bandwidth_bytes_per_s, self.bandwidth)
         by_name = {op.name: op for op in self.table.operators}
         label = DTYPE_KEYS.get(wdt.base, wdt.base)
-        self.gemms = []
+        self.gemms = []  # (operator, curve, how)
         for name, (n, k) in self.shapes.gemms.items():
             curve, how = self.tables.gemm(wdt.base, n, k)
-            op = by_name[name]
-            self.gemms.append(
-                (
-                    name,
-                    op.calls,
-                    curve,
-                    f"GEMM {n}x{k} {label}: {how}",
-                    op.weight_bytes / op.calls,
-                    op.flops_per_token / op.calls,
-                )
-            )
-        self.small = [
-            (op.name, op.calls, op.activation_bytes_per_token, op.weight_bytes, op.flops_per_token)
-            for op in self.table.operators
-            if op.kind == "elementwise"
-        ]
+            self.gemms.append((by_name[name], curve, f"GEMM {n}x{k} {label}: {how}"))
+        self.small = [op for op in self.table.operators if op.kind == "elementwise"]
         self.experts = None
         if m.is_moe:
             curve, how = self.tables.moe(*self.shapes.moe, tp, wdt.base)
@@ -175,12 +162,12 @@ class Kernels:
     def _weights(self, tokens, touching) -> list[OperatorTime]:
         """GEMMs and MoE experts over `tokens` rows (`touching` tokens pick experts)."""
         out = []
-        for name, calls, curve, how, bytes_call, flops_token in self.gemms:
+        for op, curve, how in self.gemms:
             t, ok = curve(tokens)
+            bytes_call, flops_token = op.weight_bytes / op.calls, op.flops_per_token / op.calls
             ceiling = np.maximum(bytes_call / self.bandwidth, flops_token * tokens / self.peak)
-            out.append(
-                _timed(name, "gemm", calls, t, ceiling, ok, how, _range(curve, "m (tokens)"))
-            )
+            limit = _range(curve, "m (tokens)")
+            out.append(_timed(op.name, "gemm", op.calls, t, ceiling, ok, how, limit))
         if self.experts:
             curve, how, op = self.experts
             layers = op.calls
@@ -196,43 +183,29 @@ class Kernels:
     def _small(self, tokens) -> list[OperatorTime]:
         """Norms, activation, embedding, sampling, router top-k, and the all-reduces."""
         out = []
-        for name, calls, act_bytes_token, weight_bytes, flops_token in self.small:
-            t = calls * (self.floor_s + act_bytes_token * tokens / self.small_bandwidth)
-            ceiling = np.maximum(weight_bytes / self.bandwidth, flops_token * tokens / self.peak)
-            ok = np.ones(np.shape(tokens), dtype=bool)
-            out.append(
-                OperatorTime(
-                    name,
-                    "elementwise",
-                    calls,
-                    np.maximum(t, ceiling),
-                    ceiling,
-                    ok,
-                    SMALL_KERNELS,
-                    "any size",
-                )
+        for op in self.small:
+            per_token = op.activation_bytes_per_token
+            t = op.calls * (self.floor_s + per_token * tokens / self.small_bandwidth)
+            ceiling = np.maximum(
+                op.weight_bytes / self.bandwidth, op.flops_per_token * tokens / self.peak
             )
+            ok = np.ones(np.shape(tokens), dtype=bool)  # no table: no range to leave
+            fields = (op.name, "elementwise", op.calls, np.maximum(t, ceiling), ceiling, ok)
+            out.append(OperatorTime(*fields, SMALL_KERNELS, "any size"))
         if self.all_reduce is not None:
             calls = 2 * self.model.num_layers
             t, ok = self._all_reduce_call_s(tokens * self.model.hidden_size)  # bf16 elements
+            how = f"all-reduce over {self.tp} GPUs"
+            limit = _range(self.all_reduce, "message elements")
             out.append(
-                OperatorTime(
-                    "all_reduce",
-                    "allreduce",
-                    calls,
-                    calls * t,
-                    0.0 * t,
-                    ok,
-                    f"all-reduce over {self.tp} GPUs",
-                    _range(self.all_reduce, "message elements"),
-                )
+                OperatorTime("all_reduce", "allreduce", calls, calls * t, 0.0 * t, ok, how, limit)
             )
         return out
 
     @property
     def overhead_s(self) -> float:
         """The per-step fixed cost: the kernel floor times the launches no table times."""
-        return sum(calls for _, calls, *_ in self.small) * self.floor_s
+        return sum(op.calls for op in self.small) * self.floor_s
 
     def _step(self, ops: list[OperatorTime]) -> StepTime:
         total = sum(op.measured_s for op in ops)
@@ -275,6 +248,28 @@ class Kernels:
             b * query_key_pairs(q, ctx) * self.attn_flops_layer / self.peak,
         )
 
+    def _attention(self, phase: str, timed: tuple, ceiling, grid, how: str, sizes: tuple):
+        """The attention kernel of a pass: `timed` (seconds per layer, in range) from the
+        `phase` table `grid`."""
+        (t, ok), (lo, hi) = timed, sizes
+        return _timed(
+            "attention",
+            "attention",
+            self.model.num_layers,
+            t,
+            ceiling,
+            ok,
+            f"{phase} attention {self.layout_label}: {how}",
+            f"measured for batch {grid.x[0]:g} to {grid.x[-1]:g} and {lo}{grid.y[0]:g} to "
+            f"{grid.y[-1]:g} {hi}",
+        )
+
+    def _pass(self, attention: OperatorTime, tokens, touching) -> StepTime:
+        """A pass over `tokens` rows (`touching` of them pick experts): every operator, in
+        step order around its attention kernel."""
+        ops = self._weights(tokens, touching)
+        return self._step(ops[:1] + [attention] + ops[1:] + self._small(tokens))
+
     def decode(self, batch, context, queries=1) -> StepTime:
         """One decode step of `batch` sequences with `context` tokens of KV each (arrays
         broadcast; a batch of unequal contexts: pass their mean, which keeps the KV bytes).
@@ -288,7 +283,6 @@ class Kernels:
         ctx = np.asarray(self.model.effective_context(np.asarray(context, float)), float)
         grid, how = self.tables.attention("generation", *self.layout)
         t, ok = grid(b, ctx)
-        layers = self.model.num_layers
         ceiling = self._ceiling_attention(b, ctx, 1.0)
         rows = b
         if not (np.ndim(queries) == 0 and queries == 1):
@@ -296,19 +290,9 @@ class Kernels:
             scaled = self._ceiling_attention(b, ctx, q)
             t, ceiling, rows = t * scaled / ceiling, scaled, b * q
             how += f"; {np.max(q):g} queries per sequence: one-query time x ceiling ratio"
-        attention = _timed(
-            "attention",
-            "attention",
-            layers,
-            t,
-            ceiling,
-            ok,
-            f"generation attention {self.layout_label}: {how}",
-            f"measured for batch {grid.x[0]:g} to {grid.x[-1]:g} and {grid.y[0]:g} to "
-            f"{grid.y[-1]:g} tokens in the cache (fewer at large batch x context)",
-        )
-        ops = self._weights(rows, rows)
-        return self._step(ops[:1] + [attention] + ops[1:] + self._small(rows))
+        sizes = ("", "tokens in the cache (fewer at large batch x context)")
+        attention = self._attention("generation", (t, ok), ceiling, grid, how, sizes)
+        return self._pass(attention, rows, rows)
 
     def prefill(self, batch, prompt_tokens, cached_tokens=0) -> StepTime:
         """A prefill of `prompt_tokens - cached_tokens` new tokens in each of `batch`
@@ -317,31 +301,15 @@ class Kernels:
         b = np.asarray(batch, dtype=float)
         c = np.asarray(cached_tokens, dtype=float)
         n = np.asarray(prompt_tokens, dtype=float) - c
-        pairs = query_key_pairs(n, c)
-        equal_work = fresh_prompt_of(pairs)
+        equal_work = fresh_prompt_of(query_key_pairs(n, c))
         grid, how = self.tables.attention("context", *self.layout)
         t, ok = grid(b, equal_work)
-        layers = self.model.num_layers
-        ceiling = np.maximum(
-            b * (c + n) * self.kv_tok_layer / self.bandwidth,
-            b * pairs * self.attn_flops_layer / self.peak,
-        )
+        ceiling = self._ceiling_attention(b, c, n)
         if np.any(c > 0):
             how += "; a cached prefix timed as a fresh prompt of equal query-key pairs"
-        attention = _timed(
-            "attention",
-            "attention",
-            layers,
-            t,
-            ceiling,
-            ok,
-            f"context attention {self.layout_label}: {how}",
-            f"measured for batch {grid.x[0]:g} to {grid.x[-1]:g} and prompts of {grid.y[0]:g} "
-            f"to {grid.y[-1]:g} tokens (fewer at large batch x prompt)",
-        )
-        tokens = b * n
-        ops = self._weights(tokens, b * np.maximum(n, 1))
-        step = self._step(ops[:1] + [attention] + ops[1:] + self._small(tokens))
+        sizes = ("prompts of ", "tokens (fewer at large batch x prompt)")
+        attention = self._attention("context", (t, ok), ceiling, grid, how, sizes)
+        step = self._pass(attention, b * n, b * np.maximum(n, 1))
         done = n <= 0  # a full hit computes nothing
         return StepTime(
             np.where(done, 0.0, step.step_time_s),
@@ -377,29 +345,24 @@ class Kernels:
         return self.decode_step_s(len(contexts), sum(contexts) / len(contexts))
 
 
-@lru_cache(maxsize=64)
-def _kernels(model: ModelSpec, device: Device, wdt: DType, kdt: DType, tp: int) -> Kernels:
-    return Kernels(model, device, wdt, kdt, tp)
-
-
 def kernels(model, hardware, weight_dtype="bf16", kv_dtype="bf16", tp: int = 1) -> Kernels:
     """The cached measured-mode interpolators for one configuration (the simulator's entry:
     `kernels(...).decode_step_s(batch, mean_context)`)."""
-    return _kernels(
-        get_model(model),
-        get_device(hardware),
-        parse_dtype(weight_dtype),
-        parse_dtype(kv_dtype),
-        int(tp),
-    )
+    model, hardware = get_model(model), get_device(hardware)
+    return _kernels(model, hardware, parse_dtype(weight_dtype), parse_dtype(kv_dtype), int(tp))
+
+
+@lru_cache(maxsize=64)
+def _kernels(model: ModelSpec, device: Device, wdt: DType, kdt: DType, tp: int) -> Kernels:
+    return Kernels(model, device, wdt, kdt, tp)
 
 
 # ------------------------------------------------------------------ for kvlab.cost
 
 
 def _plain(x):
-    """A 0-d array as a Python float, as the ledger returns scalars."""
-    return x.item() if np.ndim(x) == 0 else x
+    """A 0-d array or numpy scalar as a Python number, as the ledger returns scalars."""
+    return x.item() if isinstance(x, (np.ndarray, np.generic)) and np.ndim(x) == 0 else x
 
 
 def deployment_kernels(d) -> Kernels:
@@ -412,40 +375,27 @@ def kernel_decode_fields(d, batch, context, scalar: bool, queries=1) -> dict:
     A scalar point outside the tables raises (naming the operators and their measured
     ranges); array points there are NaN."""
     kernels_ = deployment_kernels(d)
-    single = type(queries) is int and queries == 1
-    extra = {}
+    out = dict(efficiency_source=kernels_.source, overhead_s=kernels_.overhead_s)
     if d.tensor_parallel > 1:
         rows = np.asarray(batch, dtype=float) * np.asarray(queries, dtype=float)
         total, latency = kernels_.allreduce_s(rows)
-        extra = dict(
-            allreduce_time_s=_plain(total), allreduce_latency_s=_plain(latency + 0.0 * rows)
-        )
-    if scalar and single:  # the numpy-free path; the full one only to say what is out of range
+        out.update(allreduce_time_s=_plain(total), allreduce_latency_s=_plain(latency + 0.0 * rows))
+    t = math.nan
+    if scalar and type(queries) is int and queries == 1:  # numpy-free; NaN outside the tables
         t = kernels_.decode_step_s(batch, context)
-        if t == t:
-            return dict(
-                step_time_s=t,
-                tokens_per_s=batch / t,
-                tokens_per_s_per_sequence=1.0 / t,
-                efficiency_source=kernels_.source,
-                overhead_s=kernels_.overhead_s,
-                **extra,
+    if t != t:  # the full path: a verify step, an array, or to say what is out of range
+        step = kernels_.decode(batch, context, queries)
+        if scalar and not bool(step.in_range):
+            raise KvlabError(
+                f"{d.model.name} on {d.hardware.name}, batch {batch}, context {context}: outside "
+                f"the measured kernel tables ({'; '.join(step.out_of_range())})"
             )
-    step = kernels_.decode(batch, context, queries)
-    if scalar and not bool(step.in_range):
-        raise KvlabError(
-            f"{d.model.name} on {d.hardware.name}, batch {batch}, context {context}: outside "
-            f"the measured kernel tables ({'; '.join(step.out_of_range())})"
-        )
-    t = np.asarray(step.step_time_s, dtype=float)
-    b = np.asarray(batch, dtype=float) * np.asarray(queries, dtype=float)
-    return dict(
-        step_time_s=_plain(t),
-        tokens_per_s=_plain(b / t),
-        tokens_per_s_per_sequence=_plain(np.asarray(queries, dtype=float) / t),
-        efficiency_source=step.source,
-        overhead_s=step.overhead_s,
-        **extra,
+        t = _plain(np.asarray(step.step_time_s, dtype=float))
+        out.update(efficiency_source=step.source, overhead_s=step.overhead_s)
+    rows = batch * queries if scalar else np.asarray(batch, float) * np.asarray(queries, float)
+    per_sequence = queries / t if scalar else np.asarray(queries, dtype=float) / t
+    return out | dict(
+        step_time_s=t, tokens_per_s=_plain(rows / t), tokens_per_s_per_sequence=_plain(per_sequence)
     )
 
 

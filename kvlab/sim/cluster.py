@@ -41,7 +41,7 @@ from ..traces import load_trace
 from .admission import early_reject_reason, predict, too_large_reason, too_long_reason
 from .caches import make_caches
 from .config import SimConfig
-from .cost_model import config_deployment, make_cost
+from .cost_model import make_cost
 from .costs import pipeline_time_s
 from .loop import EventLoop
 from .network import Link, Network
@@ -80,7 +80,7 @@ class Simulation:
         # an instance of tp GPUs: each holds its share of the weights and of every
         # token's KV (`kvlab.operators`), so the instance's KV per token and room are tp x
         # one GPU's (replicated K/V heads and MLA latents counted on every GPU that holds them)
-        d, tp = config_deployment(c), c.tensor_parallel
+        d, tp = c.deployment, c.tensor_parallel
         self.kv_bytes_per_token = d.kv_bytes_per_token * tp
         self.window = model.sliding_window or 0
         self.max_context_tokens = model.max_position_embeddings or 0

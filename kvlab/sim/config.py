@@ -24,6 +24,8 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from .. import metrics
+from ..cost import check_count
+from ..deployment import Ceiling, Deployment, Speed, parse_speed
 from ..errors import KvlabError, check_number, unknown_name
 from ..hardware import USABLE_MEMORY_FRACTION, get_device, tiers
 from .routers import DECODE_ROUTERS, PREFILL_ROUTERS
@@ -59,9 +61,9 @@ ARCH_DEFAULTS = {
 ENGINE_CHUNK_TOKENS_LARGE_GPU = 8192
 ENGINE_CHUNK_TOKENS_OTHER_GPU = 2048
 LARGE_GPU_BYTES = 70 * 2**30
-#: The least share of peak a run may assume: a millionth already makes a step last an hour;
-#: less would put events where the simulator's clock in seconds stops resolving token gaps.
-MIN_EFFICIENCY = 1e-6
+#: The least share of the links' peak a run may assume: a millionth already makes a move
+#: last an hour; less would put events where the simulator's clock stops resolving them.
+MIN_LINK_EFFICIENCY = 1e-6
 
 
 def engine_chunk_tokens(hardware: str) -> int:
@@ -92,6 +94,11 @@ def _f(default, help: str, **cli):  # noqa: A002 - argparse's word
     return field(default=default, metadata={"help": help, **cli})
 
 
+def _seconds(default: float, flag: str, help: str):  # noqa: A002 - argparse's word
+    """A config field in seconds, set by `flag`."""
+    return _f(default, help, kind="number", flag=flag, metavar="S")
+
+
 @dataclass(frozen=True)
 class SimConfig:
     """A cluster and its policies. None fields take the architecture's default (`resolved()`)."""
@@ -101,8 +108,8 @@ class SimConfig:
     hardware: str = _f("h100-sxm", "GPU of every worker", metavar="NAME")
     weight_dtype: str = _f("fp16", "weight dtype", metavar="DTYPE")
     kv_dtype: str = _f("fp16", "KV cache dtype", metavar="DTYPE")
-    efficiency: float | str = _f(
-        1.0,
+    efficiency: Speed = _f(
+        Ceiling(),
         "share of peak FLOP/s and HBM bandwidth reached (1 = the ledger's ceiling), or "
         "'measured': every operator timed from published kernel tables (TensorRT-LLM via "
         "aiconfigurator-core; kvlab/sim/kernel_cost.py)",
@@ -212,19 +219,11 @@ class SimConfig:
         "Algorithm 1; early rejection, section 7 of its arXiv report)",
         kind="flag",
     )
-    ttft_slo_s: float = _f(
-        metrics.DEFAULT_TTFT_SLO_S,
-        "TTFT limit in seconds",
-        kind="number",
-        flag="--ttft-slo",
-        metavar="S",
-    )
-    tbt_slo_s: float = _f(
+    ttft_slo_s: float = _seconds(metrics.DEFAULT_TTFT_SLO_S, "--ttft-slo", "TTFT limit in seconds")
+    tbt_slo_s: float = _seconds(
         metrics.DEFAULT_TBT_SLO_S,
+        "--tbt-slo",
         "time-between-tokens limit in seconds (Mooncake used 0.1/0.2/0.3)",
-        kind="number",
-        flag="--tbt-slo",
-        metavar="S",
     )
     tbt_stat: str = _f(
         metrics.DEFAULT_TBT_STAT,
@@ -234,22 +233,18 @@ class SimConfig:
         "the run's gaps pooled, Sarathi-Serve, with --scheduling-delay-slo)",
         choices=metrics.TBT_STATS,
     )
-    scheduling_delay_slo_s: float = _f(
+    scheduling_delay_slo_s: float = _seconds(
         metrics.DEFAULT_SCHEDULING_DELAY_SLO_S,
+        "--scheduling-delay-slo",
         "with --tbt-stat pooled-p99: the median scheduling delay (arrival to prefill "
         "start) must stay under this (Sarathi-Serve's capacity search: 2 s)",
-        kind="number",
-        flag="--scheduling-delay-slo",
-        metavar="S",
     )
-    step_overhead_s: float = _f(
+    step_overhead_s: float = _seconds(
         0.0,
+        "--step-overhead",
         "host seconds each engine iteration adds to its GPU time (the CPU scheduling, "
         "sampling and launches between steps that kernel tables leave out; 0 = the GPU's "
         "time only); fit to a published engine with bench/peers/mooncake_repro.py",
-        kind="number",
-        flag="--step-overhead",
-        metavar="S",
     )
     step_jitter: float = _f(
         0.0,
@@ -297,51 +292,21 @@ class SimConfig:
         if self.chunk_tokens is not None:
             whole["chunk_tokens"] = (0, 1e8)
         for name, (low, high) in whole.items():
-            value = check_number(
-                name,
-                getattr(self, name),
-                minimum=low,
-                allow_equal_min=True,
-                maximum=high,
-                integer=True,
-            )
-            object.__setattr__(self, name, value)
-        if isinstance(self.efficiency, str):
-            if self.efficiency.strip().lower() != "measured":
-                raise KvlabError(
-                    f"efficiency must be a number in (0, 1] or 'measured', got {self.efficiency!r}"
-                )
-            object.__setattr__(self, "efficiency", "measured")
-        else:
-            check_number(
-                "efficiency",
-                self.efficiency,
-                minimum=MIN_EFFICIENCY,
-                allow_equal_min=True,
-                maximum=1.0,
-            )
-        check_number(
-            "link_efficiency",
-            self.link_efficiency,
-            minimum=MIN_EFFICIENCY,
-            allow_equal_min=True,
-            maximum=1.0,
-        )
-        check_number("memory_fraction", self.memory_fraction, maximum=1.0)
-        check_number(
-            "pool_bytes_per_node",
-            self.pool_bytes_per_node,
-            minimum=0,
-            allow_equal_min=True,
-            maximum=1e15,
-        )
-        check_number("step_jitter", self.step_jitter, minimum=0, allow_equal_min=True, maximum=10)
-        check_number(
-            "step_overhead_s", self.step_overhead_s, minimum=0, allow_equal_min=True, maximum=10
-        )
-        check_number("ttft_slo_s", self.ttft_slo_s, maximum=1e9)
-        check_number("tbt_slo_s", self.tbt_slo_s, maximum=1e9)
-        check_number("scheduling_delay_slo_s", self.scheduling_delay_slo_s, maximum=1e9)
+            object.__setattr__(self, name, check_count(name, getattr(self, name), low, high))
+        # a number is a Ceiling; a speed a caller typed as a word is parsed once, here
+        object.__setattr__(self, "efficiency", parse_speed(self.efficiency))
+        for name, least, most in (  # least None: above 0; else at least `least`
+            ("link_efficiency", MIN_LINK_EFFICIENCY, 1.0),
+            ("memory_fraction", None, 1.0),
+            ("pool_bytes_per_node", 0, 1e15),
+            ("step_jitter", 0, 10),
+            ("step_overhead_s", 0, 10),
+            ("ttft_slo_s", None, 1e9),
+            ("tbt_slo_s", None, 1e9),
+            ("scheduling_delay_slo_s", None, 1e9),
+        ):
+            value, at_least = getattr(self, name), least is not None
+            check_number(name, value, minimum=least or 0, allow_equal_min=at_least, maximum=most)
 
     def resolved(self) -> "SimConfig":
         """This config with every None replaced by the architecture's (or the engine's) default."""
@@ -359,9 +324,17 @@ class SimConfig:
         """Prefill plus decode workers: engine instances of `tensor_parallel` GPUs each."""
         return self.prefill_workers + self.decode_workers
 
+    def to_dict(self) -> dict:
+        """The fields as JSON values (the speed as its label: a number or "measured")."""
+        return dataclasses.asdict(self) | {"efficiency": self.efficiency.label}
+
+    @property
+    def deployment(self) -> Deployment:
+        """What every worker runs: the model, GPU, dtypes, speed and tensor parallelism."""
+        names = ("model", "hardware", "weight_dtype", "kv_dtype", "efficiency", "tensor_parallel")
+        return Deployment(*(getattr(self, name) for name in names))
+
     @property
     def gpus(self) -> int:
+        """GPUs in the cluster: every instance's tensor-parallel group."""
         return self.instances * self.tensor_parallel
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)

@@ -11,29 +11,23 @@ The simulator asks a cost object four questions (duck-typed; see `LedgerCost`):
                                                 step of `batch` sequences (0: none) run as
                                                 one forward pass
 
-`make_cost(config)` (kvlab/sim/cost_model.py) builds the cost object a run uses; it is
-the one place that reads the config's cost knobs (model, GPU, dtypes, speed, tensor
-parallelism) into a `Deployment`: `Ceiling(efficiency)` gives `LedgerCost` (the
-ledger's operator table at the ceiling, divided by the efficiency), `KernelTables()`
-gives `KernelCost` (kvlab/sim/kernel_cost.py: every operator timed from published kernel
-tables, as `kvlab.cost` does with that speed). Another step-time model plugs in there:
-give it the four methods above (subclass `LedgerCost`, as `KernelCost` and `BenchCost`
-do) and return it from `make_cost`. Cost objects also say where their times come from
-(`source`) and how many step prices fell outside measured data (`counts()`).
+`make_cost(config)` (kvlab/sim/cost_model.py) picks the object for a run's speed;
+another step-time model plugs in there: subclass `LedgerCost` (as `KernelCost` and
+`BenchCost` do), answer the four questions, say where the times come from (`source`)
+and how many step prices fell outside measured data (`counts()`).
 
 `LedgerCost` has no formula of its own: it evaluates the deployment's operator table
-through `kvlab.cost.UnitSeconds`, exactly as `kvlab.cost.decode_step` and `prefill` do
-(the tests check them against each other), memoising the weight groups per token count;
-remote KV comes from `kvlab.tiers.tiered_decode_step`, whose memory and compute times are
-each affine in the context for a fixed batch, so two contexts per batch size give every
-step.
+through `kvlab.cost.UnitSeconds`, as `kvlab.cost.decode_step` and `prefill` do (the
+tests check them against each other). Remote KV comes from
+`kvlab.tiers.tiered_decode_step`, whose memory and compute times are each affine in the
+context for a fixed batch, so two contexts per batch size give every step.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..cost import unit_seconds
+from ..cost import pass_totals, unit_seconds
 from ..deployment import Deployment
 from ..errors import KvlabError, check_number
 from ..operators import pass_counts
@@ -168,11 +162,8 @@ class LedgerCost:
 
     def _ledger_prefill(self, new: float, cached: float) -> tuple:
         counts = pass_counts(1.0, new, cached)
-        work = self.deployment.table.work(counts)
-        eff, d = self.efficiency, self.deployment
-        local = [v for k, v in work.items() if k != "allreduce"]
-        compute = sum(f for _, f in local) / (d.peak_flops_per_s * eff)
-        memory = sum(b for b, _ in local) / (d.memory_bandwidth_bytes_per_s * eff)
+        d = self.deployment
+        _, _, memory, compute = pass_totals(d, d.table.work(counts))
         time = self._weights_s(int(new)) + self._attention_s(counts.kv_tokens, counts.pairs)
         return time, compute, memory
 
@@ -192,13 +183,6 @@ class LedgerCost:
             time += float(self._decode_attention_s(batch, float(mean_context)))
             tokens += batch
         return float(time + self._weights_s(tokens)) if tokens else 0.0
-
-    def fused_time_s(
-        self, batch: int, mean_context: float, prompt_tokens: int, cached_tokens: int
-    ) -> float:
-        """One iteration that prefills tokens cached_tokens..prompt_tokens of a prompt and
-        decodes one token for `batch` sequences (`iteration_time_s` with one chunk)."""
-        return self.iteration_time_s(batch, mean_context, [(prompt_tokens, cached_tokens)])
 
 
 class BenchCost(LedgerCost):

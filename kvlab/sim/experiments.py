@@ -31,20 +31,20 @@ import math
 import numpy as np
 
 from .. import metrics
+from ..deployment import KernelTables
 from ..errors import KvlabError, check_number
 from ..hardware import get_device
 from ..published import mooncake
 from ..traces.generate import poisson_trace
 from .cluster import simulate
 from .config import SimConfig
-from .cost_model import config_deployment
 
 #: One 8xA800 node as one instance (FAST'25 section 5.1; the report's section 8).
 A800_NODE = dict(
     model="llama-3.1-70b",  # LLaMA3-70B's shapes (the report's LLaMA2-70B differs in vocabulary)
     hardware="a800-80gb",
     tensor_parallel=8,
-    efficiency="measured",
+    efficiency=KernelTables(),
     link="ib-200g",
     link_efficiency=0.5,  # 4 x 200 Gb/s per 8 GPUs: 100 Gb/s per GPU
     host_link="pcie4-x16",
@@ -65,7 +65,7 @@ def node_config(**overrides) -> SimConfig:
 def kv_bytes_per_token(config: SimConfig) -> float:
     """KV bytes of one token over a whole instance (every GPU's share)."""
     c = config.resolved()
-    return config_deployment(c).kv_bytes_per_token * c.tensor_parallel
+    return c.deployment.kv_bytes_per_token * c.tensor_parallel
 
 
 def cache_bytes(config: SimConfig, tokens: float) -> float:
@@ -78,7 +78,7 @@ def hbm_cache_bytes(config: SimConfig) -> float:
     vLLM's prefix cache lives (its cached blocks are the free ones, so kvlab's host-memory
     cache of this size stands in for it: same capacity, loads over PCIe)."""
     c = config.resolved()
-    d = config_deployment(c)
+    d = c.deployment
     room = get_device(c.hardware).capacity_bytes * c.memory_fraction - d.weight_bytes
     return room * c.tensor_parallel
 

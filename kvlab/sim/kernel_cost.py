@@ -1,10 +1,9 @@
-"""Step times from measured kernels: `SimConfig(efficiency="measured")`.
+"""Step times from published kernel tables: a `SimConfig` whose speed is `KernelTables()`.
 
-Every operator of a simulated GPU pass is timed from the published kernel tables that
-`kvlab.cost`'s measured mode uses (`kvlab.kernel_tables`: TensorRT-LLM latencies extracted from
-NVIDIA aiconfigurator-core), so a pure decode step costs exactly
-`kvlab.cost.decode_step(..., efficiency="measured").step_time_s` and a lone prefill
-`kvlab.cost.prefill(..., efficiency="measured").time_s`.
+Every operator of a simulated GPU pass is timed from the tables `kvlab.cost` uses at that
+speed (`kvlab.kernel_tables`: TensorRT-LLM latencies extracted from NVIDIA
+aiconfigurator-core), so a pure decode step costs exactly `kvlab.cost.decode_step`'s
+`step_time_s` and a lone prefill `kvlab.cost.prefill`'s `time_s`.
 
 An engine iteration that fuses prompt chunks with a decode step (chunked prefill) is one
 forward pass, priced the way the tables price its parts:
@@ -88,13 +87,11 @@ class KernelCost(LedgerCost):
         edge = self._edge_context.get(batch)
         if edge is None:
             step_s = self.kernels.decode_step_s
-            lo, hi = 1, 1 << 20  # finite at lo (every table starts at context 1)
-            if not math.isfinite(step_s(batch, 1.0)):
+            if not math.isfinite(step_s(batch, 1.0)):  # every table starts at context 1
                 raise KvlabError(f"decode batch {batch} is outside the measured kernel tables")
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                lo, hi = (mid, hi) if math.isfinite(step_s(batch, float(mid))) else (lo, mid)
-            attention = _op(self.kernels.decode(float(batch), float(lo)), "attention")
+            lo = _longest(lambda c: math.isfinite(step_s(batch, float(c))))
+            ops = self.kernels.decode(float(batch), float(lo)).operators
+            attention = next(op for op in ops if op.name == "attention")
             ratio = float(attention.measured_s) / float(self._attention_ceiling_s(batch, lo))
             edge = self._edge_context[batch] = (float(lo), step_s(batch, float(lo)), ratio)
         return edge
@@ -147,18 +144,17 @@ class KernelCost(LedgerCost):
             return self._pass_table[tokens - 1]
         t = self._pass_memo.get(tokens)
         if t is None:
-            step = self.kernels.decode(float(tokens), 1.0)
-            ref = self._reference_prompt()
-            refs = None if tokens <= ref else self.kernels.decode(float(ref), 1.0)
-            t = self._pass_memo[tokens] = _sum(step, refs, skip="attention")[0]
+            t = self._pass_memo[tokens] = self._pass_seconds(np.array([float(tokens)]))[0]
         return t
 
     def _pass_seconds(self, tokens: np.ndarray) -> list[float]:
-        """`_nonattention_s` over many token counts at once (see `_sum`)."""
+        """`_nonattention_s` over many token counts at once: an operator outside its table
+        runs at the measured/ceiling ratio it has at the reference prompt (`_reference_prompt`);
+        an all-reduce past its table extrapolates itself (bandwidth-bound)."""
         ref = self.kernels.decode(float(self._reference_prompt()), 1.0)
         refs = {op.name: op for op in ref.operators}
         total = np.zeros(tokens.size)
-        for op in self.kernels.decode(tokens, 1.0).operators:  # in order, as _sum adds them
+        for op in self.kernels.decode(tokens, 1.0).operators:
             if op.name == "attention":
                 continue
             r = refs[op.name]  # small kernels have no ceiling and no range to leave
@@ -173,12 +169,8 @@ class KernelCost(LedgerCost):
     def _reference_prompt(self) -> int:
         """The longest fresh prompt (batch 1) that every table covers whole."""
         if self._prompt_ref is None:
-            lo, hi = 1, 1 << 20
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                inside = bool(self.kernels.prefill(1.0, float(mid)).in_range)
-                lo, hi = (mid, hi) if inside else (lo, mid)
-            self._prompt_ref = lo
+            prefill = self.kernels.prefill
+            self._prompt_ref = _longest(lambda n: bool(prefill(1.0, float(n)).in_range))
         return self._prompt_ref
 
     def _context_attention_s(self, end: int, start: int) -> tuple[float, bool]:
@@ -249,28 +241,10 @@ class KernelCost(LedgerCost):
         return float(self._nonattention_s(tokens) + attention_s) if tokens else 0.0
 
 
-def _op(step, name: str):
-    return next(op for op in step.operators if op.name == name)
-
-
-def _sum(step, refs, skip: str = "", only: str = "") -> tuple[float, bool]:
-    """(seconds, any operator outside its table) of a StepTime's operators; an operator
-    outside its measured range runs at the measured/ceiling ratio it has in `refs`."""
-    by_name = {op.name: op for op in refs.operators} if refs is not None else {}
-    total, outside = 0.0, False
-    for op in step.operators:
-        if op.name == skip or (only and op.name != only):
-            continue
-        if bool(np.all(op.in_range)):
-            total += float(op.measured_s)
-            continue
-        ref = by_name.get(op.name)
-        if op.kind == "allreduce" and bool(np.all(np.isfinite(op.measured_s))):
-            total += float(op.measured_s)  # past its table: bandwidth-bound (kernel_tables)
-            outside = True
-            continue
-        if ref is None or not bool(np.all(ref.in_range)) or float(ref.ceiling_s) <= 0:
-            raise KvlabError(f"{op.name}: {op.limit}, and no measured size to scale from")
-        total += float(op.ceiling_s) * float(ref.measured_s) / float(ref.ceiling_s)
-        outside = True
-    return total, outside
+def _longest(inside, lo: int = 1, hi: int = 1 << 20) -> int:
+    """The largest size in [lo, hi) that is `inside` a table (bisection: `inside(lo)` holds,
+    `inside(hi)` does not, and a table covers every size up to its edge)."""
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if inside(mid) else (lo, mid)
+    return lo

@@ -142,7 +142,7 @@ class SimResult:
             "scheduler_scope": SCHEDULER_SCOPE[c.arch == "colocated"],
             "preemption": c.preemption,
             "early_reject": c.early_reject,
-            "efficiency": c.efficiency,
+            "efficiency": c.efficiency.label,
         }
         costs = self.step_costs
         out["efficiency_source"] = costs.get("source")
