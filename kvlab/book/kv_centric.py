@@ -32,7 +32,7 @@ from .lang import pick
 
 #: The small cluster: kvlab's default SimConfig (2 prefill + 2 decode H100s, Llama 3.1 8B)
 #: with every step time from measured kernels (TensorRT-LLM tables).
-CONFIG = SimConfig(efficiency="measured")
+CONFIG = SimConfig(efficiency=KernelTables())
 #: Glue-key stems of the architectures and the critical-path variants.
 ARCH_KEYS = {"colocated": "colocated", "disaggregated": "disaggregated", "kv-centric": "kv_centric"}
 VARIANT_KEYS = {

@@ -237,7 +237,7 @@ def run(args) -> int:
         slo,
         args.weight_dtype,
         args.kv_dtype,
-        parse_speed(args.efficiency).label,
+        parse_speed(args.efficiency),
         int(check_number("seed", args.seed, minimum=0, allow_equal_min=True, integer=True)),
         args.tolerance,
     )

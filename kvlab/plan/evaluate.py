@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import metrics
-from ..deployment import Deployment, parse_speed
+from ..deployment import Ceiling, Deployment, Speed, parse_speed
 from ..errors import KvlabError, check_number
 from ..hardware import USABLE_MEMORY_FRACTION, get_device
 from ..models import get_model
@@ -87,17 +87,18 @@ class Job:
     slo: Slo
     weight_dtype: str = "fp16"
     kv_dtype: str = "fp16"
-    efficiency: float | str = 1.0
+    efficiency: Speed = Ceiling(1.0)  # a number is read as Ceiling(number)
     seed: int = 0
     tolerance: float = DEFAULT_TOLERANCE
 
     def __post_init__(self):
         get_model(self.model)
-        parse_speed(self.efficiency)
+        object.__setattr__(self, "efficiency", parse_speed(self.efficiency))
         check_number("tolerance", self.tolerance, minimum=1e-4, maximum=0.5)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The job as JSON values (the speed as its label: a number or "measured")."""
+        return dataclasses.asdict(self) | {"efficiency": self.efficiency.label}
 
 
 def sim_setup(design, job: Job) -> tuple[SimConfig, object]:
@@ -132,7 +133,7 @@ def deployment(design, job: Job) -> Deployment:
         design.hardware,
         job.weight_dtype,
         job.kv_dtype,
-        parse_speed(job.efficiency),
+        job.efficiency,
         design.tensor_parallel,
     )
 
