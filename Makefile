@@ -90,8 +90,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# Two pytest workers (pytest-xdist), each taking whole files (module fixtures stay shared).
-PYTEST_WORKERS ?= 2
+# Four pytest workers (pytest-xdist) on two cores: much of the suite waits (on Chromium,
+# kernels, servers, timed benchmarks), so two more workers overlap those waits. Each takes
+# whole files (module fixtures stay shared), slowest first; tests/conftest.py spreads the
+# independent tests of its SPLIT_FILES one by one.
+PYTEST_WORKERS ?= 4
 PYTEST_PARALLEL = -n $(PYTEST_WORKERS) --dist loadfile --durations=15
 
 test: $(STAMP) system-deps lint book

@@ -1,4 +1,5 @@
-"""Shared test set-up: a throw-away $HOME (kernels and browsers write there) and paths."""
+"""Shared test set-up: a throw-away $HOME (kernels and browsers write there), paths, and the
+order in which pytest-xdist's workers take the tests (slowest first, so they finish together)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,98 @@ def pytest_configure(config):
         config.addinivalue_line(
             "markers", "timeout(seconds): a time limit (pytest-timeout; unenforced here)"
         )
+
+
+#: Seconds a unit of work took in `pytest --durations=0` on the shared 2-core machine
+#: (2026-12-01, under load: only the order matters). A file is one unit (its module
+#: fixtures are built once); in SPLIT_FILES each test is one (see below). Unlisted: 0.
+SLOW_UNITS = {
+    "test_labs.py": 248,
+    "test_bench.py::test_all_quick_writes_every_benchmark": 216,
+    "test_js.py": 167,
+    "test_viz.py": 149,
+    "test_plan.py": 141,
+    "test_decoder.py": 131,
+    "test_bench.py::test_decode_quick_points_carry_the_contract": 114,
+    "test_dashboard.py": 114,
+    "test_native.py": 103,
+    "test_fuzz.py": 95,
+    "test_book.py": 71,
+    "test_cli.py": 60,
+    "test_bench.py::test_gpu_session_dry_run_on_the_cpu": 54,
+    "05b_prefix_caching.ipynb": 50,
+    "test_bench.py::test_recompute_vs_fetch_quick": 50,
+    "test_bench.py::test_decode_compares_kernels_point_by_point": 50,
+    "test_saturation.py": 46,
+    "test_traces.py": 31,
+    "test_i18n_chapters.py": 30,
+    "test_sim.py": 28,
+    "test_kv_transfer.py::test_same_code_runs_under_torchrun": 27,
+    "test_bench.py::test_memory_quick": 26,
+    "test_i18n.py": 23,
+    "test_bench.py::test_decode_time_budget_skips_points": 22,
+    "test_bench.py::test_a_result_that_cannot_be_saved_is_printed_first": 21,
+    "06_plan_a_deployment.ipynb": 21,
+    "02_bandwidth_wall.ipynb": 20,
+    "04_kv_centric.ipynb": 17,
+    "02c_past_the_ceiling.ipynb": 17,
+    "03_beyond_hbm.ipynb": 17,
+    "02b_measured.ipynb": 16,
+    "test_prefix.py": 16,
+    "test_kv_transfer.py::test_ctrl_c_stops_both_processes": 15,
+    "test_kv_transfer.py::test_a_hung_peer_times_out": 14,
+    "05_metrics_and_diagnosis.ipynb": 14,
+    "test_kv_transfer.py::test_a_dying_peer_is_a_clear_error": 13,
+    "test_kv_transfer.py::test_quick_transfer_moves_the_kv_intact": 13,
+    "test_plan_chapter.py": 12,
+    "test_kv_transfer.py::test_mooncake_doorbell_completion": 12,
+    "test_bench.py::test_decode_refuses_points_one_by_one_and_goes_on": 12,
+    "01_what_a_hit_saves.ipynb": 11,
+    "test_bench.py::test_gpu_session_stays_inside_its_deadline": 10,
+    "test_browser.py::test_panel_text_fits_the_column": 8,
+    "dashboard.ipynb": 8,
+    "test_browser.py::test_panel_readouts_match_kvlab": 6,
+    "test_browser.py::test_dragging_a_slider_with_the_mouse_updates_the_readout": 6,
+    "test_architecture.py": 6,
+    "test_bench.py::test_transfer_quick": 6,
+}
+#: Files whose tests share nothing expensive (module fixtures: a browser, a local HTTP
+#: server): under `--dist loadfile` their tests spread over the workers one by one.
+SPLIT_FILES = {"test_browser.py", "test_bench.py", "test_kv_transfer.py"}
+
+
+def _unit(item) -> str:
+    name = item.path.name
+    if name in SPLIT_FILES:
+        return f"{name}::{getattr(item, 'originalname', None) or item.name}"
+    return name
+
+
+def pytest_collection_modifyitems(config, items):
+    """On an xdist worker, the slowest units first (a stable sort: within a unit the order
+    stays pytest's), so that the workers finish together. A plain `pytest` keeps its order."""
+    if hasattr(config, "workerinput"):
+        items.sort(key=lambda item: -SLOW_UNITS.get(_unit(item), 0))
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest alone (a GPU box) has no xdist
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile` as xdist does it (a file's tests on one worker, which builds its
+    module fixtures once; a notebook's cells in one kernel), but each test of SPLIT_FILES a
+    unit of its own, and the units handed out in the workers' (slowest-first) order rather
+    than by their number of tests. Every test still runs; only the order and the worker
+    change. (`--dist loadgroup` does not group under pytest 9 with xdist 3.8.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling  # noqa: PLC0415 - only under xdist
+
+    class SlowestFirst(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return nodeid if path.rsplit("/", 1)[-1] in SPLIT_FILES else path
+
+    config.option.loadscopereorder = False
+    return SlowestFirst(config, log)
 
 
 @pytest.fixture(scope="session")
