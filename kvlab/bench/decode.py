@@ -291,20 +291,30 @@ class _Sweep:
             if ctxs:
                 self.run_group(group, ctxs)
 
+    def _graph_on_cuda(self, fn):
+        """A kernel-table pass as the steps run: in a CUDA graph where they are graphed."""
+        if not (self.cuda and self.s.cuda_graph):
+            return fn
+        return _graphed(fn, self.dev)[0]
+
     def _measure_tables(self) -> None:
         """Each kernel set's table (`kernel_table`), timed before the sweep's first point."""
+        import torch
+
         for model in (self.model, self.other):
             if model is None:
                 continue
             try:
-                table = kernel_table.measure(
-                    model,
-                    self.grid["kv_dtypes"],
-                    self.spec_device,
-                    self.grid["weight_dtype"],
-                    self.s.probe_bytes,
-                    self.s.kind,
-                )
+                with torch.no_grad():
+                    table = kernel_table.measure(
+                        model,
+                        self.grid["kv_dtypes"],
+                        self.spec_device,
+                        self.grid["weight_dtype"],
+                        self.s.probe_bytes,
+                        self.s.kind,
+                        self._graph_on_cuda,
+                    )
             except (KvlabError, RuntimeError) as exc:
                 if not isinstance(exc, KvlabError) and "out of memory" not in str(exc).lower():
                     raise

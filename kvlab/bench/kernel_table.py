@@ -84,13 +84,18 @@ def attention_pass(model, cache, batch: int, context: int):
     return run
 
 
-def measure(model, kv_dtypes, spec_device, weight_dtype: str, probe_bytes: int, kind: str):
+def measure(  # noqa: PLR0913 - the sweep's model, grid and machine, passed through
+    model, kv_dtypes, spec_device, weight_dtype: str, probe_bytes: int, kind: str, prepare=None
+):
     """The table: each kernel's share of the copy bandwidth at the table's shapes.
 
     {"batches", "contexts", "weights": [share per batch], "attention": {kv dtype: [[share per
     context] per batch]}, "note"}; the shares are the ledger's bytes (`predict_decode`) over
-    the kernel's time over the copy bandwidth measured around that timing."""
+    the kernel's time over the copy bandwidth measured around that timing. `prepare(fn)`
+    returns what to time for a pass `fn`: on CUDA the sweep captures it in a graph, as it does
+    its steps, so that the table times kernels, not Python's launches."""
     shapes = SHAPES[kind]
+    prepare = prepare or (lambda fn: fn)
     batches, contexts = shapes["batches"], shapes["contexts"]
     dev, cfg = model.device, model.config
     repeats = 3 if kind.endswith("quick") else 5
@@ -100,7 +105,7 @@ def measure(model, kv_dtypes, spec_device, weight_dtype: str, probe_bytes: int, 
 
     weights = []
     for b in batches:
-        t, bw = _bracketed_s(weight_pass(model, b), dev, probe_bytes, repeats)
+        t, bw = _bracketed_s(prepare(weight_pass(model, b)), dev, probe_bytes, repeats)
         weights.append(_share(t, bytes_of(b, 0, "bf16")["weight_read_bytes"], bw))
     attention = {}
     for kv in kv_dtypes:
@@ -111,7 +116,7 @@ def measure(model, kv_dtypes, spec_device, weight_dtype: str, probe_bytes: int, 
             row = []
             for ctx in contexts:
                 t, bw = _bracketed_s(
-                    attention_pass(model, cache, b, ctx), dev, probe_bytes, repeats
+                    prepare(attention_pass(model, cache, b, ctx)), dev, probe_bytes, repeats
                 )
                 row.append(_share(t, bytes_of(b, ctx, kv)["kv_read_bytes"], bw))
             rows.append(row)
