@@ -291,11 +291,15 @@ class _Sweep:
             if ctxs:
                 self.run_group(group, ctxs)
 
-    def _graph_on_cuda(self, fn):
-        """A kernel-table pass as the steps run: in a CUDA graph where they are graphed."""
-        if not (self.cuda and self.s.cuda_graph):
-            return fn
-        return _graphed(fn, self.dev)[0]
+    def _timed_pass(self, fn) -> tuple[float, float]:
+        """A kernel-table pass measured as a point's step is (`_measure_point`; in a CUDA graph
+        where the steps are graphed): (median seconds, copy bandwidth around it)."""
+        if self.cuda and self.s.cuda_graph:
+            fn = _graphed(fn, self.dev)[0]
+        (t, bw0, bw1), _, _ = _measure_point(
+            fn, self.dev, self.s.probe_bytes, self.s.repeats, 1, self.s.tries
+        )
+        return t.median_s, (bw0 + bw1) / 2
 
     def _measure_tables(self) -> None:
         """Each kernel set's table (`kernel_table`), timed before the sweep's first point."""
@@ -311,9 +315,8 @@ class _Sweep:
                         self.grid["kv_dtypes"],
                         self.spec_device,
                         self.grid["weight_dtype"],
-                        self.s.probe_bytes,
                         self.s.kind,
-                        self._graph_on_cuda,
+                        self._timed_pass,
                     )
             except (KvlabError, RuntimeError) as exc:
                 if not isinstance(exc, KvlabError) and "out of memory" not in str(exc).lower():

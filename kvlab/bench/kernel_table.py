@@ -18,8 +18,6 @@ from __future__ import annotations
 import numpy as np
 
 from ..decoder import ledger
-from .memory import copy_bandwidth
-from .timing import time_call
 
 K = 1024
 #: The table's shapes: none of them is a sweep's default batch (1 and 8 are timed steps; 1
@@ -35,14 +33,6 @@ SHAPES = {
 
 def _share(seconds: float, moved_bytes: float, bandwidth_bytes_per_s: float) -> float:
     return moved_bytes / seconds / bandwidth_bytes_per_s
-
-
-def _bracketed_s(fn, dev, probe_bytes: int, repeats: int) -> tuple[float, float]:
-    """(median seconds of `fn`, copy bandwidth right around it)."""
-    before = copy_bandwidth(dev, probe_bytes, repeats=3, warmup=1)[0]
-    t = time_call(fn, dev, repeats, 1).median_s
-    after = copy_bandwidth(dev, probe_bytes, repeats=3, warmup=1)[0]
-    return t, (before + after) / 2
 
 
 def weight_pass(model, batch: int):
@@ -84,28 +74,25 @@ def attention_pass(model, cache, batch: int, context: int):
     return run
 
 
-def measure(  # noqa: PLR0913 - the sweep's model, grid and machine, passed through
-    model, kv_dtypes, spec_device, weight_dtype: str, probe_bytes: int, kind: str, prepare=None
-):
+def measure(model, kv_dtypes, spec_device, weight_dtype: str, kind: str, timed):
     """The table: each kernel's share of the copy bandwidth at the table's shapes.
 
     {"batches", "contexts", "weights": [share per batch], "attention": {kv dtype: [[share per
     context] per batch]}, "note"}; the shares are the ledger's bytes (`predict_decode`) over
-    the kernel's time over the copy bandwidth measured around that timing. `prepare(fn)`
-    returns what to time for a pass `fn`: on CUDA the sweep captures it in a graph, as it does
-    its steps, so that the table times kernels, not Python's launches."""
+    the kernel's time over the copy bandwidth measured around that timing. `timed(fn)` is the
+    sweep's own measurement of a pass, (median seconds, copy bandwidth around it): bracketed and
+    re-measured when disturbed as its points are, and on CUDA captured in a graph as its steps
+    are, so that the table times kernels, not Python's launches."""
     shapes = SHAPES[kind]
-    prepare = prepare or (lambda fn: fn)
     batches, contexts = shapes["batches"], shapes["contexts"]
-    dev, cfg = model.device, model.config
-    repeats = 3 if kind.endswith("quick") else 5
+    cfg = model.config
 
     def bytes_of(batch, context, kv_dtype):
         return ledger.predict_decode(cfg, spec_device, batch, context, weight_dtype, kv_dtype)
 
     weights = []
     for b in batches:
-        t, bw = _bracketed_s(prepare(weight_pass(model, b)), dev, probe_bytes, repeats)
+        t, bw = timed(weight_pass(model, b))
         weights.append(_share(t, bytes_of(b, 0, "bf16")["weight_read_bytes"], bw))
     attention = {}
     for kv in kv_dtypes:
@@ -115,9 +102,7 @@ def measure(  # noqa: PLR0913 - the sweep's model, grid and machine, passed thro
             cache.fill_random_([max(contexts)] * b)
             row = []
             for ctx in contexts:
-                t, bw = _bracketed_s(
-                    prepare(attention_pass(model, cache, b, ctx)), dev, probe_bytes, repeats
-                )
+                t, bw = timed(attention_pass(model, cache, b, ctx))
                 row.append(_share(t, bytes_of(b, ctx, kv)["kv_read_bytes"], bw))
             rows.append(row)
             del cache
@@ -158,8 +143,7 @@ def predict_step_s(table: dict, pred: dict, point: dict) -> float:
     core = (weights / w_share + kv / kv_share + rest) / bw
     if point["placement"] != "host":
         return core
-    fetch = pred["fetch_s"]
-    return max(core, fetch) if point["prefetch"] else core + fetch
+    return float(ledger.with_fetch(core, pred["fetch_s"], point["prefetch"]))
 
 
 def describe(table: dict) -> str:

@@ -153,9 +153,13 @@ def predict_decode(  # noqa: PLR0913 - the decoder's shape and placement, keywor
         fetch = fetch_time_s(config, tokens, link_bytes_per_s, kv_dtype)
         out["fetch_bytes"] = step.kv_read_bytes
         out["fetch_s"] = fetch
-        overlapped = np.maximum(step.step_time_s, fetch)
-        out["predicted_step_s"] = overlapped if prefetch else step.step_time_s + fetch
+        out["predicted_step_s"] = with_fetch(step.step_time_s, fetch, prefetch)
     return {k: _plain(v) for k, v in out.items()}
+
+
+def with_fetch(step_s, fetch_s, prefetch: bool):
+    """A host-placement step: the KV fetch after the step's work (serial), or beside it."""
+    return np.maximum(step_s, fetch_s) if prefetch else step_s + fetch_s
 
 
 def _plain(x):
