@@ -138,6 +138,8 @@ def test_decode_quick_points_carry_the_contract(results, capsys):
     assert table["batches"] == [1, 4] and table["contexts"] == [512]
     assert all(share > 0 for share in table["weights"])
     assert set(table["attention"]) == {"bf16", "int8"}
+    assert set(table["rest_s"]) == {"bf16", "int8"}
+    assert all(len(rest) == 2 and min(rest) > 0 for rest in table["rest_s"].values())
     assert {p["placement"] for p in r["points"]} == {"device", "host"}
     assert {p["kv_dtype"] for p in r["points"]} == {"bf16", "int8"}
     # the ledger counts the bytes: more context, more bytes; int8 KV moves fewer than bf16
@@ -1066,22 +1068,49 @@ def test_kernel_table_interpolates_in_log2_and_clamps():
     assert kernel_table.shares(table, 1, 1024, "bf16") == pytest.approx((1.0, 0.9))
 
 
+def test_kernel_tables_rest_pass_runs_the_step_without_its_kernels():
+    """The rest pass calls neither kernel (its logits are the output matrix's stand-in
+    zeros), still writes the new token's K/V as a step does, and leaves the decoder whole:
+    a decode afterwards gives the same logits as a decoder that never ran it."""
+    import torch
+
+    from kvlab.decoder import Decoder
+
+    model, twin = Decoder("tiny", "fp32", seed=3), Decoder("tiny", "fp32", seed=3)
+    tokens = torch.tensor([[5], [7]])
+    cache, cache_twin = model.new_cache(2, 16, "bf16"), twin.new_cache(2, 16, "bf16")
+    for c in (cache, cache_twin):
+        c.fill_random_([8, 8], seed=1)
+    before = cache.view(0, 9)[0].clone()
+    logits = kernel_table.rest_pass(model, cache, 2, 9)()
+    assert torch.count_nonzero(logits) == 0
+    after = cache.view(0, 9)[0]
+    assert not torch.equal(before, after)  # position 8 of layer 0 was written
+    assert "attend" not in vars(model)
+    assert not any("forward" in vars(m) for m in model.linears())
+    torch.testing.assert_close(
+        model.decode(tokens, cache), twin.decode(tokens, cache_twin), rtol=0, atol=0
+    )
+
+
 def test_kernel_table_prices_the_ledgers_bytes_at_the_kernels_shares():
     """Hand-checked: 800 MB of weights at 80% of 10 GB/s is 100 ms, 90 MB of KV at 60% is
-    15 ms, the other 10 MB at the full 10 GB/s 1 ms; host placement adds the fetch serially,
-    or overlaps it when prefetching."""
+    15 ms, the rest at batch 2 (halfway in log2 between 0.5 ms and 2.5 ms) 1.5 ms, and the
+    ledger's other 10 MB (held in the rest) are not added again; host placement adds the
+    fetch serially, or overlaps it when prefetching."""
     table = {
         "batches": [1, 4],
         "contexts": [512],
         "weights": [0.8, 0.8],
         "attention": {"bf16": [[0.6], [0.6]]},
+        "rest_s": {"bf16": [0.5e-3, 2.5e-3]},
     }
     pred = {"weight_read_bytes": 800e6, "kv_read_bytes": 90e6, "step_bytes": 900e6, "fetch_s": 0.2}
     point = {"bandwidth_bytes_per_s": 10e9, "batch": 2, "context": 512, "kv_dtype": "bf16"}
     device = {**point, "placement": "device", "prefetch": False}
-    assert kernel_table.predict_step_s(table, pred, device) == pytest.approx(0.116)
+    assert kernel_table.predict_step_s(table, pred, device) == pytest.approx(0.1165)
     serial = {**point, "placement": "host", "prefetch": False}
-    assert kernel_table.predict_step_s(table, pred, serial) == pytest.approx(0.316)
+    assert kernel_table.predict_step_s(table, pred, serial) == pytest.approx(0.3165)
     overlapped = {**point, "placement": "host", "prefetch": True}
     assert kernel_table.predict_step_s(table, pred, overlapped) == pytest.approx(0.2)
 

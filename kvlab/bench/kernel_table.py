@@ -1,16 +1,19 @@
-"""This machine's decode kernels as a table: the share of the copy bandwidth each one reaches.
+"""This machine's decode step in three parts, each timed alone: two kernels and the rest.
 
 The ledger prices a decode step at the measured copy bandwidth: the ceiling. A CPU's kernels
 do not all reach it (on a 2-core Xeon, batch-8 weight tiles and long-context attention read at
 60-80% of it), and then the ceiling's error says how far the kernels fall short, not whether
 the ledger's bytes explain the step. So, as the GPU chapters price steps from published kernel
-tables, `kvlab bench decode` times the decoder's own two kernels here, alone, at shapes *other*
-than the sweep's: the weights (every matrix product of a pass) at batches 1, 4 and 16, and the
-attention (every layer) at 2K and 8K positions. Each point's second prediction prices the
-ledger's weight bytes and KV bytes at the shares interpolated for its batch and context (in
-log2, clamped at the table's ends), times the copy bandwidth measured around that point.
-Its error is what the kernels' own rates do not explain: Python, norms, the KV write, and the
-kernels running one after another instead of alone.
+tables, `kvlab bench decode` times the decoder's own parts here, alone, at shapes *other* than
+the sweep's: the weights (every matrix product of a pass) at batches 1, 4 and 16, the attention
+(every layer) at 2K and 8K positions, and everything else a step does (norms, RoPE, the KV
+write, activations, residuals, the per-operation dispatch: the step with both kernels replaced
+by outputs made ready in advance) at those batches. The last is seconds, not bytes: on a CPU
+it is dispatch and small operations, ~10% of a batch-1 step, that no byte count prices. Each
+point's second prediction prices the ledger's weight bytes and KV bytes at the shares
+interpolated for its batch and context (in log2, clamped at the table's ends) times the copy
+bandwidth measured around that point, plus the rest's seconds at its batch. Its error is what
+the parts alone do not explain: the parts running one after another, sharing caches.
 """
 
 from __future__ import annotations
@@ -74,11 +77,41 @@ def attention_pass(model, cache, batch: int, context: int):
     return run
 
 
+def rest_pass(model, cache, batch: int, context: int):
+    """A decode step at `batch` rows and `context` positions whose matrix products and
+    attention return outputs made ready in advance: every other operation of the step runs
+    as in the step (the KV write included), so its time is the step's rest."""
+    import torch  # noqa: PLC0415 - torch loads only when measuring
+
+    c, dev, dtype = model.config, model.device, model.compute_dtype
+    plan = model.plan(cache, [context - 1] * batch, 1)
+    tokens = torch.zeros(batch, 1, dtype=torch.long, device=dev)
+    outputs = {
+        m: torch.zeros(batch, 1, m.out_features, dtype=dtype, device=dev) for m in model.linears()
+    }
+    attended = torch.zeros(batch, c.num_heads, 1, c.head_dim, dtype=dtype, device=dev)
+
+    def run():
+        for m, out in outputs.items():  # instance attributes shadow the methods for one step
+            m.forward = lambda x, out=out: out
+        model.attend = lambda *args: attended
+        try:
+            return model.forward_plan(tokens, cache, plan)
+        finally:
+            for m in outputs:
+                del m.forward
+            del model.attend
+
+    return run
+
+
 def measure(model, kv_dtypes, spec_device, weight_dtype: str, kind: str, timed):
-    """The table: each kernel's share of the copy bandwidth at the table's shapes.
+    """The table: each kernel's share of the copy bandwidth at the table's shapes, and the
+    step's rest in seconds.
 
     {"batches", "contexts", "weights": [share per batch], "attention": {kv dtype: [[share per
-    context] per batch]}, "note"}; the shares are the ledger's bytes (`predict_decode`) over
+    context] per batch]}, "rest_s": {kv dtype: [seconds per batch]}, "note"}; the shares are
+    the ledger's bytes (`predict_decode`) over
     the kernel's time over the copy bandwidth measured around that timing. `timed(fn)` is the
     sweep's own measurement of a pass, (median seconds, copy bandwidth around it): bracketed and
     re-measured when disturbed as its points are, and on CUDA captured in a graph as its steps
@@ -94,9 +127,9 @@ def measure(model, kv_dtypes, spec_device, weight_dtype: str, kind: str, timed):
     for b in batches:
         t, bw = timed(weight_pass(model, b))
         weights.append(_share(t, bytes_of(b, 0, "bf16")["weight_read_bytes"], bw))
-    attention = {}
+    attention, rest_by_kv = {}, {}
     for kv in kv_dtypes:
-        rows = []
+        rows, rests = [], []
         for b in batches:
             cache = model.new_cache(b, max(contexts), kv)
             cache.fill_random_([max(contexts)] * b)
@@ -105,21 +138,29 @@ def measure(model, kv_dtypes, spec_device, weight_dtype: str, kind: str, timed):
                 t, bw = timed(attention_pass(model, cache, b, ctx))
                 row.append(_share(t, bytes_of(b, ctx, kv)["kv_read_bytes"], bw))
             rows.append(row)
+            rests.append(timed(rest_pass(model, cache, b, contexts[0]))[0])
             del cache
-        attention[kv] = rows
+        attention[kv], rest_by_kv[kv] = rows, rests
     return {
         "batches": list(batches),
         "contexts": list(contexts),
         "weights": weights,
         "attention": attention,
-        "note": "each kernel alone: the ledger's bytes / its time / the copy bandwidth measured "
-        "around it (kvlab.bench.kernel_table)",
+        "rest_s": rest_by_kv,
+        "note": "each part alone: a kernel's share is the ledger's bytes / its time / the copy "
+        "bandwidth measured around it; the rest is a step with both kernels' outputs made ready "
+        "in advance, in seconds (kvlab.bench.kernel_table)",
     }
 
 
 def _log2_interp(x: float, xs, ys) -> float:
     """ys at x, linear in log2(x) between the table's points, clamped at its ends."""
     return float(np.interp(np.log2(x), np.log2(np.asarray(xs, dtype=float)), ys))
+
+
+def rest_s(table: dict, batch: int, kv_dtype: str) -> float:
+    """The step's rest (everything but the two kernels) at `batch`, in seconds."""
+    return _log2_interp(batch, table["batches"], table["rest_s"][kv_dtype])
 
 
 def shares(table: dict, batch: int, context: int, kv_dtype: str) -> tuple[float, float]:
@@ -132,22 +173,24 @@ def shares(table: dict, batch: int, context: int, kv_dtype: str) -> tuple[float,
 
 
 def predict_step_s(table: dict, pred: dict, point: dict) -> float:
-    """The ledger's step priced at the kernels' shares: weight bytes and KV bytes at the
-    shares the table gives for the point's batch and context, the rest (the new token's KV
-    write, activations) at the copy bandwidth, all times the bandwidth measured around the
-    point; host placement adds the KV fetch as `ledger.predict_decode` does."""
+    """The ledger's step priced at the parts' own speeds: weight bytes and KV bytes at the
+    shares the table gives for the point's batch and context, times the copy bandwidth
+    measured around the point, plus the rest's seconds at its batch (which hold the new
+    token's KV write and the activations, so the ledger's bytes for those are not added);
+    host placement adds the KV fetch as `ledger.predict_decode` does."""
     bw = point["bandwidth_bytes_per_s"]
-    w_share, kv_share = shares(table, point["batch"], point["context"], point["kv_dtype"])
+    batch, kv_dtype = point["batch"], point["kv_dtype"]
+    w_share, kv_share = shares(table, batch, point["context"], kv_dtype)
     weights, kv = pred["weight_read_bytes"], pred["kv_read_bytes"]
-    rest = pred["step_bytes"] - weights - kv
-    core = (weights / w_share + kv / kv_share + rest) / bw
+    core = (weights / w_share + kv / kv_share) / bw + rest_s(table, batch, kv_dtype)
     if point["placement"] != "host":
         return core
     return float(ledger.with_fetch(core, pred["fetch_s"], point["prefetch"]))
 
 
 def describe(table: dict) -> str:
-    """One line: each kernel's share of the copy bandwidth at the table's shapes."""
+    """One line: each kernel's share of the copy bandwidth at the table's shapes, and the
+    rest's milliseconds."""
 
     def pct(values) -> str:
         return "/".join(f"{v:.0%}" for v in values)
@@ -162,4 +205,7 @@ def describe(table: dict) -> str:
             for i, ctx in enumerate(table["contexts"])
         )
         parts.append(f"{kv} attention {at}")
+    for kv, seconds in table["rest_s"].items():
+        ms = "/".join(f"{s * 1e3:.1f}" for s in seconds)
+        parts.append(f"rest with {kv} KV {ms} ms")
     return "; ".join(parts)
