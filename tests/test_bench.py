@@ -48,7 +48,7 @@ from kvlab.bench.results import machine_slug, results_dir, write_result  # noqa:
 from kvlab.bench.timing import Budget, time_call  # noqa: E402
 from kvlab.book import measured as chapter
 from kvlab.cli import main  # noqa: E402
-from kvlab.decoder import fit, ledger
+from kvlab.decoder import Decoder, fit, ledger
 from kvlab.errors import KvlabError
 from kvlab.hardware import get_device
 
@@ -306,6 +306,8 @@ def test_all_quick_writes_every_benchmark(results, capsys):
         (["decode", "--contexts", "0"], "whole numbers >= 1"),
         (["decode", "--kv-dtypes", "int3"], "unknown kv dtype"),
         (["decode", "--preset", "huge"], "unknown decoder preset"),
+        (["decode", "--preset", ""], "unknown decoder preset ''"),
+        (["decode", "--weight-dtype", ""], "unknown weight dtype ''"),
         (["memory", "--budget", "-1"], "expected seconds > 0"),
         (["memory", "--budget", "nan"], "expected seconds > 0"),
         (["memory", "--device", "tpu"], "not a torch device"),
@@ -1073,8 +1075,6 @@ def test_kernel_tables_rest_pass_runs_the_step_without_its_kernels():
     zeros), still writes the new token's K/V as a step does, and leaves the decoder whole:
     a decode afterwards gives the same logits as a decoder that never ran it."""
     import torch
-
-    from kvlab.decoder import Decoder
 
     model, twin = Decoder("tiny", "fp32", seed=3), Decoder("tiny", "fp32", seed=3)
     tokens = torch.tensor([[5], [7]])

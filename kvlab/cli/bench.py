@@ -341,11 +341,11 @@ def grid(**checks: Callable | None) -> Callable:
 
 def names(kind: str, valid=(), *, lower: bool = False, optional: bool = False) -> Callable:
     """A grid option's check: its name, or each of its names, must be in `valid` (a decoder
-    preset without it); the value goes on (a name lower-cased with `lower`; an empty one
-    unchecked with `optional`)."""
+    preset without it); the value goes on (a name lower-cased with `lower`; one not given
+    unchecked with `optional`, while an empty name is refused like any unknown one)."""
 
     def grid_value(value):
-        if optional and not value:
+        if optional and value is None:
             return value
         for name in [value] if isinstance(value, str) else value or ():
             if valid:
