@@ -18,7 +18,7 @@ from . import style
 from .controls import slider
 from .panel import Control, Panel, lookup_panel
 
-ARCH_COLORS = {"colocated": style.GREY, "disaggregated": style.ORANGE, "kv-centric": style.BLUE}
+ARCH_COLORS = style.ARCH_COLORS
 KIND_COLORS = {
     "fetch": style.PURPLE,
     "prefill": style.VERMILION,

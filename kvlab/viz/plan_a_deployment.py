@@ -25,7 +25,7 @@ ARCH_LABELS = {
     "disaggregated": "disaggregated",
     "kv-centric": "KV-centric",
 }
-ARCH_COLORS = {"colocated": style.BLUE, "disaggregated": style.ORANGE, "kv-centric": style.GREEN}
+ARCH_COLORS = style.ARCH_COLORS
 TRAFFIC_LABELS = {
     "cold": "conversation, cold start",
     "warm": "conversation, warmed up",

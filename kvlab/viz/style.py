@@ -11,6 +11,8 @@ BLUE, ORANGE, GREEN, VERMILION = "#0072B2", "#E69F00", "#009E73", "#D55E00"
 SKY, PURPLE, YELLOW, GREY = "#56B4E9", "#CC79A7", "#F0E442", "#999999"
 PALETTE = (BLUE, ORANGE, GREEN, VERMILION, SKY, PURPLE, YELLOW, GREY)
 WEIGHTS, KV_READ, KV_WRITE = BLUE, ORANGE, GREEN  # one colour per kind of byte, every chapter
+#: One colour per serving design, in every chapter that compares them (4 and 6).
+ARCH_COLORS = {"colocated": GREY, "disaggregated": ORANGE, "kv-centric": BLUE}
 
 WIDTH = 680  # fits the book theme's article column
 HEIGHT = 320
