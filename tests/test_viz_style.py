@@ -60,8 +60,8 @@ def test_legend_below_grows_the_figure_a_row_per_two_entries():
     fig = style.new_figure("t", "x", "y", height=300)
     for i in range(5):
         style.line(fig, "a", "b", legend=f"series {i}")
-    style.legend_below(fig, row_px=22)
-    assert fig.height == 300 + 22 * 3
+    style.legend_below(fig)
+    assert fig.height == 300 + 72  # 3 rows of two columns, 24 px each, in every chapter
     assert fig.legend[0] in fig.below and fig.legend[0] not in fig.center
 
 

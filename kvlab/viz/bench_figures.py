@@ -29,11 +29,6 @@ def _note(fig, text: str):
     return fig
 
 
-def _legend_below(fig):
-    """Many series: the legend goes under the plot, in two columns, instead of over the data."""
-    style.legend_below(fig, row_px=24)
-
-
 def _context_ticks(contexts):
     """Ticks at the measured contexts (powers of two), not bokeh's crowded log ticks."""
     from bokeh.models import FixedTicker
@@ -185,7 +180,7 @@ def bandwidth_figure():
         return _note(fig, "no decode results recorded yet")
     fig.xaxis.ticker = _context_ticks(contexts)
     style.finish(fig, x="count", y="percent")
-    _legend_below(fig)
+    style.legend_below(fig)
     return fig
 
 
@@ -252,7 +247,7 @@ def pace_figure():
     diagonal = [0, hi * 1.05]
     style.line(fig, diagonal, diagonal, None, "black", 1.5, legend="achieved = copy bandwidth")
     style.finish(fig, x="B/s", y="B/s")
-    _legend_below(fig)
+    style.legend_below(fig)
     style.hover(
         fig,
         [

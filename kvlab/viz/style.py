@@ -157,7 +157,12 @@ def finish(  # noqa: PLR0913 - the steps a figure ends with, keyword-only
     return fig
 
 
-def legend_below(fig, columns: int = 2, row_px: int = 22):
+#: A legend row under a plot: a 20 px glyph and its spacing (10 px labels); one height in
+#: every chapter, so that a legend of n rows grows its figure alike everywhere.
+LEGEND_ROW_PX = 24
+
+
+def legend_below(fig, columns: int = 2, row_px: int = LEGEND_ROW_PX):
     """Many series: the legend under the plot in `columns` columns, never over the data;
     the figure grows by a row's height per row of entries."""
     legend = fig.legend[0]
