@@ -316,6 +316,7 @@ def load(gen):
             "colocated-512",
             "colocated-2048",
             "disaggregated",
+            "disaggregated+er",
             "kv-centric",
             "kv-centric+er",
         )
@@ -355,13 +356,17 @@ def test_capacity_panel_and_numbers(load):
     m = load["metrics"]
     assert v["colocated_slo_attainment"] == m["colocated-512"]["slo_attainment"][-1]
     assert v["kv_centric_goodput_requests_per_s"] == m["kv-centric"]["goodput_requests_per_s"][-1]
-    on = panel.values(rate=100.0, early_reject="on")
+    assert v["disaggregated_itl_p99_s"] == m["disaggregated"]["itl_p99_s"][-1]
+    on = panel.values(rate=100.0, early_reject="on")  # both separated designs reject
     assert on["kv_centric_itl_p99_s"] == m["kv-centric+er"]["itl_p99_s"][-1]
+    assert on["disaggregated_itl_p99_s"] == m["disaggregated+er"]["itl_p99_s"][-1]
+    assert on["colocated_itl_p99_s"] == m["colocated"]["itl_p99_s"][-1]
     numbers = kv_centric.capacity_numbers(load, panel)
     assert numbers["load_requests"] == "150" and numbers["load_tbt_stat"] == "p90"
     assert numbers["sat_kv_centric_er"].endswith("requests/s")
-    # early rejection is on by default
-    assert numbers["capacity_kv_centric_saturation"] == numbers["sat_kv_centric_er"]
+    # by default no design rejects early: the three are compared alike
+    assert numbers["capacity_kv_centric_saturation"] == numbers["sat_kv_centric"]
+    assert numbers["capacity_disaggregated_saturation"] == numbers["sat_disaggregated"]
     assert numbers["capacity_colocated_saturation"] == numbers["sat_colocated"]  # vLLM's budget
 
 

@@ -187,11 +187,11 @@ def saturation_text(rate: float, status: str, level: float) -> str:
 
 def capacity_panel(data: dict, level: float) -> Panel:
     """SLO attainment and goodput of the three designs against the offered load; controls
-    for the load, the colocated engine's token budget and the KV-centric design's early
-    rejection; the readout gives each design's figures at that load and where it saturates
-    (attainment under `level`). `data` from kvlab.book.sim_runs.load_sweep, which must hold
-    the variants named in its settings: colocated at each budget, disaggregated, KV-centric
-    with and without early rejection.
+    for the load, the colocated engine's token budget and early rejection for both separated
+    designs (off at first: the three compared alike, none rejecting); the readout gives each
+    design's figures at that load and where it saturates (attainment under `level`). `data`
+    from kvlab.book.sim_runs.load_sweep, which must hold the variants named in its settings:
+    colocated at each budget, disaggregated and KV-centric with and without early rejection.
 
     Every state is a lookup into `data` (the browser twin, KVLAB.panels.load_capacity in
     js/kv_centric.js, does the same lookups): the curves depend on two controls only, so
@@ -203,17 +203,15 @@ def capacity_panel(data: dict, level: float) -> Panel:
         for name, cfg in settings.items()
         if cfg["arch"] == "colocated" and not cfg["early_reject"]
     }
-    kv = {
-        ("on" if cfg["early_reject"] else "off"): name
-        for name, cfg in settings.items()
-        if cfg["arch"] == "kv-centric"
+    separated = {
+        arch: {
+            ("on" if cfg["early_reject"] else "off"): name
+            for name, cfg in settings.items()
+            if cfg["arch"] == arch
+        }
+        for arch in ("disaggregated", "kv-centric")
     }
-    plain = next(
-        name
-        for name, cfg in settings.items()
-        if cfg["arch"] == "disaggregated" and not cfg["early_reject"]
-    )
-    used = sorted({*colocated.values(), *kv.values(), plain})
+    used = sorted({*colocated.values(), *(n for v in separated.values() for n in v.values())})
     keys = [k for k, _, _ in CAPACITY_SHOWN]
     terms = {
         "rates": rates,
@@ -221,8 +219,8 @@ def capacity_panel(data: dict, level: float) -> Panel:
         "colors": [ARCH_COLORS[d] for d in ARCHS],
         "keys": keys,
         "colocated": colocated,
-        "disaggregated": plain,
-        "kv_centric": kv,
+        "disaggregated": separated["disaggregated"],
+        "kv_centric": separated["kv-centric"],
         "curves": {
             name: {k: [float(v) for v in data["metrics"][name][k]] for k in keys} for name in used
         },
@@ -249,7 +247,7 @@ def capacity_panel(data: dict, level: float) -> Panel:
                 f"{b:,}" + (" (vLLM's default)" if b == default_budget else "") for b in budgets
             ),
         ),
-        Control("early_reject", "KV-centric early rejection", EARLY_REJECT_OPTIONS, "on"),
+        Control("early_reject", "Early rejection (separated designs)", EARLY_REJECT_OPTIONS, "off"),
     )
     return Panel(
         "load-capacity",
@@ -267,7 +265,7 @@ def _capacity_state(terms: dict, state: dict) -> dict:
     i = terms["rates"].index(float(state["rate"]))
     picked = {
         "colocated": terms["colocated"][str(state["chunk"])],
-        "disaggregated": terms["disaggregated"],
+        "disaggregated": terms["disaggregated"][state["early_reject"]],
         "kv_centric": terms["kv_centric"][state["early_reject"]],
     }
     curves, values = {"rate": list(terms["rates"])}, {}

@@ -15,7 +15,8 @@
   "use strict";
   KVLAB.panels.load_capacity = function (K, T, s) {
     const i = T.rates.indexOf(s.rate);
-    const picked = { colocated: T.colocated[String(s.chunk)], disaggregated: T.disaggregated,
+    const picked = { colocated: T.colocated[String(s.chunk)],
+                     disaggregated: T.disaggregated[s.early_reject],
                      kv_centric: T.kv_centric[s.early_reject] };
     const curves = { rate: T.rates.slice() }, values = {};
     const at = { design: T.designs.slice(), color: T.colors.slice(),
