@@ -28,14 +28,16 @@ def cache_dir(tmp_path, monkeypatch):
 
 
 def fake_timings(**ms) -> dict:
-    """A measurement in which candidate NAME took `ms[NAME] = (weights ms, attention ms)`."""
+    """A measurement in which candidate NAME took `ms[NAME] = (weights ms, attention ms)`, or
+    (weights, attention, attention over int8 KV) ms."""
     timings = {
         n.replace("_", "-"): {
-            "weights_s": w / 1e3,
-            "attention_s": a / 1e3,
-            "total_s": (w + a) / 1e3,
+            "weights_s": t[0] / 1e3,
+            "attention_s": t[1] / 1e3,
+            "total_s": (t[0] + t[1]) / 1e3,
+            **({"attention_int8_s": t[2] / 1e3} if len(t) > 2 else {}),
         }
-        for n, (w, a) in ms.items()
+        for n, t in ms.items()
     }
     by_name = {}
     for n in timings:
@@ -63,15 +65,22 @@ def test_measure_times_every_candidate_and_picks_the_fastest(cache_dir, monkeypa
     best_a = min(natives, key=lambda n: t[n]["attention_s"])
     assert result["native"]["weights"]["name"] == best_w
     assert result["native"]["attention"]["name"] == best_a
+    best_a8 = min(natives, key=lambda n: t[n]["attention_int8_s"])
+    assert result["native"]["attention_int8"]["name"] == best_a8
     native_s = t[best_w]["weights_s"] + t[best_a]["attention_s"]
     assert result["native"]["total_s"] == pytest.approx(native_s)
     assert result["kernels"] == ("native" if native_s < t["torch"]["total_s"] else "torch")
-    # each total is the sum of its four workloads (weights and KV at batch 1 and 8)
-    for times in t.values():
-        parts = [v for k, v in times.items() if k.endswith(" s")]
+    # each total is the sum of its four workloads (weights and bf16 KV at batch 1 and 8); the
+    # native variants also time int8 KV at both batches, apart from the total
+    for name, times in t.items():
+        parts = [v for k, v in times.items() if k.endswith(" s") and not k.startswith("kv-int8")]
         assert len(parts) == 4 and all(v > 0 for v in parts)
         assert sum(parts) == pytest.approx(times["total_s"])
         assert times["weights_s"] + times["attention_s"] == pytest.approx(times["total_s"])
+        int8 = [v for k, v in times.items() if k.startswith("kv-int8")]
+        assert len(int8) == (0 if name == "torch" else 2) and all(v > 0 for v in int8)
+        if int8:
+            assert sum(int8) == pytest.approx(times["attention_int8_s"])
 
 
 @needs_native
@@ -110,6 +119,13 @@ def test_choice_is_measured_once_and_cached_per_machine(cache_dir, monkeypatch):
             ("l2", False),
             ("l2", False),
         ),
+        # int8 attention timed: its own fastest variant, which does not enter the choice
+        (
+            dict(native_l2=(15, 10, 30), native_l2_amx=(16, 12, 20), torch=(20, 30)),
+            "native",
+            ("l2", False),
+            ("l2", False),
+        ),
         # each operation its own variant: 10 + 8 beats PyTorch's 30 though no variant alone does
         (
             dict(native_nta=(20, 8), native_l2=(10, 30), torch=(15, 15)),
@@ -136,6 +152,9 @@ def test_auto_takes_the_faster_kernel_set(cache_dir, monkeypatch, ms, auto, weig
     v = native.variant()
     assert (v["weights"]["prefetch"], v["weights"]["amx"]) == weights
     assert (v["attention"]["prefetch"], v["attention"]["amx"]) == attention
+    timed_int8 = all(len(t) > 2 for n, t in ms.items() if n != "torch")
+    int8 = (v["attention_int8"]["prefetch"], v["attention_int8"]["amx"])
+    assert int8 == (("l2", True) if timed_int8 else attention)  # untimed: the bf16 one's
     env = forced.kernels_environment()
     assert env["kernel_variant"] == v and "kvlab's" in env["kernel_timing"]["note"]
     assert Decoder("tiny", "bf16", kernels="torch").kernel_choice is None  # nothing timed

@@ -209,7 +209,7 @@ class Decoder(torch.nn.Module):
         timed = tune.choice()
         self.kernel_choice = timed
         best = tune.require_native(timed)
-        native.set_variant(best["weights"], best["attention"])
+        native.set_variant(best["weights"], best["attention"], best.get("attention_int8"))
         if asked == "auto" and timed["kernels"] == "torch":
             return "torch", "PyTorch kernels (timed faster here than kvlab's native kernels)"
         return "native", native.status()

@@ -2,18 +2,19 @@
 
 `--kernels auto` must not guess. kvlab's native kernels beat PyTorch's by 2-4x on one machine
 and lost to them by 2x on the next (a non-temporal prefetch that an AMD EPYC liked starved an
-Intel Xeon's L2 streamer), so the choice is measured: on first use on a machine, each
-candidate (every native variant: prefetch hint x AMX tiles where there are any; and PyTorch's
-kernels, as the decoder runs them) does the two things a decode step does, stream weights
-(a matrix-vector product at batch 1 and 8) and stream KV (decode attention over bf16 KV at
-batch 1 and 8), over a working set twice the last-level cache (256 to 512 MiB), the
-candidates interleaved so that a disturbance hits them alike. kvlab's kernels take the fastest
-variant for each of the two (batch-8 weights may want tiles where attention does not), and
-they win if those two together beat PyTorch's. The result, with every timing, is written
-under the native cache directory, keyed by the CPU's
-model and flags, the kernel source, torch's version and the thread count, and read back on
-every later run (a few seconds the first time, nothing after). `refresh=True` (or deleting the
-file) measures again.
+Intel Xeon's L2 streamer), so the choice is measured: on first use on a machine, each candidate
+(every native variant: prefetch hint x AMX tiles where there are any; and PyTorch's kernels, as
+the decoder runs them) does the two things a decode step does, stream weights (a matrix-vector
+product at batch 1 and 8) and stream KV (decode attention over bf16 KV at batch 1 and 8), over
+a working set twice the last-level cache (256 to 512 MiB), the candidates interleaved so that a
+disturbance hits them alike. kvlab's kernels take the fastest variant for each of the two
+(batch-8 weights may want tiles where attention does not), and they win if those two together
+beat PyTorch's. Attention over int8 KV is timed too, for kvlab's variants only, and gets its
+own fastest variant (widening int8 is work that AMX tiles can take off the vector units, which
+bf16 attention does not need). The result, with every timing, is written under the native cache
+directory, keyed by the CPU's model and flags, the kernel source, torch's version and the
+thread count, and read back on every later run (a few seconds the first time, nothing after).
+`refresh=True` (or deleting the file) measures again.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ ROUNDS = 4
 HIDDEN = 2048
 KV_HEADS, GROUP, HEAD_DIM, BLOCK = 4, 4, 128, 1024
 BATCHES = (1, 8)
-VERSION = 2
+VERSION = 3
 
 
 def last_level_cache_bytes() -> int:
@@ -139,7 +140,7 @@ def measure(rounds: int = ROUNDS) -> dict:
         else None
     )
     kv_token_bytes = 2 * KV_HEADS * HEAD_DIM * 2  # K and V, bf16
-    kv = {}
+    kv, kv_int8 = {}, {}
     for batch in BATCHES:
         blocks = max(1, (total - weight_bytes) // (kv_token_bytes * BLOCK * batch))
         shape = (blocks, batch, KV_HEADS, BLOCK, HEAD_DIM)
@@ -148,6 +149,10 @@ def measure(rounds: int = ROUNDS) -> dict:
         q = torch.full((batch, KV_HEADS * GROUP, 1, HEAD_DIM), 0.01, dtype=torch.bfloat16)
         lengths = torch.full((batch,), blocks * BLOCK, dtype=torch.int64)
         kv[batch] = (q, k, v, lengths)
+        if packed is not None:  # the same positions as int8 with fp16 scales (half the bytes)
+            k8 = torch.ones(shape, dtype=torch.int8)
+            scale = torch.full((*shape[:-1], 1), 0.01, dtype=torch.float16)
+            kv_int8[batch] = (q, k8, k8.clone(), lengths, scale, scale.clone())
     xs = {b: torch.full((b, HIDDEN), 0.01, dtype=torch.bfloat16) for b in BATCHES}
 
     def workloads(c: dict) -> dict:
@@ -159,6 +164,7 @@ def measure(rounds: int = ROUNDS) -> dict:
                 variant = {"prefetch": c["prefetch"], "amx": c["amx"]}
                 weights = partial(native.gemv_bf16, xs[b], packed, out_features, **variant)
                 attend = partial(native.decode_attention, q, k, v, lengths, **variant)
+                work[f"kv-int8 b={b}"] = partial(native.decode_attention, *kv_int8[b], **variant)
             else:
                 if onednn is not None:
                     weights = partial(_onednn_linear, xs[b], onednn)
@@ -182,11 +188,13 @@ def measure(rounds: int = ROUNDS) -> dict:
     for name, per in times.items():
         med = {w: statistics.median(ts) for w, ts in per.items()}
         weights_s = sum(t for w, t in med.items() if w.startswith("weights"))
-        attention_s = sum(t for w, t in med.items() if w.startswith("kv"))
+        attention_s = sum(t for w, t in med.items() if w.startswith("kv b="))
+        int8 = [t for w, t in med.items() if w.startswith("kv-int8")]
         timings[name] = {
             "total_s": weights_s + attention_s,
             "weights_s": weights_s,
             "attention_s": attention_s,
+            **({"attention_int8_s": sum(int8)} if int8 else {}),
             **{w + " s": t for w, t in med.items()},
         }
     return {
@@ -200,14 +208,20 @@ def measure(rounds: int = ROUNDS) -> dict:
 
 
 def pick(timings: dict, by_name: dict) -> dict:
-    """The choice from the timings: kvlab's kernels take, per operation (weights, attention),
-    their fastest variant; they win if those two together beat PyTorch's two."""
+    """The choice from the timings: kvlab's kernels take, per operation (weights, attention,
+    attention over int8 KV where timed, else the bf16 attention's), their fastest variant;
+    they win if weights and bf16 attention together beat PyTorch's two."""
     natives = [n for n in timings if by_name[n]["kernels"] == "native"]
     best = {}
-    for op, key in (("weights", "weights_s"), ("attention", "attention_s")):
+    ops = (("weights", "weights_s"), ("attention", "attention_s"))
+    if natives and all("attention_int8_s" in timings[n] for n in natives):
+        ops += (("attention_int8", "attention_int8_s"),)
+    for op, key in ops:
         if natives:
             name = min(natives, key=lambda n: timings[n][key])
             best[op] = {"name": name, **{k: by_name[name][k] for k in ("prefetch", "amx")}}
+    if natives and "attention_int8" not in best:
+        best["attention_int8"] = best["attention"]
     native_s = (
         timings[best["weights"]["name"]]["weights_s"]
         + timings[best["attention"]["name"]]["attention_s"]
@@ -229,9 +243,10 @@ def note(c: dict) -> str:
     parts = []
     if c.get("native"):
         n = c["native"]
+        int8 = n.get("attention_int8", n["attention"])["name"]
         parts.append(
             f"kvlab's {n['total_s'] * 1e3:.1f} ms (weights {n['weights']['name']}, "
-            f"attention {n['attention']['name']})"
+            f"attention {n['attention']['name']}, over int8 KV {int8})"
         )
     if c.get("torch_total_s") is not None:
         parts.append(f"PyTorch's {c['torch_total_s'] * 1e3:.1f} ms")

@@ -41,8 +41,10 @@ PREFETCH_HINTS = ("nta", "l2")
 _FLAG_PREFETCH_L2, _FLAG_AMX = 1, 2
 #: The variant each kernel runs now: its prefetch hint, and whether it may use AMX tiles
 #: (batch 2-16 weights; the scores and p V), where the CPU and the OS allow them. Which
-#: variant a machine gets, per kernel, is timed on first use (`kvlab.decoder.tune`).
-OPERATIONS = ("weights", "attention")
+#: variant a machine gets, per kernel, is timed on first use (`kvlab.decoder.tune`); attention
+#: over int8 KV has its own (widening int8 costs work that tiles can take: on a 2-core Xeon the
+#: tiles speed int8 attention up by a quarter and bf16 attention down).
+OPERATIONS = ("weights", "attention", "attention_int8")
 _variant = {op: {"prefetch": "l2", "amx": True} for op in OPERATIONS}
 
 
@@ -236,14 +238,18 @@ def amx_available() -> bool:
 
 
 def variant() -> dict:
-    """The variants in use: {"weights": {"prefetch", "amx"}, "attention": {...}}."""
+    """The variants in use: {"weights": {"prefetch", "amx"}, "attention": {...},
+    "attention_int8": {...}}."""
     return {op: dict(v) for op, v in _variant.items()}
 
 
-def set_variant(weights: dict | None = None, attention: dict | None = None) -> None:
+def set_variant(
+    weights: dict | None = None, attention: dict | None = None, attention_int8: dict | None = None
+) -> None:
     """Use these variants ({"prefetch": one of PREFETCH_HINTS, "amx": bool}) from now on in
     this process (the tuner's choice); None keeps an operation's current one."""
-    for op, given in (("weights", weights), ("attention", attention)):
+    given_by_op = {"weights": weights, "attention": attention, "attention_int8": attention_int8}
+    for op, given in given_by_op.items():
         if given is None:
             continue
         if given.get("prefetch") not in PREFETCH_HINTS or not isinstance(given.get("amx"), bool):
@@ -362,7 +368,8 @@ def decode_attention(  # noqa: PLR0913 - mirrors the C kernel's arguments
     q: (B, H, 1, D) scaled by 1/sqrt(D); k, v: (nb, B, KV, blk, D), bf16, or int8 with
     k_scale, v_scale (nb, B, KV, blk, 1) fp16 (contiguous views of the cache); lengths: (B,)
     int64, positions each sequence attends (the rest are stale); `prefetch`, `amx`: the variant
-    (default: `variant()["attention"]`). Returns (B, H, 1, D) fp32."""
+    (default: `variant()["attention"]`, over int8 KV `variant()["attention_int8"]`). Returns
+    (B, H, 1, D) fp32."""
     import torch
 
     nb, B, KV, blk, D = k.shape
@@ -401,7 +408,8 @@ def decode_attention(  # noqa: PLR0913 - mirrors the C kernel's arguments
         raise KvlabError(f"decode_attention: lengths must be in 1..{nb * blk}, got {lens.tolist()}")
     qb = q.to(torch.bfloat16).contiguous()  # (B, H, 1, D) == (B, KV, G, D)
     out = torch.empty(B, H, 1, D, dtype=torch.float32)
-    dims = (nb, B, KV, H // KV, blk, D, _threads(), _flags("attention", prefetch, amx))
+    op = "attention_int8" if quant else "attention"
+    dims = (nb, B, KV, H // KV, blk, D, _threads(), _flags(op, prefetch, amx))
     if quant:
         rc = _lib().kvlab_decode_attention_int8(
             qb.data_ptr(),
