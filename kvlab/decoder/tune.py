@@ -120,6 +120,21 @@ def _write(path: Path, result: dict) -> None:
         pass
 
 
+def _tiled(shape: tuple, dtype, g) -> torch.Tensor:
+    """Random KV (one random block of every sequence and head, tiled over the blocks): an
+    attention kernel's speed depends on its values, as an online softmax rescales its sums
+    whenever a new score beats the running maximum, which a constant fill never does; tiling
+    fills gigabytes in a blink. int8: values in -127..127; fp16 (scales): 0.005-0.02."""
+    one = (1, *shape[1:])
+    if dtype == torch.int8:
+        block = torch.randint(-127, 128, one, generator=g, dtype=torch.int8)
+    elif dtype == torch.float16:
+        block = (0.005 + 0.015 * torch.rand(one, generator=g)).to(dtype)
+    else:
+        block = torch.randn(one, generator=g).to(dtype)
+    return block.expand(shape).contiguous()
+
+
 def measure(rounds: int = ROUNDS) -> dict:
     """Time every candidate (see the module docstring); the choice and all timings."""
     from .attention import decode_attention  # noqa: PLC0415 - torch loads only when used
@@ -129,7 +144,7 @@ def measure(rounds: int = ROUNDS) -> dict:
     total = working_set_bytes()
     weight_bytes = total * 2 // 3
     out_features = max(32, weight_bytes // (2 * HIDDEN) // 32 * 32)
-    # values do not change the speed; a constant fills gigabytes in a blink
+    # a weight's value does not change a product's speed; a constant fills gigabytes in a blink
     plain = torch.full((out_features, HIDDEN), 0.01, dtype=torch.bfloat16)
     onednn = onednn_layout(plain)
     if onednn is not None:
@@ -141,18 +156,19 @@ def measure(rounds: int = ROUNDS) -> dict:
     )
     kv_token_bytes = 2 * KV_HEADS * HEAD_DIM * 2  # K and V, bf16
     kv, kv_int8 = {}, {}
+    g = torch.Generator().manual_seed(0)
     for batch in BATCHES:
         blocks = max(1, (total - weight_bytes) // (kv_token_bytes * BLOCK * batch))
         shape = (blocks, batch, KV_HEADS, BLOCK, HEAD_DIM)
-        k = torch.full(shape, 0.01, dtype=torch.bfloat16)
-        v = torch.full(shape, 0.01, dtype=torch.bfloat16)
-        q = torch.full((batch, KV_HEADS * GROUP, 1, HEAD_DIM), 0.01, dtype=torch.bfloat16)
+        k, v = _tiled(shape, torch.bfloat16, g), _tiled(shape, torch.bfloat16, g)
+        q = torch.randn(batch, KV_HEADS * GROUP, 1, HEAD_DIM, generator=g) / HEAD_DIM**0.5
+        q = q.to(torch.bfloat16)
         lengths = torch.full((batch,), blocks * BLOCK, dtype=torch.int64)
         kv[batch] = (q, k, v, lengths)
         if packed is not None:  # the same positions as int8 with fp16 scales (half the bytes)
-            k8 = torch.ones(shape, dtype=torch.int8)
-            scale = torch.full((*shape[:-1], 1), 0.01, dtype=torch.float16)
-            kv_int8[batch] = (q, k8, k8.clone(), lengths, scale, scale.clone())
+            scales = [_tiled((*shape[:-1], 1), torch.float16, g) for _ in range(2)]
+            k8, v8 = _tiled(shape, torch.int8, g), _tiled(shape, torch.int8, g)
+            kv_int8[batch] = (q, k8, v8, lengths, *scales)
     xs = {b: torch.full((b, HIDDEN), 0.01, dtype=torch.bfloat16) for b in BATCHES}
 
     def workloads(c: dict) -> dict:
