@@ -34,12 +34,11 @@ def pytest_configure(config):
 #: fixtures are built once); in SPLIT_FILES each test is one (see below). Unlisted: 0.
 SLOW_UNITS = {
     "test_labs.py": 248,
-    "test_bench.py::test_all_quick_writes_every_benchmark": 216,
+    "test_bench_quick.py": 216,  # one `kvlab bench all --quick`, checked per benchmark
     "test_js.py": 167,
     "test_viz.py": 149,
     "test_plan.py": 141,
     "test_decoder.py": 131,
-    "test_bench.py::test_decode_quick_points_carry_the_contract": 114,
     "test_dashboard.py": 114,
     "test_native.py": 103,
     "test_fuzz.py": 95,
@@ -47,14 +46,12 @@ SLOW_UNITS = {
     "test_cli.py": 60,
     "test_bench.py::test_gpu_session_dry_run_on_the_cpu": 54,
     "05b_prefix_caching.ipynb": 50,
-    "test_bench.py::test_recompute_vs_fetch_quick": 50,
     "test_bench.py::test_decode_compares_kernels_point_by_point": 50,
     "test_saturation.py": 46,
     "test_traces.py": 31,
     "test_i18n_chapters.py": 30,
     "test_sim.py": 28,
     "test_kv_transfer.py::test_same_code_runs_under_torchrun": 27,
-    "test_bench.py::test_memory_quick": 26,
     "test_i18n.py": 23,
     "test_bench.py::test_decode_time_budget_skips_points": 22,
     "test_bench.py::test_a_result_that_cannot_be_saved_is_printed_first": 21,
@@ -80,7 +77,6 @@ SLOW_UNITS = {
     "test_browser.py::test_panel_readouts_match_kvlab": 6,
     "test_browser.py::test_dragging_a_slider_with_the_mouse_updates_the_readout": 6,
     "test_architecture.py": 6,
-    "test_bench.py::test_transfer_quick": 6,
 }
 #: Files whose tests share nothing expensive (module fixtures: a browser, a local HTTP
 #: server): under `--dist loadfile` their tests spread over the workers one by one.
