@@ -18,6 +18,10 @@ if not os.environ.get("KVLAB_KEEP_HOME"):
     os.environ.setdefault("IPYTHONDIR", os.path.join(_home, ".ipython"))
     os.environ.setdefault("JUPYTER_CONFIG_DIR", os.path.join(_home, ".jupyter"))
     os.environ.setdefault("JUPYTER_DATA_DIR", os.path.join(_home, ".local", "share", "jupyter"))
+    # kvlab's native kernels and this machine's timed kernel choice (kvlab.decoder.tune):
+    # built and timed once per run, not once per pytest-xdist worker (each has its own
+    # $HOME; a worker inherits this from the process that started it, which set it first)
+    os.environ.setdefault("KVLAB_NATIVE_DIR", os.path.join(_home, ".cache", "kvlab", "native"))
 
 
 def pytest_configure(config):
