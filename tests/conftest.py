@@ -36,10 +36,10 @@ def pytest_configure(config):
 #: Seconds a unit of work took in `pytest --durations=0` on the shared 2-core machine
 #: (2026-12-01, under load: only the order matters). A file is one unit (its module
 #: fixtures are built once); in SPLIT_FILES each test is one (see below). Unlisted: 0.
-#: test_labs, test_plan and test_fuzz: those figures scaled by the after/before ratio
+#: test_labs, test_plan, test_fuzz and 05b: those figures scaled by the after/before ratio
 #: of their own runs, one file at a time, when their shared set-up came in (2026-12-02).
 SLOW_UNITS = {
-    "test_labs.py": 110,
+    "test_labs.py": 130,
     "test_bench_quick.py": 216,  # one `kvlab bench all --quick`, checked per benchmark
     "test_js.py": 167,
     "test_viz.py": 149,
@@ -51,7 +51,7 @@ SLOW_UNITS = {
     "test_book.py": 71,
     "test_cli.py": 60,
     "test_bench.py::test_gpu_session_dry_run_on_the_cpu": 54,
-    "05b_prefix_caching.ipynb": 50,
+    "05b_prefix_caching.ipynb": 21,
     "test_bench.py::test_decode_compares_kernels_point_by_point": 50,
     "test_saturation.py": 46,
     "test_traces.py": 31,
