@@ -4,8 +4,10 @@ drops a design that could meet the target."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
+import pickle
 import subprocess
 import sys
 
@@ -29,6 +31,7 @@ from kvlab.plan import (
     parse_prices,
     plan,
     prune_reason,
+    runners,
     slo_front,
 )
 from kvlab.plan.evaluate import observed, saturation_of, sim_setup
@@ -93,6 +96,26 @@ def cli_args(*extra):
         "0.5",
         *extra,
     )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def evaluated_once():
+    """Each design's saturation search, on the same job and traces, run once in this
+    process: the serial runner (and `--jobs 1`) call `runners.evaluate` as they run, so the
+    tests of the search's bookkeeping (resume, the CLI's table) read what serial_plan
+    evaluated instead of searching again. Keyed by the pickled (design, job, traces), their
+    whole content; the process pool and Ray evaluate in their own processes, as they must."""
+    real, seen = runners.evaluate, {}
+
+    def evaluate(design, job, traces):
+        key = pickle.dumps((design, job, traces))
+        if key not in seen:
+            seen[key] = real(design, job, traces)
+        return copy.deepcopy(seen[key])
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(runners, "evaluate", evaluate)
+        yield seen
 
 
 @pytest.fixture(scope="module")
@@ -214,7 +237,7 @@ def test_the_search_is_the_simulators_saturation_search():
 def test_the_search_brackets_the_saturation_rate_and_names_what_binds():
     traces = SMALL.traces()
     for d in enumerate_designs(SPACE, OFFER):
-        r = saturation_of(d, JOB, traces)
+        r = runners.evaluate(d, JOB, traces)  # saturation_of, as the search ran it
         rate = r["saturation_requests_per_s"]
         probes = r["probes"]
         assert 0 < rate and r["at_saturation"]["slo_attainment"] >= 0.9
@@ -241,7 +264,7 @@ def test_the_search_brackets_the_saturation_rate_and_names_what_binds():
 
 def test_tighter_slos_never_raise_capacity():
     d = enumerate_designs(Space(archs=("colocated",), schedulers=("chunked",)), OFFER)[0]
-    loose = saturation_of(d, JOB, SMALL.traces())["saturation_requests_per_s"]
+    loose = runners.evaluate(d, JOB, SMALL.traces())["saturation_requests_per_s"]
     strict_job = dataclasses.replace(JOB, slo=Slo(ttft_s=0.3, tbt_s=0.03))
     strict = saturation_of(d, strict_job, SMALL.traces())["saturation_requests_per_s"]
     assert strict < loose

@@ -15,7 +15,11 @@ from ..models import get_model
 from ..prefix import latency
 from ..traces import trace_or_generated, trace_stats
 from ..viz.i18n import t
+from . import run_cache
 from .lang import pick
+
+#: The model whose KV the capacity curves are sized in (bytes on the figure's hover).
+CURVE_MODEL = "llama-3.1-8b"
 
 
 @functools.cache
@@ -23,7 +27,7 @@ def panels() -> dict:
     from ..viz import prefix_caching as figures  # noqa: PLC0415 - bokeh loads only when a figure is drawn
 
     return {
-        "capacity": figures.capacity_panel(),
+        "capacity": figures.capacity_panel(capacity_curve),
         "latency": figures.latency_panel(),
         "granularity": figures.granularity_panel(),
     }
@@ -31,8 +35,17 @@ def panels() -> dict:
 
 @functools.cache
 def capacity_curve(trace_name: str = "conversation") -> dict:
-    """Hit ratios against capacity for every policy (kvlab.prefix.hit_ratio_curve)."""
-    return prefix.hit_ratio_curve(trace_or_generated(trace_name), model="llama-3.1-8b")
+    """Hit ratios against capacity for every policy (kvlab.prefix.hit_ratio_curve): ~10 s of
+    replays per trace, so stored once per build (kvlab.book.run_cache, warmed by
+    kvlab.book.warm) and read by the prose's numbers, the figure, both editions and the tests
+    that run the chapter. Keyed by the trace that will be used (real or generated)."""
+    trace = trace_or_generated(trace_name)
+    key = (trace.label, trace.generated, len(trace), CURVE_MODEL)
+    return run_cache.cached(
+        f"ch5b-capacity-{trace_name}",
+        key,
+        lambda: prefix.hit_ratio_curve(trace, model=CURVE_MODEL),
+    )
 
 
 def definitions_disagree(curve: dict, policy: str = "lru") -> tuple[float, float]:

@@ -32,12 +32,17 @@ CAPACITY_READOUT = (
 )
 
 
-def capacity_panel():
-    """Token hit ratio against cache capacity for each eviction policy, on a trace."""
+def capacity_panel(curve_of=None):
+    """Token hit ratio against cache capacity for each eviction policy, on a trace.
+    `curve_of(trace name)`: its kvlab.prefix.hit_ratio_curve for Llama 3.1 8B (the book passes
+    its stored curves, kvlab.book.prefix_caching.capacity_curve); by default computed here."""
 
     def compute(state):
         trace = trace_or_generated(state["trace"])
-        curve = prefix.hit_ratio_curve(trace, model="llama-3.1-8b")
+        if curve_of is None:
+            curve = prefix.hit_ratio_curve(trace, model="llama-3.1-8b")
+        else:
+            curve = curve_of(state["trace"])
         caps = curve["capacity_tokens"].astype(float)
         half = int(
             np.argmin(np.abs(curve["capacity_blocks"] / curve["capacity_blocks"].max() - 0.5))
