@@ -10,6 +10,7 @@ and the formatting twins digit for digit, are checked under node by tests/test_j
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import html as html_lib
 import io
@@ -57,26 +58,31 @@ CLI_FLAGS = {
 
 
 def pytest_generate_tests(metafunc):
+    """`page` is module-scoped, so that pytest runs a page's tests one after another and
+    they share its tabs (SiteTab); `panel` is (page, panel key)."""
     names = metafunc.fixturenames
-    if {"page", "panel", "figure_page"} & set(names):
-        ensure_site()
-    if "page" in names:
-        metafunc.parametrize("page", site_pages())
-    if "figure_page" in names:
-        metafunc.parametrize("figure_page", bokeh_pages())
+    if "page" not in names:
+        return
+    ensure_site()
     if "panel" in names:
-        metafunc.parametrize("panel", page_panels(), ids=lambda p: f"{p[0]}#{p[1]}")
+        found = page_panels()
+        ids = [f"{page}#{key}" for page, key in found]
+        pairs = [(page, (page, key)) for page, key in found]
+        metafunc.parametrize(("page", "panel"), pairs, ids=ids, scope="module")
+    else:
+        pages = getattr(metafunc.function, "pages", site_pages)()
+        metafunc.parametrize("page", pages, scope="module")
     if "width" in names:
         metafunc.parametrize("width", list(WIDTHS.values()), ids=list(WIDTHS))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def base_url():
     with serve(ensure_site()) as url:
         yield url
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def browser():
     from playwright.sync_api import sync_playwright
 
@@ -84,6 +90,15 @@ def browser():
         b = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
         yield b
         b.close()
+
+
+@pytest.fixture(scope="session")
+def site(browser, base_url):
+    """The open pages of the site, one tab per (page, width), shared by the tests that read
+    them (SiteTab)."""
+    pool = TabPool(browser, base_url)
+    yield pool
+    pool.close()
 
 
 def open_page(browser, url, width: int = WIDTHS["desktop"]):
@@ -116,6 +131,107 @@ def open_page(browser, url, width: int = WIDTHS["desktop"]):
     return page, problems
 
 
+class SiteTab:
+    """One page of the site open at one width, shared by every test that reads that page at
+    that width: a load costs Chromium 1-3 s of CPU, and the tests used to load a page up to
+    eight times. What the page shows as built (its load's problems, the screenshot, each
+    panel's state and readout, what cannot be read) is read when it opens, before any test
+    moves a control, so no test depends on another; a test that moves controls puts them
+    back (`moving`)."""
+
+    def __init__(self, pool, page: str, width: int):
+        self.pool, self.page, self.width = pool, page, width
+        self.tab, self.problems = open_page(pool.browser, f"{pool.base_url}/{page}", width)
+        try:
+            self._read_as_built()
+        except BaseException:
+            self.tab.close()
+            raise
+
+    def _read_as_built(self) -> None:
+        tab = self.tab
+        self.panels = [key for p, key in page_panels() if p == self.page]
+        if self.panels:
+            tab.wait_for_function("window.Bokeh && Bokeh.documents.length > 0 && window.KVLAB")
+        elif self.page in bokeh_pages():
+            tab.wait_for_function("window.Bokeh && Bokeh.documents.length > 0")
+        if self.width == WIDTHS["desktop"]:
+            tab.wait_for_timeout(300)  # let BokehJS finish rendering before the screenshot
+            SHOTS.mkdir(parents=True, exist_ok=True)
+            shot = SHOTS / (self.page.replace("/", "__") + ".png")
+            tab.screenshot(path=str(shot), full_page=True)
+        self.built = {key: tab.evaluate(READ_PANEL, [key]) for key in self.panels}
+        self.built_cut = {key: unreadable(tab, panel_scope(key)) for key in self.panels}
+        if self.page in bokeh_pages():
+            self.built_figures_cut = unreadable(tab, ".bd-article [data-root-id]")
+        self.built_problems = list(self.problems)
+
+    def problems_since(self, mark: int) -> list[str]:
+        """What went wrong while the page loaded, and since `mark` (len(self.problems))."""
+        return self.built_problems + self.problems[max(mark, len(self.built_problems)) :]
+
+    @contextlib.contextmanager
+    def moving(self, key: str):
+        """Controls of panel `key` moved inside the block go back where they were after it
+        (checked); a failure inside closes the tab instead (the next test loads the page)."""
+        start = self.tab.evaluate(READ_PANEL, [key])
+        try:
+            yield
+            now = self.tab.evaluate(READ_PANEL, [key])
+            for control, meta in start["meta"].items():
+                if now["state"][control] != start["state"][control]:
+                    index = meta["options"].index(start["state"][control])
+                    set_control(
+                        self.tab, key, control, index if meta["kind"] == "slider" else str(index)
+                    )
+            self.tab.evaluate("window.scrollTo(0, 0)")
+            self.tab.mouse.move(0, 0)
+            assert self.tab.evaluate(READ_PANEL, [key])["state"] == start["state"]
+        except BaseException:
+            self.pool.discard(self)
+            raise
+
+
+class TabPool:
+    """The open SiteTabs of a pytest process, the last KEEP used (a test file's tests of one
+    page, at both widths, run one after another)."""
+
+    KEEP = 2
+
+    def __init__(self, browser, base_url: str):
+        self.browser, self.base_url = browser, base_url
+        self.open: dict[tuple[str, int], SiteTab] = {}
+
+    def get(self, page: str, width: int = WIDTHS["desktop"]) -> SiteTab:
+        tab = self.open.pop((page, width), None) or SiteTab(self, page, width)
+        self.open[(page, width)] = tab  # the most recent last
+        while len(self.open) > self.KEEP:
+            self.discard(next(iter(self.open.values())))
+        return tab
+
+    def discard(self, tab: SiteTab) -> None:
+        if self.open.get((tab.page, tab.width)) is tab:
+            del self.open[(tab.page, tab.width)]
+        tab.tab.close()
+
+    def close(self) -> None:
+        for tab in list(self.open.values()):
+            self.discard(tab)
+
+
+def panel_scope(key: str) -> str:
+    return f'.kvlab-panel[data-panel="{key}"]'
+
+
+def set_control(tab, key: str, control: str, value) -> dict:
+    """Move a panel's control to an option's index (a select takes it as a string, a slider
+    as a number), wait for the panel's update; the panel as it is then (READ_PANEL)."""
+    before = tab.evaluate(READ_PANEL, [key])["updates"]
+    assert tab.evaluate(SET_CONTROL, [f"{key}.{control}", value])
+    tab.wait_for_function(f"(window.KVLAB.updates || 0) > {before}", timeout=5000)
+    return tab.evaluate(READ_PANEL, [key])
+
+
 def test_toc_pages_were_built():
     expected = {"book/intro.html"} | {
         f"{m}.html" for m in re.findall(r"file:\s*(\S+)", (ROOT / "_toc.yml").read_text())
@@ -129,15 +245,8 @@ def test_toc_pages_were_built():
     )
 
 
-def test_page_is_clean(browser, base_url, page):
-    tab, problems = open_page(browser, f"{base_url}/{page}")
-    if "kvlab-panel" in tab.content():
-        tab.wait_for_function("window.Bokeh && Bokeh.documents.length > 0", timeout=15000)
-        tab.wait_for_timeout(300)  # let BokehJS finish rendering before the screenshot
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    tab.screenshot(path=str(SHOTS / (page.replace("/", "__") + ".png")), full_page=True)
-    tab.close()
-    assert problems == []
+def test_page_is_clean(site, page):
+    assert site.get(page).problems_since(0) == []
 
 
 # ------------------------------------------------------------------ panels
@@ -231,98 +340,88 @@ def other_values(meta: dict, current) -> list:
     return picks if meta["kind"] == "slider" else [str(i) for i in picks]
 
 
-def test_panel_readouts_match_kvlab(browser, base_url, panel):
+def test_panel_readouts_match_kvlab(site, page, panel):
     page_path, key = panel
     language = page_language(page_path)
-    tab, problems = open_page(browser, f"{base_url}/{page_path}")
-    tab.wait_for_function("window.Bokeh && Bokeh.documents.length > 0 && window.KVLAB")
-    first = tab.evaluate(READ_PANEL, [key])
+    page = site.get(page_path)
+    mark = len(page.problems)
+    first = page.built[key]
     check_readout(key, first["state"], first["readout"], language)  # as built, before any change
-    for control, meta in first["meta"].items():
-        for value in other_values(meta, first["state"][control]):
-            before = tab.evaluate(READ_PANEL, [key])["updates"]
-            assert tab.evaluate(SET_CONTROL, [f"{key}.{control}", value])
-            tab.wait_for_function(f"(window.KVLAB.updates || 0) > {before}", timeout=5000)
-            now = tab.evaluate(READ_PANEL, [key])
-            check_readout(key, now["state"], now["readout"], language)
-    tab.close()
-    assert problems == []
+    with page.moving(key):
+        for control, meta in first["meta"].items():
+            for value in other_values(meta, first["state"][control]):
+                now = set_control(page.tab, key, control, value)
+                check_readout(key, now["state"], now["readout"], language)
+    assert page.problems_since(mark) == []
 
 
-def test_panel_text_fits_the_column(browser, base_url, panel, width):
+def test_panel_text_fits_the_column(site, page, panel, width):
     """Every readout value and label, control title and option, tab title, legend entry
     and figure title of the panel can be read whole at this width, as built and after
     each control moves (two other values each, as the readout test moves them)."""
-    page_path, key = panel
-    tab, problems = open_page(browser, f"{base_url}/{page_path}", width)
-    tab.wait_for_function("window.Bokeh && Bokeh.documents.length > 0 && window.KVLAB")
-    scope = f'.kvlab-panel[data-panel="{key}"]'
-    cut = [f"as built: {p}" for p in unreadable(tab, scope)]
-    first = tab.evaluate(READ_PANEL, [key])
-    for control, meta in first["meta"].items():
-        for value in other_values(meta, first["state"][control]):
-            before = tab.evaluate(READ_PANEL, [key])["updates"]
-            assert tab.evaluate(SET_CONTROL, [f"{key}.{control}", value])
-            tab.wait_for_function(f"(window.KVLAB.updates || 0) > {before}", timeout=5000)
-            state = tab.evaluate(READ_PANEL, [key])["state"]
-            cut += [f"{state}: {p}" for p in unreadable(tab, scope)]
-    tab.close()
+    key, page = panel[1], site.get(page, width)
+    mark = len(page.problems)
+    cut = [f"as built: {p}" for p in page.built_cut[key]]
+    first = page.built[key]
+    with page.moving(key):
+        for control, meta in first["meta"].items():
+            for value in other_values(meta, first["state"][control]):
+                state = set_control(page.tab, key, control, value)["state"]
+                cut += [f"{state}: {p}" for p in unreadable(page.tab, panel_scope(key))]
     assert not cut, "\n".join(cut[:12]) + f"\n({len(cut)} in all)"
-    assert problems == []
+    assert page.problems_since(mark) == []
 
 
-def test_figures_fit_the_column(browser, base_url, figure_page, width):
+def test_figures_fit_the_column(site, page, width):
     """Every figure of the page (panels as built included) can be read whole at this width."""
-    tab, problems = open_page(browser, f"{base_url}/{figure_page}", width)
-    tab.wait_for_function("window.Bokeh && Bokeh.documents.length > 0")
-    cut = unreadable(tab, ".bd-article [data-root-id]")
-    tab.close()
+    page = site.get(page, width)
+    cut = page.built_figures_cut
     assert not cut, "\n".join(cut[:12]) + f"\n({len(cut)} in all)"
-    assert problems == []
+    assert page.problems_since(0) == []
+
+
+test_figures_fit_the_column.pages = bokeh_pages
 
 
 @pytest.mark.parametrize("language", ["en", "zh_CN"])
-def test_dragging_a_slider_with_the_mouse_updates_the_readout(browser, base_url, language):
+def test_dragging_a_slider_with_the_mouse_updates_the_readout(site, language):
     page_path, key = next(
         p for p in page_panels() if p[1] == "ledger" and page_language(p[0]) == language
     )
-    tab, problems = open_page(browser, f"{base_url}/{page_path}")
-    tab.wait_for_function("window.Bokeh && Bokeh.documents.length > 0 && window.KVLAB")
-    before = tab.evaluate(READ_PANEL, [key])
-    handle = tab.locator(".bk-Slider .noUi-handle").first
-    handle.scroll_into_view_if_needed()
-    box = handle.bounding_box()
-    tab.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-    tab.mouse.down()
-    tab.mouse.move(box["x"] + 120, box["y"] + box["height"] / 2, steps=8)
-    tab.mouse.up()
-    tab.wait_for_function(f"(window.KVLAB.updates || 0) > {before['updates']}", timeout=5000)
-    after = tab.evaluate(READ_PANEL, [key])
-    assert after["readout"] != before["readout"]
-    check_readout(key, after["state"], after["readout"], language)
-    tab.close()
-    assert problems == []
+    page = site.get(page_path)
+    mark = len(page.problems)
+    tab = page.tab
+    with page.moving(key):
+        before = tab.evaluate(READ_PANEL, [key])
+        handle = tab.locator(".bk-Slider .noUi-handle").first
+        handle.scroll_into_view_if_needed()
+        box = handle.bounding_box()
+        tab.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        tab.mouse.down()
+        tab.mouse.move(box["x"] + 120, box["y"] + box["height"] / 2, steps=8)
+        tab.mouse.up()
+        tab.wait_for_function(f"(window.KVLAB.updates || 0) > {before['updates']}", timeout=5000)
+        after = tab.evaluate(READ_PANEL, [key])
+        assert after["readout"] != before["readout"]
+        check_readout(key, after["state"], after["readout"], language)
+    assert page.problems_since(mark) == []
 
 
-def test_chinese_readouts_are_in_chinese(browser, base_url):
+def test_chinese_readouts_are_in_chinese(site):
     """The static page's readout after a change keeps its Chinese labels (KVLAB.apply is
     wrapped by the table kvlab.viz.i18n ships with the Chinese site)."""
     page_path, key = next(
         p for p in page_panels() if p[1] == "ledger" and page_language(p[0]) == "zh_CN"
     )
-    tab, problems = open_page(browser, f"{base_url}/{page_path}")
-    tab.wait_for_function("window.Bokeh && Bokeh.documents.length > 0 && window.KVLAB")
-    before = tab.evaluate(READ_PANEL, [key])
-    assert tab.evaluate(
-        SET_CONTROL,
-        [f"{key}.batch", other_values(before["meta"]["batch"], before["state"]["batch"])[0]],
-    )
-    tab.wait_for_function(f"(window.KVLAB.updates || 0) > {before['updates']}", timeout=5000)
-    after = tab.evaluate(READ_PANEL, [key])["readout"]
+    page = site.get(page_path)
+    mark = len(page.problems)
+    before = page.built[key]
+    with page.moving(key):
+        batch = other_values(before["meta"]["batch"], before["state"]["batch"])[0]
+        after = set_control(page.tab, key, "batch", batch)["readout"]
     labels = re.findall(r"<th>([^<]*)</th>", after)
     assert labels and all(re.search(r"[\u4e00-\u9fff]", label) for label in labels), labels
-    tab.close()
-    assert problems == []
+    assert page.problems_since(mark) == []
 
 
 def test_chinese_search_works_offline(browser, base_url):
