@@ -4,6 +4,7 @@ order in which pytest-xdist's workers take the tests (slowest first, so they fin
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -78,19 +79,48 @@ SLOW_UNITS = {
     "test_bench.py::test_decode_refuses_points_one_by_one_and_goes_on": 12,
     "01_what_a_hit_saves.ipynb": 11,
     "test_bench.py::test_gpu_session_stays_inside_its_deadline": 10,
-    "test_browser.py::test_panel_text_fits_the_column": 8,
     "dashboard.ipynb": 8,
-    "test_browser.py::test_panel_readouts_match_kvlab": 6,
     "test_browser.py::test_dragging_a_slider_with_the_mouse_updates_the_readout": 6,
     "test_architecture.py": 6,
+    # test_browser.py, one unit a page (its tests share its tabs): ranked by the page's checks,
+    # the bandwidth wall's panels the heaviest (2026-12-02); only the order matters
+    **{
+        f"test_browser.py::{edition}notebooks/{page}.html": weight
+        for edition in ("", "zh/")
+        for page, weight in (
+            ("02_bandwidth_wall", 40),
+            ("03_beyond_hbm", 35),
+            ("04_kv_centric", 30),
+            ("05b_prefix_caching", 30),
+            ("02c_past_the_ceiling", 25),
+            ("05_metrics_and_diagnosis", 25),
+            ("01_what_a_hit_saves", 15),
+            ("06_plan_a_deployment", 15),
+            ("02b_measured", 8),
+        )
+    },
 }
 #: Files whose tests share nothing expensive (module fixtures: a browser, a local HTTP
-#: server): under `--dist loadfile` their tests spread over the workers one by one.
+#: server): under `--dist loadfile` their tests spread over the workers one by one (but
+#: test_browser.py's tests of one page stay together, see `_page_unit`).
 SPLIT_FILES = {"test_browser.py", "test_bench.py", "test_kv_transfer.py"}
+
+
+#: test_browser.py's tests of one page share its tabs: they run together, one unit a page.
+PAGE = re.compile(r"\[([^\]#]+?\.html)")
+
+
+def _page_unit(nodeid: str) -> str | None:
+    path, _, rest = nodeid.partition("::")
+    found = PAGE.search(rest) if path.endswith("test_browser.py") else None
+    return f"test_browser.py::{found.group(1)}" if found else None
 
 
 def _unit(item) -> str:
     name = item.path.name
+    page = _page_unit(item.nodeid)
+    if page:
+        return page
     if name in SPLIT_FILES:
         return f"{name}::{getattr(item, 'originalname', None) or item.name}"
     return name
@@ -117,6 +147,9 @@ def pytest_xdist_make_scheduler(config, log):
     class SlowestFirst(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
+            page = _page_unit(nodeid)
+            if page:
+                return page
             return nodeid if path.rsplit("/", 1)[-1] in SPLIT_FILES else path
 
     config.option.loadscopereorder = False
