@@ -10,8 +10,8 @@ a working set twice the last-level cache (256 to 512 MiB), the candidates interl
 disturbance hits them alike. kvlab's kernels take the fastest variant for each of the two
 (batch-8 weights may want tiles where attention does not), and they win if those two together
 beat PyTorch's. Attention over int8 KV is timed too, for kvlab's variants only, and gets its
-own fastest variant (widening int8 is work that AMX tiles can take off the vector units, which
-bf16 attention does not need). The result, with every timing, is written under the native cache
+own fastest variant (widening int8 is work that AMX tiles may take off the vector units, which
+bf16 attention does not have). The result, with every timing, is written under the native cache
 directory, keyed by the CPU's model and flags, the kernel source, torch's version and the
 thread count, and read back on every later run (a few seconds the first time, nothing after).
 `refresh=True` (or deleting the file) measures again.

@@ -42,8 +42,8 @@ _FLAG_PREFETCH_L2, _FLAG_AMX = 1, 2
 #: The variant each kernel runs now: its prefetch hint, and whether it may use AMX tiles
 #: (batch 2-16 weights; the scores and p V), where the CPU and the OS allow them. Which
 #: variant a machine gets, per kernel, is timed on first use (`kvlab.decoder.tune`); attention
-#: over int8 KV has its own (widening int8 costs work that tiles can take: on a 2-core Xeon the
-#: tiles speed int8 attention up by a quarter and bf16 attention down).
+#: over int8 KV has its own, as widening int8 is work the tiles may or may not pay for where
+#: bf16 attention's choice goes the other way (timed, not assumed).
 OPERATIONS = ("weights", "attention", "attention_int8")
 _variant = {op: {"prefetch": "l2", "amx": True} for op in OPERATIONS}
 
