@@ -111,11 +111,11 @@ def measure(model, kv_dtypes, spec_device, weight_dtype: str, kind: str, timed):
 
     {"batches", "contexts", "weights": [share per batch], "attention": {kv dtype: [[share per
     context] per batch]}, "rest_s": {kv dtype: [seconds per batch]}, "note"}; the shares are
-    the ledger's bytes (`predict_decode`) over
-    the kernel's time over the copy bandwidth measured around that timing. `timed(fn)` is the
-    sweep's own measurement of a pass, (median seconds, copy bandwidth around it): bracketed and
-    re-measured when disturbed as its points are, and on CUDA captured in a graph as its steps
-    are, so that the table times kernels, not Python's launches."""
+    the ledger's bytes (`predict_decode`) over the kernel's time over the copy bandwidth
+    measured around that timing. `timed(fn)` is the sweep's own measurement of a pass, (median
+    seconds, copy bandwidth around it): bracketed and re-measured when disturbed as its points
+    are, and on CUDA captured in a graph as its steps are, so that the table times kernels, not
+    Python's launches."""
     shapes = SHAPES[kind]
     batches, contexts = shapes["batches"], shapes["contexts"]
     cfg = model.config

@@ -32,17 +32,14 @@ CAPACITY_READOUT = (
 )
 
 
-def capacity_panel(curve_of=None):
+def capacity_panel(curve_of):
     """Token hit ratio against cache capacity for each eviction policy, on a trace.
-    `curve_of(trace name)`: its kvlab.prefix.hit_ratio_curve for Llama 3.1 8B (the book passes
-    its stored curves, kvlab.book.prefix_caching.capacity_curve); by default computed here."""
+    `curve_of(trace name)`: that trace's kvlab.prefix.hit_ratio_curve (the book's stored
+    curves, kvlab.book.prefix_caching.capacity_curve, which the prose reads too)."""
 
     def compute(state):
         trace = trace_or_generated(state["trace"])
-        if curve_of is None:
-            curve = prefix.hit_ratio_curve(trace, model="llama-3.1-8b")
-        else:
-            curve = curve_of(state["trace"])
+        curve = curve_of(state["trace"])
         caps = curve["capacity_tokens"].astype(float)
         half = int(
             np.argmin(np.abs(curve["capacity_blocks"] / curve["capacity_blocks"].max() - 0.5))
