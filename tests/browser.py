@@ -17,6 +17,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 #: The built site; KVLAB_SITE points the browser tests at another build (say, main's).
 SITE = Path(os.environ.get("KVLAB_SITE") or ROOT / "_build" / "html")
+#: Full-page screenshots of what the browser tests load, for a person to look at, taken
+#: only when KVLAB_SCREENSHOTS is set (`KVLAB_SCREENSHOTS=1 make test`): no test reads
+#: them, and they cost ~0.7 s of CPU a page.
 SHOTS = ROOT / "_build" / "screenshots"
 CHROMIUM_ARGS = [
     "--headless",
@@ -42,6 +45,35 @@ TABS = """() => {
   }
   return out;
 }"""
+#: Whether the page is wider than the screen (a reader would scroll the whole page
+#: sideways): [] if not, else the width and the elements that reach past the screen's edge
+#: (the innermost first).
+TOO_WIDE = """() => {
+  const width = document.documentElement.clientWidth;
+  const whole = document.documentElement.scrollWidth;
+  if (whole <= width + 1) return [];
+  // inside a box that scrolls or clips across, or fixed to the screen (the theme's drawers):
+  // neither widens the page
+  const held = (el) => {
+    if (getComputedStyle(el).position === "fixed") return true;
+    for (let a = el.parentElement; a && a !== document.body; a = a.parentElement) {
+      const s = getComputedStyle(a);
+      if (s.overflowX !== "visible" || s.position === "fixed") return true;
+    }
+    return false;
+  };
+  const out = [];
+  for (const el of [...document.body.querySelectorAll("*")].reverse()) {
+    const r = el.getBoundingClientRect();
+    if (r.width > 0 && r.right > width + 1 && !held(el)) {
+      const named = typeof el.className === "string" && el.className;
+      const cls = named ? "." + el.className.split(" ")[0] : "";
+      const text = JSON.stringify((el.textContent || "").trim().replace(/\\s+/g, " ").slice(0, 50));
+      out.push(`${el.tagName.toLowerCase()}${cls} ${text} reaches ${Math.round(r.right)} px`);
+    }
+  }
+  return [`the page is ${whole} px wide on a ${width} px screen`, ...out.slice(0, 8)];
+}"""
 SHOW_TAB = """async ([id, index]) => {
   for (const d of Bokeh.documents) {
     const m = d.get_model_by_id(id);
@@ -64,6 +96,15 @@ def unreadable(tab, scope: str, column: str = "article.bd-article") -> list[str]
                 found = tab.evaluate(TEXT_FIT, [scope, column])
                 problems += [f"(tab {index + 1}) {p}" for p in found]
     return list(dict.fromkeys(problems))
+
+
+def screenshot(tab, name: str) -> None:
+    """_build/screenshots/NAME.png of the whole page, when KVLAB_SCREENSHOTS is set."""
+    if not os.environ.get("KVLAB_SCREENSHOTS"):
+        return
+    tab.wait_for_timeout(300)  # let BokehJS finish rendering
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    tab.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
 
 def chromium_path() -> str:

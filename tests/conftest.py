@@ -24,6 +24,14 @@ if not os.environ.get("KVLAB_KEEP_HOME"):
     # $HOME; a worker inherits this from the process that started it, which set it first)
     os.environ.setdefault("KVLAB_NATIVE_DIR", os.path.join(_home, ".cache", "kvlab", "native"))
 
+# Four pytest-xdist workers share two cores, and torch's and kvlab's kernels run two OpenMP
+# threads each: at a barrier, a thread whose partner is descheduled spins for its share of
+# the core unless told to sleep. Passive waiting changes no result (the same threads run
+# the same code) and cut the timing tests' CPU by a quarter (149 -> 114 CPU s for
+# test_bench, test_bench_quick and test_kv_transfer run side by side). Set before torch
+# loads; workers, kernels and CLI subprocesses inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 
 def pytest_configure(config):
     """Without pytest-timeout (a GPU box has pytest only), its marker is declared so that

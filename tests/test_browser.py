@@ -23,7 +23,7 @@ import pytest
 from browser import (
     CHROMIUM_ARGS,
     ROOT,
-    SHOTS,
+    TOO_WIDE,
     WIDTHS,
     ZH,
     bokeh_pages,
@@ -32,6 +32,7 @@ from browser import (
     ensure_site,
     page_language,
     page_panels,
+    screenshot,
     serve,
     site_pages,
     unreadable,
@@ -101,34 +102,60 @@ def site(browser, base_url):
     pool.close()
 
 
-def open_page(browser, url, width: int = WIDTHS["desktop"]):
-    """Open a page and record everything that went wrong while it loaded."""
-    page = browser.new_page(viewport={"width": width, "height": 900})
-    problems = []
-    page.on(  # the location names what failed (a favicon fetch fires no response event)
+#: The problems list each open tab's listeners append to (open_page swaps it per load).
+SINKS: dict = {}
+
+
+def open_page(browser, url, width: int = WIDTHS["desktop"], tab=None):
+    """Open a page and record everything that went wrong while it loaded. A `tab` given
+    (one a finished page left) is navigated instead of a new one opened: a new tab starts a
+    renderer process, ~1.5 s of CPU a page here. It goes through about:blank first, so
+    nothing of the page it showed lands in this page's problems, and it loads at `width`."""
+    if tab is None:
+        tab = browser.new_page(viewport={"width": width, "height": 900})
+        _listen(tab, url)
+    else:
+        tab.goto("about:blank")
+        tab.set_viewport_size({"width": width, "height": 900})
+    problems = SINKS[tab] = []
+    tab.goto(url)
+    tab.wait_for_load_state("networkidle")
+    if tab.url != url:  # a redirect page (index.html): requests it started were cancelled
+        tab.wait_for_load_state("networkidle")
+        problems[:] = [p for p in problems if "net::ERR_ABORTED" not in p]
+    return tab, problems
+
+
+def _listen(tab, url: str) -> None:
+    """Record the tab's errors, failed requests and requests that leave the site, into
+    SINKS[tab] (the current page's list)."""
+    site = url.split("/", 3)[0] + "//" + url.split("/")[2]
+
+    def note(problem: str) -> None:
+        SINKS[tab].append(problem)
+
+    # the location names what failed (a favicon fetch fires no response event)
+    tab.on(
         "console",
         lambda m: (
-            problems.append(f"console {m.type}: {m.text} ({m.location.get('url')})")
+            note(f"console {m.type}: {m.text} ({m.location.get('url')})")
             if m.type == "error"
             else None
         ),
     )
-    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
-    page.on("requestfailed", lambda r: problems.append(f"failed request: {r.url} ({r.failure})"))
+    tab.on("pageerror", lambda e: note(f"page error: {e}"))
+    tab.on("requestfailed", lambda r: note(f"failed request: {r.url} ({r.failure})"))
 
     def on_response(response):
-        if not response.url.startswith(url.split("/", 3)[0] + "//" + url.split("/")[2]):
-            problems.append(f"request left the site: {response.url}")
+        if response.url == "about:blank":
+            return
+        if not response.url.startswith(site):
+            note(f"request left the site: {response.url}")
         elif response.status >= 400:
-            problems.append(f"HTTP {response.status}: {response.url}")
+            note(f"HTTP {response.status}: {response.url}")
 
-    page.on("response", on_response)
-    page.goto(url)
-    page.wait_for_load_state("networkidle")
-    if page.url != url:  # a redirect page (index.html): requests it started were cancelled
-        page.wait_for_load_state("networkidle")
-        problems[:] = [p for p in problems if "net::ERR_ABORTED" not in p]
-    return page, problems
+    tab.on("response", on_response)
+    SINKS[tab] = []
 
 
 class SiteTab:
@@ -139,9 +166,10 @@ class SiteTab:
     moves a control, so no test depends on another; a test that moves controls puts them
     back (`moving`)."""
 
-    def __init__(self, pool, page: str, width: int):
+    def __init__(self, pool, page: str, width: int, tab=None):
         self.pool, self.page, self.width = pool, page, width
-        self.tab, self.problems = open_page(pool.browser, f"{pool.base_url}/{page}", width)
+        url = f"{pool.base_url}/{page}"
+        self.tab, self.problems = open_page(pool.browser, url, width, tab)
         try:
             self._read_as_built()
         except BaseException:
@@ -156,10 +184,8 @@ class SiteTab:
         elif self.page in bokeh_pages():
             tab.wait_for_function("window.Bokeh && Bokeh.documents.length > 0")
         if self.width == WIDTHS["desktop"]:
-            tab.wait_for_timeout(300)  # let BokehJS finish rendering before the screenshot
-            SHOTS.mkdir(parents=True, exist_ok=True)
-            shot = SHOTS / (self.page.replace("/", "__") + ".png")
-            tab.screenshot(path=str(shot), full_page=True)
+            screenshot(tab, self.page.replace("/", "__"))
+        self.built_too_wide = tab.evaluate(TOO_WIDE)
         self.built = {key: tab.evaluate(READ_PANEL, [key]) for key in self.panels}
         self.built_cut = {key: unreadable(tab, panel_scope(key)) for key in self.panels}
         if self.page in bokeh_pages():
@@ -194,7 +220,8 @@ class SiteTab:
 
 class TabPool:
     """The open SiteTabs of a pytest process, the last KEEP used (a test file's tests of one
-    page, at both widths, run one after another)."""
+    page, at both widths, run one after another). A page the pool lets go leaves its tab
+    to the next page opened (open_page)."""
 
     KEEP = 2
 
@@ -203,15 +230,20 @@ class TabPool:
         self.open: dict[tuple[str, int], SiteTab] = {}
 
     def get(self, page: str, width: int = WIDTHS["desktop"]) -> SiteTab:
-        tab = self.open.pop((page, width), None) or SiteTab(self, page, width)
+        tab = self.open.pop((page, width), None)
+        if tab is None:
+            free = None
+            if len(self.open) >= self.KEEP:  # the least recently used page gives up its tab
+                free = self.open.pop(next(iter(self.open))).tab
+            tab = SiteTab(self, page, width, free)
         self.open[(page, width)] = tab  # the most recent last
-        while len(self.open) > self.KEEP:
-            self.discard(next(iter(self.open.values())))
         return tab
 
     def discard(self, tab: SiteTab) -> None:
+        """A tab in an unknown state (a test failed in it): closed, not reused."""
         if self.open.get((tab.page, tab.width)) is tab:
             del self.open[(tab.page, tab.width)]
+        SINKS.pop(tab.tab, None)
         tab.tab.close()
 
     def close(self) -> None:
@@ -381,6 +413,14 @@ def test_figures_fit_the_column(site, page, width):
 
 
 test_figures_fit_the_column.pages = bokeh_pages
+
+
+def test_no_page_scrolls_sideways_on_a_phone(site, page):
+    """At 390 px nothing on the page as built (a long inline command, a wide table) makes
+    it wider than the screen, so that a reader scrolls it sideways; what is wide scrolls
+    inside its own box (a code block, a table, a panel)."""
+    wide = site.get(page, WIDTHS["phone"]).built_too_wide
+    assert not wide, "\n".join(wide)
 
 
 @pytest.mark.parametrize("language", ["en", "zh_CN"])

@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from browser import CHROMIUM_ARGS, SHOTS, TEXT_FIT, WIDTHS, chromium_path
+from browser import CHROMIUM_ARGS, TEXT_FIT, WIDTHS, chromium_path, screenshot
 
 from kvlab.viz.serve import die_with_parent, free_port, start, stop
 
@@ -199,8 +199,7 @@ def test_every_label_and_value_is_whole(dashboard, browser, width):
     page.wait_for_timeout(1000)
     cut = page.evaluate(TEXT_FIT, ["body", "body"])
     labels = page.locator(".kvlab-label").all_inner_texts()
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / f"dashboard-{width}.png"), full_page=True)
+    screenshot(page, f"dashboard-{width}")
     page.close()
     assert not cut, "\n".join(cut[:12])
     assert problems == []
