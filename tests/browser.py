@@ -37,11 +37,29 @@ CHROMIUM_ARGS = [
 WIDTHS = {"desktop": 1280, "phone": 390}
 #: tests/text_fit.js: what a reader cannot read (cut, or past the column) on a page.
 TEXT_FIT = (Path(__file__).with_name("text_fit.js")).read_text(encoding="utf-8")
-#: Every tab of every bokeh Tabs on the page, to show in turn ([model id, tab count]).
-TABS = """() => {
-  const out = [];
-  for (const d of Bokeh.documents) {
-    for (const m of d.all_models) if (m.type === "Tabs") out.push([m.id, m.tabs.length]);
+#: Every bokeh Tabs whose view lies inside `scope` (a CSS selector; shadow roots crossed), to
+#: show each of its tabs in turn ([model id, tab count]).
+TABS = """(scope) => {
+  const parentOf = (el) => el.parentElement || (el.getRootNode() && el.getRootNode().host) || null;
+  const inScope = (el) => {
+    for (let a = el; a; a = parentOf(a)) if (a.matches && a.matches(scope)) return true;
+    return false;
+  };
+  function* views(view, seen) {
+    if (!view || seen.has(view)) return;
+    seen.add(view);
+    yield view;
+    let kids = [];
+    try { kids = [...view.children()]; } catch (e) { kids = []; }
+    for (const kid of kids) yield* views(kid, seen);
+  }
+  const out = [], seen = new Set();
+  for (const root of Bokeh.index.roots) {
+    for (const v of views(root, seen)) {
+      if (v.model && v.model.type === "Tabs" && v.el && inScope(v.el)) {
+        out.push([v.model.id, v.model.tabs.length]);
+      }
+    }
   }
   return out;
 }"""
@@ -85,10 +103,11 @@ SHOW_TAB = """async ([id, index]) => {
 
 def unreadable(tab, scope: str, column: str = "article.bd-article") -> list[str]:
     """tests/text_fit.js over `scope` (a CSS selector) on an open page, each tab of every
-    bokeh Tabs shown in turn (a hidden tab's text is not checked while it is hidden)."""
+    bokeh Tabs inside `scope` shown in turn (a hidden tab's text is not checked while it is
+    hidden)."""
     tab.wait_for_timeout(150)  # BokehJS lays out and paints after a change
     problems = tab.evaluate(TEXT_FIT, [scope, column])
-    for model_id, count in tab.evaluate(TABS):
+    for model_id, count in tab.evaluate(TABS, scope):
         for index in [*range(1, count), 0]:  # back to the first tab, as the reader left it
             tab.evaluate(SHOW_TAB, [model_id, index])
             tab.wait_for_timeout(100)
