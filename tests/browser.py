@@ -45,24 +45,17 @@ TABS = """(scope) => {
     for (let a = el; a; a = parentOf(a)) if (a.matches && a.matches(scope)) return true;
     return false;
   };
-  function* views(view, seen) {
-    if (!view || seen.has(view)) return;
-    seen.add(view);
-    yield view;
-    let kids = [];
-    try { kids = [...view.children()]; } catch (e) { kids = []; }
-    for (const kid of kids) yield* views(kid, seen);
-  }
-  const out = [], seen = new Set();
-  for (const root of Bokeh.index.roots) {
-    for (const v of views(root, seen)) {
-      if (v.model && v.model.type === "Tabs" && v.el && inScope(v.el)) {
-        out.push([v.model.id, v.model.tabs.length]);
-      }
+  const out = [];
+  for (const d of Bokeh.documents) {
+    for (const m of d.all_models) {
+      if (m.type !== "Tabs") continue;
+      const view = Bokeh.index.find_one(m);
+      if (view && view.el && inScope(view.el)) out.push([m.id, m.tabs.length]);
     }
   }
   return out;
 }"""
+
 #: Whether the page is wider than the screen (a reader would scroll the whole page
 #: sideways): [] if not, else the width and the elements that reach past the screen's edge
 #: (the innermost first).
