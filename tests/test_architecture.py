@@ -11,6 +11,7 @@ Every import counts, including the ones inside functions.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import subprocess
 import sys
@@ -71,7 +72,13 @@ def _is_module(name: str) -> bool:
 
 
 MODULES = {_module_name(p): p for p in ROOT.rglob("*.py")}
-GRAPH = {m: {i for i in _imports(p) if i in MODULES and i != m} for m, p in MODULES.items()}
+
+
+@functools.cache
+def graph() -> dict[str, set[str]]:
+    """{module: the kvlab modules it imports}, parsed when a test first asks (not while every
+    pytest worker collects this file)."""
+    return {m: {i for i in _imports(p) if i in MODULES and i != m} for m, p in MODULES.items()}
 
 
 def _unit(module: str) -> str:
@@ -168,12 +175,12 @@ def test_architecture_md_draws_the_layers_this_test_enforces():
 
 
 def test_no_import_cycle_between_modules():
-    assert _cycle(GRAPH) is None, " -> ".join(_cycle(GRAPH))
+    assert _cycle(graph()) is None, " -> ".join(_cycle(graph()))
 
 
 def test_no_import_cycle_between_packages():
     units: dict[str, set[str]] = {}
-    for m, deps in GRAPH.items():
+    for m, deps in graph().items():
         units.setdefault(_unit(m), set()).update(_unit(d) for d in deps if _unit(d) != _unit(m))
     units.pop("__init__", None)
     assert _cycle(units) is None, " -> ".join(_cycle(units))
@@ -182,7 +189,7 @@ def test_no_import_cycle_between_packages():
 def test_imports_point_down_the_layers():
     wrong = [
         (m, d)
-        for m, deps in GRAPH.items()
+        for m, deps in graph().items()
         for d in deps
         if _unit(m) != "__init__" and _layer(_unit(d)) > _layer(_unit(m))
     ]
@@ -206,7 +213,7 @@ def test_only_the_book_knows_chapters():
     ]
     wrong += [
         m
-        for m, deps in GRAPH.items()
+        for m, deps in graph().items()
         if not _unit(m) == "book" and any(_unit(d) == "book" for d in deps)
     ]
     assert not wrong, wrong
