@@ -471,6 +471,7 @@ def test_chinese_search_works_offline(browser, base_url):
         "document.querySelectorAll('#search-results li').length > 0", timeout=15000
     )
     found = tab.evaluate("[...document.querySelectorAll('#search-results li a')].map(a => a.href)")
+    SINKS.pop(tab, None)
     tab.close()
     assert any("glossary" in url for url in found), found
     assert problems == []

@@ -10,6 +10,7 @@ searches run on fewer processes than there are cores).
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -47,16 +48,14 @@ def chapters_4_and_5b() -> list[str]:
 
 def main() -> int:
     start = time.perf_counter()
-    if cores() < 2:
+    with contextlib.ExitStack() as stack:
+        later = None
+        if cores() > 1:
+            beside = stack.enter_context(ProcessPoolExecutor(1, mp_context=start_method()))
+            later = beside.submit(chapters_4_and_5b)
         plan_searches.searches()
         print(f"kvlab book: chapter 6's searches ready ({time.perf_counter() - start:.0f} s)")
-        side = chapters_4_and_5b()
-    else:
-        with ProcessPoolExecutor(1, mp_context=start_method()) as beside:
-            later = beside.submit(chapters_4_and_5b)
-            plan_searches.searches()
-            print(f"kvlab book: chapter 6's searches ready ({time.perf_counter() - start:.0f} s)")
-            side = later.result()
+        side = later.result() if later else chapters_4_and_5b()
     for line in side:
         print(f"kvlab book: {line}")
     print(f"kvlab book: every chapter's runs ready ({time.perf_counter() - start:.0f} s)")

@@ -67,7 +67,7 @@ class LedgerCost:
         self.units = unit_seconds(d)
         self._remote = None
         self._weights_memo: dict = {}  # tokens -> seconds of the weight groups + all-reduces
-        self._ledger_memo: dict = {}  # (new, cached tokens) -> _ledger_prefill's prices
+        self._ledger_prefill_memo: dict = {}  # (new, cached tokens) -> _ledger_prefill's prices
 
     @property
     def source(self) -> str:
@@ -164,13 +164,13 @@ class LedgerCost:
     def _ledger_prefill(self, new: float, cached: float) -> tuple:
         """(time, compute, memory) of one prefill (memoised: the router prices each arrival
         on every worker, and a run asks for the same prompts and cached prefixes again)."""
-        priced = self._ledger_memo.get((new, cached))
+        priced = self._ledger_prefill_memo.get((new, cached))
         if priced is None:
             counts = pass_counts(1.0, new, cached)
             d = self.deployment
             _, _, memory, compute = pass_totals(d, d.table.work(counts))
             time = self._weights_s(int(new)) + self._attention_s(counts.kv_tokens, counts.pairs)
-            priced = self._ledger_memo[(new, cached)] = (time, compute, memory)
+            priced = self._ledger_prefill_memo[(new, cached)] = (time, compute, memory)
         return priced
 
     def iteration_time_s(self, batch: int, mean_context: float, chunks) -> float:
