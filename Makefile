@@ -97,11 +97,13 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# Four pytest workers (pytest-xdist) on two cores: much of the suite waits (on Chromium,
-# kernels, servers, timed benchmarks), so two more workers overlap those waits. Each takes
-# whole files (module fixtures stay shared), slowest first; tests/conftest.py spreads the
-# independent tests of its SPLIT_FILES one by one.
-PYTEST_WORKERS ?= 4
+# Three pytest workers (pytest-xdist) on two cores: part of the suite waits (on Chromium,
+# kernels, servers, timed benchmarks), so a third worker overlaps those waits; a fourth
+# only added contention (the whole suite, same checkout: 4 workers 267 s and 518 CPU s,
+# 3 workers 256 s and 469 CPU s, 2 workers 292 s). Each takes whole files (module
+# fixtures stay shared), slowest first; tests/conftest.py spreads the independent tests of
+# its SPLIT_FILES one by one.
+PYTEST_WORKERS ?= 3
 PYTEST_PARALLEL = -n $(PYTEST_WORKERS) --dist loadfile --durations=15
 
 test: $(STAMP) system-deps lint book

@@ -24,7 +24,7 @@ if not os.environ.get("KVLAB_KEEP_HOME"):
     # $HOME; a worker inherits this from the process that started it, which set it first)
     os.environ.setdefault("KVLAB_NATIVE_DIR", os.path.join(_home, ".cache", "kvlab", "native"))
 
-# Four pytest-xdist workers share two cores, and torch's and kvlab's kernels run two OpenMP
+# Three pytest-xdist workers share two cores, and torch's and kvlab's kernels run two OpenMP
 # threads each: at a barrier, a thread whose partner is descheduled spins for its share of
 # the core unless told to sleep. Passive waiting changes no result (the same threads run
 # the same code) and cut the timing tests' CPU by a quarter (149 -> 114 CPU s for

@@ -4,6 +4,8 @@ and the choice is remembered per machine (CPU model and flags, kernel source, to
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import pytest
 
@@ -106,6 +108,53 @@ def test_choice_is_measured_once_and_cached_per_machine(cache_dir, monkeypatch):
     path.write_text("{not json")
     assert not tune.choice()["cached"] and len(calls) == 3
     assert tune.choice(refresh=True)["cached"] is False and len(calls) == 4
+
+
+def test_processes_that_start_together_time_the_kernels_once(cache_dir, monkeypatch):
+    """Two runs that start at once (the workers of a test run, two benchmarks) do not time
+    the kernels side by side, which would disturb both timings: one measures, the other
+    waits for it and reads its choice. (flock excludes two open files of one process too,
+    so threads stand in for the processes.)"""
+    calls, inside, overlapped = [], [], []
+
+    def measure():
+        inside.append(1)
+        overlapped.append(len(inside) > 1)
+        calls.append(1)
+        time.sleep(0.3)  # long enough for the other thread to arrive and wait
+        inside.pop()
+        return fake_timings(native_nta=(20, 10), native_l2=(10, 10), torch=(15, 10))
+
+    monkeypatch.setattr(tune, "measure", measure)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(tune.choice())) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and overlapped == [False]
+    assert sorted(r["cached"] for r in results) == [False, True]
+    assert results[0]["native"] == results[1]["native"]
+
+
+def test_the_library_is_built_once_by_processes_that_start_together(tmp_path, monkeypatch):
+    built = []
+
+    def compile_(cc, directory, target):
+        built.append(target)
+        time.sleep(0.3)
+        target.write_bytes(b"library")
+
+    monkeypatch.setattr(native, "_compile", compile_)
+    paths = []
+    threads = [
+        threading.Thread(target=lambda: paths.append(native.build(tmp_path))) for _ in range(2)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(built) == 1 and paths == [built[0], built[0]]
 
 
 @needs_native

@@ -95,17 +95,26 @@ def choice(refresh: bool = False) -> dict:
     "working_set_bytes", "path", "cached"}. Measured on first use (or `refresh`), read back
     from the cache after."""
     path = cache_path()
-    if not refresh:
-        try:
-            found = json.loads(path.read_text())
-            if found.get("key") == cache_key():
-                return {**found, "path": str(path), "cached": True}
-        except (OSError, ValueError):
-            pass
-    result = measure()
-    result["key"] = cache_key()
-    _write(path, result)
+    found = None if refresh else _cached(path)
+    if found:
+        return found
+    with native.exclusive(path):  # one process times the kernels; the others wait, then read
+        found = None if refresh else _cached(path)
+        if found:
+            return found
+        result = measure()
+        result["key"] = cache_key()
+        _write(path, result)
     return {**result, "path": str(path), "cached": False}
+
+
+def _cached(path: Path) -> dict | None:
+    """The choice stored at `path` for this machine's key, else None."""
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return {**found, "path": str(path), "cached": True} if found.get("key") == cache_key() else None
 
 
 def _write(path: Path, result: dict) -> None:

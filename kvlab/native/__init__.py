@@ -14,6 +14,7 @@ it cannot be built (no compiler, a CPU without AVX512-BF16, not x86-64, `KVLAB_N
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -23,6 +24,11 @@ import subprocess
 import tempfile
 from functools import lru_cache
 from pathlib import Path
+
+try:
+    import fcntl  # POSIX: the build and timing locks (`exclusive`)
+except ImportError:  # elsewhere the work is only done twice
+    fcntl = None
 
 from ..errors import KvlabError
 
@@ -55,6 +61,27 @@ def cache_dir() -> Path:
         return Path(env)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "kvlab" / "native"
+
+
+@contextlib.contextmanager
+def exclusive(path: Path):
+    """Hold an exclusive lock on `.NAME.lock` beside `path` while the block runs: two kvlab
+    processes that start at once (two benchmarks, the workers of a test run) build the
+    library and time the kernels one after the other, and the second finds the first's
+    result (re-check it inside the block) instead of building it again or timing kernels
+    while the first times them, which would disturb both timings. Without a lock (a folder
+    that cannot be written, no fcntl), the block runs unlocked: the work is only done twice."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path.with_name(f".{path.name}.lock"), "a")  # kept: the lock's file
+    except OSError:
+        handle = None
+    if handle is None or fcntl is None:
+        yield
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
 
 
 def _cpu() -> tuple[str, set[str]]:
@@ -122,6 +149,14 @@ def build(directory: Path | None = None, cc: str | None = None) -> Path:
     target = directory / f"kvlab-kernels-{key}.so"
     if target.exists():
         return target
+    with exclusive(target):
+        if not target.exists():  # another process may have built it while this one waited
+            _compile(cc, directory, target)
+    return target
+
+
+def _compile(cc: str, directory: Path, target: Path) -> None:
+    """kernels.c into `target`, atomically; KvlabError with the compiler's first error."""
     directory.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=directory)
     os.close(fd)
@@ -144,7 +179,6 @@ def build(directory: Path | None = None, cc: str | None = None) -> Path:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    return target
 
 
 @lru_cache(maxsize=None)
