@@ -118,7 +118,7 @@ test-fast: $(STAMP)
 
 dashboard: $(STAMP)
 	@mkdir -p $(RUN_HOME)
-	HOME=$(RUN_HOME) $(BIN)/python -m kvlab.viz.serve --port $${PORT:-8866}
+	HOME=$(RUN_HOME) $(BIN)/python -m kvlab dashboard --port $${PORT:-8866}
 
 labs: $(STAMP)
 	$(BIN)/python -m kvlab.labs notebooks labs

@@ -4,6 +4,7 @@ the numbers shown are kvlab's for the new value; so do the levers the static boo
 latency percentiles; every label is whole at 1280 px and on a 390 px phone; the server
 checks its port and takes everything it started down when it is stopped."""
 
+import json
 import os
 import re
 import signal
@@ -208,7 +209,7 @@ def test_every_label_and_value_is_whole(dashboard, browser, width):
 
 def _serve(*argv, env=None, cwd=ROOT):
     return subprocess.Popen(
-        [sys.executable, "-m", "kvlab.viz.serve", *argv],
+        [sys.executable, "-m", "kvlab", "dashboard", *argv],
         cwd=cwd,
         text=True,
         stdout=subprocess.PIPE,
@@ -252,10 +253,14 @@ def test_kill_9_of_the_server_takes_voila_and_its_kernel_down(tmp_path):
         pytest.skip("the parent-death signal is Linux's")
 
     port = free_port()
-    server = _serve("--port", str(port), env={"HOME": str(tmp_path)})
+    server = _serve("--port", str(port), "--json", env={"HOME": str(tmp_path)})
     try:
-        line = server.stdout.readline()
-        assert f"http://127.0.0.1:{port}/" in line
+        where = json.loads(server.stdout.readline())  # --json: one line, once it serves
+        assert where == {
+            "url": f"http://127.0.0.1:{port}/",
+            "port": port,
+            "notebook": str(DASHBOARD),
+        }
         assert urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=120).status == 200
         started = psutil.Process(server.pid).children(recursive=True)
         assert any("voila" in " ".join(p.cmdline()) for p in started)

@@ -45,6 +45,10 @@ COMMANDS = {
         "kvlab.cli.plan",
         "search cluster designs for the most requests/s per GPU at the SLOs (process pool or Ray)",
     ),
+    "dashboard": (
+        "kvlab.cli.dashboard",
+        "serve the live dashboard on 127.0.0.1 (Voila, offline): every lever at any value",
+    ),
 }
 
 #: Commands whose numpy work is element-wise: OpenBLAS need not start a thread per core

@@ -1,10 +1,10 @@
-"""Serve the dashboard with Voila on 127.0.0.1, fully offline.
+"""Serve the dashboard with Voila on 127.0.0.1, fully offline (`kvlab dashboard`).
 
 Voila's `lab` template links Font Awesome from a CDN although its own bundle already
 carries the same CSS; `offline_template()` derives a `kvlab` template from the installed
 one without those two links, so the page makes no request off the machine.
 
-    python -m kvlab.viz.serve [--port N] [NOTEBOOK]
+    kvlab dashboard [NOTEBOOK] [--port N] [--json]
 
 NOTEBOOK defaults to notebooks/dashboard.ipynb under the current folder (run from the root of
 a kvlab checkout, or name it). The template and Voila's log go to ~/.cache/kvlab/voila (or
@@ -24,7 +24,6 @@ import sys
 import time
 from pathlib import Path
 
-from ..cli import Parser, guarded
 from ..errors import KvlabError
 
 #: The dashboard, relative to the current folder (a checkout's root).
@@ -236,30 +235,28 @@ def _on_sigterm(signum, frame):
     raise _Stopped()
 
 
-def main(argv=None) -> int:
-    parser = Parser(prog="python -m kvlab.viz.serve", description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "notebook", nargs="?", default=str(DASHBOARD), help=f"the notebook (default ./{DASHBOARD})"
-    )
-    parser.add_argument(
-        "--port", help=f"port on 127.0.0.1 (default ${PORT_ENV}, else {DEFAULT_PORT}; 0: any free)"
-    )
-    args = parser.parse_args(argv)
-    source = "--port" if args.port is not None else PORT_ENV
+def port_from(given: str | None) -> int:
+    """The port to serve on: `given` (--port), else $PORT, else DEFAULT_PORT; 0 (any free
+    port) becomes a free one. A bad value raises, naming where it came from."""
+    source = "--port" if given is not None else PORT_ENV
     try:
-        given = args.port if args.port is not None else os.environ.get(PORT_ENV, DEFAULT_PORT)
-        port = parse_port(given)
+        port = parse_port(given if given is not None else os.environ.get(PORT_ENV, DEFAULT_PORT))
     except ValueError as exc:
         raise KvlabError(f"{source}: {exc}") from None
+    return port or free_port()
+
+
+def serve(notebook: Path, port: int, announce) -> int:
+    """Serve `notebook` until Ctrl-C or SIGTERM (`kvlab dashboard`): `announce(url)` once it
+    answers; everything Voila started is taken down on the way out."""
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     proc = None
     try:
-        proc, url = start(Path(args.notebook), port or free_port())
-        print(f"The kvlab dashboard is served at {url} (Ctrl-C stops it)", flush=True)
+        proc, url = start(Path(notebook), port)
+        announce(url)
         code = proc.wait()
         if code:
-            logs = cache_dir()
-            raise KvlabError(f"voila stopped with exit status {code}; see {logs}")
+            raise KvlabError(f"voila stopped with exit status {code}; see {cache_dir()}")
     except (KeyboardInterrupt, _Stopped):
         pass
     finally:
@@ -267,7 +264,3 @@ def main(argv=None) -> int:
         if proc is not None:
             stop(proc)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(guarded(main, "python -m kvlab.viz.serve"))
