@@ -8,6 +8,7 @@ import json
 import math
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -40,6 +41,7 @@ from kvlab.sim import (
     simulate,
     trace_slice,
 )
+from kvlab.sim.engine import Engine
 from kvlab.sim.kernel_cost import KernelCost
 from kvlab.sim.network import Link
 from kvlab.tiers import tiered_decode_step, transfer_time_s
@@ -1366,3 +1368,26 @@ def test_a_lone_request_at_a_tiny_rate_is_timed_right():
     r = simulate("poisson:rate=1e-300,prompt=1000,output=20,requests=1", arch="colocated")
     s = r.summary()
     assert s["ttft_p50_s"] > 0 and s["itl_p50_s"] > 0
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@given(
+    st.integers(1, 64),
+    st.lists(st.integers(-300, 5000), min_size=1, max_size=12),
+    st.lists(st.integers(0, 4000), min_size=1, max_size=6),
+    st.integers(0, 11),
+)
+def test_blocks_held_by_decoding_sequences_is_the_sum_of_ceilings(block, offsets, steps, gone):
+    """The engine's block count (kept as sums, updated as sequences join and leave) is
+    sum(ceil((offset + step) / block_tokens)) over the sequences decoding, at every step."""
+    engine = object.__new__(Engine)
+    engine.paged, engine.block_tokens, engine.sim = True, block, SimpleNamespace(window=0)
+    engine._offsets, engine._q_sum, engine._remainders = {}, 0, []
+    for i, offset in enumerate(offsets):
+        engine._offsets[i] = offset
+        engine._track_offset(offset, 1)
+    if gone < len(offsets) - 1:  # one leaves (the engine removes its offset as it goes)
+        engine._track_offset(engine._offsets.pop(gone), -1)
+    for step in steps:
+        held = [o + step for o in engine._offsets.values()]
+        assert engine._blocks_at(step) == sum(-(-h // block) for h in held)

@@ -119,8 +119,11 @@ class Engine:
             0  # sum over running of (history at join - join step): history sum = base + b * step
         )
         self._offsets: dict = {}  # request id -> history at join - join step
-        self._offs = None  # the offsets as an array (rebuilt after a change)
-        self._blocks_memo: dict = {}  # step -> _blocks_at(step) for these offsets
+        # the offsets split for _blocks_at: offset + block_tokens - 1 = q x block_tokens + r
+        self._q_sum = 0  # sum of the q
+        self._remainders: list = []  # the r, sorted
+        self._offs = None  # the offsets as an array (windowed models; rebuilt after a change)
+        self._blocks_memo: dict = {}  # step -> _blocks_at(step) for these offsets (windowed)
         self.incoming: list = []  # with their KV here and a token made: join at the next boundary
         self.prefilling: list = []  # admitted prompts, oldest first
         self.waiting: deque = deque()  # prompts (new, or preempted to recompute) not yet admitted
@@ -143,20 +146,38 @@ class Engine:
         return -(-(min(tokens, window) if window else tokens) // self.block_tokens)
 
     def _blocks_at(self, step: int) -> int:
-        """KV blocks the decoding sequences hold at step boundary `step`."""
+        """KV blocks the decoding sequences hold at step boundary `step`: the sum over them
+        of ceil((offset + step) / block_tokens). With offset + block_tokens - 1 = q B + r
+        and step = a B + t (B = block_tokens, 0 <= r, t < B) each term is q + a, plus 1 where
+        r + t >= B, so the sum is exact from the q's sum and the sorted r's: a boundary asks
+        several times, and the batch changes between boundaries."""
         if not self.paged or not self._offsets:
             return 0
-        if self._offs is None:
-            self._offs = np.fromiter(self._offsets.values(), np.int64, len(self._offsets))
-            self._blocks_memo = {}
-        if step not in self._blocks_memo:
-            held = self._offs + step
-            if self.sim.window:
-                held = np.minimum(held, self.sim.window)
-            self._blocks_memo[step] = int(
-                ((held + self.block_tokens - 1) // self.block_tokens).sum()
-            )
-        return self._blocks_memo[step]
+        if self.sim.window:
+            return self._windowed_blocks(step)
+        a, t = divmod(int(step), self.block_tokens)
+        n = len(self._remainders)
+        return self._q_sum + n * a + n - bisect.bisect_left(self._remainders, self.block_tokens - t)
+
+    def _windowed_blocks(self, step: int) -> int:
+        """`_blocks_at` under a sliding window (each sequence holds at most the window)."""
+        held = self._blocks_memo.get(step)
+        if held is None:
+            if self._offs is None:
+                self._offs = np.fromiter(self._offsets.values(), np.int64, len(self._offsets))
+            tokens = np.minimum(self._offs + step, self.sim.window)
+            bt = self.block_tokens
+            held = self._blocks_memo[step] = int(((tokens + bt - 1) // bt).sum())
+        return held
+
+    def _track_offset(self, offset: int, sign: int) -> None:
+        """Add (sign 1) or remove (-1) a running sequence's offset in `_blocks_at`'s sums."""
+        q, r = divmod(offset + self.block_tokens - 1, self.block_tokens)
+        self._q_sum += sign * q
+        if sign > 0:
+            bisect.insort(self._remainders, r)
+        else:
+            del self._remainders[bisect.bisect_left(self._remainders, r)]
 
     @property
     def free_bytes(self) -> float:
@@ -265,7 +286,8 @@ class Engine:
         req.offset = req.history_tokens - n
         self._base += req.offset
         self._offsets[req.id] = req.offset
-        self._offs = None
+        self._offs, self._blocks_memo = None, {}
+        self._track_offset(req.offset, 1)
         self.running[req.id] = req
         heapq.heappush(self._finish, (req.finish_step, req.id))
 
@@ -275,7 +297,8 @@ class Engine:
         req.produced += step - req.join_step
         del self.running[req.id]
         del self._offsets[req.id]
-        self._offs = None
+        self._offs, self._blocks_memo = None, {}
+        self._track_offset(req.offset, -1)
         self._base -= req.offset
         if step < req.finish_step:  # preempted: drop its heap entry
             self._finish = [e for e in self._finish if e[1] != req.id]
