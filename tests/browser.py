@@ -90,13 +90,18 @@ TOO_WIDE = """() => {
 #: what a reader would see is on the page. (Fixed sleeps of 100-150 ms found exactly the
 #: same cuts, in checks where narrowed cells cut dozens of texts, at three times the wait.)
 PAINTED = "() => new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)))"
-SHOW_TAB = """async ([id, index]) => {
+#: Show tab `index` of the Tabs model `id`; resolves once it is painted.
+SHOW_TAB = (
+    """async ([id, index]) => {
   for (const d of Bokeh.documents) {
     const m = d.get_model_by_id(id);
     if (m) m.active = index;
   }
-  await new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)));
-}"""  # as PAINTED
+  await ("""
+    + PAINTED
+    + """)();
+}"""
+)
 
 
 def unreadable(tab, scope: str, column: str = "article.bd-article") -> list[str]:
